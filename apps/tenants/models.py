@@ -1,0 +1,163 @@
+"""Tenants, their request classes and limits, API keys, memberships and the audit log."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from django.conf import settings
+from django.core.validators import MinValueValidator
+from django.db import models
+
+
+class RequestClass(models.Model):
+    """A service class such as interactive / standard / batch."""
+
+    name = models.SlugField(max_length=40, unique=True)
+    priority_band = models.PositiveSmallIntegerField(help_text="0 is the most urgent band.")
+    ttft_slo_ms = models.PositiveIntegerField(validators=[MinValueValidator(1)])
+    deadline_ms = models.PositiveIntegerField(validators=[MinValueValidator(1)])
+    max_queue_length = models.PositiveIntegerField(validators=[MinValueValidator(1)])
+    shed_order = models.PositiveSmallIntegerField(
+        help_text="Under overload, classes with a lower shed order are shed first."
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering: ClassVar[list[str]] = ["priority_band", "name"]
+        constraints: ClassVar[list[Any]] = [
+            models.CheckConstraint(
+                condition=models.Q(ttft_slo_ms__gt=0)
+                & models.Q(deadline_ms__gt=0)
+                & models.Q(max_queue_length__gt=0),
+                name="requestclass_positive_slos",
+            ),
+            models.CheckConstraint(
+                condition=models.Q(deadline_ms__gte=models.F("ttft_slo_ms")),
+                name="requestclass_deadline_after_ttft",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Tenant(models.Model):
+    class Status(models.TextChoices):
+        ACTIVE = "active", "Active"
+        SUSPENDED = "suspended", "Suspended"
+
+    slug = models.SlugField(max_length=63, unique=True)
+    name = models.CharField(max_length=200)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.ACTIVE)
+    weight = models.FloatField(default=1.0, help_text="Fair-share weight; must be > 0.")
+    rpm_limit = models.PositiveIntegerField(validators=[MinValueValidator(1)])
+    tpm_limit = models.PositiveIntegerField(validators=[MinValueValidator(1)])
+    max_concurrency = models.PositiveIntegerField(validators=[MinValueValidator(1)])
+    max_context_tokens = models.PositiveIntegerField(validators=[MinValueValidator(1)])
+    max_output_tokens = models.PositiveIntegerField(validators=[MinValueValidator(1)])
+    allowed_classes = models.ManyToManyField(RequestClass, related_name="tenants", blank=True)
+    default_class = models.ForeignKey(
+        RequestClass, on_delete=models.PROTECT, related_name="default_for", null=True, blank=True
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering: ClassVar[list[str]] = ["slug"]
+        constraints: ClassVar[list[Any]] = [
+            models.CheckConstraint(condition=models.Q(weight__gt=0), name="tenant_weight_positive"),
+            models.CheckConstraint(
+                condition=models.Q(rpm_limit__gt=0)
+                & models.Q(tpm_limit__gt=0)
+                & models.Q(max_concurrency__gt=0)
+                & models.Q(max_context_tokens__gt=0)
+                & models.Q(max_output_tokens__gt=0),
+                name="tenant_limits_positive",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.slug
+
+
+class ApiKey(models.Model):
+    """An API key. Only the public prefix and a sha256 digest of the whole key are stored."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="api_keys")
+    name = models.CharField(max_length=100)
+    prefix = models.CharField(max_length=16, unique=True)
+    digest = models.CharField(max_length=64, unique=True)
+    scopes = models.JSONField(default=list)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering: ClassVar[list[str]] = ["tenant_id", "name"]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.prefix}…)"
+
+
+class Membership(models.Model):
+    class Role(models.TextChoices):
+        OWNER = "owner", "Owner"
+        ADMIN = "admin", "Admin"
+        VIEWER = "viewer", "Viewer"
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships"
+    )
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="memberships")
+    role = models.CharField(max_length=16, choices=Role.choices)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints: ClassVar[list[Any]] = [
+            models.UniqueConstraint(fields=["user", "tenant"], name="membership_unique_user_tenant")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.user} @ {self.tenant} ({self.role})"
+
+
+class AuditEventQuerySet(models.QuerySet["AuditEvent"]):
+    def update(self, **kwargs: Any) -> int:
+        raise PermissionError("audit events are append-only")
+
+    def delete(self) -> tuple[int, dict[str, int]]:
+        raise PermissionError("audit events are append-only")
+
+
+class AuditEvent(models.Model):
+    """Append-only record of a control-plane change (also enforced by a database trigger)."""
+
+    actor = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+    actor_label = models.CharField(max_length=150, help_text="Who, as text: a username or 'system'.")
+    action = models.CharField(max_length=100)
+    target_type = models.CharField(max_length=100)
+    target_id = models.CharField(max_length=64)
+    target_repr = models.CharField(max_length=200, blank=True)
+    before = models.JSONField(null=True, blank=True)
+    after = models.JSONField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    objects = AuditEventQuerySet.as_manager()
+
+    class Meta:
+        ordering: ClassVar[list[str]] = ["-created_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"{self.created_at:%Y-%m-%d %H:%M:%S} {self.actor_label} {self.action} {self.target_repr}"
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        if self.pk is not None:
+            raise PermissionError("audit events are append-only")
+        super().save(*args, **kwargs)
+
+    def delete(self, *args: Any, **kwargs: Any) -> tuple[int, dict[str, int]]:
+        raise PermissionError("audit events are append-only")

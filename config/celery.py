@@ -1,0 +1,11 @@
+"""The Celery application; Redis is the broker and the result backend."""
+
+import os
+
+from celery import Celery
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+
+app = Celery("switchyard")
+app.config_from_object("django.conf:settings", namespace="CELERY")
+app.autodiscover_tasks()

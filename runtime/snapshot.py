@@ -1,0 +1,145 @@
+"""The runtime snapshot: everything the data plane needs, as one immutable, versioned document.
+
+The control plane builds it from PostgreSQL (``apps.core.selectors.snapshot_build``) and
+publishes it to Redis; routers load it with :class:`runtime.snapshot_loader.SnapshotLoader`.
+This module is the schema, defined once. It imports nothing from Django.
+
+Maps are keyed by their natural key (tenant slug, class name, model name, pool name,
+endpoint id, API-key prefix) so the request path does one dict lookup per fact.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+SCHEMA_VERSION = 1
+
+
+class TenantLimits(msgspec.Struct, frozen=True, kw_only=True):
+    rpm: int
+    tpm: int
+    max_concurrency: int
+    max_context_tokens: int
+    max_output_tokens: int
+
+
+class TenantSnap(msgspec.Struct, frozen=True, kw_only=True):
+    slug: str
+    name: str
+    status: str  # "active" | "suspended"
+    weight: float
+    limits: TenantLimits
+    classes: tuple[str, ...]
+    default_class: str
+
+
+class ApiKeySnap(msgspec.Struct, frozen=True, kw_only=True):
+    prefix: str
+    digest: str  # hex sha256 of the full key
+    tenant: str  # tenant slug
+    name: str
+    scopes: tuple[str, ...]
+    expires_at: float | None  # unix seconds; None = never
+
+
+class RequestClassSnap(msgspec.Struct, frozen=True, kw_only=True):
+    name: str
+    priority_band: int  # 0 is the most urgent
+    ttft_slo_ms: int
+    deadline_ms: int
+    max_queue_length: int
+    shed_order: int  # shed lower numbers first under overload
+
+
+class VersionSnap(msgspec.Struct, frozen=True, kw_only=True):
+    id: int
+    model: str
+    label: str
+    artifact_uri: str
+    digest: str
+    runtime: str  # "vllm" | "torch" | "simulator"
+    max_context: int
+    tokenizer: str
+    default_sampling: dict[str, float | int | str]
+    memory_gb: float
+    tensor_parallel_size: int
+
+
+class ModelSnap(msgspec.Struct, frozen=True, kw_only=True):
+    name: str
+    task: str  # "chat" | "completion" | "embedding" | "classification"
+    versions: tuple[int, ...]  # published version ids
+
+
+class PoolSnap(msgspec.Struct, frozen=True, kw_only=True):
+    name: str
+    hardware_tier: str
+    cost_per_replica_hour: float
+    min_replicas: int
+    max_replicas: int
+    warm_replicas: int
+    policies: dict[str, str]  # interface name -> implementation name
+
+
+class EndpointSnap(msgspec.Struct, frozen=True, kw_only=True):
+    id: int
+    pool: str
+    version: int
+    base_url: str
+    state: str  # "starting" | "ready" | "draining" | "gone"
+    capacity: int
+
+
+class RouteSplit(msgspec.Struct, frozen=True, kw_only=True):
+    version: int
+    weight: int
+
+
+class RouteSnap(msgspec.Struct, frozen=True, kw_only=True):
+    model: str
+    splits: tuple[RouteSplit, ...]
+    sticky_key: str  # "tenant" | "user" | "none"
+    shadow_version: int | None = None
+    shadow_share: float = 0.0
+
+
+class PriceSnap(msgspec.Struct, frozen=True, kw_only=True):
+    version: int
+    hardware_tier: str
+    input_per_1k: float
+    output_per_1k: float
+    cache_hit_discount: float  # fraction off, 0..1
+
+
+class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
+    version: int
+    created_at: float
+    schema: int = SCHEMA_VERSION
+    tenants: dict[str, TenantSnap] = {}
+    api_keys: dict[str, ApiKeySnap] = {}
+    classes: dict[str, RequestClassSnap] = {}
+    models: dict[str, ModelSnap] = {}
+    versions: dict[int, VersionSnap] = {}
+    pools: dict[str, PoolSnap] = {}
+    endpoints: dict[int, EndpointSnap] = {}
+    routes: dict[str, RouteSnap] = {}
+    prices: tuple[PriceSnap, ...] = ()
+
+
+_ENCODER = msgspec.json.Encoder()
+_DECODER = msgspec.json.Decoder(Snapshot)
+
+
+def encode(snapshot: Snapshot) -> bytes:
+    """Serialise a snapshot to canonical JSON bytes."""
+    return _ENCODER.encode(snapshot)
+
+
+def decode(raw: bytes | str) -> Snapshot:
+    """Parse and validate snapshot JSON; raises ``msgspec.ValidationError`` on a bad document."""
+    return _DECODER.decode(raw)
+
+
+def with_version(snapshot: Snapshot, version: int) -> Snapshot:
+    """Return a copy of ``snapshot`` stamped with ``version``."""
+    return msgspec.structs.replace(snapshot, version=version)
