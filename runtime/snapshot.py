@@ -6,9 +6,22 @@ This module is the schema, defined once. It imports nothing from Django.
 
 Maps are keyed by their natural key (tenant slug, class name, model name, pool name,
 endpoint id, API-key prefix) so the request path does one dict lookup per fact.
+
+Invariants the builder keeps (so the data plane can rely on them):
+
+- every model in ``models`` has at least one published version; ``ModelSnap.versions`` lists
+  them oldest → newest published, and every id there is a key of ``versions``;
+- a model with no entry in ``routes`` sends all traffic to its newest published version
+  (``ModelSnap.versions[-1]``); route splits, endpoints and prices only name versions that
+  are in ``versions``;
+- API keys are never revoked ones; expired ones are included with ``expires_at`` so the
+  gateway can answer "expired" rather than "unknown key";
+- endpoints in state "gone" are left out.
 """
 
 from __future__ import annotations
+
+import hashlib
 
 import msgspec
 
@@ -30,7 +43,8 @@ class TenantSnap(msgspec.Struct, frozen=True, kw_only=True):
     weight: float
     limits: TenantLimits
     classes: tuple[str, ...]
-    default_class: str
+    default_class: str  # "" when the tenant has none
+    models: tuple[str, ...] = ()  # model names the tenant may use; empty = every model
 
 
 class ApiKeySnap(msgspec.Struct, frozen=True, kw_only=True):
@@ -51,6 +65,10 @@ class RequestClassSnap(msgspec.Struct, frozen=True, kw_only=True):
     shed_order: int  # shed lower numbers first under overload
 
 
+SamplingValue = bool | int | float | str | tuple[str, ...] | None
+"""A default sampling parameter: a number, a flag, a string or a list of stop strings."""
+
+
 class VersionSnap(msgspec.Struct, frozen=True, kw_only=True):
     id: int
     model: str
@@ -58,17 +76,26 @@ class VersionSnap(msgspec.Struct, frozen=True, kw_only=True):
     artifact_uri: str
     digest: str
     runtime: str  # "vllm" | "torch" | "simulator"
-    max_context: int
+    max_context: int  # 0 when the manifest does not say
     tokenizer: str
-    default_sampling: dict[str, float | int | str]
+    default_sampling: dict[str, SamplingValue]
     memory_gb: float
     tensor_parallel_size: int
+
+
+class CachePolicySnap(msgspec.Struct, frozen=True, kw_only=True):
+    """Whether deterministic results of a model may be cached, for how long, and shared how."""
+
+    enabled: bool = True
+    shared: bool = False  # False: entries are scoped to the tenant
+    ttl_s: int = 3600
 
 
 class ModelSnap(msgspec.Struct, frozen=True, kw_only=True):
     name: str
     task: str  # "chat" | "completion" | "embedding" | "classification"
-    versions: tuple[int, ...]  # published version ids
+    versions: tuple[int, ...]  # published version ids, oldest -> newest published
+    cache: CachePolicySnap = CachePolicySnap()
 
 
 class PoolSnap(msgspec.Struct, frozen=True, kw_only=True):
@@ -143,3 +170,14 @@ def decode(raw: bytes | str) -> Snapshot:
 def with_version(snapshot: Snapshot, version: int) -> Snapshot:
     """Return a copy of ``snapshot`` stamped with ``version``."""
     return msgspec.structs.replace(snapshot, version=version)
+
+
+def content_digest(snapshot: Snapshot) -> str:
+    """sha256 (hex) of what the snapshot says, ignoring its ``version`` and ``created_at``.
+
+    Two snapshots built from the same database state have the same digest, so a periodic
+    refresh can tell whether anything changed since the last publish.
+    """
+    bare = msgspec.structs.replace(snapshot, version=0, created_at=0.0)
+    canonical = msgspec.json.encode(msgspec.to_builtins(bare, str_keys=True), order="sorted")
+    return hashlib.sha256(canonical).hexdigest()

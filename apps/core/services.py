@@ -19,6 +19,17 @@ def snapshot_publish() -> int:
     return publish_current()
 
 
+def snapshot_refresh() -> int | None:
+    """Republish the snapshot if the database says something the published one does not.
+
+    The periodic safety net behind :func:`snapshot_publish_on_commit` (a publish can fail after
+    its commit, e.g. while Redis is down). Returns the new version, or None when unchanged.
+    """
+    from apps.core.publisher import publish_if_changed  # noqa: PLC0415 - see snapshot_publish
+
+    return publish_if_changed()
+
+
 def _publish_after_commit() -> None:
     try:
         snapshot_publish()

@@ -57,6 +57,12 @@ class Tenant(models.Model):
     max_context_tokens = models.PositiveIntegerField(validators=[MinValueValidator(1)])
     max_output_tokens = models.PositiveIntegerField(validators=[MinValueValidator(1)])
     allowed_classes = models.ManyToManyField(RequestClass, related_name="tenants", blank=True)
+    allowed_models = models.ManyToManyField(
+        "registry.Model",
+        related_name="tenants",
+        blank=True,
+        help_text="Models the tenant may use; none selected means every model.",
+    )
     default_class = models.ForeignKey(
         RequestClass, on_delete=models.PROTECT, related_name="default_for", null=True, blank=True
     )
@@ -137,7 +143,9 @@ class AuditEvent(models.Model):
     actor = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
     )
-    actor_label = models.CharField(max_length=150, help_text="Who, as text: a username or 'system'.")
+    actor_label = models.CharField(
+        max_length=150, help_text="Who, as text: a username or 'system'."
+    )
     action = models.CharField(max_length=100)
     target_type = models.CharField(max_length=100)
     target_id = models.CharField(max_length=64)
@@ -152,7 +160,8 @@ class AuditEvent(models.Model):
         ordering: ClassVar[list[str]] = ["-created_at", "-id"]
 
     def __str__(self) -> str:
-        return f"{self.created_at:%Y-%m-%d %H:%M:%S} {self.actor_label} {self.action} {self.target_repr}"
+        when = f"{self.created_at:%Y-%m-%d %H:%M:%S}"
+        return f"{when} {self.actor_label} {self.action} {self.target_repr}"
 
     def save(self, *args: Any, **kwargs: Any) -> None:
         if self.pk is not None:

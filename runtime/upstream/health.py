@@ -1,0 +1,210 @@
+"""Active health checks and load gauges for every endpoint in the snapshot.
+
+One task per endpoint scrapes ``/metrics`` every ``interval_s`` (vLLM's gauges: requests
+running and waiting, KV-cache use) and checks ``/health`` every ``health_every`` scrapes.
+The router reads the latest :class:`EndpointStatus` synchronously (:meth:`status`). An
+endpoint is healthy once a scrape and a health check have succeeded and until
+``unhealthy_after`` consecutive failures of either; one success of that kind recovers it.
+A worker without ``/metrics`` (404) is judged by ``/health`` alone and reports no gauges.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+
+from runtime.snapshot import EndpointSnap
+from runtime.upstream.client import UpstreamClient
+from runtime.upstream.errors import UpstreamError
+from runtime.upstream.promtext import parse_samples
+
+RUNNING = "vllm:num_requests_running"
+WAITING = "vllm:num_requests_waiting"
+KV_USAGE = "vllm:kv_cache_usage_perc"
+KV_USAGE_LEGACY = "vllm:gpu_cache_usage_perc"  # vLLM before 0.10
+_GAUGES = (RUNNING, WAITING, KV_USAGE, KV_USAGE_LEGACY)
+
+_log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class HealthConfig:
+    interval_s: float = 0.25
+    health_every: int = 4  # /health once every this many /metrics scrapes
+    unhealthy_after: int = 3
+    probe_timeout_s: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not (self.interval_s > 0 and self.probe_timeout_s > 0):
+            raise ValueError("interval_s and probe_timeout_s must be > 0")
+        if self.health_every < 1 or self.unhealthy_after < 1:
+            raise ValueError("health_every and unhealthy_after must be >= 1")
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointStatus:
+    """What the last probes of one endpoint said. Times are loop times; gauges None = unknown."""
+
+    endpoint_id: int
+    base_url: str
+    healthy: bool = False
+    consecutive_failures: int = 0  # /metrics scrapes in a row that failed
+    health_failures: int = 0  # /health checks in a row that failed
+    last_scrape: float | None = None  # last successful /metrics scrape
+    last_health: float | None = None  # last successful /health check
+    running: float | None = None
+    waiting: float | None = None
+    kv_usage: float | None = None  # 0..1, the fullest engine's
+    last_error: str | None = None
+
+
+class HealthMonitor:
+    """Watches a set of endpoints; ``start()`` in the lifespan, ``stop()`` at shutdown."""
+
+    def __init__(self, client: UpstreamClient, config: HealthConfig | None = None) -> None:
+        self._client = client
+        self.config = config or HealthConfig()
+        self._statuses: dict[int, EndpointStatus] = {}
+        self._tasks: dict[int, asyncio.Task[None]] = {}
+        self._running = False
+
+    def status(self, endpoint_id: int) -> EndpointStatus | None:
+        return self._statuses.get(endpoint_id)
+
+    def statuses(self) -> Mapping[int, EndpointStatus]:
+        return dict(self._statuses)
+
+    def set_endpoints(self, endpoints: Iterable[EndpointSnap]) -> None:
+        """Watch exactly these endpoints (those not ``gone``); call on every snapshot swap."""
+        wanted = {e.id: e.base_url for e in endpoints if e.state != "gone"}
+        for endpoint_id in list(self._statuses):
+            if wanted.get(endpoint_id) != self._statuses[endpoint_id].base_url:
+                self._forget(endpoint_id)
+        for endpoint_id, base_url in wanted.items():
+            if endpoint_id not in self._statuses:
+                self._statuses[endpoint_id] = EndpointStatus(
+                    endpoint_id=endpoint_id, base_url=base_url
+                )
+                if self._running:
+                    self._spawn(endpoint_id)
+
+    async def start(self) -> None:
+        if self._running:
+            return
+        self._running = True
+        for endpoint_id in self._statuses:
+            self._spawn(endpoint_id)
+
+    async def stop(self) -> None:
+        self._running = False
+        tasks = list(self._tasks.values())
+        self._tasks.clear()
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def check_once(self, endpoint_id: int, *, health: bool = True) -> EndpointStatus:
+        """Probe one endpoint now (``/metrics``, and ``/health`` if asked); the new status."""
+        status = self._statuses[endpoint_id]
+        if health:
+            scraped, checked = await asyncio.gather(
+                self._scrape(status), self._check_health(status)
+            )
+            status = _merge(scraped, checked)
+        else:
+            status = await self._scrape(status)
+        unhealthy_after = self.config.unhealthy_after
+        status = replace(
+            status,
+            healthy=status.last_scrape is not None
+            and status.last_health is not None
+            and status.consecutive_failures < unhealthy_after
+            and status.health_failures < unhealthy_after,
+        )
+        current = self._statuses.get(endpoint_id)
+        if current is not None and current.base_url == status.base_url:
+            self._statuses[endpoint_id] = status  # unless forgotten or moved meanwhile
+        return status
+
+    async def _scrape(self, status: EndpointStatus) -> EndpointStatus:
+        loop = asyncio.get_running_loop()
+        try:
+            code, body = await self._client.probe(
+                status.base_url, "/metrics", timeout_s=self.config.probe_timeout_s
+            )
+        except UpstreamError as exc:
+            return _metrics_failed(status, f"/metrics: {exc}")
+        if code == 404:
+            return replace(status, consecutive_failures=0, last_scrape=loop.time())
+        if code != 200:
+            return _metrics_failed(status, f"/metrics: HTTP {code}")
+        samples = parse_samples(body.decode("utf-8", "replace"), _GAUGES)
+        kv = samples.get(KV_USAGE) or samples.get(KV_USAGE_LEGACY)
+        return replace(
+            status,
+            consecutive_failures=0,
+            last_scrape=loop.time(),
+            running=sum(samples[RUNNING]) if RUNNING in samples else None,
+            waiting=sum(samples[WAITING]) if WAITING in samples else None,
+            kv_usage=max(kv) if kv else None,
+        )
+
+    async def _check_health(self, status: EndpointStatus) -> EndpointStatus:
+        try:
+            code, _ = await self._client.probe(
+                status.base_url, "/health", timeout_s=self.config.probe_timeout_s
+            )
+        except UpstreamError as exc:
+            return _health_failed(status, f"/health: {exc}")
+        if code != 200:
+            return _health_failed(status, f"/health: HTTP {code}")
+        return replace(status, health_failures=0, last_health=asyncio.get_running_loop().time())
+
+    async def _watch(self, endpoint_id: int) -> None:
+        loop = asyncio.get_running_loop()
+        interval = self.config.interval_s
+        next_at = loop.time()
+        tick = 0
+        while endpoint_id in self._statuses:
+            try:
+                await self.check_once(endpoint_id, health=tick % self.config.health_every == 0)
+            except Exception:
+                _log.exception("health check of endpoint %s failed unexpectedly", endpoint_id)
+            tick += 1
+            next_at = max(next_at + interval, loop.time())  # overran: no catch-up burst
+            await asyncio.sleep(next_at - loop.time())
+
+    def _spawn(self, endpoint_id: int) -> None:
+        task = asyncio.get_running_loop().create_task(
+            self._watch(endpoint_id), name=f"upstream-health-{endpoint_id}"
+        )
+        self._tasks[endpoint_id] = task
+
+    def _forget(self, endpoint_id: int) -> None:
+        del self._statuses[endpoint_id]
+        task = self._tasks.pop(endpoint_id, None)
+        if task is not None:
+            task.cancel()
+
+
+def _metrics_failed(status: EndpointStatus, error: str) -> EndpointStatus:
+    return replace(status, consecutive_failures=status.consecutive_failures + 1, last_error=error)
+
+
+def _health_failed(status: EndpointStatus, error: str) -> EndpointStatus:
+    return replace(status, health_failures=status.health_failures + 1, last_error=error)
+
+
+def _merge(scraped: EndpointStatus, checked: EndpointStatus) -> EndpointStatus:
+    """Combine a scrape and a health check that both started from the same status."""
+    return replace(
+        scraped,
+        health_failures=checked.health_failures,
+        last_health=checked.last_health,
+        last_error=checked.last_error if checked.health_failures else scraped.last_error,
+    )

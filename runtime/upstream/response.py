@@ -1,0 +1,147 @@
+"""An upstream response whose first byte has arrived.
+
+For a stream (``text/event-stream``) the first event is already decoded; :meth:`events`
+yields it and every later event's data payload and stops at ``[DONE]``. Any failure after
+the first byte raises :class:`StreamBroken` (never a hang: reads are bounded by the
+request's deadline and the idle cap). A unary response is read whole before it is handed
+out; :meth:`read_json` returns its body.
+
+Closing before the end (``aclose``, leaving ``async with``, or abandoning ``events()``)
+closes the connection instead of returning it to the pool, so the engine sees the
+disconnect and frees the sequence's KV slot at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from types import TracebackType
+
+import aiohttp
+
+from runtime.upstream.errors import StreamBroken
+from runtime.upstream.sse import DONE, SSEDecoder
+
+BrokenListener = Callable[[StreamBroken], None]
+
+
+class UpstreamResponse:
+    __slots__ = (
+        "_body",
+        "_consumed",
+        "_decoder",
+        "_done",
+        "_first",
+        "_listener",
+        "_resp",
+        "endpoint_id",
+        "headers",
+        "status",
+    )
+
+    def __init__(
+        self,
+        resp: aiohttp.ClientResponse,
+        *,
+        endpoint_id: int,
+        decoder: SSEDecoder | None = None,
+        first_events: list[bytes] | None = None,
+        body: bytes | None = None,
+    ) -> None:
+        self._resp = resp
+        self.endpoint_id = endpoint_id
+        self.status = resp.status
+        self.headers = resp.headers
+        self._decoder = decoder
+        self._first = first_events or []
+        self._body = body
+        self._consumed = False
+        self._done = body is not None  # a unary body was read to the end
+        self._listener: BrokenListener | None = None
+
+    @property
+    def is_stream(self) -> bool:
+        return self._decoder is not None
+
+    @property
+    def done(self) -> bool:
+        """True once the response was read to its end (``[DONE]`` for a stream)."""
+        return self._done
+
+    @property
+    def closed(self) -> bool:
+        return self._resp.closed
+
+    def set_broken_listener(self, listener: BrokenListener | None) -> None:
+        """Call ``listener`` with the error when the stream breaks (used for breakers)."""
+        self._listener = listener
+
+    async def events(self) -> AsyncIterator[bytes]:
+        """Each SSE event's data payload, in order, until ``[DONE]`` (not yielded)."""
+        if self._decoder is None:
+            raise RuntimeError("not a stream: use read_json()")
+        if self._consumed:
+            raise RuntimeError("events() can be iterated only once")
+        self._consumed = True
+        decoder = self._decoder
+        try:
+            pending, self._first = self._first, []
+            while True:
+                for payload in pending:
+                    if payload == DONE:
+                        self._finish()
+                        return
+                    yield payload
+                pending = decoder.feed(await self._read_chunk())
+        finally:
+            if not self._done:
+                self.close()
+
+    async def read_json(self) -> bytes:
+        """The whole body of a unary response (already read when the response was opened)."""
+        if self._body is None:
+            raise RuntimeError("a stream has no single body: use events()")
+        return self._body
+
+    def close(self) -> None:
+        """Release the connection if the response was read to its end, else close it."""
+        if self._done:
+            self._resp.release()
+        else:
+            self._resp.close()
+
+    async def aclose(self) -> None:
+        self.close()
+
+    async def __aenter__(self) -> UpstreamResponse:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def _finish(self) -> None:
+        self._done = True
+        self._resp.release()
+
+    async def _read_chunk(self) -> bytes:
+        try:
+            chunk = await self._resp.content.readany()
+        except aiohttp.SocketTimeoutError as exc:
+            raise self._broken("no bytes from upstream within the idle cap", "stalled") from exc
+        except TimeoutError as exc:
+            raise self._broken("the request deadline passed mid-stream", "deadline") from exc
+        except (aiohttp.ClientError, OSError) as exc:
+            raise self._broken(f"upstream stream failed: {exc!r}", "disconnected") from exc
+        if not chunk:
+            raise self._broken("upstream ended the stream without [DONE]", "truncated")
+        return chunk
+
+    def _broken(self, message: str, reason: str) -> StreamBroken:
+        error = StreamBroken(message, reason=reason, endpoint_id=self.endpoint_id)
+        if self._listener is not None:
+            self._listener(error)
+        return error

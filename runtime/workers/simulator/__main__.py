@@ -1,0 +1,92 @@
+"""Command line: ``python -m runtime.workers.simulator --port 8100 --model NAME [...]``."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from collections.abc import Sequence
+
+from runtime.workers.simulator.config import SimulatorConfig
+from runtime.workers.simulator.server import run
+from runtime.workers.simulator.timing import Capacity, TimingModel
+
+DESCRIPTION = """\
+vLLM-compatible SIMULATOR for tests and benchmarks on machines without GPUs. It runs no model
+and is never a production backend. It serves vLLM's OpenAI-compatible API (/v1/models,
+/v1/completions, /v1/chat/completions, /v1/embeddings, /health) and vLLM's /metrics names,
+with a timing model: each engine step lasts new_prompt_tokens/prefill_tps seconds plus
+(decode_a_ms + decode_b_ms * batch_size) milliseconds and gives every running sequence one
+token; at most --max-num-seqs sequences run, each reserving prompt + max_tokens of the
+--kv-capacity-tokens KV cache; the rest wait in a queue ordered by priority (lower first),
+then arrival. Tokens are counted as ceil(characters / 4); output is deterministic pseudo-words.
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m runtime.workers.simulator",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add = parser.add_argument
+    add("--host", default="127.0.0.1", help="address to bind (default: %(default)s)")
+    add("--port", type=int, default=8000, help="port to bind (default: %(default)s)")
+    add("--model", required=True, help="served model name (requests must use it)")
+    add("--prefill-tps", type=float, default=5000.0, help="prefill tokens/s (default: 5000)")
+    add("--decode-a-ms", type=float, default=10.0, help="decode step fixed ms (default: 10)")
+    add("--decode-b-ms", type=float, default=0.5, help="decode step ms per sequence (default: 0.5)")
+    add("--max-num-seqs", type=int, default=64, help="max running sequences (default: 64)")
+    add("--kv-capacity-tokens", type=int, default=65536, help="KV cache tokens (default: 65536)")
+    add("--max-model-len", type=int, default=4096, help="context length (default: 4096)")
+    add("--embedding-dim", type=int, default=384, help="embedding size (default: 384)")
+    add("--seed", type=int, default=0, help="seed of the generated text (default: 0)")
+    add(
+        "--fail-after-tokens",
+        type=int,
+        default=None,
+        metavar="N",
+        help="fault injection: cut the connection of every generation after N tokens",
+    )
+    add("--log-level", default="INFO", help="logging level (default: %(default)s)")
+    return parser
+
+
+def config_from_args(args: argparse.Namespace) -> SimulatorConfig:
+    return SimulatorConfig(
+        model=args.model,
+        timing=TimingModel(
+            prefill_tps=args.prefill_tps,
+            decode_a_ms=args.decode_a_ms,
+            decode_b_ms=args.decode_b_ms,
+        ),
+        capacity=Capacity(
+            max_num_seqs=args.max_num_seqs, kv_capacity_tokens=args.kv_capacity_tokens
+        ),
+        max_model_len=args.max_model_len,
+        seed=args.seed,
+        fail_after_tokens=args.fail_after_tokens,
+        embedding_dim=args.embedding_dim,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        config = config_from_args(args)
+    except ValueError as exc:
+        parser.error(str(exc))
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
+    )
+    logging.getLogger(__name__).info(
+        "simulator (no GPU, not a production backend) serving %s on http://%s:%d",
+        config.model,
+        args.host,
+        args.port,
+    )
+    run(config, host=args.host, port=args.port)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,36 @@
+"""The simulator's parameters (all set from the command line, see ``__main__``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from runtime.workers.simulator.timing import Capacity, TimingModel
+
+
+@dataclass(frozen=True, slots=True)
+class SimulatorConfig:
+    """Everything one simulated endpoint needs; validated on construction (``ValueError``)."""
+
+    model: str
+    timing: TimingModel = field(default_factory=TimingModel)
+    capacity: Capacity = field(default_factory=Capacity)
+    max_model_len: int = 4096
+    seed: int = 0
+    fail_after_tokens: int | None = None
+    embedding_dim: int = 384
+
+    def __post_init__(self) -> None:
+        if not self.model:
+            raise ValueError("model must be a non-empty name")
+        if self.max_model_len < 2:
+            raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
+        if self.max_model_len > self.capacity.kv_capacity_tokens:
+            # vLLM refuses to start when one full-length sequence cannot fit in the KV cache.
+            raise ValueError(
+                f"max_model_len ({self.max_model_len}) is larger than kv_capacity_tokens "
+                f"({self.capacity.kv_capacity_tokens}): one full-length sequence must fit"
+            )
+        if self.fail_after_tokens is not None and self.fail_after_tokens < 0:
+            raise ValueError("fail_after_tokens must be >= 0")
+        if self.embedding_dim < 1:
+            raise ValueError("embedding_dim must be >= 1")

@@ -1,0 +1,323 @@
+"""SnapshotLoader against a real Redis: load, follow, disk fallback, bad documents, reconnects."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import socket
+import subprocess
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+import redis
+from django.conf import settings
+
+from runtime import snapshot_store
+from runtime.snapshot import SCHEMA_VERSION, Snapshot, decode, encode
+from runtime.snapshot_loader import SnapshotLoader, SnapshotUnavailableError
+from runtime.snapshot_store import SnapshotKeys
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+
+
+@pytest.fixture
+def client() -> Iterator[redis.Redis[bytes]]:
+    client: redis.Redis[bytes] = redis.Redis.from_url(settings.REDIS_URL)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def prefix(client: redis.Redis[bytes]) -> Iterator[str]:
+    prefix = f"sytest:snapshot:{uuid.uuid4().hex}"
+    yield prefix
+    for key in client.scan_iter(match=f"{prefix}:*"):
+        client.delete(key)
+
+
+@pytest.fixture
+def cache_path(tmp_path: Path) -> Path:
+    return tmp_path / "router" / "snapshot.json"
+
+
+@pytest.fixture
+def closed_port() -> int:
+    """A local TCP port nothing listens on (connections are refused at once)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest_asyncio.fixture
+async def loaders() -> AsyncIterator[list[SnapshotLoader]]:
+    """Loaders a test creates; all stopped at the end, whatever happens."""
+    created: list[SnapshotLoader] = []
+    yield created
+    for loader in created:
+        await loader.stop()
+
+
+def make_loader(
+    loaders: list[SnapshotLoader], url: str, cache_path: Path, prefix: str, **kwargs: Any
+) -> SnapshotLoader:
+    loader = SnapshotLoader(url, cache_path, prefix, **kwargs)
+    loaders.append(loader)
+    return loader
+
+
+def publish(client: redis.Redis[bytes], prefix: str) -> int:
+    snapshot = Snapshot(version=0, created_at=time.time())
+    return snapshot_store.publish(client, snapshot, prefix=prefix).version
+
+
+async def apublish(client: redis.Redis[bytes], prefix: str) -> int:
+    return await asyncio.to_thread(publish, client, prefix)
+
+
+async def eventually(predicate: Any, within_s: float) -> None:
+    deadline = time.monotonic() + within_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {within_s}s")
+        await asyncio.sleep(0.02)
+
+
+@pytest.mark.asyncio
+async def test_loads_latest_follows_announcements_and_writes_disk_copy(
+    client: redis.Redis[bytes], prefix: str, cache_path: Path, loaders: list[SnapshotLoader]
+) -> None:
+    first = publish(client, prefix)
+    swaps: list[int] = []
+    loader = make_loader(
+        loaders, settings.REDIS_URL, cache_path, prefix, on_swap=[lambda s: swaps.append(s.version)]
+    )
+    await loader.start()
+    assert loader.source == "redis"
+    assert loader.current.version == first
+
+    second = await apublish(client, prefix)
+    started = time.monotonic()
+    snapshot = await loader.wait_for_version(second, timeout_s=1.0)
+    assert time.monotonic() - started < 1.0
+    assert snapshot.version == second
+    assert loader.version == second
+    assert swaps == [first, second]
+    await eventually(
+        lambda: cache_path.exists() and decode(cache_path.read_bytes()).version == second, 2.0
+    )
+    assert not [p for p in cache_path.parent.iterdir() if p.name.endswith(".tmp")]
+
+
+@pytest.mark.asyncio
+async def test_starts_from_disk_copy_when_redis_is_unreachable(
+    client: redis.Redis[bytes],
+    prefix: str,
+    cache_path: Path,
+    closed_port: int,
+    loaders: list[SnapshotLoader],
+) -> None:
+    publish(client, prefix)
+    version = publish(client, prefix)
+    earlier = make_loader(loaders, settings.REDIS_URL, cache_path, prefix)
+    await earlier.start()
+    await eventually(cache_path.exists, 2.0)
+    await earlier.stop()
+
+    offline = make_loader(loaders, f"redis://127.0.0.1:{closed_port}/0", cache_path, prefix)
+    started = time.monotonic()
+    await offline.start()
+    assert time.monotonic() - started < 2.0
+    assert offline.source == "disk"
+    assert offline.current.version == version
+
+
+@pytest.mark.asyncio
+async def test_no_redis_and_no_disk_copy_is_a_clear_error(
+    prefix: str, cache_path: Path, closed_port: int, loaders: list[SnapshotLoader]
+) -> None:
+    loader = make_loader(loaders, f"redis://127.0.0.1:{closed_port}/0", cache_path, prefix)
+    with pytest.raises(SnapshotUnavailableError, match="Redis unreachable") as info:
+        await loader.start()
+    assert "no disk copy of the snapshot at" in str(info.value)
+    with pytest.raises(SnapshotUnavailableError, match="no snapshot loaded"):
+        _ = loader.current
+
+
+@pytest.mark.asyncio
+async def test_nothing_published_and_no_disk_copy_is_a_clear_error(
+    prefix: str, cache_path: Path, loaders: list[SnapshotLoader]
+) -> None:
+    loader = make_loader(loaders, settings.REDIS_URL, cache_path, prefix)
+    with pytest.raises(SnapshotUnavailableError, match=r"no snapshot published at .*:latest"):
+        await loader.start()
+
+
+@pytest.mark.asyncio
+async def test_corrupt_disk_copy_is_a_clear_error(
+    prefix: str, cache_path: Path, closed_port: int, loaders: list[SnapshotLoader]
+) -> None:
+    cache_path.parent.mkdir(parents=True)
+    cache_path.write_bytes(b'{"version": "x"}')  # noqa: ASYNC240 - test setup
+    loader = make_loader(loaders, f"redis://127.0.0.1:{closed_port}/0", cache_path, prefix)
+    with pytest.raises(SnapshotUnavailableError, match="is unusable"):
+        await loader.start()
+
+
+@pytest.mark.asyncio
+async def test_bad_documents_announced_are_ignored(
+    client: redis.Redis[bytes], prefix: str, cache_path: Path, loaders: list[SnapshotLoader]
+) -> None:
+    keys = SnapshotKeys(prefix)
+    good = publish(client, prefix)
+    swaps: list[int] = []
+    loader = make_loader(
+        loaders, settings.REDIS_URL, cache_path, prefix, on_swap=[lambda s: swaps.append(s.version)]
+    )
+    await loader.start()
+    await eventually(cache_path.exists, 2.0)
+    disk_before = cache_path.read_bytes()  # noqa: ASYNC240 - tiny local file
+
+    def bad(body: bytes | None) -> None:
+        version = int(client.incr(keys.seq))
+        client.set(
+            keys.version(version),
+            body if body is not None else encode(Snapshot(version=version + 1000, created_at=0.0)),
+        )
+        client.publish(keys.channel, str(version))
+
+    bad(b"{not json")
+    bad(b'{"version": 1, "created_at": 1.0, "tenants": {"t": {"slug": "t"}}}')
+    bad(None)  # valid JSON that claims another version
+    version = int(client.incr(keys.seq))
+    client.set(
+        keys.version(version),
+        encode(Snapshot(version=version, created_at=0.0, schema=SCHEMA_VERSION + 1)),
+    )
+    client.publish(keys.channel, str(version))
+    client.publish(keys.channel, "not-a-number")
+    client.publish(keys.channel, "999999")  # announced but never stored
+    await asyncio.sleep(0.3)
+    assert loader.current.version == good
+    assert cache_path.read_bytes() == disk_before  # noqa: ASYNC240
+
+    newest = await apublish(client, prefix)
+    await loader.wait_for_version(newest, timeout_s=1.0)
+    assert swaps == [good, newest]
+
+
+@pytest.mark.asyncio
+async def test_reconnects_after_connection_killed_and_catches_up(
+    client: redis.Redis[bytes], prefix: str, cache_path: Path, loaders: list[SnapshotLoader]
+) -> None:
+    keys = SnapshotKeys(prefix)
+    name = f"sytest-loader-{uuid.uuid4().hex[:12]}"
+    first = publish(client, prefix)
+    loader = make_loader(
+        loaders, settings.REDIS_URL, cache_path, prefix, client_name=name, backoff_initial_s=1.0
+    )
+    await loader.start()
+    await eventually(lambda: client.pubsub_numsub(keys.channel)[0][1] == 1, 2.0)
+
+    for info in client.client_list():
+        if info["name"] == name:
+            client.client_kill_filter(_id=info["id"])
+    assert client.pubsub_numsub(keys.channel)[0][1] == 0  # nobody hears the next announcement
+    missed = await apublish(client, prefix)
+    assert missed > first
+
+    await loader.wait_for_version(missed, timeout_s=5.0)  # via the latest pointer on reconnect
+    after = await apublish(client, prefix)  # and it is subscribed again
+    await loader.wait_for_version(after, timeout_s=1.0)
+
+
+@pytest.mark.asyncio
+async def test_follows_redis_when_its_sequence_restarted(
+    client: redis.Redis[bytes], prefix: str, cache_path: Path, loaders: list[SnapshotLoader]
+) -> None:
+    for _ in range(3):
+        publish(client, prefix)
+    loader = make_loader(loaders, settings.REDIS_URL, cache_path, prefix)
+    await loader.start()
+    assert loader.version == 3
+    for key in client.scan_iter(match=f"{prefix}:*"):  # Redis lost its data
+        client.delete(key)
+    restarted = await apublish(client, prefix)
+    assert restarted == 1
+    await eventually(lambda: loader.version == restarted, 2.0)
+
+
+@pytest.mark.asyncio
+@pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs the redis-server binary")
+async def test_started_from_disk_catches_up_when_redis_comes_back(
+    client: redis.Redis[bytes],
+    prefix: str,
+    cache_path: Path,
+    closed_port: int,
+    tmp_path: Path,
+    loaders: list[SnapshotLoader],
+) -> None:
+    publish(client, prefix)
+    earlier = make_loader(loaders, settings.REDIS_URL, cache_path, prefix)
+    await earlier.start()
+    await eventually(cache_path.exists, 2.0)
+    await earlier.stop()
+
+    url = f"redis://127.0.0.1:{closed_port}/0"
+    loader = make_loader(loaders, url, cache_path, prefix, backoff_initial_s=0.1, backoff_max_s=0.3)
+    await loader.start()
+    assert loader.source == "disk"
+
+    server = subprocess.Popen(  # noqa: ASYNC220 - a short-lived helper process
+        [
+            "redis-server",
+            "--port",
+            str(closed_port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(tmp_path),
+        ],
+        stdout=subprocess.DEVNULL,
+    )
+    try:
+        other: redis.Redis[bytes] = redis.Redis.from_url(url)
+        await eventually(lambda: _pings(other), 5.0)
+        for _ in range(5):
+            publish(other, prefix)
+        await loader.wait_for_version(5, timeout_s=3.0)
+        other.close()
+    finally:
+        await loader.stop()
+        server.terminate()
+        server.wait(timeout=5)
+
+
+def _pings(client: redis.Redis[bytes]) -> bool:
+    try:
+        return bool(client.ping())
+    except redis.ConnectionError:
+        return False
+
+
+@pytest.mark.asyncio
+async def test_lifecycle_errors(
+    client: redis.Redis[bytes], prefix: str, cache_path: Path, loaders: list[SnapshotLoader]
+) -> None:
+    version = publish(client, prefix)
+    loader = make_loader(loaders, settings.REDIS_URL, cache_path, prefix)
+    await loader.start()
+    with pytest.raises(RuntimeError, match="already started"):
+        await loader.start()
+    with pytest.raises(TimeoutError):
+        await loader.wait_for_version(version + 1, timeout_s=0.2)
+    await loader.stop()
+    assert loader.current.version == version  # still readable after stop

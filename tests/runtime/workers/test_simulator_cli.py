@@ -1,0 +1,134 @@
+"""``python -m runtime.workers.simulator`` as a real process."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import aiohttp
+import openai
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+MODULE = "runtime.workers.simulator"
+
+pytestmark = pytest.mark.integration
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", MODULE, *args],
+        cwd=ROOT, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+
+
+def test_help_says_it_is_a_simulator_without_gpus():
+    result = run_cli("--help")
+    assert result.returncode == 0
+    text = " ".join(result.stdout.split())
+    assert "SIMULATOR for tests and benchmarks on machines without GPUs" in text
+    assert "never a production backend" in text
+    flags = ["--prefill-tps", "--decode-a-ms", "--decode-b-ms", "--max-num-seqs", "--seed",
+             "--kv-capacity-tokens", "--max-model-len", "--fail-after-tokens"]  # fmt: skip
+    assert [flag for flag in flags if flag not in text] == []
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--model", "m", "--kv-capacity-tokens", "1000"], "kv_capacity_tokens"),
+        (["--model", "m", "--max-num-seqs", "0"], "max_num_seqs"),
+        (["--model", "m", "--prefill-tps", "0"], "prefill_tps"),
+        ([], "--model"),
+    ],
+)
+def test_invalid_parameters_exit_with_usage_error(args, message):
+    result = run_cli(*args)
+    assert result.returncode == 2
+    assert message in result.stderr
+
+
+@pytest.fixture
+def simulator_process():
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", MODULE, "--port", str(port), "--model", "cli-model",
+         "--max-num-seqs", "1", "--decode-a-ms", "5", "--max-model-len", "2048"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                break
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                pytest.fail(f"simulator did not start: {proc.communicate()[0]}")
+            time.sleep(0.1)
+    yield proc, url
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
+def metric(text: str, name: str) -> float:
+    for line in text.splitlines():
+        if line.startswith(name + "{"):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"{name} missing")
+
+
+@pytest.mark.asyncio
+async def test_process_serves_the_api_drops_waiting_clients_and_stops_on_sigterm(
+    simulator_process,
+):
+    proc, url = simulator_process
+    async with openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0) as client:
+        result = await client.chat.completions.create(
+            model="cli-model", messages=[{"role": "user", "content": "hi"}], max_tokens=3
+        )
+        assert result.usage.completion_tokens == 3
+    async with aiohttp.ClientSession() as session:
+        body = {"model": "cli-model", "prompt": "x", "max_tokens": 2000}
+        running = asyncio.create_task(session.post(f"{url}/v1/completions", json=body))
+        waiting = asyncio.create_task(session.post(f"{url}/v1/completions", json=body))
+        metrics = ""
+        for _ in range(500):
+            async with session.get(f"{url}/metrics") as resp:
+                metrics = await resp.text()
+            if metric(metrics, "vllm:num_requests_waiting") == 1:
+                break
+            await asyncio.sleep(0.01)
+        assert metric(metrics, "vllm:num_requests_running") == 1
+        assert 'model_name="cli-model"' in metrics
+        running.cancel()
+        waiting.cancel()  # both clients hang up: the process must notice without writing
+        for _ in range(500):
+            async with session.get(f"{url}/metrics") as resp:
+                metrics = await resp.text()
+            if (
+                metric(metrics, "vllm:num_requests_running")
+                == 0
+                == metric(metrics, "vllm:num_requests_waiting")
+            ):
+                break
+            await asyncio.sleep(0.01)
+        assert metric(metrics, "vllm:num_requests_running") == 0
+        assert metric(metrics, "vllm:num_requests_waiting") == 0
+    proc.send_signal(signal.SIGTERM)
+    output = proc.communicate(timeout=20)[0]
+    assert proc.returncode == 0
+    assert "not a production backend" in output
