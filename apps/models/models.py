@@ -115,7 +115,9 @@ class Endpoint(models.Model):
 
     pool = models.ForeignKey(Pool, on_delete=models.PROTECT, related_name="endpoints")
     version = models.ForeignKey(ModelVersion, on_delete=models.PROTECT, related_name="endpoints")
-    base_url = models.URLField(max_length=300)
+    # Not a URLField: its validator refuses single-label hosts such as a Kubernetes service
+    # ("http://vllm-0:8000"); the registry service checks the URL (apps.models.validators).
+    base_url = models.CharField(max_length=300)
     state = models.CharField(max_length=16, choices=State.choices, default=State.STARTING)
     capacity = models.PositiveIntegerField(
         default=8, validators=[MinValueValidator(1)], help_text="Concurrent sequences."
@@ -126,7 +128,9 @@ class Endpoint(models.Model):
     class Meta:
         ordering: ClassVar[list[str]] = ["pool__name", "id"]
         constraints: ClassVar[list[Any]] = [
-            models.CheckConstraint(condition=models.Q(capacity__gt=0), name="endpoint_capacity_pos"),
+            models.CheckConstraint(
+                condition=models.Q(capacity__gt=0), name="endpoint_capacity_pos"
+            ),
             models.UniqueConstraint(
                 fields=["base_url"],
                 condition=~models.Q(state="gone"),
@@ -147,7 +151,9 @@ class Route(models.Model):
         NONE = "none", "None"
 
     model = models.OneToOneField(Model, on_delete=models.CASCADE, related_name="route")
-    sticky_key = models.CharField(max_length=16, choices=StickyKey.choices, default=StickyKey.TENANT)
+    sticky_key = models.CharField(
+        max_length=16, choices=StickyKey.choices, default=StickyKey.TENANT
+    )
     updated_at = models.DateTimeField(auto_now=True)
 
     def __str__(self) -> str:

@@ -1,0 +1,42 @@
+"""Small helpers the registry, rollout and billing admins share (writes go through services)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from django import forms
+from django.contrib.auth.base_user import AbstractBaseUser
+from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
+from django.db.models import Model
+from django.http import HttpRequest
+
+
+def actor_of(request: HttpRequest) -> AbstractBaseUser | None:
+    user = request.user
+    return user if isinstance(user, AbstractBaseUser) else None
+
+
+def adopt(obj: Model, saved: Model) -> None:
+    """Point the admin's unsaved form instance at the row the service created."""
+    obj.pk = saved.pk
+    obj._state.adding = False
+
+
+def add_service_errors(form: forms.BaseForm, error: ValidationError) -> None:
+    """Show a service's ValidationError on the form: per field where the form has the field,
+    as a form-wide error otherwise."""
+    if not hasattr(error, "error_dict"):
+        form.add_error(None, error)
+        return
+    for field, messages in error.message_dict.items():
+        target = field if field in form.fields and field != NON_FIELD_ERRORS else None
+        form.add_error(target, messages)
+
+
+def run_validator(form: forms.BaseForm, validate: Callable[[], Any]) -> None:
+    """Call a service validator; its errors become form errors."""
+    try:
+        validate()
+    except ValidationError as error:
+        add_service_errors(form, error)

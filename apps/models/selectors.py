@@ -1,0 +1,53 @@
+"""Reads of the model registry."""
+
+from __future__ import annotations
+
+from django.db.models import Prefetch, QuerySet
+
+from apps.models.models import Endpoint, Model, ModelVersion, Pool, Route
+
+
+def models_all() -> QuerySet[Model]:
+    return Model.objects.all()
+
+
+def model_get_by_name(name: str) -> Model | None:
+    return Model.objects.filter(name=name).first()
+
+
+def model_versions_published(model: Model | None = None) -> QuerySet[ModelVersion]:
+    """Published versions (of ``model`` when given), oldest first."""
+    versions = ModelVersion.objects.select_related("model").filter(published_at__isnull=False)
+    if model is not None:
+        versions = versions.filter(model=model)
+    return versions.order_by("model__name", "published_at", "pk")
+
+
+def endpoints_live() -> QuerySet[Endpoint]:
+    """Endpoints that are not gone (starting, ready or draining)."""
+    return (
+        Endpoint.objects.select_related("pool", "version__model")
+        .exclude(state=Endpoint.State.GONE)
+        .order_by("pool__name", "pk")
+    )
+
+
+def pools_with_endpoints() -> QuerySet[Pool]:
+    """Every pool with its live endpoints prefetched as ``live_endpoints``."""
+    return Pool.objects.prefetch_related(
+        Prefetch("endpoints", queryset=endpoints_live(), to_attr="live_endpoints")
+    ).order_by("name")
+
+
+def route_for(model: Model) -> Route | None:
+    """The model's route with its splits (and their versions) prefetched, or None."""
+    return (
+        Route.objects.select_related("model")
+        .prefetch_related("splits__version")
+        .filter(model=model)
+        .first()
+    )
+
+
+def routes_all() -> QuerySet[Route]:
+    return Route.objects.select_related("model").prefetch_related("splits__version")

@@ -1,0 +1,250 @@
+"""Registry services for models and their versions (immutable once published)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib.auth.base_user import AbstractBaseUser
+from django.core.exceptions import ValidationError
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from apps.core.services import snapshot_publish_on_commit
+from apps.models import validators as v
+from apps.models.models import Model, ModelVersion
+from apps.models.services.common import audit_state, exists_other, refuse_unknown
+from apps.tenants.services import audit_record
+from runtime.artifacts import manifest_digest
+
+VERSION_FIELDS = (
+    "label",
+    "artifact_uri",
+    "digest",
+    "manifest",
+    "runtime",
+    "memory_gb",
+    "tensor_parallel_size",
+)
+MODEL_FIELDS = ("name", "task", "description")
+
+# --- models ---------------------------------------------------------------------------------
+
+
+def model_validate(*, name: str, task: str, exclude_pk: int | None = None) -> None:
+    name_error = v.model_name_error(name)
+    if name_error is None and exists_other(Model.objects.filter(name=name), exclude_pk):
+        name_error = f"A model named {name!r} already exists."
+    v.raise_if(
+        {
+            "name": name_error,
+            "task": None
+            if task in Model.Task.values
+            else f"Task must be one of {Model.Task.values}.",
+        }
+    )
+
+
+def model_create(
+    *, actor: AbstractBaseUser | None, name: str, task: str, description: str = ""
+) -> Model:
+    model_validate(name=name, task=task)
+    with transaction.atomic():
+        try:
+            with transaction.atomic():
+                model = Model.objects.create(name=name, task=task, description=description)
+        except IntegrityError as exc:
+            raise ValidationError({"name": f"A model named {name!r} already exists."}) from exc
+        audit_record(
+            actor=actor, action="model.create", target=model, after=audit_state(model, MODEL_FIELDS)
+        )
+        snapshot_publish_on_commit()
+    return model
+
+
+def model_update(*, actor: AbstractBaseUser | None, model: Model, **changes: Any) -> Model:
+    refuse_unknown(changes, MODEL_FIELDS)
+    merged = {**audit_state(model, MODEL_FIELDS), **changes}
+    model_validate(name=merged["name"], task=merged["task"], exclude_pk=model.pk)
+    with transaction.atomic():
+        before = audit_state(model, MODEL_FIELDS)
+        for field, value in changes.items():
+            setattr(model, field, value)
+        model.save()
+        audit_record(
+            actor=actor,
+            action="model.update",
+            target=model,
+            before=before,
+            after=audit_state(model, MODEL_FIELDS),
+        )
+        snapshot_publish_on_commit()
+    return model
+
+
+# --- versions -------------------------------------------------------------------------------
+
+
+def model_version_validate(
+    *,
+    model: Model,
+    label: str,
+    artifact_uri: str,
+    digest: str,
+    manifest: object,
+    runtime: str,
+    memory_gb: float,
+    tensor_parallel_size: int,
+    exclude_pk: int | None = None,
+) -> None:
+    """Rules for a draft version. The manifest may be partial; publishing needs all of it."""
+    label_error = v.label_error(label)
+    if label_error is None and exists_other(model.versions.filter(label=label), exclude_pk):
+        label_error = f"Model {model.name!r} already has a version labelled {label!r}."
+    uri_ok = (
+        isinstance(artifact_uri, str)
+        and artifact_uri.strip() == artifact_uri
+        and 0 < len(artifact_uri) <= 500
+    )
+    manifest_errors = v.manifest_errors(manifest, complete=False)
+    tp_ok = v.is_int(tensor_parallel_size) and 1 <= tensor_parallel_size <= 1024
+    v.raise_if(
+        {
+            "label": label_error,
+            "artifact_uri": None
+            if uri_ok
+            else "Artifact URI must be 1-500 characters without surrounding spaces.",
+            "digest": None
+            if v.is_sha256(digest)
+            else "Digest must be a sha256: 64 lowercase hex digits.",
+            "manifest": manifest_errors,
+            "runtime": None
+            if runtime in ModelVersion.Runtime.values
+            else f"Runtime must be one of {ModelVersion.Runtime.values}.",
+            "memory_gb": v.float_error(memory_gb, minimum=0.0),
+            "tensor_parallel_size": None
+            if tp_ok
+            else "Tensor parallel size must be an integer from 1 to 1024.",
+        }
+    )
+
+
+def model_version_create(
+    *,
+    actor: AbstractBaseUser | None,
+    model: Model,
+    label: str,
+    artifact_uri: str,
+    digest: str,
+    manifest: dict[str, Any],
+    runtime: str,
+    memory_gb: float = 1.0,
+    tensor_parallel_size: int = 1,
+) -> ModelVersion:
+    fields: dict[str, Any] = {
+        "label": label,
+        "artifact_uri": artifact_uri,
+        "digest": digest,
+        "manifest": manifest,
+        "runtime": runtime,
+        "memory_gb": memory_gb,
+        "tensor_parallel_size": tensor_parallel_size,
+    }
+    model_version_validate(model=model, **fields)
+    with transaction.atomic():
+        try:
+            with transaction.atomic():
+                version = ModelVersion.objects.create(model=model, **fields)
+        except IntegrityError as exc:
+            raise ValidationError(
+                {"label": f"Model {model.name!r} already has a version labelled {label!r}."}
+            ) from exc
+        audit_record(
+            actor=actor,
+            action="model_version.create",
+            target=version,
+            after=audit_state(version, VERSION_FIELDS),
+        )
+        snapshot_publish_on_commit()
+    return version
+
+
+def published_error(version: ModelVersion) -> ValidationError:
+    return ValidationError(
+        f"Version {version} is published and immutable (artifact, digest, manifest, runtime and "
+        "resources can no longer change); create a new version instead."
+    )
+
+
+def model_version_update_validate(*, version: ModelVersion, **changes: Any) -> None:
+    if version.is_published:
+        raise published_error(version)
+    refuse_unknown(changes, VERSION_FIELDS)
+    merged = {**{field: getattr(version, field) for field in VERSION_FIELDS}, **changes}
+    model_version_validate(model=version.model, exclude_pk=version.pk, **merged)
+
+
+def model_version_update(
+    *, actor: AbstractBaseUser | None, version: ModelVersion, **changes: Any
+) -> ModelVersion:
+    """Change a draft version (any of :data:`VERSION_FIELDS`). Refused once it is published.
+
+    ``version`` is refreshed in place and returned.
+    """
+    with transaction.atomic():
+        locked = ModelVersion.objects.select_for_update().select_related("model").get(pk=version.pk)
+        model_version_update_validate(version=locked, **changes)
+        before = audit_state(locked, VERSION_FIELDS)
+        for field, value in changes.items():
+            setattr(locked, field, value)
+        try:
+            with transaction.atomic():
+                locked.save()
+        except IntegrityError as exc:
+            raise ValidationError(
+                {"label": "Another version of this model has that label."}
+            ) from exc
+        audit_record(
+            actor=actor,
+            action="model_version.update",
+            target=locked,
+            before=before,
+            after=audit_state(locked, VERSION_FIELDS),
+        )
+        snapshot_publish_on_commit()
+    version.refresh_from_db()
+    return version
+
+
+def model_version_publish_validate(*, version: ModelVersion) -> None:
+    """A version is publishable once its manifest is complete and its digest is the digest of
+    the manifest's files (what a worker checks the artifact against, runtime.artifacts)."""
+    if version.is_published:
+        raise ValidationError(f"Version {version} is already published.")
+    errors = v.manifest_errors(version.manifest, complete=True)
+    digest_error = None
+    if not v.is_sha256(version.digest):
+        digest_error = "Digest must be a sha256: 64 lowercase hex digits."
+    elif not errors:
+        expected = manifest_digest(version.manifest["files"])
+        if version.digest != expected:
+            digest_error = f"Digest does not match the manifest's files: they digest to {expected}."
+    v.raise_if({"manifest": errors, "digest": digest_error})
+
+
+def model_version_publish(*, actor: AbstractBaseUser | None, version: ModelVersion) -> ModelVersion:
+    """Make a version routable. From here on it is immutable. ``version`` is updated in place."""
+    with transaction.atomic():
+        locked = ModelVersion.objects.select_for_update().select_related("model").get(pk=version.pk)
+        model_version_publish_validate(version=locked)
+        locked.published_at = timezone.now()
+        locked.save(update_fields=["published_at"])
+        audit_record(
+            actor=actor,
+            action="model_version.publish",
+            target=locked,
+            before={"published_at": None},
+            after=audit_state(locked, ["published_at"]),
+        )
+        snapshot_publish_on_commit()
+    version.published_at = locked.published_at
+    return version

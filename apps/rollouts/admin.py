@@ -1,0 +1,165 @@
+"""Admin for rollouts. Rollouts are created through apps.rollouts.services (the form runs the
+service's validator, so a second active rollout for a model is a form error) and cancelled with
+an action; they are never edited. Their events are read-only.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from django import forms
+from django.contrib import admin, messages
+from django.core.exceptions import ValidationError
+from django.db.models import QuerySet
+from django.http import HttpRequest
+
+from apps.models.admin_support import actor_of, adopt, run_validator
+from apps.models.models import ModelVersion
+from apps.rollouts.models import ACTIVE_STATES, Rollout, RolloutEvent
+from apps.rollouts.services import DEFAULT_STEPS, rollout_cancel, rollout_create, rollout_validate
+
+if TYPE_CHECKING:  # generic in django-stubs only; not subscriptable at runtime
+    _RolloutForm = forms.ModelForm[Rollout]
+    _RolloutAdmin = admin.ModelAdmin[Rollout]
+    _EventAdmin = admin.ModelAdmin[RolloutEvent]
+    _EventInline = admin.TabularInline[RolloutEvent, Rollout]
+else:
+    _RolloutForm = forms.ModelForm
+    _RolloutAdmin = _EventAdmin = admin.ModelAdmin
+    _EventInline = admin.TabularInline
+
+CREATE_FIELDS = (
+    "model",
+    "stable_version",
+    "candidate_version",
+    "mode",
+    "steps",
+    "max_error_rate_delta",
+    "max_ttft_p95_ratio",
+    "max_cost_ratio",
+    "step_window_s",
+)
+EVENT_FIELDS = (
+    "created_at",
+    "kind",
+    "from_state",
+    "to_state",
+    "step",
+    "actor_label",
+    "reason",
+    "data",
+)
+
+
+class RolloutCreateForm(_RolloutForm):
+    class Meta:
+        model = Rollout
+        fields = CREATE_FIELDS
+        help_texts = {
+            "steps": "Candidate traffic percentages. Canary: increasing, ending at 100, e.g. "
+            "[1, 5, 25, 50, 100]. A/B: one share below 100, e.g. [50]. Shadow: the mirrored "
+            "share, e.g. [10].",
+        }
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        published = ModelVersion.objects.select_related("model").filter(published_at__isnull=False)
+        for name in ("stable_version", "candidate_version"):
+            field = self.fields[name]
+            assert isinstance(field, forms.ModelChoiceField)
+            field.queryset = published
+        self.fields["steps"].initial = list(DEFAULT_STEPS)
+
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean() or {}
+        if not self.errors:
+            values = {field: cleaned[field] for field in CREATE_FIELDS}
+            run_validator(self, lambda: rollout_validate(**values))
+        return cleaned
+
+
+class RolloutEventInline(_EventInline):
+    model = RolloutEvent
+    fields = EVENT_FIELDS
+    readonly_fields = EVENT_FIELDS
+    extra = 0
+    can_delete = False
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+@admin.register(Rollout)
+class RolloutAdmin(_RolloutAdmin):
+    add_form = RolloutCreateForm
+    list_display = ("__str__", "mode", "steps", "current_step", "state", "created_by", "created_at")
+    list_filter = ("state", "mode", "model")
+    readonly_fields = (*CREATE_FIELDS, "state", "current_step", "created_by", "created_at")
+    inlines = (RolloutEventInline,)
+    actions = ("cancel_selected",)
+
+    def get_form(
+        self, request: HttpRequest, obj: Rollout | None = None, change: bool = False, **kwargs: Any
+    ) -> Any:
+        if obj is None:
+            kwargs["form"] = self.add_form
+        return super().get_form(request, obj, change=change, **kwargs)
+
+    def get_fields(self, request: HttpRequest, obj: Rollout | None = None) -> Any:
+        return CREATE_FIELDS if obj is None else self.readonly_fields
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Rollout | None = None) -> Any:
+        return () if obj is None else self.readonly_fields
+
+    def get_inlines(self, request: HttpRequest, obj: Rollout | None) -> Any:
+        return self.inlines if obj is not None else ()
+
+    def has_change_permission(self, request: HttpRequest, obj: Rollout | None = None) -> bool:
+        # The list (and its actions) needs change permission; a single rollout is never edited.
+        return obj is None and super().has_change_permission(request)
+
+    def has_delete_permission(self, request: HttpRequest, obj: Rollout | None = None) -> bool:
+        return False  # the history stays; cancel instead
+
+    def save_model(self, request: HttpRequest, obj: Rollout, form: Any, change: bool) -> None:
+        if change:
+            return
+        values = {field: form.cleaned_data[field] for field in CREATE_FIELDS}
+        adopt(obj, rollout_create(actor=actor_of(request), **values))
+
+    @admin.action(description="Cancel selected rollouts", permissions=["change"])
+    def cancel_selected(self, request: HttpRequest, queryset: QuerySet[Rollout]) -> None:
+        reason = f"Cancelled in the admin by {request.user}."
+        for rollout in queryset.filter(state__in=ACTIVE_STATES):
+            try:
+                rollout_cancel(actor=actor_of(request), rollout=rollout, reason=reason)
+            except ValidationError as error:
+                messages.error(request, f"Rollout #{rollout.pk}: {'; '.join(error.messages)}")
+            else:
+                messages.success(request, f"Cancelled rollout #{rollout.pk}.")
+
+
+@admin.register(RolloutEvent)
+class RolloutEventAdmin(_EventAdmin):
+    """Read-only: the event log of every rollout transition (who and why)."""
+
+    list_display = (
+        "created_at",
+        "rollout",
+        "kind",
+        "from_state",
+        "to_state",
+        "step",
+        "actor_label",
+    )
+    list_filter = ("kind",)
+    readonly_fields = ("rollout", *EVENT_FIELDS)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: RolloutEvent | None = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: RolloutEvent | None = None) -> bool:
+        return False
