@@ -26,7 +26,9 @@ SECRET_KEY = os.environ.get("SECRET_KEY", "switchyard-insecure-dev-key-change-me
 if not SECRET_KEY:
     # An unset key in production is a deployment error; the embedded default gets one from `up`.
     SECRET_KEY = "switchyard-insecure-local-key"  # noqa: S105 - one-machine default, see README
-ALLOWED_HOSTS = [h.strip() for h in os.environ.get("ALLOWED_HOSTS", "127.0.0.1,localhost").split(",")]
+ALLOWED_HOSTS = [
+    h.strip() for h in os.environ.get("ALLOWED_HOSTS", "127.0.0.1,localhost").split(",")
+]
 CSRF_TRUSTED_ORIGINS = [
     o.strip() for o in os.environ.get("CSRF_TRUSTED_ORIGINS", "").split(",") if o.strip()
 ]

@@ -5,33 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from django.db import connection
 
-from apps.core.services import _publish_after_commit
 from apps.models.models import ModelVersion
 from apps.models.services import model_create, model_version_create, model_version_publish
 from apps.tenants.models import Tenant
 from apps.tenants.services import tenant_create
 from runtime.artifacts import manifest_digest
-
-
-class PublishTracker:
-    """Whether a snapshot publish waits for the test transaction's commit (see
-    tests/apps/models/conftest.py)."""
-
-    def reset(self) -> None:
-        connection.run_on_commit[:] = [
-            entry for entry in connection.run_on_commit if entry[1] is not _publish_after_commit
-        ]
-
-    @property
-    def pending(self) -> bool:
-        return any(entry[1] is _publish_after_commit for entry in connection.run_on_commit)
-
-
-@pytest.fixture
-def publishes() -> PublishTracker:
-    return PublishTracker()
 
 
 def make_tenant(slug: str) -> Tenant:

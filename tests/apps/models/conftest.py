@@ -6,9 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from django.db import connection
 
-from apps.core.services import _publish_after_commit
 from apps.models.models import Model, ModelVersion, Pool
 from apps.models.services import (
     model_create,
@@ -28,24 +26,6 @@ def valid_manifest() -> dict[str, Any]:
     }
 
 
-class PublishTracker:
-    """Whether a snapshot publish waits for the test transaction's commit (it never runs:
-    the test transaction is rolled back). ``reset()`` forgets earlier ones, because
-    ``snapshot_publish_on_commit()`` registers at most one per transaction."""
-
-    def reset(self) -> None:
-        connection.run_on_commit[:] = [
-            entry for entry in connection.run_on_commit if entry[1] is not _publish_after_commit
-        ]
-
-    @property
-    def pending(self) -> bool:
-        return any(entry[1] is _publish_after_commit for entry in connection.run_on_commit)
-
-
-@pytest.fixture
-def publishes() -> PublishTracker:
-    return PublishTracker()
 
 
 @pytest.fixture

@@ -6,9 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from django.db import connection
 
-from apps.core.services import _publish_after_commit
 from apps.tenants.models import RequestClass, Tenant
 from apps.tenants.services import request_class_create, tenant_create
 
@@ -21,33 +19,10 @@ LIMITS = {
 }
 
 
-class PublishTracker:
-    """Whether a snapshot publish is waiting for the test transaction's commit.
-
-    `snapshot_publish_on_commit()` registers at most one callback per transaction, and a test
-    runs in one transaction, so a test forgets the pending ones (`reset()`) before the call
-    it checks. Callbacks never run here: the test transaction is rolled back.
-    """
-
-    def reset(self) -> None:
-        connection.run_on_commit[:] = [
-            entry for entry in connection.run_on_commit if entry[1] is not _publish_after_commit
-        ]
-
-    @property
-    def pending(self) -> bool:
-        return any(entry[1] is _publish_after_commit for entry in connection.run_on_commit)
-
-
 @pytest.fixture
 def limits() -> dict[str, int]:
     """A valid set of the five tenant limits."""
     return dict(LIMITS)
-
-
-@pytest.fixture
-def publishes() -> PublishTracker:
-    return PublishTracker()
 
 
 @pytest.fixture

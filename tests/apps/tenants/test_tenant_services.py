@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from django.core.exceptions import ValidationError
 
+from apps.models.models import Model
 from apps.tenants.models import AuditEvent, Tenant
 from apps.tenants.services import (
     TENANT_LIMIT_FIELDS,
@@ -276,8 +277,6 @@ def test_activate_active_tenant_refused(tenant):
 
 
 def test_create_and_update_allowed_models(create, publishes):
-    from apps.models.models import Model
-
     chat = Model.objects.create(name="chat-model", task="chat")
     Model.objects.create(name="emb-model", task="embedding")
     tenant = create(allowed_models=["chat-model"])
