@@ -12,7 +12,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """GPU tests need an NVIDIA GPU; CI has none, so they skip and say so."""
     if shutil.which("nvidia-smi") and os.environ.get("SWITCHYARD_SKIP_GPU") != "1":
         return
-    skip = pytest.mark.skip(reason="no NVIDIA GPU on this machine (gpu tests run on the device box)")
+    skip = pytest.mark.skip(
+        reason="no NVIDIA GPU on this machine (gpu tests run on the device box)"
+    )
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)

@@ -61,9 +61,15 @@ class UsageRecord(models.Model):
 
     event_id = models.CharField(max_length=64, unique=True)
     tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="usage")
-    api_key = models.ForeignKey(ApiKey, on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
-    version = models.ForeignKey(ModelVersion, on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
-    endpoint = models.ForeignKey(Endpoint, on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
+    api_key = models.ForeignKey(
+        ApiKey, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+    version = models.ForeignKey(
+        ModelVersion, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+    endpoint = models.ForeignKey(
+        Endpoint, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
     request_class = models.CharField(max_length=40)
     tokens_in = models.PositiveIntegerField(default=0)
     tokens_out = models.PositiveIntegerField(default=0)

@@ -30,7 +30,9 @@ class Rollout(models.Model):
     stable_version = models.ForeignKey(ModelVersion, on_delete=models.PROTECT, related_name="+")
     candidate_version = models.ForeignKey(ModelVersion, on_delete=models.PROTECT, related_name="+")
     mode = models.CharField(max_length=16, choices=Mode.choices, default=Mode.CANARY)
-    steps = models.JSONField(default=list, help_text="Candidate traffic percentages, e.g. [1, 5, 25, 50, 100].")
+    steps = models.JSONField(
+        default=list, help_text="Candidate traffic percentages, e.g. [1, 5, 25, 50, 100]."
+    )
     current_step = models.PositiveSmallIntegerField(default=0)
     state = models.CharField(max_length=16, choices=State.choices, default=State.PENDING)
     max_error_rate_delta = models.FloatField(
@@ -60,7 +62,8 @@ class Rollout(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.model.name}: {self.stable_version_id}→{self.candidate_version_id} ({self.state})"
+        versions = f"{self.stable_version_id}→{self.candidate_version_id}"
+        return f"{self.model.name}: {versions} ({self.state})"
 
 
 class RolloutEvent(models.Model):
