@@ -107,7 +107,14 @@ CELERY_BEAT_SCHEDULE = {
         "task": "apps.core.tasks.snapshot_refresh",
         "schedule": 30.0,
     },
+    "copy-api-key-last-use": {
+        "task": "apps.tenants.tasks.api_keys_sync_last_used",
+        "schedule": 15.0,
+    },
 }
+
+# Routers record API-key last use in this Redis hash (prefix -> unix time); beat copies it.
+API_KEY_USAGE_HASH = os.environ.get("SWITCHYARD_KEY_USAGE_HASH", "switchyard:apikey:last_used")
 
 # The runtime snapshot (DESIGN §3).
 SNAPSHOT_REDIS_PREFIX = os.environ.get("SWITCHYARD_SNAPSHOT_PREFIX", "switchyard:snapshot")
