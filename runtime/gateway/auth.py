@@ -1,0 +1,66 @@
+"""API-key authentication against the snapshot, and off-path recording of key use.
+
+A key is ``"sy_" + prefix (8 of [a-z0-9]) + "_" + secret (40 of [A-Za-z0-9])``; the snapshot
+holds its prefix and the sha256 hex digest of the whole key. The prefix finds the record; the
+digest is compared with :func:`hmac.compare_digest`. An unknown prefix is compared against a
+dummy digest, so both paths do the same work. Revoked keys are not in the snapshot and read as
+unknown. The tenant comes from the key record only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+
+import msgspec
+
+from runtime.gateway.errors import ApiError
+from runtime.snapshot import ApiKeySnap, Snapshot, TenantSnap
+
+KEY_RE = re.compile(r"sy_(?P<prefix>[a-z0-9]{8})_[A-Za-z0-9]{40}")
+INFERENCE_SCOPE = "inference"
+# sha256("switchyard: no such key"): compared against when the prefix is unknown.
+_DUMMY_DIGEST = "906289093200296f34abfe4123d8bc964ae14229f3c74df74ce5508c756dc6f7"
+
+
+class Principal(msgspec.Struct, frozen=True):
+    key: ApiKeySnap
+    tenant: TenantSnap
+
+
+def bearer_token(authorization: bytes | None) -> str:
+    """The token of an ``Authorization: Bearer <token>`` header; 401 when absent."""
+    if not authorization:
+        raise ApiError.of(
+            "missing_api_key",
+            "You didn't provide an API key. Send it as 'Authorization: Bearer <key>'.",
+        )
+    scheme, _, token = authorization.decode("latin-1").strip().partition(" ")
+    token = token.strip()
+    if scheme.lower() != "bearer" or not token:
+        raise ApiError.of(
+            "missing_api_key",
+            "The Authorization header must be 'Bearer <key>'.",
+        )
+    return token
+
+
+def authenticate(snapshot: Snapshot, token: str, *, now: float) -> Principal:
+    """The key's record and tenant, or ApiError 401/403. ``now`` is unix seconds."""
+    match = KEY_RE.fullmatch(token)
+    record = snapshot.api_keys.get(match.group("prefix")) if match else None
+    presented = hashlib.sha256(token.encode("utf-8", "surrogateescape")).hexdigest()
+    expected = record.digest if record is not None else _DUMMY_DIGEST
+    if not hmac.compare_digest(presented, expected) or record is None:
+        raise ApiError.of("invalid_api_key", "Incorrect API key provided.")
+    if record.expires_at is not None and now >= record.expires_at:
+        raise ApiError.of("expired_api_key", "This API key has expired.")
+    tenant = snapshot.tenants.get(record.tenant)
+    if tenant is None:
+        raise ApiError.of("invalid_api_key", "Incorrect API key provided.")
+    if tenant.status != "active":
+        raise ApiError.of("tenant_suspended", f"The tenant of this API key is {tenant.status}.")
+    if INFERENCE_SCOPE not in record.scopes:
+        raise ApiError.of("insufficient_scope", "This API key lacks the 'inference' scope.")
+    return Principal(record, tenant)

@@ -1,0 +1,93 @@
+"""The router's settings, read once from the environment into a frozen object.
+
+| variable | default | meaning |
+|---|---|---|
+| ``REDIS_URL`` | ``redis://127.0.0.1:6379/0`` | snapshot, key usage |
+| ``SWITCHYARD_SNAPSHOT_PREFIX`` | ``switchyard:snapshot`` | snapshot key prefix |
+| ``SWITCHYARD_VAR_DIR`` | ``./var`` | the snapshot's disk copy lives here |
+| ``SWITCHYARD_KEY_USAGE_HASH`` | ``switchyard:apikey:last_used`` | API-key last-use hash |
+| ``SWITCHYARD_MAX_BODY_BYTES`` | ``1048576`` | request body cap (413 above) |
+| ``SWITCHYARD_RETRY_ATTEMPTS`` | ``3`` | upstream attempts before the first byte |
+| ``SWITCHYARD_CONNECT_TIMEOUT_S`` | ``2`` | connect cap per attempt |
+| ``SWITCHYARD_TTFT_TIMEOUT_S`` | ``30`` | first-byte cap per attempt |
+| ``SWITCHYARD_DEFAULT_DEADLINE_S`` | ``300`` | deadline when the class gives none |
+| ``SWITCHYARD_MAX_DEADLINE_S`` | ``600`` | no request may ask for more |
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+DEFAULT_SNAPSHOT_PREFIX = "switchyard:snapshot"
+KEY_USAGE_HASH = "switchyard:apikey:last_used"
+
+
+class ConfigError(ValueError):
+    """An environment variable holds a value the router cannot use."""
+
+
+def _number(env: Mapping[str, str], name: str, default: float, *, minimum: float) -> float:
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{name} must be a number, got {raw!r}") from None
+    if not value >= minimum:
+        raise ConfigError(f"{name} must be >= {minimum}, got {raw!r}")
+    return value
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RouterConfig:
+    redis_url: str = DEFAULT_REDIS_URL
+    snapshot_prefix: str = DEFAULT_SNAPSHOT_PREFIX
+    snapshot_cache_path: Path = Path("var") / "router-snapshot.json"
+    key_usage_hash: str = KEY_USAGE_HASH
+    key_usage_flush_s: float = 5.0
+    max_body_bytes: int = 1 << 20
+    retry_attempts: int = 3
+    retry_backoff_base_s: float = 0.025
+    retry_backoff_cap_s: float = 0.5
+    connect_timeout_s: float = 2.0
+    ttft_timeout_s: float = 30.0
+    default_deadline_s: float = 300.0
+    max_deadline_s: float = 600.0
+    health_interval_s: float = 0.5
+    snapshot_retry_s: float = 0.5  # first retry while no snapshot exists; doubles ...
+    snapshot_retry_max_s: float = 5.0  # ... up to this
+    max_tenant_labels: int = 50
+    tokenizer_cache_size: int = 8
+
+    def __post_init__(self) -> None:
+        if self.max_body_bytes < 1:
+            raise ConfigError("max_body_bytes must be >= 1")
+        if self.retry_attempts < 1:
+            raise ConfigError("retry_attempts must be >= 1")
+        for name in ("connect_timeout_s", "ttft_timeout_s", "default_deadline_s"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"{name} must be > 0")
+        if self.max_deadline_s < self.default_deadline_s:
+            raise ConfigError("max_deadline_s must be >= default_deadline_s")
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> RouterConfig:
+        env = os.environ if env is None else env
+        var_dir = Path(env.get("SWITCHYARD_VAR_DIR") or "var")
+        return cls(
+            redis_url=env.get("REDIS_URL") or DEFAULT_REDIS_URL,
+            snapshot_prefix=env.get("SWITCHYARD_SNAPSHOT_PREFIX") or DEFAULT_SNAPSHOT_PREFIX,
+            snapshot_cache_path=var_dir / "router-snapshot.json",
+            key_usage_hash=env.get("SWITCHYARD_KEY_USAGE_HASH") or KEY_USAGE_HASH,
+            max_body_bytes=int(_number(env, "SWITCHYARD_MAX_BODY_BYTES", 1 << 20, minimum=1)),
+            retry_attempts=int(_number(env, "SWITCHYARD_RETRY_ATTEMPTS", 3, minimum=1)),
+            connect_timeout_s=_number(env, "SWITCHYARD_CONNECT_TIMEOUT_S", 2.0, minimum=0.001),
+            ttft_timeout_s=_number(env, "SWITCHYARD_TTFT_TIMEOUT_S", 30.0, minimum=0.001),
+            default_deadline_s=_number(env, "SWITCHYARD_DEFAULT_DEADLINE_S", 300.0, minimum=0.001),
+            max_deadline_s=_number(env, "SWITCHYARD_MAX_DEADLINE_S", 600.0, minimum=0.001),
+        )

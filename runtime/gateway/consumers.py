@@ -1,0 +1,193 @@
+"""The base consumer: a Channels ``AsyncHttpConsumer`` that keeps its receive loop free.
+
+Channels' stock ``http_request`` awaits ``handle()`` inside ``dispatch``, so while a response
+streams nobody reads the ASGI ``receive`` channel and ``http.disconnect`` is never seen
+(DESIGN §4.1 step 7). Here, once the body is complete, the handler runs as its own task and
+``http_request`` returns; the receive loop then waits on the next message, which is
+``http.disconnect`` — either the client going away (the task is cancelled at once, which
+aborts the upstream request) or uvicorn reporting the response complete (the task is
+already done). Either way the consumer then stops.
+
+Per request this consumer makes no channel-layer call and no database thread hop: it never
+builds a channel layer (whatever ``CHANNEL_LAYERS`` says) and it skips Channels'
+``aclose_old_connections`` in ``dispatch`` and ``http_disconnect``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+import uuid
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
+from typing import Any, ClassVar
+
+from channels.consumer import get_handler_name
+from channels.exceptions import StopConsumer
+from channels.generic.http import AsyncHttpConsumer
+from channels.utils import await_many_dispatch
+
+from runtime.gateway.errors import ApiError
+from runtime.gateway.state import STATE_KEY, RouterState
+
+logger = logging.getLogger(__name__)
+
+Headers = list[tuple[bytes, bytes]]
+Scope = dict[str, Any]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+_REQUEST_ID_RE = re.compile(rb"[A-Za-z0-9._:\-]{1,128}")
+JSON_HEADERS: tuple[tuple[bytes, bytes], ...] = ((b"content-type", b"application/json"),)
+
+
+def header(scope: Scope, name: bytes) -> bytes | None:
+    """The first value of header ``name`` (lower case), or None."""
+    for key, value in scope.get("headers", ()):
+        if key == name:
+            return bytes(value)
+    return None
+
+
+def request_id_for(scope: Scope) -> str:
+    """The client's ``X-Request-Id`` when it is sane, else a fresh one."""
+    given = header(scope, b"x-request-id")
+    if given is not None and _REQUEST_ID_RE.fullmatch(given):
+        return given.decode("ascii")
+    return uuid.uuid4().hex
+
+
+class GatewayConsumer(AsyncHttpConsumer):  # type: ignore[misc]  # channels is untyped
+    """Base of every route. Subclasses implement :meth:`respond` (run as a task)."""
+
+    methods: ClassVar[tuple[str, ...]] = ("GET",)
+    reads_body: ClassVar[bool] = False
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._task: asyncio.Task[None] | None = None
+        self._received = 0
+        self.request_id = ""
+        self.response_started = False
+        self.response_finished = False
+
+    # -- the ASGI loop, without a channel layer -------------------------------------------
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        self.scope = scope
+        self.channel_layer = None  # inference needs none; never touch Redis for one
+        self.base_send = send
+        self.request_id = request_id_for(scope)
+        if (early := self.early_error(scope)) is not None:
+            await self.refuse(early)
+            return
+        with contextlib.suppress(StopConsumer):
+            await await_many_dispatch([receive], self.dispatch)
+
+    async def dispatch(self, message: dict[str, Any]) -> None:
+        # Channels' dispatch first runs close_old_connections in a thread; we hold no DB.
+        handler = getattr(self, get_handler_name(message), None)
+        if handler is None:
+            raise ValueError(f"No handler for message type {message['type']}")
+        await handler(message)
+
+    @property
+    def state(self) -> RouterState:
+        state: RouterState = self.scope["state"][STATE_KEY]
+        return state
+
+    def early_error(self, scope: Scope) -> ApiError | None:
+        """Refusals decided from the request line and headers alone (before any body)."""
+        if scope.get("method") not in self.methods:
+            return ApiError.of(
+                "method_not_allowed",
+                f"{scope.get('method')} is not allowed here; use {', '.join(self.methods)}.",
+            )
+        length = header(scope, b"content-length")
+        cap = self.state.config.max_body_bytes
+        if length is not None and length.isdigit() and int(length) > cap:
+            return self.too_large(cap)
+        return None
+
+    @staticmethod
+    def too_large(cap: int) -> ApiError:
+        return ApiError.of("request_too_large", f"The request body is over {cap} bytes.")
+
+    async def http_request(self, message: dict[str, Any]) -> None:
+        if self._task is not None:
+            return  # more body after we already answered (413): ignored
+        chunk: bytes = message.get("body", b"")
+        self._received += len(chunk)
+        cap = self.state.config.max_body_bytes
+        if self._received > cap:
+            self.body.clear()
+            self._start(self.refuse(self.too_large(cap)))
+            return
+        if chunk:
+            self.body.append(chunk)
+        if not message.get("more_body"):
+            body = b"".join(self.body)
+            self.body.clear()
+            self._start(self._respond_safely(body))
+
+    async def http_disconnect(self, message: dict[str, Any]) -> None:
+        """Client gone or response complete: cancel the handler if it still runs, stop."""
+        task, self._task = self._task, None
+        if task is not None:
+            if not task.done():
+                task.cancel()
+            await asyncio.wait([task])
+        raise StopConsumer
+
+    def _start(self, coro: Coroutine[Any, Any, None]) -> None:
+        self._task = asyncio.create_task(coro, name=f"request-{self.request_id}")
+
+    async def _respond_safely(self, body: bytes) -> None:
+        try:
+            await self.respond(body)
+        except ApiError as exc:
+            await self.send_error(exc)
+        except Exception:
+            logger.exception("request %s failed", self.request_id)
+            await self.send_error(ApiError.of("internal_error", "Internal error."))
+
+    async def respond(self, body: bytes) -> None:
+        raise NotImplementedError
+
+    async def refuse(self, error: ApiError) -> None:
+        """Answer ``error`` without running :meth:`respond` (405, 413, unknown URL)."""
+        self.on_refused(error)
+        await self.send_error(error)
+
+    def on_refused(self, error: ApiError) -> None:
+        """Hook: account for a refusal decided before the handler ran."""
+
+    # -- sending --------------------------------------------------------------------------
+
+    def base_headers(self, extra: Iterable[tuple[bytes, bytes]] = ()) -> Headers:
+        return [(b"x-request-id", self.request_id.encode("ascii")), *extra]
+
+    async def start_response(self, status: int, headers: Iterable[tuple[bytes, bytes]]) -> None:
+        self.response_started = True
+        await self.send_headers(status=status, headers=self.base_headers(headers))
+
+    async def send_chunk(self, data: bytes, *, last: bool = False) -> None:
+        await self.send_body(data, more_body=not last)
+        if last:
+            self.response_finished = True
+
+    async def send_json(
+        self, status: int, body: bytes, headers: Iterable[tuple[bytes, bytes]] = ()
+    ) -> None:
+        await self.start_response(status, [*JSON_HEADERS, *headers])
+        await self.send_chunk(body, last=True)
+
+    async def send_error(self, error: ApiError) -> None:
+        """The error as OpenAI JSON; if a response already started, just end it."""
+        if self.response_finished:
+            return
+        if self.response_started:
+            await self.send_chunk(b"", last=True)
+            return
+        await self.send_json(error.status, error.body(), error.headers)

@@ -1,0 +1,156 @@
+"""Relaying an upstream response to the client: SSE exactly as OpenAI frames it, or JSON.
+
+Each upstream event goes out as ``data: <payload>\\n\\n`` the moment it arrives, bytes
+untouched, except the usage-only final chunk, which is dropped when the client did not ask
+for ``stream_options.include_usage`` (the router always asks upstream, to meter). The
+stream ends with ``data: [DONE]\\n\\n``. If the upstream breaks after the first byte, a
+terminal chunk with ``finish_reason: "error"`` and an ``error`` object goes out, then
+``[DONE]``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import AsyncGenerator, Iterable
+from typing import Protocol, cast
+
+import msgspec
+
+from runtime.telemetry.metrics import RouterMetrics, StageLabels
+from runtime.upstream.errors import StreamBroken
+from runtime.upstream.response import UpstreamResponse
+
+SSE_HEADERS: tuple[tuple[bytes, bytes], ...] = (
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-cache"),
+    (b"x-accel-buffering", b"no"),
+)
+DONE_FRAME = b"data: [DONE]\n\n"
+
+
+class ResponseSink(Protocol):
+    async def start_response(self, status: int, headers: Iterable[tuple[bytes, bytes]]) -> None: ...
+
+    async def send_chunk(self, data: bytes, *, last: bool = False) -> None: ...
+
+
+class Usage(msgspec.Struct):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+
+
+class _UsageProbe(msgspec.Struct):
+    usage: Usage | None = None
+    choices: list[msgspec.Raw] | None = None
+
+
+class _Meta(msgspec.Struct):
+    id: str = ""
+    created: int = 0
+    model: str = ""
+
+
+class RelayResult(msgspec.Struct, kw_only=True):
+    outcome: str = "ok"  # "ok" | "stream_broken" | "deadline_exceeded"
+    usage: Usage | None = None
+    events: int = 0
+
+
+_usage_decoder = msgspec.json.Decoder(_UsageProbe)
+_meta_decoder = msgspec.json.Decoder(_Meta)
+
+
+def _usage_of(payload: bytes) -> _UsageProbe | None:
+    if b'"usage"' not in payload:
+        return None
+    try:
+        return _usage_decoder.decode(payload)
+    except msgspec.DecodeError:  # includes ValidationError: not ours to judge, relay it
+        return None
+
+
+def _meta_of(payload: bytes) -> _Meta:
+    try:
+        return _meta_decoder.decode(payload)
+    except msgspec.DecodeError:
+        return _Meta()
+
+
+def terminal_error_chunk(kind: str, meta: _Meta, error: StreamBroken) -> bytes:
+    """The last chunk of a stream that broke after its first byte."""
+    deadline = error.reason == "deadline"
+    choice: dict[str, object] = {"index": 0, "finish_reason": "error"}
+    if kind == "chat":
+        choice["delta"] = {}
+    else:
+        choice["text"] = ""
+    document = {
+        "id": meta.id,
+        "object": "chat.completion.chunk" if kind == "chat" else "text_completion",
+        "created": meta.created or int(time.time()),
+        "model": meta.model,
+        "choices": [choice],
+        "error": {
+            "message": "deadline exceeded mid-stream" if deadline else "upstream failed mid-stream",
+            "type": "timeout_error" if deadline else "upstream_error",
+            "param": None,
+            "code": "deadline_exceeded" if deadline else "stream_broken",
+        },
+    }
+    return msgspec.json.encode(document)
+
+
+async def relay_stream(
+    sink: ResponseSink,
+    upstream: UpstreamResponse,
+    *,
+    kind: str,
+    include_usage: bool,
+    headers: Iterable[tuple[bytes, bytes]],
+    metrics: RouterMetrics,
+    labels: StageLabels,
+) -> RelayResult:
+    """Relay an SSE stream; the first event is already buffered in ``upstream``."""
+    inter_token = metrics.stage_observer("inter_token", labels)
+    result = RelayResult()
+    meta: _Meta | None = None
+    await sink.start_response(200, [*SSE_HEADERS, *headers])
+    last = time.perf_counter()  # not loop.time(): uvloop's clock ticks in milliseconds
+    try:
+        # events() is an async generator; closing it at once releases the upstream socket.
+        stream = cast("AsyncGenerator[bytes, None]", upstream.events())
+        async with contextlib.aclosing(stream) as events:
+            async for payload in events:
+                now = time.perf_counter()
+                if result.events:
+                    inter_token.observe(now - last)
+                last = now
+                result.events += 1
+                if meta is None:
+                    meta = _meta_of(payload)
+                probe = _usage_of(payload)
+                if probe is not None and probe.usage is not None:
+                    result.usage = probe.usage
+                    if not probe.choices and not include_usage:
+                        continue
+                await sink.send_chunk(b"data: " + payload + b"\n\n")
+    except StreamBroken as exc:
+        result.outcome = "deadline_exceeded" if exc.reason == "deadline" else "stream_broken"
+        frame = terminal_error_chunk(kind, meta or _Meta(), exc)
+        await sink.send_chunk(b"data: " + frame + b"\n\n" + DONE_FRAME, last=True)
+        return result
+    await sink.send_chunk(DONE_FRAME, last=True)
+    return result
+
+
+async def relay_unary(
+    sink: ResponseSink, upstream: UpstreamResponse, *, headers: Iterable[tuple[bytes, bytes]]
+) -> RelayResult:
+    """Relay a whole JSON body as it came."""
+    body = await upstream.read_json()
+    probe = _usage_of(body)
+    await sink.start_response(200, [(b"content-type", b"application/json"), *headers])
+    await sink.send_chunk(body, last=True)
+    return RelayResult(usage=probe.usage if probe is not None else None, events=1)

@@ -1,0 +1,85 @@
+"""The non-inference routes: GET /v1/models, /healthz, /readyz, /metrics, and 404s."""
+
+from __future__ import annotations
+
+import time
+from typing import ClassVar
+
+from runtime.gateway.auth import authenticate, bearer_token
+from runtime.gateway.consumers import GatewayConsumer, Scope, header
+from runtime.gateway.errors import ApiError, as_json
+
+
+class ModelsConsumer(GatewayConsumer):
+    """The models the key's tenant may use (all published models when it has no list)."""
+
+    async def respond(self, body: bytes) -> None:
+        snapshot = self.state.snapshot
+        if snapshot is None:
+            raise ApiError.of("not_ready", "The router has no configuration snapshot yet.")
+        principal = authenticate(
+            snapshot, bearer_token(header(self.scope, b"authorization")), now=time.time()
+        )
+        self.state.key_usage.record(principal.key.prefix, time.time())
+        allowed = principal.tenant.models
+        names = sorted(n for n in snapshot.models if not allowed or n in allowed)
+        wanted = self.scope.get("url_route", {}).get("kwargs", {}).get("model")
+        created = int(snapshot.created_at)
+        entries = [
+            {"id": name, "object": "model", "created": created, "owned_by": "switchyard"}
+            for name in names
+        ]
+        if wanted is None:
+            await self.send_json(200, as_json({"object": "list", "data": entries}))
+            return
+        for entry in entries:
+            if entry["id"] == wanted:
+                await self.send_json(200, as_json(entry))
+                return
+        raise ApiError.of("model_not_found", f"The model '{wanted}' does not exist.", param="model")
+
+
+class HealthzConsumer(GatewayConsumer):
+    """Liveness: the process answers."""
+
+    async def respond(self, body: bytes) -> None:
+        await self.send_json(200, b'{"status":"ok"}')
+
+
+class ReadyzConsumer(GatewayConsumer):
+    """Readiness: only with a snapshot loaded."""
+
+    async def respond(self, body: bytes) -> None:
+        snapshot = self.state.snapshot
+        if snapshot is None:
+            await self.send_json(503, b'{"status":"not ready","reason":"no snapshot loaded"}')
+            return
+        await self.send_json(
+            200,
+            as_json(
+                {
+                    "status": "ready",
+                    "snapshot_version": snapshot.version,
+                    "snapshot_source": self.state.loader.source,
+                }
+            ),
+        )
+
+
+class MetricsConsumer(GatewayConsumer):
+    """Prometheus exposition of this process's registry."""
+
+    async def respond(self, body: bytes) -> None:
+        payload, content_type = self.state.metrics.render()
+        await self.start_response(200, [(b"content-type", content_type.encode("latin-1"))])
+        await self.send_chunk(payload, last=True)
+
+
+class NotFoundConsumer(GatewayConsumer):
+    methods: ClassVar[tuple[str, ...]] = ("GET", "POST", "PUT", "PATCH", "DELETE", "HEAD")
+
+    def early_error(self, scope: Scope) -> ApiError | None:
+        return ApiError.of("unknown_url", f"Unknown request URL: {scope.get('path', '')}.")
+
+    async def respond(self, body: bytes) -> None:  # pragma: no cover - early_error answers
+        raise ApiError.of("unknown_url", "Unknown request URL.")

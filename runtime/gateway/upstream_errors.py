@@ -1,0 +1,38 @@
+"""What the client hears when the upstream could not be opened (before the first byte)."""
+
+from __future__ import annotations
+
+from runtime.gateway.errors import ApiError, upstream_refusal
+from runtime.upstream.errors import (
+    ConnectFailed,
+    ConnectionDropped,
+    DeadlineExceeded,
+    FirstByteTimeout,
+    NoEndpointAvailable,
+    UpstreamError,
+    UpstreamHTTPError,
+)
+
+
+def dispatch_error(error: UpstreamError, *, model: str) -> ApiError:
+    """Map the failure :func:`open_with_retry` raised onto an OpenAI error answer."""
+    if isinstance(error, DeadlineExceeded):
+        return ApiError.of(
+            "deadline_exceeded", "The request's deadline passed before the model answered."
+        )
+    if isinstance(error, NoEndpointAvailable | ConnectFailed | ConnectionDropped):
+        return ApiError.of(
+            "no_healthy_endpoint", f"No healthy endpoint is available for the model '{model}'."
+        )
+    if isinstance(error, FirstByteTimeout):
+        return ApiError.of(
+            "upstream_timeout", f"No endpoint of the model '{model}' answered in time."
+        )
+    if isinstance(error, UpstreamHTTPError):
+        if error.status == 429:
+            return ApiError.of(
+                "no_healthy_endpoint", f"Every endpoint of the model '{model}' is overloaded."
+            )
+        if error.status < 500:
+            return upstream_refusal(error.status, error.body)
+    return ApiError.of("upstream_error", f"The model server failed: {error}")

@@ -1,0 +1,196 @@
+"""Endpoint choice: named filters, scorers and a picker, chosen per pool.
+
+A pool's ``policies`` (from the snapshot) may name them:
+
+- ``"filters"``: comma-separated filter names (default ``ready,circuit,health``);
+- ``"scorers"``: comma-separated ``name[:weight]`` (default ``least_load``); scores are in
+  ``[0, 1]`` (higher is better) and combine as a weighted mean;
+- ``"picker"``: one picker name (default ``max_score``).
+
+Unknown names raise :class:`UnknownPolicyError` when the selector is built. The registries are
+read-only mappings; a new policy is a class plus one entry there. Signals (breakers, health,
+in-flight counts, KV use) come from the caller through :class:`EndpointSignals`.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
+from typing import Final, Protocol, TypeVar
+
+from runtime.snapshot import EndpointSnap
+
+T = TypeVar("T")
+
+
+class UnknownPolicyError(ValueError):
+    """A pool's policies name a filter, scorer or picker that is not registered."""
+
+
+class EndpointSignals(Protocol):
+    """What routing may know about an endpoint right now."""
+
+    def breaker_available(self, endpoint_id: int) -> bool: ...
+
+    def healthy(self, endpoint_id: int) -> bool: ...
+
+    def inflight(self, endpoint_id: int) -> int: ...
+
+
+class EndpointFilter(Protocol):
+    name: str
+
+    def keep(self, endpoint: EndpointSnap, signals: EndpointSignals) -> bool: ...
+
+
+class Scorer(Protocol):
+    name: str
+
+    def score(self, endpoint: EndpointSnap, signals: EndpointSignals) -> float: ...
+
+
+class Picker(Protocol):
+    name: str
+
+    def pick(self, scored: Sequence[tuple[EndpointSnap, float]]) -> EndpointSnap: ...
+
+
+class ReadyFilter:
+    """Only endpoints the control plane marked ``ready`` (not starting, not draining)."""
+
+    name = "ready"
+
+    def keep(self, endpoint: EndpointSnap, signals: EndpointSignals) -> bool:
+        return endpoint.state == "ready"
+
+
+class CircuitFilter:
+    """Not while the endpoint's circuit breaker would refuse the request."""
+
+    name = "circuit"
+
+    def keep(self, endpoint: EndpointSnap, signals: EndpointSignals) -> bool:
+        return signals.breaker_available(endpoint.id)
+
+
+class HealthFilter:
+    """Not while the health monitor says the endpoint is down."""
+
+    name = "health"
+
+    def keep(self, endpoint: EndpointSnap, signals: EndpointSignals) -> bool:
+        return signals.healthy(endpoint.id)
+
+
+class LeastLoadScorer:
+    """1 for an idle endpoint, 0 at (or beyond) its capacity: ``1 - in_flight / capacity``."""
+
+    name = "least_load"
+
+    def score(self, endpoint: EndpointSnap, signals: EndpointSignals) -> float:
+        capacity = max(endpoint.capacity, 1)
+        return max(0.0, 1.0 - signals.inflight(endpoint.id) / capacity)
+
+
+class MaxScorePicker:
+    """The best score; ties go round-robin so equally idle endpoints share the load."""
+
+    name = "max_score"
+
+    def __init__(self) -> None:
+        self._turn = itertools.count()
+
+    def pick(self, scored: Sequence[tuple[EndpointSnap, float]]) -> EndpointSnap:
+        best = max(score for _, score in scored)
+        tied = [endpoint for endpoint, score in scored if score >= best - 1e-9]
+        return tied[next(self._turn) % len(tied)]
+
+
+FILTERS: Final[Mapping[str, Callable[[], EndpointFilter]]] = MappingProxyType(
+    {"ready": ReadyFilter, "circuit": CircuitFilter, "health": HealthFilter}
+)
+SCORERS: Final[Mapping[str, Callable[[], Scorer]]] = MappingProxyType(
+    {"least_load": LeastLoadScorer}
+)
+PICKERS: Final[Mapping[str, Callable[[], Picker]]] = MappingProxyType({"max_score": MaxScorePicker})
+DEFAULT_FILTERS: Final = "ready,circuit,health"
+DEFAULT_SCORERS: Final = "least_load"
+DEFAULT_PICKER: Final = "max_score"
+
+
+def _names(spec: str) -> list[str]:
+    return [part.strip() for part in spec.split(",") if part.strip()]
+
+
+def _lookup(registry: Mapping[str, Callable[[], T]], kind: str, name: str) -> T:
+    factory = registry.get(name)
+    if factory is None:
+        known = ", ".join(sorted(registry))
+        raise UnknownPolicyError(f"unknown {kind} {name!r} (known: {known})")
+    return factory()
+
+
+class EndpointSelector:
+    """Filters, then scores, then picks. One instance per pool policy set (it keeps turns)."""
+
+    __slots__ = ("filters", "picker", "scorers")
+
+    def __init__(
+        self,
+        *,
+        filters: Sequence[EndpointFilter],
+        scorers: Sequence[tuple[Scorer, float]],
+        picker: Picker,
+    ) -> None:
+        if not scorers or any(weight <= 0 for _, weight in scorers):
+            raise UnknownPolicyError("at least one scorer with a positive weight is needed")
+        self.filters = tuple(filters)
+        self.scorers = tuple(scorers)
+        self.picker = picker
+
+    @classmethod
+    def from_policies(cls, policies: Mapping[str, str]) -> EndpointSelector:
+        filters = [
+            _lookup(FILTERS, "filter", name)
+            for name in _names(policies.get("filters", DEFAULT_FILTERS))
+        ]
+        scorers: list[tuple[Scorer, float]] = []
+        for item in _names(policies.get("scorers", DEFAULT_SCORERS)):
+            name, _, weight = item.partition(":")
+            try:
+                value = float(weight) if weight else 1.0
+            except ValueError:
+                raise UnknownPolicyError(f"bad scorer weight in {item!r}") from None
+            scorers.append((_lookup(SCORERS, "scorer", name.strip()), value))
+        picker = _lookup(PICKERS, "picker", policies.get("picker", DEFAULT_PICKER).strip())
+        return cls(filters=filters, scorers=scorers, picker=picker)
+
+    def eligible(
+        self,
+        endpoints: Sequence[EndpointSnap],
+        signals: EndpointSignals,
+        exclude: frozenset[int] | set[int] = frozenset(),
+    ) -> list[EndpointSnap]:
+        return [
+            e
+            for e in endpoints
+            if e.id not in exclude and all(f.keep(e, signals) for f in self.filters)
+        ]
+
+    def score(self, endpoint: EndpointSnap, signals: EndpointSignals) -> float:
+        total_weight = sum(weight for _, weight in self.scorers)
+        weighted = sum(s.score(endpoint, signals) * w for s, w in self.scorers)
+        return weighted / total_weight
+
+    def select(
+        self,
+        endpoints: Sequence[EndpointSnap],
+        signals: EndpointSignals,
+        exclude: frozenset[int] | set[int] = frozenset(),
+    ) -> EndpointSnap | None:
+        """The endpoint to use, or None when no endpoint passes the filters."""
+        eligible = self.eligible(endpoints, signals, exclude)
+        if not eligible:
+            return None
+        return self.picker.pick([(e, self.score(e, signals)) for e in eligible])

@@ -1,0 +1,76 @@
+"""Version choice: the model's route split, sticky by a stable hash, or its newest version.
+
+Stickiness hashes ``"{model}\\0{sticky value}"`` with sha256 (not ``hash()``, which is salted
+per process), so every router replica sends a tenant (or user) to the same version. A key's
+point in ``[0, total)`` depends only on the key and the total weight, so with weights that
+keep their sum (percentages), growing the last split's share (a canary step) only moves keys
+onto it, never between the others.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+
+from runtime.snapshot import ModelSnap, RouteSnap, Snapshot, VersionSnap
+
+
+class NoVersionError(LookupError):
+    """The model has no published version the route can send traffic to."""
+
+
+def sticky_point(model: str, key: str, total: int) -> int:
+    """A point in ``[0, total)`` derived only from ``model`` and ``key``."""
+    digest = hashlib.sha256(f"{model}\0{key}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") % total
+
+
+def sticky_value(route: RouteSnap | None, *, tenant: str, user: str | None) -> str | None:
+    """The value the route is sticky on, or None for a fresh draw per request."""
+    if route is None:
+        return tenant
+    if route.sticky_key == "none":
+        return None
+    if route.sticky_key == "user" and user:
+        return user
+    return tenant
+
+
+def choose_version(
+    snapshot: Snapshot,
+    model: ModelSnap,
+    *,
+    tenant: str,
+    user: str | None = None,
+    rng: random.Random | None = None,
+) -> VersionSnap:
+    """The version that serves this request.
+
+    With a route: its splits with positive weight over versions the snapshot knows, picked by
+    the sticky point (or ``rng`` when the route is not sticky). Without one (or when no split
+    is usable): the model's newest published version (``ModelSnap.versions[-1]``).
+    """
+    route = snapshot.routes.get(model.name)
+    if route is not None:
+        splits = [
+            (s.version, s.weight)
+            for s in route.splits
+            if s.weight > 0 and s.version in snapshot.versions
+        ]
+        total = sum(weight for _, weight in splits)
+        if total > 0:
+            key = sticky_value(route, tenant=tenant, user=user)
+            if key is None:
+                draw = rng.randrange if rng is not None else random.randrange
+                point = draw(total)
+            else:
+                point = sticky_point(model.name, key, total)
+            for version_id, weight in splits:
+                if point < weight:
+                    return snapshot.versions[version_id]
+                point -= weight
+    for version_id in reversed(model.versions):
+        version = snapshot.versions.get(version_id)
+        if version is not None:
+            return version
+    raise NoVersionError(f"model {model.name!r} has no published version")

@@ -1,0 +1,1 @@
+"""Router telemetry: Prometheus metrics with a per-stage latency breakdown, and JSON logs."""

