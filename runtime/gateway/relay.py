@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import AsyncGenerator, Iterable
-from typing import Protocol, cast
+from collections.abc import Iterable
+from typing import Protocol
 
 import msgspec
 
@@ -120,7 +120,7 @@ async def relay_stream(
     last = time.perf_counter()  # not loop.time(): uvloop's clock ticks in milliseconds
     try:
         # events() is an async generator; closing it at once releases the upstream socket.
-        stream = cast("AsyncGenerator[bytes, None]", upstream.events())
+        stream = upstream.events()
         async with contextlib.aclosing(stream) as events:
             async for payload in events:
                 now = time.perf_counter()

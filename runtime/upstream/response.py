@@ -13,7 +13,7 @@ disconnect and frees the sequence's KV slot at once.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from types import TracebackType
 
 import aiohttp
@@ -75,7 +75,7 @@ class UpstreamResponse:
         """Call ``listener`` with the error when the stream breaks (used for breakers)."""
         self._listener = listener
 
-    async def events(self) -> AsyncIterator[bytes]:
+    async def events(self) -> AsyncGenerator[bytes, None]:
         """Each SSE event's data payload, in order, until ``[DONE]`` (not yielded)."""
         if self._decoder is None:
             raise RuntimeError("not a stream: use read_json()")
