@@ -7,6 +7,9 @@ import shutil
 
 import pytest
 
+# Session fixtures: the demo model artifact and one shared real vLLM CPU engine.
+pytest_plugins = ["fixtures.vllm_engine"]
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """GPU tests need an NVIDIA GPU; CI has none, so they skip and say so."""

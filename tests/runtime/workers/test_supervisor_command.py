@@ -1,0 +1,328 @@
+"""``manage.py serve_model``: refusals (CommandError) and the real thing as a process.
+
+The engine is the vLLM simulator (``--backend simulator``): the supervisor's registration,
+heartbeat and drain logic are the same for vLLM, and the simulator starts in a second.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import redis
+from django.core.management import CommandError, call_command
+from django.db import connection
+
+from apps.models.models import Endpoint
+from apps.models.selectors import model_get_by_name
+from apps.models.services import (
+    endpoint_register,
+    endpoint_set_state,
+    model_create,
+    model_version_create,
+    model_version_publish,
+    pool_create,
+)
+from apps.tenants.models import AuditEvent
+from runtime.artifacts import compute_manifest, manifest_digest
+from runtime.workers.heartbeat import endpoint_heartbeat_key
+
+ROOT = Path(__file__).resolve().parents[3]
+MODEL = "sim-llama"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture
+def artifact(tmp_path):
+    folder = tmp_path / "sim-llama"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    (folder / "weights.bin").write_bytes(b"weights")
+    return folder
+
+
+@pytest.fixture
+def pool(db):
+    return pool_create(actor=None, name="cpu", hardware_tier="cpu", cost_per_replica_hour="0.1")
+
+
+@pytest.fixture
+def make_version(db, artifact):
+    """Register (and publish) a version of the artifact; ``files`` overrides what the registry
+    records as its files (the digest follows them, as the registry requires)."""
+
+    def make(label="v1", *, publish=True, runtime="simulator", uri=None, files=None):
+        model = model_get_by_name(MODEL) or model_create(actor=None, name=MODEL, task="chat")
+        if files is None:
+            _, files = compute_manifest(artifact)
+        version = model_version_create(
+            actor=None,
+            model=model,
+            label=label,
+            artifact_uri=uri or artifact.as_uri(),
+            digest=manifest_digest(files),
+            manifest={
+                "tokenizer": "x",
+                "max_context": 2048,
+                "default_sampling": {},
+                "files": files,
+            },
+            runtime=runtime,
+        )
+        return model_version_publish(actor=None, version=version) if publish else version
+
+    return make
+
+
+def serve(*args: str, port: int | None = None) -> None:
+    call_command(
+        "serve_model", "--model", MODEL, "--pool", "cpu", "--port", str(port or free_port()),
+        "--backend", "simulator", *args,
+    )  # fmt: skip
+
+
+# --- refusals -------------------------------------------------------------------------------
+
+
+@pytest.mark.db
+@pytest.mark.django_db
+@pytest.mark.parametrize("damage", ["tampered file", "wrong digest in the registry"])
+def test_digest_mismatch_refuses_to_start(damage, make_version, pool, artifact):
+    if damage == "tampered file":
+        make_version()
+        (artifact / "weights.bin").write_bytes(b"weightz")
+    else:
+        _, files = compute_manifest(artifact)
+        registered = make_version(files={**files, "weights.bin": "ab" * 32})
+    with pytest.raises(CommandError) as excinfo:
+        serve()
+    message = str(excinfo.value)
+    assert message.startswith(
+        f"refusing to serve {MODEL}: the artifact in {artifact} does not match the registry: "
+    )
+    assert message.endswith("differing files: weights.bin")
+    if damage != "tampered file":
+        assert f"does not match expected {registered.digest}" in message
+    assert not Endpoint.objects.exists()
+
+
+@pytest.mark.db
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("setup", "args", "message"),
+    [
+        ("none", [], f"no model named '{MODEL}'"),
+        ("draft", [], f"model '{MODEL}' has no published version"),
+        ("v1", ["--label", "v9"], f"model '{MODEL}' has no version labelled 'v9'"),
+        ("draft", ["--label", "v1"], f"{MODEL}:v1 is not published; publish it before serving"),
+        ("v1", ["--pool", "gpu"], "no pool named 'gpu'"),
+        ("s3", [], "serve_model serves local folders only (file:///path)"),
+        ("torch", [], f"{MODEL}:v1 runs on the torch runtime"),
+        ("v1", ["--capacity", "0"], "--capacity must be a positive integer"),
+        ("v1", ["--grace", "-1"], "--grace must be >= 0"),
+    ],
+)
+def test_bad_arguments_are_command_errors(setup, args, message, make_version, pool):
+    if setup == "draft":
+        make_version(publish=False)
+    elif setup == "v1":
+        make_version()
+    elif setup == "s3":
+        make_version(uri="s3://bucket/sim-llama")
+    elif setup == "torch":
+        make_version(runtime="torch")
+    with pytest.raises(CommandError) as excinfo:
+        serve(*args)
+    assert message in str(excinfo.value)
+    assert not Endpoint.objects.exists()
+
+
+@pytest.mark.db
+@pytest.mark.django_db
+def test_port_in_use_is_a_command_error(make_version, pool):
+    make_version()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(CommandError, match=f"cannot serve on 127.0.0.1:{port}"):
+            serve(port=port)
+    assert not Endpoint.objects.exists()
+
+
+@pytest.mark.db
+@pytest.mark.integration
+@pytest.mark.django_db(transaction=True)  # the hooks write from asgiref's worker thread
+def test_engine_failing_to_start_leaves_the_endpoint_gone(make_version, pool, tmp_path):
+    make_version()
+    with pytest.raises(CommandError, match=r"did not start: the engine exited with code 2"):
+        serve("--engine-args", "--max-num-seqs 0", "--engine-log", str(tmp_path / "engine.log"))
+    assert list(Endpoint.objects.values_list("state", flat=True)) == ["gone"]
+
+
+@pytest.fixture
+def heartbeats():
+    client = redis.Redis.from_url(os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
+    yield client
+    client.close()
+
+
+@pytest.mark.db
+@pytest.mark.integration
+@pytest.mark.django_db(transaction=True)
+def test_endpoint_left_by_a_dead_worker_is_retired(make_version, pool, tmp_path, heartbeats):
+    version = make_version()
+    port = free_port()
+    stale = endpoint_register(
+        actor=None, pool=pool, version=version, base_url=f"http://127.0.0.1:{port}", capacity=8
+    )
+    endpoint_set_state(actor=None, endpoint=stale, state="ready")
+    heartbeats.delete(endpoint_heartbeat_key(stale.pk))  # its worker died: the key expired
+    with pytest.raises(CommandError, match="did not start"):  # the engine fails; that is fine
+        serve(
+            "--engine-args", "--max-num-seqs 0", "--engine-log", str(tmp_path / "engine.log"),
+            port=port,
+        )  # fmt: skip
+    stale.refresh_from_db()
+    assert stale.state == "gone"
+    assert Endpoint.objects.count() == 2  # a new endpoint was registered (and is gone too)
+
+
+@pytest.mark.db
+@pytest.mark.integration
+@pytest.mark.django_db(transaction=True)
+def test_endpoint_with_a_live_heartbeat_is_not_taken_over(make_version, pool, heartbeats):
+    version = make_version()
+    port = free_port()
+    live = endpoint_register(
+        actor=None, pool=pool, version=version, base_url=f"http://127.0.0.1:{port}", capacity=8
+    )
+    key = endpoint_heartbeat_key(live.pk)
+    heartbeats.set(key, "{}", px=30_000)
+    try:
+        with pytest.raises(
+            CommandError, match="the registry refused the endpoint: base_url: A live"
+        ):
+            serve(port=port)
+    finally:
+        heartbeats.delete(key)
+    live.refresh_from_db()
+    assert live.state == "starting"
+    assert Endpoint.objects.count() == 1
+
+
+# --- the real process -----------------------------------------------------------------------
+
+
+def subprocess_database_url() -> str:
+    conf = connection.settings_dict
+    password = f":{conf['PASSWORD']}" if conf.get("PASSWORD") else ""
+    return f"postgres://{conf['USER']}{password}@{conf['HOST']}:{conf['PORT']}/{conf['NAME']}"
+
+
+def stream_in_thread(url: str, port: int, result: dict) -> threading.Thread:
+    """POST a streaming completion from a thread; record its data lines in ``result``."""
+
+    def run() -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        body = {"model": MODEL, "prompt": "x", "max_tokens": 100, "stream": True}
+        headers = {"Content-Type": "application/json"}
+        conn.request("POST", "/v1/completions", json.dumps(body), headers)
+        resp = conn.getresponse()
+        result["status"] = resp.status
+        lines = result.setdefault("lines", [])
+        for raw in resp:
+            line = raw.decode().strip()
+            if line.startswith("data: "):
+                lines.append(line[6:])
+                result["first"].set()
+        conn.close()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def wait_state(base_url: str, state: str, proc: subprocess.Popen, timeout: float = 60) -> Endpoint:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        endpoint = Endpoint.objects.filter(base_url=base_url).first()
+        if endpoint is not None and endpoint.state == state:
+            return endpoint
+        assert proc.poll() is None, "serve_model exited early"
+        time.sleep(0.1)
+    raise AssertionError(f"endpoint {base_url} never reached {state}")
+
+
+@pytest.mark.db
+@pytest.mark.integration
+@pytest.mark.django_db(transaction=True)  # the serve_model process must see the rows
+def test_sigterm_drains_in_flight_request_then_marks_gone(make_version, pool, tmp_path):
+    make_version()
+    port = free_port()
+    base_url = f"http://127.0.0.1:{port}"
+    env = {**os.environ, "DATABASE_URL": subprocess_database_url()}
+    out = (tmp_path / "serve_model.out").open("w")
+    proc = subprocess.Popen(
+        [sys.executable, "manage.py", "serve_model", "--model", MODEL, "--pool", "cpu",
+         "--port", str(port), "--backend", "simulator", "--grace", "20", "--heartbeat-ttl", "6",
+         "--engine-log", str(tmp_path / "engine.log"),
+         "--engine-args", "--decode-a-ms 20 --decode-b-ms 0"],
+        cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    client = redis.Redis.from_url(os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
+    try:
+        endpoint = wait_state(base_url, "ready", proc)
+        key = endpoint_heartbeat_key(endpoint.pk)
+        assert json.loads(client.get(key))["state"] == "ready"
+        assert 0 < client.pttl(key) <= 6000
+
+        result: dict = {"first": threading.Event()}
+        stream = stream_in_thread(base_url, port, result)
+        assert result["first"].wait(10)
+        proc.send_signal(signal.SIGTERM)
+        wait_state(base_url, "draining", proc, timeout=10)
+        assert stream.is_alive()  # 100 tokens at 50/s: still streaming while draining
+        assert json.loads(client.get(key))["state"] == "draining"
+
+        stream.join(30)
+        assert proc.wait(30) == 0
+        heartbeat_left = client.exists(key)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        out.close()
+        client.close()
+    assert heartbeat_left == 0
+    log = (tmp_path / "serve_model.out").read_text()
+    assert result["status"] == 200
+    assert result["lines"][-1] == "[DONE]", log
+    assert json.loads(result["lines"][-2])["choices"][0]["finish_reason"] == "length"
+    endpoint.refresh_from_db()
+    assert endpoint.state == "gone"
+    assert f"stopped; endpoint {endpoint.pk} is gone" in log
+    transitions = [
+        (event.action, event.after.get("state"))
+        for event in AuditEvent.objects.filter(action__startswith="endpoint.").order_by("pk")
+    ]
+    assert transitions == [
+        ("endpoint.register", "starting"),
+        ("endpoint.set_state", "ready"),
+        ("endpoint.set_state", "draining"),
+        ("endpoint.set_state", "gone"),
+    ]

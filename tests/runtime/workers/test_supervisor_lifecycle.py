@@ -1,0 +1,240 @@
+"""The supervisor's life cycle against a real simulator process and real Redis.
+
+ready (heartbeat key with a TTL) → stop → draining while a stream is in flight → the stream
+completes → engine stopped → heartbeat deleted → gone; the grace period bounds the drain; a
+second stop ends it at once; an engine that dies on its own makes the endpoint gone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import os
+import signal
+import socket
+import time
+
+import aiohttp
+import pytest
+import redis
+
+from runtime.artifacts import compute_manifest
+from runtime.workers.heartbeat import endpoint_heartbeat_key
+from runtime.workers.launch import WorkerSpec
+from runtime.workers.supervisor import EngineExitedError, Supervisor, SupervisorSettings
+
+pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
+
+ENDPOINT_ID = 990_001
+TTL_S = 6.0
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+        self.events = {name: asyncio.Event() for name in ("ready", "draining", "gone")}
+
+    async def on_starting(self, base_url: str) -> int | None:
+        self.calls.append("starting")
+        return ENDPOINT_ID
+
+    async def on_ready(self) -> None:
+        self._mark("ready")
+
+    async def on_draining(self) -> None:
+        self._mark("draining")
+
+    async def on_gone(self) -> None:
+        self._mark("gone")
+
+    def _mark(self, name: str) -> None:
+        self.calls.append(name)
+        self.events[name].set()
+
+
+@pytest.fixture
+def redis_client():
+    client = redis.Redis.from_url(os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
+    client.delete(endpoint_heartbeat_key(ENDPOINT_ID))
+    yield client
+    client.delete(endpoint_heartbeat_key(ENDPOINT_ID))
+    client.close()
+
+
+@pytest.fixture
+def spec(tmp_path) -> WorkerSpec:
+    folder = tmp_path / "artifact"
+    folder.mkdir()
+    (folder / "weights.bin").write_bytes(b"weights")
+    digest, files = compute_manifest(folder)
+    return WorkerSpec(
+        artifact_dir=folder,
+        expected_digest=digest,
+        expected_files=files,
+        served_model_name="sim",
+        port=free_port(),
+        backend="simulator",
+        extra_args=("--decode-a-ms", "20", "--decode-b-ms", "0"),  # 50 tokens/s per stream
+    )
+
+
+def make_supervisor(spec, hooks, tmp_path, **settings) -> Supervisor:
+    return Supervisor(
+        spec,
+        hooks=hooks,
+        redis_url=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"),
+        settings=SupervisorSettings(
+            heartbeat_ttl_s=TTL_S,
+            handle_signals=False,
+            engine_log=tmp_path / "engine.log",
+            **settings,
+        ),
+    )
+
+
+def heartbeat(client) -> dict | None:
+    raw = client.get(endpoint_heartbeat_key(ENDPOINT_ID))
+    return None if raw is None else json.loads(raw)
+
+
+async def wait_event(event: asyncio.Event) -> None:
+    await asyncio.wait_for(event.wait(), 30.0)
+
+
+async def stream_completion(session, spec, max_tokens: int, first_chunk: asyncio.Event):
+    """Stream a completion; return (its SSE data lines, whether it ended with [DONE])."""
+    body = {"model": "sim", "prompt": "x", "max_tokens": max_tokens, "stream": True}
+    lines: list[str] = []
+    try:
+        async with session.post(f"{spec.base_url}/v1/completions", json=body) as resp:
+            assert resp.status == 200
+            async for raw in resp.content:
+                line = raw.decode().strip()
+                if line.startswith("data: "):
+                    lines.append(line[6:])
+                    first_chunk.set()
+    except aiohttp.ClientPayloadError:
+        pass  # cut by the engine stopping
+    return lines, bool(lines) and lines[-1] == "[DONE]"
+
+
+def engine_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+async def test_ready_heartbeat_then_drain_lets_the_stream_finish(spec, tmp_path, redis_client):
+    hooks = Recorder()
+    supervisor = make_supervisor(spec, hooks, tmp_path, grace_s=30.0)
+    run = asyncio.create_task(supervisor.run())
+    await wait_event(hooks.events["ready"])
+
+    beat = heartbeat(redis_client)
+    assert beat is not None
+    assert beat["state"] == "ready"
+    assert beat["endpoint"] == ENDPOINT_ID
+    assert beat["base_url"] == spec.base_url
+    assert 0 < redis_client.pttl(endpoint_heartbeat_key(ENDPOINT_ID)) <= TTL_S * 1000
+    engine_pid = supervisor.engine.pid
+
+    async with aiohttp.ClientSession() as session:
+        first = asyncio.Event()
+        stream = asyncio.create_task(stream_completion(session, spec, 60, first))  # ~1.2 s
+        await wait_event(first)
+        started = time.monotonic()
+        supervisor.request_stop()
+        await wait_event(hooks.events["draining"])
+        assert heartbeat(redis_client)["state"] == "draining"
+        assert not stream.done()  # still streaming while the endpoint drains
+        lines, done = await asyncio.wait_for(stream, 30)
+
+    await asyncio.wait_for(run, 30)
+    assert done, lines[-3:]
+    final = json.loads(lines[-2])
+    assert final["choices"][0]["finish_reason"] == "length"
+    assert time.monotonic() - started < 15
+    assert hooks.calls == ["starting", "ready", "draining", "gone"]
+    assert heartbeat(redis_client) is None
+    assert not engine_alive(engine_pid)
+
+
+async def test_grace_period_bounds_the_drain(spec, tmp_path, redis_client):
+    hooks = Recorder()
+    # The simulator, like vLLM, waits for open streams on SIGTERM: stop_timeout_s bounds that.
+    supervisor = make_supervisor(spec, hooks, tmp_path, grace_s=0.5, stop_timeout_s=2.0)
+    run = asyncio.create_task(supervisor.run())
+    await wait_event(hooks.events["ready"])
+    async with aiohttp.ClientSession() as session:
+        first = asyncio.Event()
+        stream = asyncio.create_task(stream_completion(session, spec, 1500, first))  # ~30 s
+        await wait_event(first)
+        started = time.monotonic()
+        supervisor.request_stop()
+        await asyncio.wait_for(run, 30)
+        elapsed = time.monotonic() - started
+        _, done = await asyncio.wait_for(stream, 10)
+    assert not done  # cut: grace period, then SIGTERM, then SIGKILL
+    assert 2.5 <= elapsed < 8
+    assert hooks.calls == ["starting", "ready", "draining", "gone"]
+    assert heartbeat(redis_client) is None
+
+
+async def test_second_stop_request_ends_the_drain_at_once(spec, tmp_path, redis_client):
+    hooks = Recorder()
+    supervisor = make_supervisor(spec, hooks, tmp_path, grace_s=60.0, stop_timeout_s=2.0)
+    run = asyncio.create_task(supervisor.run())
+    await wait_event(hooks.events["ready"])
+    async with aiohttp.ClientSession() as session:
+        first = asyncio.Event()
+        stream = asyncio.create_task(stream_completion(session, spec, 1500, first))
+        await wait_event(first)
+        started = time.monotonic()
+        supervisor.request_stop()
+        await wait_event(hooks.events["draining"])
+        supervisor.request_stop()
+        await asyncio.wait_for(run, 30)
+        assert time.monotonic() - started < 8  # far less than the 60 s grace
+        await asyncio.wait_for(stream, 10)
+    assert hooks.calls == ["starting", "ready", "draining", "gone"]
+
+
+async def test_engine_dying_on_its_own_marks_the_endpoint_gone(spec, tmp_path, redis_client):
+    hooks = Recorder()
+    supervisor = make_supervisor(spec, hooks, tmp_path)
+    run = asyncio.create_task(supervisor.run())
+    await wait_event(hooks.events["ready"])
+    os.kill(supervisor.engine.pid, signal.SIGKILL)
+    with pytest.raises(EngineExitedError, match="the sim engine exited on its own with code -9"):
+        await asyncio.wait_for(run, 30)
+    assert hooks.calls == ["starting", "ready", "gone"]
+    assert heartbeat(redis_client) is None
+
+
+async def test_stop_while_starting_never_marks_it_ready(spec, tmp_path, redis_client):
+    script = tmp_path / "slow-python"
+    script.write_text("#!/bin/sh\nexec sleep 60\n")
+    script.chmod(0o755)
+    hooks = Recorder()
+    slow = dataclasses.replace(spec, python=str(script))
+    supervisor = make_supervisor(slow, hooks, tmp_path, stop_timeout_s=5.0)
+    run = asyncio.create_task(supervisor.run())
+    for _ in range(200):
+        if heartbeat(redis_client) is not None:
+            break
+        await asyncio.sleep(0.05)
+    assert heartbeat(redis_client)["state"] == "starting"
+    supervisor.request_stop()
+    await asyncio.wait_for(run, 15)
+    assert hooks.calls == ["starting", "gone"]
+    assert not engine_alive(supervisor.engine.pid)
+    assert heartbeat(redis_client) is None
