@@ -11,6 +11,7 @@ Plain Python, no Django.
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import fcntl
 import os
@@ -200,7 +201,7 @@ def run_child(
     return code if code >= 0 else 128 - code
 
 
-class ManagedServer:
+class ManagedServer(abc.ABC):
     """Common life cycle: lock the data directory, start, wait until ready, stop."""
 
     name = "server"
@@ -219,27 +220,30 @@ class ManagedServer:
         self._proc: subprocess.Popen[bytes] | None = None
 
     @property
+    @abc.abstractmethod
     def url(self) -> str:
-        raise NotImplementedError
+        """The client URL of the running server."""
 
     @property
     def pid(self) -> int | None:
         return None if self._proc is None else self._proc.pid
 
     # Hooks for the concrete servers.
-    def _prepare(self) -> None:
+    def _prepare(self) -> None:  # noqa: B027 - optional hook
         """Create or check the data directory."""
 
+    @abc.abstractmethod
     def _argv(self) -> list[str]:
-        raise NotImplementedError
+        """The server's command line."""
 
     def _run_as(self) -> str | None:
         return None
 
+    @abc.abstractmethod
     def _ready(self) -> bool:
-        raise NotImplementedError
+        """Whether the server accepts clients yet."""
 
-    def _after_ready(self) -> None:
+    def _after_ready(self) -> None:  # noqa: B027 - optional hook
         """Anything to do once the server answers."""
 
     def _stale_pid(self) -> int | None:

@@ -15,6 +15,7 @@ builds a channel layer (whatever ``CHANNEL_LAYERS`` says) and it skips Channels'
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import contextlib
 import logging
@@ -58,7 +59,7 @@ def request_id_for(scope: Scope) -> str:
     return uuid.uuid4().hex
 
 
-class GatewayConsumer(AsyncHttpConsumer):  # type: ignore[misc]  # channels is untyped
+class GatewayConsumer(AsyncHttpConsumer, metaclass=abc.ABCMeta):  # type: ignore[misc]  # untyped base
     """Base of every route. Subclasses implement :meth:`respond` (run as a task)."""
 
     methods: ClassVar[tuple[str, ...]] = ("GET",)
@@ -152,8 +153,9 @@ class GatewayConsumer(AsyncHttpConsumer):  # type: ignore[misc]  # channels is u
             logger.exception("request %s failed", self.request_id)
             await self.send_error(ApiError.of("internal_error", "Internal error."))
 
+    @abc.abstractmethod
     async def respond(self, body: bytes) -> None:
-        raise NotImplementedError
+        """Answer the request whose complete body is ``body``."""
 
     async def refuse(self, error: ApiError) -> None:
         """Answer ``error`` without running :meth:`respond` (405, 413, unknown URL)."""
