@@ -111,6 +111,10 @@ CELERY_BEAT_SCHEDULE = {
         "task": "apps.tenants.tasks.api_keys_sync_last_used",
         "schedule": 15.0,
     },
+    "reap-endpoints-without-heartbeat": {
+        "task": "apps.models.tasks.endpoints_reap_stale",
+        "schedule": 15.0,
+    },
 }
 
 # Routers record API-key last use in this Redis hash (prefix -> unix time); beat copies it.

@@ -1,6 +1,8 @@
 """`manage.py up` / `switchyard up`: clear errors before anything starts, and (e2e) the whole
-platform on embedded servers: the admin answers with its CSS, the demo's secrets are printed on
-the first run only, and Ctrl-C / SIGINT leaves no process behind."""
+platform on embedded servers: the admin answers with its CSS, the router streams the demo model
+from the vLLM worker to the openai client with the API key the banner printed, the demo's
+secrets are printed on the first run only, and Ctrl-C / SIGINT leaves no process behind (vLLM's
+engine processes included)."""
 
 from __future__ import annotations
 
@@ -13,20 +15,28 @@ import socket
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import openai
 import pytest
+import redis
 from django.core.management import CommandError, call_command
+from fixtures.router import Publisher, World, redis_url
 
-from apps.core.management.commands.up import _without_password
+from apps.core.management.commands.up import Command as UpCommand
+from apps.core.up_console import Addresses, banner, serving_version, without_password
 from config.processes import descendant_pids, pid_alive
 
 REPO = Path(__file__).resolve().parents[3]
 READY_TIMEOUT_S = 150.0
+MODEL_READY_TIMEOUT_S = 480.0  # vLLM on CPU: ~1 min alone on 2 cores, more when they are busy
+KEY_RE = r"sy_[a-z0-9]{8}_[A-Za-z0-9]{40}"
 
 
 def free_port() -> int:
@@ -54,6 +64,120 @@ def test_a_taken_control_plane_port_is_a_clear_error() -> None:
     assert f"Port {port} on 127.0.0.1 is already in use" in str(caught.value)
     assert "the control plane" in str(caught.value)
     assert "--port" in str(caught.value)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("option", "flag", "what"),
+    [("router_port", "--router-port", "the router"),
+     ("worker_port", "--worker-port", "the vLLM worker")],
+)  # fmt: skip
+def test_a_taken_router_or_worker_port_is_a_clear_error(option: str, flag: str, what: str) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        ports = {"router_port": free_port(), "worker_port": free_port(), option: port}
+        with pytest.raises(CommandError) as caught:
+            call_command("up", port=free_port(), **ports)
+    assert f"Port {port} on 127.0.0.1 is already in use" in str(caught.value)
+    assert what in str(caught.value)
+    assert f"pass {flag} N" in str(caught.value)
+
+
+@pytest.mark.unit
+def test_two_processes_on_one_port_is_a_clear_error() -> None:
+    port = free_port()
+    with pytest.raises(CommandError, match=f"--router-port and --port are both {port}"):
+        call_command("up", port=port, router_port=port)
+    with pytest.raises(CommandError, match=f"--worker-port and --router-port are both {port}"):
+        call_command("up", port=free_port(), router_port=port, worker_port=port)
+    with pytest.raises(CommandError, match="--worker-port 70000 is not a TCP port number"):
+        call_command("up", port=free_port(), router_port=free_port(), worker_port=70000)
+
+
+@pytest.mark.unit
+def test_ports_come_from_the_environment_when_not_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SWITCHYARD_ROUTER_PORT", "router")
+    with pytest.raises(CommandError, match="SWITCHYARD_ROUTER_PORT='router' is not a TCP port"):
+        call_command("up", port=free_port())
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        monkeypatch.setenv("SWITCHYARD_ROUTER_PORT", str(free_port()))
+        monkeypatch.setenv("SWITCHYARD_WORKER_PORT", str(port))
+        with pytest.raises(CommandError, match=f"Port {port} .* the vLLM worker cannot start"):
+            call_command("up", port=free_port())
+
+
+@pytest.mark.integration
+def test_no_worker_ignores_the_worker_port(monkeypatch: pytest.MonkeyPatch, var: Path) -> None:
+    """With --no-worker a taken worker port is no error: `up` goes on (and fails at migrate)."""
+    monkeypatch.setenv("DATABASE_URL", "postgres://postgres@127.0.0.1:1/nothing")
+    monkeypatch.setenv("REDIS_URL", "redis://127.0.0.1:1/0")
+    monkeypatch.setenv("SWITCHYARD_VAR_DIR", str(var))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(CommandError, match=r"migrate failed"):
+            call_command(
+                "up", port=free_port(), router_port=free_port(), worker_port=port, no_worker=True
+            )
+
+
+@pytest.mark.unit
+def test_the_procfile_runs_router_and_worker_and_no_worker_leaves_the_worker_out(
+    tmp_path: Path,
+) -> None:
+    procfile = REPO / "platform" / "Procfile"
+    names = UpCommand._processes(procfile, with_worker=True)
+    assert names == ["web", "worker", "beat", "router", "vllm"]
+    assert UpCommand._processes(procfile, with_worker=False) == ["web", "worker", "beat", "router"]
+    text = procfile.read_text()
+    assert "python -m runtime.gateway --host 127.0.0.1" in text
+    assert '"${SWITCHYARD_ROUTER_PORT:-8080}"' in text
+    assert "manage.py serve_model --model demo-llama --pool cpu" in text
+    assert '"${SWITCHYARD_WORKER_PORT:-8101}"' in text
+    with pytest.raises(CommandError, match="cannot read the Procfile"):
+        UpCommand._processes(tmp_path / "missing", with_worker=True)
+
+
+ENV = {
+    "DATABASE_URL": "postgres://u:pw@h/db",
+    "REDIS_URL": "redis://h/0",
+    "SWITCHYARD_VAR_DIR": "/v",
+}
+AT = Addresses(web="http://127.0.0.1:1", router="http://127.0.0.1:2", worker="http://127.0.0.1:3")
+KEY = "sy_abcdefgh_" + "A" * 40
+FIRST_RUN = {"operator_username": "operator", "operator_password": "pw",
+             "api_keys": {"acme": KEY, "globex": "sy_other"}}  # fmt: skip
+
+
+@pytest.mark.unit
+def test_the_first_banner_shows_ready_to_paste_examples_with_the_acme_key() -> None:
+    text = banner(ENV, at=AT, seed=FIRST_RUN, worker_log="/v/vllm-worker.log")
+    assert "router (OpenAI)  http://127.0.0.1:2/v1" in text
+    assert "vLLM worker      http://127.0.0.1:3 (demo-llama on CPU" in text
+    assert "curl -N http://127.0.0.1:2/v1/chat/completions" in text
+    assert f'-H "Authorization: Bearer {KEY}"' in text
+    assert f'client = OpenAI(base_url="http://127.0.0.1:2/v1", api_key="{KEY}")' in text
+    assert "postgres://u:***@h/db" in text
+
+
+@pytest.mark.unit
+def test_later_banners_and_no_worker_show_no_examples() -> None:
+    later = banner(
+        ENV, at=AT, seed={"operator_username": "operator", "api_keys": {}}, worker_log="/v/l"
+    )
+    assert "curl -N" not in later
+    assert "demo data from an earlier run" in later
+    assert "'Try it'" in later
+    bare = Addresses(web=AT.web, router=AT.router, worker=None)
+    no_worker = banner(ENV, at=bare, seed=FIRST_RUN, worker_log="/v/l")
+    assert "vLLM worker      not started (--no-worker)" in no_worker
+    assert "curl -N" not in no_worker
 
 
 @pytest.mark.integration
@@ -85,8 +209,31 @@ def test_a_failing_step_stops_up_with_a_clear_error(
 
 @pytest.mark.unit
 def test_the_banner_hides_database_passwords() -> None:
-    assert _without_password("postgres://u:secret@db:5432/x") == "postgres://u:***@db:5432/x"
-    assert _without_password("redis://127.0.0.1:6379/0") == "redis://127.0.0.1:6379/0"
+    assert without_password("postgres://u:secret@db:5432/x") == "postgres://u:***@db:5432/x"
+    assert without_password("redis://127.0.0.1:6379/0") == "redis://127.0.0.1:6379/0"
+
+
+@pytest.mark.integration
+def test_the_model_counts_as_ready_once_the_snapshot_holds_its_endpoint_ready() -> None:
+    publisher = Publisher(f"switchyard:test:up-ready:{uuid.uuid4().hex[:12]}")
+    client: redis.Redis[bytes] = redis.Redis.from_url(redis_url())
+    worker = "http://127.0.0.1:3"
+    try:
+        assert serving_version(client, prefix=publisher.prefix, worker=worker) is None
+        world = World()
+        world.add_model("demo-llama", 1)
+        world.add_endpoint(1, 1, worker, state="starting")
+        publisher.publish(world.snapshot())
+        assert serving_version(client, prefix=publisher.prefix, worker=worker) is None
+        world.add_endpoint(1, 1, worker, state="ready")
+        version = publisher.publish(world.snapshot())
+        assert serving_version(client, prefix=publisher.prefix, worker=worker) == version
+        assert serving_version(client, prefix=publisher.prefix, worker="http://x:1") is None
+    finally:
+        client.close()
+        publisher.cleanup()
+    broken: redis.Redis[bytes] = redis.Redis.from_url("redis://127.0.0.1:1/0")
+    assert serving_version(broken, prefix="p", worker=worker) is None  # Redis down: not ready
 
 
 # --- end to end -------------------------------------------------------------------------------
@@ -104,15 +251,16 @@ def get(url: str) -> tuple[int, str, str]:
 class Up:
     """`manage.py up` in its own process group (a terminal's foreground job); output to a file."""
 
-    def __init__(self, var: Path, *, web: int, pg: int, redis: int) -> None:
-        self.web = web
+    def __init__(self, var: Path, *, ports: dict[str, int], args: tuple[str, ...] = ()) -> None:
+        self.web = ports["port"]
+        self.router = ports["router-port"]
         self.log = var / f"up-{time.monotonic_ns()}.log"
         env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
         env["SWITCHYARD_VAR_DIR"] = str(var)
+        flags = [part for name, port in ports.items() for part in (f"--{name}", str(port))]
         with self.log.open("wb") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "manage.py", "up", "--port", str(web),
-                 "--pg-port", str(pg), "--redis-port", str(redis)],
+                [sys.executable, "manage.py", "up", *flags, *args],
                 cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=out,
                 stderr=subprocess.STDOUT, start_new_session=True,
             )  # fmt: skip
@@ -122,18 +270,37 @@ class Up:
     def output(self) -> str:
         return self.log.read_text(errors="replace")
 
-    def wait_ready(self) -> None:
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while time.monotonic() < deadline:
+    def wait_for(self, what: str, ready: Callable[[], bool], timeout_s: float) -> float:
+        """Seconds until ``ready()``; every descendant seen meanwhile is remembered."""
+        started = time.monotonic()
+        while time.monotonic() - started < timeout_s:
             assert self.proc.poll() is None, f"up exited early:\n{self.output[-4000:]}"
             self.seen.update(descendant_pids(self.proc.pid))
-            try:
-                if get(f"http://127.0.0.1:{self.web}/admin/login/")[0] == 200:
-                    return
-            except OSError:
-                pass
+            with contextlib.suppress(OSError):
+                if ready():
+                    return time.monotonic() - started
             time.sleep(0.5)
-        pytest.fail(f"admin did not answer within {READY_TIMEOUT_S} s:\n{self.output[-4000:]}")
+        pytest.fail(f"{what} not within {timeout_s:.0f} s:\n{self.output[-4000:]}")
+
+    def wait_ready(self) -> float:
+        return self.wait_for(
+            "admin answers",
+            lambda: get(f"http://127.0.0.1:{self.web}/admin/login/")[0] == 200,
+            READY_TIMEOUT_S,
+        )
+
+    def wait_model_ready(self) -> float:
+        return self.wait_for(
+            "'model ready' printed", lambda: "model ready: demo-llama" in self.output,
+            MODEL_READY_TIMEOUT_S,
+        )  # fmt: skip
+
+    def names(self) -> str:
+        return " ".join(
+            Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+            for pid in self.seen
+            if pid_alive(pid)
+        )
 
     def stop(self, how: str) -> int:
         self.seen.update(descendant_pids(self.proc.pid))
@@ -164,13 +331,22 @@ class Up:
         ]
 
 
-@pytest.mark.e2e
-def test_up_runs_the_platform_and_stops_every_process(var: Path) -> None:
-    web, pg, rd = free_port(), free_port(), free_port()
+def banner_python_example(output: str) -> str:
+    """The Python example the first banner printed, as a script."""
+    block = output.split(".venv/bin/python - <<'EOF'\n", 1)[1].split("\n    EOF", 1)[0]
+    return textwrap.dedent(block)
 
-    first = Up(var, web=web, pg=pg, redis=rd)
+
+@pytest.mark.e2e
+def test_up_runs_the_platform_streams_the_model_and_stops_every_process(var: Path) -> None:
+    ports = {"port": free_port(), "router-port": free_port(), "worker-port": free_port(),
+             "pg-port": free_port(), "redis-port": free_port()}  # fmt: skip
+    web, router = ports["port"], ports["router-port"]
+    started = time.monotonic()
+
+    first = Up(var, ports=ports)
     try:
-        first.wait_ready()
+        admin_s = first.wait_ready()
         status, _type, page = get(f"http://127.0.0.1:{web}/admin/login/")
         assert status == 200
         assert "Django administration" in page or "Switchyard" in page
@@ -179,36 +355,74 @@ def test_up_runs_the_platform_and_stops_every_process(var: Path) -> None:
         status, content_type, body = get(f"http://127.0.0.1:{web}{css.group(1)}")
         assert (status, content_type.split(";")[0]) == (200, "text/css")
         assert "body" in body
-        names = " ".join(
-            Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
-            for pid in first.seen
-            if pid_alive(pid)
-        )
-        for expected in ("postgres", "redis-server", "honcho", "uvicorn", "worker", "beat"):
-            assert expected in names
-        code = first.stop("sigint")
+
+        model_s = first.wait_model_ready()
+        key = re.search(rf"API key acme\s+({KEY_RE})", first.output)
+        assert key is not None, first.output[-4000:]
+        with openai.OpenAI(
+            base_url=f"http://127.0.0.1:{router}/v1", api_key=key.group(1), max_retries=0,
+            timeout=60,
+        ) as client:  # fmt: skip
+            stream = client.chat.completions.create(
+                model="demo-llama",
+                messages=[{"role": "user", "content": "Hello!"}],
+                max_tokens=8,
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+            chunks = list(stream)
+        deltas = [c.choices[0].delta.content for c in chunks if c.choices]
+        assert len([d for d in deltas if d]) >= 2, deltas
+        assert chunks[-1].usage is not None
+        assert chunks[-1].usage.completion_tokens > 0
+        # The banner's Python example, pasted as it is, streams too.
+        example = subprocess.run(
+            [sys.executable, "-c", banner_python_example(first.output)],
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        assert example.returncode == 0, example.stderr
+        assert "CompletionUsage(completion_tokens=32" in example.stdout
+
+        names = first.names()
+        for expected in ("postgres", "redis-server", "honcho", "uvicorn", "worker", "beat",
+                         "runtime.gateway", "serve_model", "vllm.entrypoints.openai.api_server",
+                         "VLLM::EngineCore"):  # fmt: skip
+            assert expected in names, expected
+        code = first.stop("ctrl-c")
     finally:
         if first.proc.poll() is None:
             first.kill()
+    first_s = time.monotonic() - started
     assert code == 0, first.output[-4000:]
     assert first.leftovers() == []
     output = first.output
     assert re.search(r"operator login\s+operator / \S+", output)
-    assert re.search(r"API key acme\s+sy_[a-z0-9]{8}_[A-Za-z0-9]{40}", output)
-    assert re.search(r"API key globex\s+sy_[a-z0-9]{8}_[A-Za-z0-9]{40}", output)
+    assert re.search(rf"API key globex\s+{KEY_RE}", output)
     assert f"ready: http://127.0.0.1:{web}/admin/" in output
+    assert f"router ready: http://127.0.0.1:{router}/v1" in output
+    assert f"curl -N http://127.0.0.1:{router}/v1/chat/completions" in output
 
-    # A second run reuses the data: nothing new is seeded, no secret is printed again.
-    second = Up(var, web=web, pg=pg, redis=rd)
+    # A second run reuses the data: nothing new is seeded, no secret is printed again. Without
+    # the worker it is quick (a second vLLM start would double this test's time).
+    second = Up(var, ports=ports, args=("--no-worker",))
     try:
         second.wait_ready()
-        code = second.stop("ctrl-c")
+        second.wait_for(
+            "router ready", lambda: get(f"http://127.0.0.1:{router}/readyz")[0] == 200, 60.0
+        )
+        assert "serve_model" not in second.names()
+        code = second.stop("sigint")
     finally:
         if second.proc.poll() is None:
             second.kill()
     assert code == 0, second.output[-4000:]
     assert second.leftovers() == []
     assert "demo data from an earlier run" in second.output
+    assert "vLLM worker      not started (--no-worker)" in second.output
     assert not re.search(r"sy_[a-z0-9]{8}_", second.output)
     assert "operator login   operator /" not in second.output
     assert "initdb" not in (var / "postgres.log").read_text().split("starting PostgreSQL")[-1]
+    print(  # shown with -s: where the time goes
+        f"first run: admin {admin_s:.0f} s, model ready {model_s:.0f} s later, "
+        f"{first_s:.0f} s to stopped; whole test {time.monotonic() - started:.0f} s"
+    )

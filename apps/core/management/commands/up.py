@@ -2,9 +2,12 @@
 
 Starts embedded PostgreSQL / Redis for whichever of DATABASE_URL / REDIS_URL is unset (data under
 SWITCHYARD_VAR_DIR, default ./var, reused by the next run), migrates, collects static files, seeds
-the demo once, then runs platform/Procfile under honcho until Ctrl-C or SIGTERM, which stop every
-process, the embedded servers last. Each step runs as a child process with the services' URLs in
-its environment (this process's own settings were read before the servers existed).
+the demo once, then runs platform/Procfile under honcho — control plane, Celery worker and beat,
+the router and one vLLM CPU worker serving the demo model (``--no-worker`` leaves it out) — until
+Ctrl-C or SIGTERM, which stop every process, the embedded servers last. Each step runs as a child
+process with the services' URLs in its environment (this process's own settings were read before
+the servers existed). A background thread says when the admin, the router and the demo model
+are ready (apps.core.up_console).
 """
 
 from __future__ import annotations
@@ -15,20 +18,22 @@ import signal
 import subprocess
 import sys
 import threading
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any, NoReturn
-from urllib.parse import urlsplit, urlunsplit
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from honcho.environ import parse_procfile
 
-from config.embedded import PortInUseError, ServiceStartError, switchyard_env
+from apps.core import up_console
+from config.embedded import PortInUseError, ServiceStartError, port_from_env, switchyard_env
 from config.processes import ensure_port_free, run_child
+from runtime.snapshot_store import DEFAULT_PREFIX
 
 DEFAULT_PORT = 8000
-READY_TIMEOUT_S = 120.0
+DEFAULT_ROUTER_PORT = 8080
+DEFAULT_WORKER_PORT = 8101
+WORKER_PROCESS = "vllm"  # the Procfile line --no-worker leaves out
 HONCHO_KILL_AFTER_S = 30.0
 
 
@@ -36,12 +41,12 @@ def _interrupt(_signum: int, _frame: object) -> NoReturn:
     raise KeyboardInterrupt
 
 
-def _without_password(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-    return urlunsplit(parts._replace(netloc=netloc))
+# option -> (what listens there, the variable that sets its default, the default)
+PORTS = {
+    "port": ("the control plane", "SWITCHYARD_WEB_PORT", DEFAULT_PORT),
+    "router_port": ("the router", "SWITCHYARD_ROUTER_PORT", DEFAULT_ROUTER_PORT),
+    "worker_port": ("the vLLM worker", "SWITCHYARD_WORKER_PORT", DEFAULT_WORKER_PORT),
+}
 
 
 class Command(BaseCommand):
@@ -49,11 +54,16 @@ class Command(BaseCommand):
     requires_system_checks: list[str] = []
 
     def add_arguments(self, parser: CommandParser) -> None:
+        for option, (what, variable, default) in PORTS.items():
+            parser.add_argument(
+                f"--{option.replace('_', '-')}",
+                type=int,
+                help=f"port of {what} on 127.0.0.1 (default {variable} or {default})",
+            )
         parser.add_argument(
-            "--port",
-            type=int,
-            default=int(os.environ.get("SWITCHYARD_WEB_PORT") or DEFAULT_PORT),
-            help=f"control-plane port on 127.0.0.1 (default {DEFAULT_PORT})",
+            "--no-worker",
+            action="store_true",
+            help="do not start the vLLM worker (a quicker start without the demo model)",
         )
         parser.add_argument(
             "--pg-port",
@@ -73,17 +83,28 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        port: int = options["port"]
-        try:
-            ensure_port_free(port, what="the control plane", hint="pass --port N")
-        except PortInUseError as exc:
-            raise CommandError(str(exc)) from exc
+        ports: dict[str, tuple[str, int]] = {}
+        for option, (what, variable, default) in PORTS.items():
+            if option == "worker_port" and options["no_worker"]:
+                continue
+            port = options[option]
+            if port is None:
+                try:
+                    port = port_from_env(os.environ, variable, default)
+                except ServiceStartError as exc:
+                    raise CommandError(str(exc)) from exc
+            ports[f"--{option.replace('_', '-')}"] = (what, port)
+        self._check_ports(ports)
         previous = signal.signal(signal.SIGTERM, _interrupt)
         try:
             with switchyard_env(
                 pg_port=options["pg_port"], redis_port=options["redis_port"], announce=self._note
             ) as env:
-                code = self._run(env, port=port, procfile=options["procfile"])
+                code = self._run(
+                    env,
+                    ports={flag: port for flag, (_what, port) in ports.items()},
+                    procfile=options["procfile"],
+                )
         except ServiceStartError as exc:
             raise CommandError(str(exc)) from exc
         except KeyboardInterrupt:
@@ -95,40 +116,86 @@ class Command(BaseCommand):
             raise CommandError(f"the platform stopped with exit code {code} (see the output above)")
         self._note("stopped")
 
+    @staticmethod
+    def _check_ports(ports: dict[str, tuple[str, int]]) -> None:
+        seen: dict[int, str] = {}
+        for flag, (what, port) in ports.items():
+            if not 0 < port < 65536:
+                raise CommandError(f"{flag} {port} is not a TCP port number (1-65535)")
+            if port in seen:
+                raise CommandError(
+                    f"{flag} and {seen[port]} are both {port}; every process needs its own port"
+                )
+            seen[port] = flag
+            try:
+                ensure_port_free(port, what=what, hint=f"pass {flag} N")
+            except PortInUseError as exc:
+                raise CommandError(str(exc)) from exc
+
     def _note(self, message: str) -> None:
         self.stdout.write(f"switchyard: {message}")
         self.stdout.flush()
 
-    def _run(self, env: dict[str, str], *, port: int, procfile: Path) -> int:
+    def _run(self, env: dict[str, str], *, ports: dict[str, int], procfile: Path) -> int:
         base_dir = Path(settings.BASE_DIR)
+        web, router = ports["--port"], ports["--router-port"]
+        worker = ports.get("--worker-port")
         env = {
             **env,
             "PATH": os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")]),
             "PYTHONUNBUFFERED": "1",
             "DJANGO_SETTINGS_MODULE": "config.settings",
-            "SWITCHYARD_WEB_PORT": str(port),
-            "PORT": str(port),
+            "SWITCHYARD_WEB_PORT": str(web),
+            "SWITCHYARD_ROUTER_PORT": str(router),
+            "SWITCHYARD_WORKER_PORT": str(worker or DEFAULT_WORKER_PORT),
+            "PORT": str(web),
         }
+        names = self._processes(procfile, with_worker=worker is not None)
         manage = [sys.executable, str(base_dir / "manage.py")]
         self._step(env, [*manage, "migrate", "--noinput"], "migrate")
         self._step(
             env, [*manage, "collectstatic", "--noinput", "--verbosity", "0"], "collectstatic"
         )
         seed = self._seed(env, manage)
-        self._banner(env, port=port, seed=seed)
-        ready = threading.Event()
-        watcher = threading.Thread(target=self._announce_ready, args=(port, ready), daemon=True)
+        at = up_console.Addresses(
+            web=f"http://127.0.0.1:{web}",
+            router=f"http://127.0.0.1:{router}",
+            worker=None if worker is None else f"http://127.0.0.1:{worker}",
+        )
+        worker_log = str(Path(env["SWITCHYARD_VAR_DIR"]) / "vllm-worker.log")
+        self.stdout.write(up_console.banner(env, at=at, seed=seed, worker_log=worker_log))
+        self.stdout.flush()
+        pending, release = up_console.checks(
+            at,
+            redis_url=env["REDIS_URL"],
+            snapshot_prefix=env.get("SWITCHYARD_SNAPSHOT_PREFIX") or DEFAULT_PREFIX,
+        )
+        stop = threading.Event()
+        watcher = threading.Thread(
+            target=up_console.announce_ready, args=(pending, self._note, stop), daemon=True
+        )
         watcher.start()
         honcho = [sys.executable, "-m", "honcho", "-f", str(procfile), "-d", str(base_dir)]
         try:
             return run_child(
-                [*honcho, "start", "-p", str(port)],
+                [*honcho, "start", "-p", str(web), *names],
                 env=env,
                 cwd=base_dir,
                 kill_after=HONCHO_KILL_AFTER_S,
             )
         finally:
-            ready.set()
+            stop.set()
+            watcher.join(5.0)
+            release()
+
+    @staticmethod
+    def _processes(procfile: Path, *, with_worker: bool) -> list[str]:
+        """The Procfile's process names honcho starts (without the vLLM worker's if asked)."""
+        try:
+            names = list(parse_procfile(procfile.read_text()).processes)
+        except OSError as exc:
+            raise CommandError(f"cannot read the Procfile {procfile}: {exc.strerror}") from exc
+        return names if with_worker else [name for name in names if name != WORKER_PROCESS]
 
     def _step(self, env: dict[str, str], argv: list[str], name: str) -> None:
         self._note(f"{name} ...")
@@ -152,44 +219,3 @@ class Command(BaseCommand):
             raise CommandError("seeding the demo printed no result")
         result: dict[str, Any] = json.loads(lines[-1])
         return result
-
-    def _banner(self, env: dict[str, str], *, port: int, seed: dict[str, Any]) -> None:
-        web = f"http://127.0.0.1:{port}"
-        lines = [
-            "Switchyard",
-            f"  admin            {web}/admin/",
-            f"  OpenAPI schema   {web}/api/schema/",
-            f"  PostgreSQL       {_without_password(env['DATABASE_URL'])}",
-            f"  Redis            {_without_password(env['REDIS_URL'])}",
-            f"  data             {env['SWITCHYARD_VAR_DIR']}",
-        ]
-        if seed.get("operator_password"):
-            lines += [
-                "",
-                "  Shown once, not stored in clear anywhere: write them down now.",
-                f"  operator login   {seed['operator_username']} / {seed['operator_password']}",
-            ]
-            lines += [f"  API key {slug:<8} {key}" for slug, key in seed["api_keys"].items()]
-        else:
-            lines += [
-                "",
-                f"  demo data from an earlier run (operator login: {seed['operator_username']});",
-                "  its password and API keys were shown then. Make new keys in the admin.",
-            ]
-        lines += ["", "  Ctrl-C stops every process."]
-        rule = "=" * 72
-        self.stdout.write("\n".join([rule, *lines, rule]))
-        self.stdout.flush()
-
-    def _announce_ready(self, port: int, stop: threading.Event) -> None:
-        url = f"http://127.0.0.1:{port}/admin/login/"
-        deadline = READY_TIMEOUT_S
-        while not stop.wait(0.5) and deadline > 0:
-            deadline -= 0.5
-            try:
-                with urllib.request.urlopen(url, timeout=2) as response:
-                    if response.status == 200:
-                        self._note(f"ready: {url.removesuffix('login/')}")
-                        return
-            except (urllib.error.URLError, OSError):
-                continue

@@ -1,0 +1,229 @@
+"""What ``manage.py up`` prints: the banner with ready-to-paste examples, and the "ready" lines.
+
+The readiness probes run in a background thread of ``up`` and only read: the control plane's
+login page, the router's ``/readyz``, and the published runtime snapshot in Redis (the demo
+model is ready once the snapshot the router serves holds the worker's endpoint in state
+``ready``). Nothing here imports Django settings: ``up``'s own settings were read before the
+embedded servers existed, so every address comes in as an argument.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import msgspec
+import redis
+from redis.exceptions import RedisError
+
+from runtime import snapshot_store
+
+DEMO_MODEL = "demo-llama"
+POLL_S = 0.5
+
+
+def without_password(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Addresses:
+    web: str  # http://127.0.0.1:8000
+    router: str  # http://127.0.0.1:8080
+    worker: str | None  # http://127.0.0.1:8101, None with --no-worker
+
+
+def try_it(router: str, key: str) -> list[str]:
+    """A curl (SSE) and a Python openai example against ``router`` with ``key``."""
+    body = json.dumps(
+        {
+            "model": DEMO_MODEL,
+            "messages": [{"role": "user", "content": "Hello!"}],
+            "max_tokens": 32,
+            "stream": True,
+        }
+    )
+    return [
+        "  Try it once the model is ready (streams tokens; the demo model's weights are random):",
+        "",
+        f"    curl -N {router}/v1/chat/completions \\",
+        f'      -H "Authorization: Bearer {key}" \\',
+        '      -H "Content-Type: application/json" \\',
+        f"      -d '{body}'",
+        "",
+        "    .venv/bin/python - <<'EOF'",
+        "    from openai import OpenAI",
+        f'    client = OpenAI(base_url="{router}/v1", api_key="{key}")',
+        "    stream = client.chat.completions.create(",
+        f'        model="{DEMO_MODEL}", messages=[{{"role": "user", "content": "Hello!"}}],',
+        '        max_tokens=32, stream=True, stream_options={"include_usage": True})',
+        "    for chunk in stream:",
+        "        if chunk.choices:",
+        '            print(chunk.choices[0].delta.content or "", end="", flush=True)',
+        "        if chunk.usage:",
+        '            print(f"\\n{chunk.usage}")',
+        "    EOF",
+    ]
+
+
+def banner(
+    env: Mapping[str, str], *, at: Addresses, seed: Mapping[str, Any], worker_log: str
+) -> str:
+    lines = [
+        "Switchyard",
+        f"  admin            {at.web}/admin/",
+        f"  OpenAPI schema   {at.web}/api/schema/",
+        f"  router (OpenAI)  {at.router}/v1",
+        f"  vLLM worker      {at.worker} ({DEMO_MODEL} on CPU; engine log {worker_log})"
+        if at.worker
+        else "  vLLM worker      not started (--no-worker)",
+        f"  PostgreSQL       {without_password(env['DATABASE_URL'])}",
+        f"  Redis            {without_password(env['REDIS_URL'])}",
+        f"  data             {env['SWITCHYARD_VAR_DIR']}",
+    ]
+    if seed.get("operator_password"):
+        lines += [
+            "",
+            "  Shown once, not stored in clear anywhere: write them down now.",
+            f"  operator login   {seed['operator_username']} / {seed['operator_password']}",
+        ]
+        lines += [f"  API key {slug:<8} {key}" for slug, key in seed["api_keys"].items()]
+        acme = seed["api_keys"].get("acme")
+        if acme and at.worker:
+            lines += ["", *try_it(at.router, acme)]
+    else:
+        lines += [
+            "",
+            f"  demo data from an earlier run (operator login: {seed['operator_username']});",
+            "  its password and API keys were shown then. Make new keys in the admin.",
+            "  README.md, 'Try it', has curl and Python examples for the router.",
+        ]
+    lines += ["", "  Ctrl-C stops every process."]
+    rule = "=" * 72
+    return "\n".join([rule, *lines, rule])
+
+
+# --- readiness ------------------------------------------------------------------------------
+
+
+def http_json(url: str, *, timeout: float = 2.0) -> tuple[int, Any]:
+    """(status, parsed JSON or None); (0, None) when nothing answers."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310 - http only
+            raw = response.read()
+            status = int(response.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code, None
+    except (urllib.error.URLError, OSError):
+        return 0, None
+    try:
+        return status, json.loads(raw)
+    except ValueError:
+        return status, None
+
+
+def serving_version(client: redis.Redis[bytes], *, prefix: str, worker: str) -> int | None:
+    """The published snapshot's version if it holds a ready endpoint at ``worker``, else None."""
+    try:
+        snapshot = snapshot_store.read_latest(client, prefix=prefix)
+    except (RedisError, OSError, msgspec.MsgspecError):
+        return None
+    if snapshot is None:
+        return None
+    for endpoint in snapshot.endpoints.values():
+        if endpoint.base_url == worker and endpoint.state == "ready":
+            return snapshot.version
+    return None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReadyCheck:
+    probe: Callable[[], bool]
+    ready: str  # printed once the probe succeeds
+    late: str  # printed if it has not within timeout_s
+    timeout_s: float
+
+
+def checks(
+    at: Addresses, *, redis_url: str, snapshot_prefix: str
+) -> tuple[list[ReadyCheck], Callable[[], None]]:
+    """The checks ``up`` announces, and a function that releases what they hold."""
+    holder: list[redis.Redis[bytes]] = []
+
+    def web() -> bool:
+        return http_json(f"{at.web}/admin/login/")[0] == 200
+
+    def router() -> bool:
+        return http_json(f"{at.router}/readyz")[0] == 200
+
+    def model() -> bool:
+        if not holder:
+            holder.append(
+                redis.Redis.from_url(redis_url, socket_timeout=2, socket_connect_timeout=2)
+            )
+        assert at.worker is not None
+        version = serving_version(holder[0], prefix=snapshot_prefix, worker=at.worker)
+        if version is None:
+            return False
+        status, body = http_json(f"{at.router}/readyz")
+        served = body.get("snapshot_version") if isinstance(body, dict) else None
+        return status == 200 and isinstance(served, int) and served >= version
+
+    found = [
+        ReadyCheck(
+            probe=web,
+            ready=f"ready: {at.web}/admin/",
+            late=f"the control plane does not answer at {at.web} yet; see the web lines above",
+            timeout_s=120.0,
+        ),
+        ReadyCheck(
+            probe=router,
+            ready=f"router ready: {at.router}/v1",
+            late=f"the router is not ready at {at.router} yet; see the router lines above",
+            timeout_s=120.0,
+        ),
+    ]
+    if at.worker is not None:
+        found.append(
+            ReadyCheck(
+                probe=model,
+                ready=f"model ready: {DEMO_MODEL} (vLLM worker {at.worker}) serves through "
+                f"the router at {at.router}/v1",
+                late=f"{DEMO_MODEL} does not serve yet; see the vllm lines above and its log",
+                timeout_s=900.0,
+            )
+        )
+
+    def close() -> None:
+        for client in holder:
+            with contextlib.suppress(RedisError, OSError):
+                client.close()
+
+    return found, close
+
+
+def announce_ready(
+    pending: list[ReadyCheck], note: Callable[[str], None], stop: threading.Event
+) -> None:
+    """Poll every check until each succeeded or timed out, or ``stop`` is set."""
+    started = time.monotonic()
+    while pending and not stop.wait(POLL_S):
+        for check in list(pending):
+            if check.probe():
+                note(f"{check.ready} (after {time.monotonic() - started:.0f} s)")
+                pending.remove(check)
+            elif time.monotonic() - started > check.timeout_s:
+                note(check.late)
+                pending.remove(check)
