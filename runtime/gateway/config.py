@@ -12,6 +12,15 @@
 | ``SWITCHYARD_TTFT_TIMEOUT_S`` | ``30`` | first-byte cap per attempt |
 | ``SWITCHYARD_DEFAULT_DEADLINE_S`` | ``300`` | deadline when the class gives none |
 | ``SWITCHYARD_MAX_DEADLINE_S`` | ``600`` | no request may ask for more |
+| ``SWITCHYARD_LIMITS_PREFIX`` | *namespace*``:limits`` | tenant RPM/TPM/concurrency keys |
+| ``SWITCHYARD_FAIRNESS_PREFIX`` | *namespace*``:fairness`` | shared fairness counters |
+| ``SWITCHYARD_ASSUMED_REPLICAS`` | ``2`` | Redis down: each limit / this, per router |
+| ``SWITCHYARD_QUEUE_LIMIT`` | ``1000`` | queue bound of a band no class names |
+| ``SWITCHYARD_DEFAULT_BAND`` | ``1`` | priority band of a request without a class |
+
+The *namespace* is the snapshot prefix without a trailing ``:snapshot`` (``switchyard`` by
+default), so every deployment (and every test or benchmark run, which publish under a prefix
+of their own) keeps its limits and fairness counters apart.
 """
 
 from __future__ import annotations
@@ -58,11 +67,20 @@ class RouterConfig:
     ttft_timeout_s: float = 30.0
     default_deadline_s: float = 300.0
     max_deadline_s: float = 600.0
-    health_interval_s: float = 0.5
+    health_interval_s: float = 0.25  # the engines' gauges are at most this old
     snapshot_retry_s: float = 0.5  # first retry while no snapshot exists; doubles ...
     snapshot_retry_max_s: float = 5.0  # ... up to this
     max_tenant_labels: int = 50
     tokenizer_cache_size: int = 8
+    limits_prefix: str = ""  # "" -> namespace + ":limits"
+    fairness_prefix: str = ""  # "" -> namespace + ":fairness"
+    assumed_replicas: int = 2
+    lease_ttl_s: float = 30.0
+    default_queue_limit: int = 1000
+    default_band: int = 1
+    dispatch_tick_s: float = 0.05
+    fairness_sync_s: float = 0.1
+    headroom_window_s: float = 10.0
 
     def __post_init__(self) -> None:
         if self.max_body_bytes < 1:
@@ -74,6 +92,25 @@ class RouterConfig:
                 raise ConfigError(f"{name} must be > 0")
         if self.max_deadline_s < self.default_deadline_s:
             raise ConfigError("max_deadline_s must be >= default_deadline_s")
+        for name in ("assumed_replicas", "default_queue_limit"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1")
+        if self.default_band < 0:
+            raise ConfigError("default_band must be >= 0")
+
+    @property
+    def namespace(self) -> str:
+        return self.snapshot_prefix.removesuffix(":snapshot")
+
+    @property
+    def limits_keys(self) -> str:
+        """The Redis key prefix of the tenant limits."""
+        return self.limits_prefix or f"{self.namespace}:limits"
+
+    @property
+    def fairness_keys(self) -> str:
+        """The Redis key prefix of the shared fairness counters."""
+        return self.fairness_prefix or f"{self.namespace}:fairness"
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> RouterConfig:
@@ -90,4 +127,9 @@ class RouterConfig:
             ttft_timeout_s=_number(env, "SWITCHYARD_TTFT_TIMEOUT_S", 30.0, minimum=0.001),
             default_deadline_s=_number(env, "SWITCHYARD_DEFAULT_DEADLINE_S", 300.0, minimum=0.001),
             max_deadline_s=_number(env, "SWITCHYARD_MAX_DEADLINE_S", 600.0, minimum=0.001),
+            limits_prefix=env.get("SWITCHYARD_LIMITS_PREFIX") or "",
+            fairness_prefix=env.get("SWITCHYARD_FAIRNESS_PREFIX") or "",
+            assumed_replicas=int(_number(env, "SWITCHYARD_ASSUMED_REPLICAS", 2, minimum=1)),
+            default_queue_limit=int(_number(env, "SWITCHYARD_QUEUE_LIMIT", 1000, minimum=1)),
+            default_band=int(_number(env, "SWITCHYARD_DEFAULT_BAND", 1, minimum=0)),
         )

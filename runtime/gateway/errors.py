@@ -18,6 +18,7 @@ PERMISSION = "permission_error"
 SERVER = "server_error"
 TIMEOUT = "timeout_error"
 UPSTREAM = "upstream_error"
+RATE_LIMIT = "rate_limit_error"
 
 
 class ErrorKind(msgspec.Struct, frozen=True):
@@ -49,6 +50,14 @@ ERROR_KINDS: Final[Mapping[str, ErrorKind]] = MappingProxyType(
         # 413, 422: the body itself.
         "request_too_large": ErrorKind(413, INVALID_REQUEST),
         "invalid_value": ErrorKind(422, INVALID_REQUEST),
+        # 429: not now. Tenant limits, then the pool queue (full, a wait beyond the
+        # deadline, or shed under overload). Each carries Retry-After.
+        "rate_limit_exceeded": ErrorKind(429, RATE_LIMIT),
+        "tokens_per_minute_exceeded": ErrorKind(429, RATE_LIMIT),
+        "concurrency_limit_exceeded": ErrorKind(429, RATE_LIMIT),
+        "queue_full": ErrorKind(429, RATE_LIMIT),
+        "wait_exceeds_deadline": ErrorKind(429, RATE_LIMIT),
+        "shed": ErrorKind(429, RATE_LIMIT),
         # 5xx: ours or the fleet's.
         "internal_error": ErrorKind(500, SERVER),
         "upstream_error": ErrorKind(502, UPSTREAM),
@@ -74,9 +83,25 @@ class _ErrorEnvelope(msgspec.Struct):
 _ENCODER = msgspec.json.Encoder()
 
 
-def error_body(message: str, *, type: str, code: str | None, param: str | None = None) -> bytes:
-    """The OpenAI error document, as JSON bytes."""
+def error_body(
+    message: str,
+    *,
+    type: str,
+    code: str | None,
+    param: str | None = None,
+    extra: Mapping[str, Any] | None = None,
+) -> bytes:
+    """The OpenAI error document, as JSON bytes; ``extra`` fields join the error object
+    (``queue_position`` and ``estimated_wait_s`` of a queue refusal)."""
+    if extra:
+        detail = {"message": message, "type": type, "param": param, "code": code, **extra}
+        return _ENCODER.encode({"error": detail})
     return _ENCODER.encode(_ErrorEnvelope(_ErrorDetail(message, type, param, code)))
+
+
+def retry_after(seconds: int) -> tuple[tuple[bytes, bytes], ...]:
+    """A ``Retry-After`` header (whole seconds, at least 1)."""
+    return ((b"retry-after", str(max(1, seconds)).encode("ascii")),)
 
 
 class ApiError(Exception):
@@ -91,6 +116,7 @@ class ApiError(Exception):
         code: str | None,
         param: str | None = None,
         headers: tuple[tuple[bytes, bytes], ...] = (),
+        extra: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -99,14 +125,28 @@ class ApiError(Exception):
         self.code = code
         self.param = param
         self.headers = headers
+        self.extra = extra
 
     @classmethod
-    def of(cls, code: str, message: str, *, param: str | None = None) -> ApiError:
+    def of(
+        cls,
+        code: str,
+        message: str,
+        *,
+        param: str | None = None,
+        headers: tuple[tuple[bytes, bytes], ...] = (),
+        extra: Mapping[str, Any] | None = None,
+    ) -> ApiError:
         kind = ERROR_KINDS[code]
-        return cls(kind.status, message, type=kind.type, code=code, param=param)
+        return cls(
+            kind.status, message, type=kind.type, code=code, param=param, headers=headers,
+            extra=extra,
+        )  # fmt: skip
 
     def body(self) -> bytes:
-        return error_body(self.message, type=self.type, code=self.code, param=self.param)
+        return error_body(
+            self.message, type=self.type, code=self.code, param=self.param, extra=self.extra
+        )
 
 
 class _LooseError(msgspec.Struct):

@@ -1,9 +1,11 @@
 """The inference routes: POST /v1/chat/completions, /v1/completions, /v1/embeddings.
 
 One request: authenticate, parse, resolve model/class/deadline, pick the version, check the
-token caps, dispatch to the least-loaded healthy endpoint (retrying before the first byte),
-relay. Every refusal happens before anything is sent upstream. Per-stage timings go to
-Prometheus and to one JSON log line per request.
+token caps (:mod:`.plan`); the tenant's limits in Redis, then the pool queue until an
+endpoint has room (:mod:`.admit`); open upstream on the granted endpoint (retrying elsewhere
+before the first byte); relay, charging streamed output tokens to the tenant's fairness
+counter; settle the limits with the actual usage. Every refusal happens before anything is
+sent upstream. Per-stage timings go to Prometheus and to one JSON log line per request.
 """
 
 from __future__ import annotations
@@ -15,11 +17,12 @@ from typing import Any, ClassVar
 
 import msgspec
 
+from runtime.gateway.admit import acquire_slot, admit_limits, settle_limits
 from runtime.gateway.auth import authenticate, bearer_token
 from runtime.gateway.consumers import GatewayConsumer, header
 from runtime.gateway.errors import ApiError
 from runtime.gateway.plan import GENERATIVE, Plan, plan_request
-from runtime.gateway.relay import RelayResult, relay_stream, relay_unary
+from runtime.gateway.relay import RelayResult, Usage, relay_stream, relay_unary
 from runtime.gateway.schema import (
     ChatRequest,
     CompletionRequest,
@@ -29,7 +32,8 @@ from runtime.gateway.schema import (
 )
 from runtime.gateway.state import RouterState
 from runtime.gateway.upstream_errors import dispatch_error
-from runtime.snapshot import EndpointSnap, Snapshot
+from runtime.scheduling.grant import Grant
+from runtime.snapshot import EndpointSnap
 from runtime.telemetry.logging import RequestRecord, log_request
 from runtime.telemetry.metrics import StageLabels
 from runtime.upstream.dispatch import open_with_retry
@@ -38,56 +42,26 @@ from runtime.upstream.response import UpstreamResponse
 
 
 class _Attempts:
-    """The pick callback for open_with_retry; holds the in-flight slot of the current try.
+    """The pick callback for open_with_retry: the granted endpoint first (the dispatcher
+    already holds its in-flight slot), then, on a retry, another endpoint with room (else
+    the routing choice) through :meth:`Grant.reassign`, which moves the slot along."""
 
-    ``queue_s`` is the wait from "ready to dispatch" to the first endpoint choice (the
-    scheduler's queue will live there; today it is only the routing decision), and
-    ``dispatched_at`` the moment of that choice, where time to first token starts.
-    """
+    __slots__ = ("count", "grant", "opened")
 
-    __slots__ = (
-        "count",
-        "current",
-        "dispatched_at",
-        "queue_s",
-        "ready_at",
-        "snapshot",
-        "state",
-        "version_id",
-    )
-
-    def __init__(
-        self, state: RouterState, snapshot: Snapshot, version_id: int, ready_at: float
-    ) -> None:
-        self.state = state
-        self.snapshot = snapshot
-        self.version_id = version_id
-        self.ready_at = ready_at
-        self.dispatched_at = ready_at
-        self.queue_s = 0.0
-        self.current: int | None = None
+    def __init__(self, grant: Grant) -> None:
+        self.grant = grant
         self.count = 0
+        self.opened = False  # the upstream answered (the request reached an engine)
 
     def __call__(self, exclude: frozenset[int]) -> EndpointSnap | None:
-        self.release()
-        if self.count == 0:
-            self.dispatched_at = time.perf_counter()
-            self.queue_s = self.dispatched_at - self.ready_at
-        endpoint = self.state.table.pick(
-            self.snapshot, self.version_id, self.state.signals, exclude
-        )
+        granted = self.grant.endpoint
+        if self.count == 0 and granted is not None and granted.id not in exclude:
+            endpoint: EndpointSnap | None = granted
+        else:
+            endpoint = self.grant.reassign(exclude)
         if endpoint is not None:
-            self.current = endpoint.id
             self.count += 1
-            self.state.inflight.acquire(endpoint.id)
-            self.state.metrics.inflight.labels(str(endpoint.id)).inc()
         return endpoint
-
-    def release(self) -> None:
-        if self.current is not None:
-            self.state.inflight.release(self.current)
-            self.state.metrics.inflight.labels(str(self.current)).dec()
-            self.current = None
 
 
 class InferenceConsumer(GatewayConsumer):
@@ -162,58 +136,72 @@ class InferenceConsumer(GatewayConsumer):
             record=record,
             labels=labels,
         )
-        await self._dispatch(state, snapshot, plan, record, labels)
+        lease = await admit_limits(state, principal.tenant, plan)
+        attempts: _Attempts | None = None
+        usage: Usage | None = None
+        try:
+            grant = await acquire_slot(state, snapshot, principal.tenant, plan)
+            attempts = _Attempts(grant)
+            try:
+                usage = await self._dispatch(state, plan, attempts, record, labels)
+            finally:
+                grant.release()
+        finally:
+            actual = None if usage is None else usage.prompt_tokens + usage.completion_tokens
+            opened = attempts is not None and attempts.opened
+            settle_limits(state, lease, served=opened, actual_tokens=actual)
 
     async def _dispatch(
         self,
         state: RouterState,
-        snapshot: Snapshot,
         plan: Plan,
+        attempts: _Attempts,
         record: RequestRecord,
         labels: StageLabels,
-    ) -> None:
+    ) -> Usage | None:
         # Stage clocks use perf_counter: uvloop's loop.time() ticks in whole milliseconds.
-        attempts = _Attempts(state, snapshot, plan.version.id, time.perf_counter())
+        grant = attempts.grant
+        dispatched_at = time.perf_counter()
         try:
-            try:
-                endpoint, upstream = await open_with_retry(
-                    attempts,
-                    state.client,
-                    state.breakers,
-                    self.upstream_path,
-                    plan.body,
-                    deadline=plan.deadline,
-                    rng=state.rng,
-                    max_attempts=state.config.retry_attempts,
-                    backoff_base=state.config.retry_backoff_base_s,
-                    backoff_cap=state.config.retry_backoff_cap_s,
-                    headers={"X-Request-Id": self.request_id},
-                    first_byte_cap=None if plan.streaming else math.inf,
-                )
-            except UpstreamError as exc:
-                raise dispatch_error(exc, model=plan.model.name) from None
-            finally:
-                record.attempts = attempts.count
-                if attempts.count > 1:
-                    state.metrics.retries_total.labels(plan.model.name).inc(attempts.count - 1)
-            record.endpoint = labels.endpoint = str(endpoint.id)
-            ttft = time.perf_counter() - attempts.dispatched_at
-            state.metrics.observe("queue", attempts.queue_s, labels)
-            state.metrics.observe("upstream_ttft", ttft, labels)
-            record.timing("queue", attempts.queue_s)
-            record.timing("upstream_ttft", ttft)
-            extra = [(b"x-switchyard-version", plan.version.label.encode("latin-1"))]
-            record.status = 200
-            try:
-                result = await self._relay(state, upstream, plan, extra, labels)
-            finally:
-                await upstream.aclose()
+            endpoint, upstream = await open_with_retry(
+                attempts,
+                state.client,
+                state.breakers,
+                self.upstream_path,
+                plan.body,
+                deadline=plan.deadline,
+                rng=state.rng,
+                max_attempts=state.config.retry_attempts,
+                backoff_base=state.config.retry_backoff_base_s,
+                backoff_cap=state.config.retry_backoff_cap_s,
+                headers={"X-Request-Id": self.request_id},
+                first_byte_cap=None if plan.streaming else math.inf,
+            )
+        except UpstreamError as exc:
+            raise dispatch_error(exc, model=plan.model.name) from None
         finally:
-            attempts.release()
+            record.attempts = attempts.count
+            if attempts.count > 1:
+                state.metrics.retries_total.labels(plan.model.name).inc(attempts.count - 1)
+        attempts.opened = True
+        record.endpoint = labels.endpoint = str(endpoint.id)
+        ttft = time.perf_counter() - dispatched_at
+        state.metrics.observe("queue", grant.waited_s, labels)
+        state.metrics.observe("upstream_ttft", ttft, labels)
+        record.timing("queue", grant.waited_s)
+        record.timing("upstream_ttft", ttft)
+        extra = [(b"x-switchyard-version", plan.version.label.encode("latin-1"))]
+        record.status = 200
+        try:
+            result = await self._relay(state, upstream, plan, extra, labels, grant=grant)
+        finally:
+            await upstream.aclose()
         record.outcome = result.outcome
         if result.usage is not None:
             record.prompt_tokens = result.usage.prompt_tokens
             record.completion_tokens = result.usage.completion_tokens
+            grant.settle_output(result.usage.completion_tokens)
+        return result.usage
 
     async def _relay(
         self,
@@ -222,6 +210,8 @@ class InferenceConsumer(GatewayConsumer):
         plan: Plan,
         extra: list[tuple[bytes, bytes]],
         labels: StageLabels,
+        *,
+        grant: Grant,
     ) -> RelayResult:
         if plan.streaming != upstream.is_stream:
             raise ApiError.of("upstream_error", "The model server answered in the wrong framing.")
@@ -234,6 +224,7 @@ class InferenceConsumer(GatewayConsumer):
                 headers=extra,
                 metrics=state.metrics,
                 labels=labels,
+                on_tokens=grant.charge_output,
             )
         return await relay_unary(self, upstream, headers=extra)
 

@@ -9,6 +9,7 @@ meters), and the class's band as ``priority`` where the pool enables it.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from typing import Any
 
 import msgspec
@@ -26,6 +27,7 @@ from runtime.telemetry.logging import RequestRecord
 from runtime.telemetry.metrics import StageLabels
 
 GENERATIVE = frozenset({"chat", "completion"})
+AFFINITY_PREFIX_CHARS = 256  # about four 16-token KV blocks at 4 characters per token
 _SAMPLING_DEFAULTS = frozenset(
     {"temperature", "top_p", "stop", "presence_penalty", "frequency_penalty"}
 )
@@ -41,6 +43,9 @@ class Plan(msgspec.Struct, kw_only=True):
     streaming: bool
     include_usage: bool
     body: bytes
+    prompt_tokens: int = 0  # counted (or estimated) before dispatch
+    max_tokens: int = 0  # the output budget sent upstream (0 for embeddings)
+    affinity_key: str | None = None  # hash of the prompt's first characters
 
 
 async def plan_request(
@@ -74,6 +79,7 @@ async def plan_request(
     document = forwardable(request)
     streaming = False
     include_usage = False
+    max_tokens = 0
     if isinstance(request, EmbeddingRequest):
         record.prompt_tokens = await embedding_budget(
             state.tokens, tenant=tenant, version=version, texts=request.texts()
@@ -114,7 +120,19 @@ async def plan_request(
         streaming=streaming,
         include_usage=include_usage,
         body=msgspec.json.encode(document),
+        prompt_tokens=record.prompt_tokens or 0,
+        max_tokens=max_tokens,
+        affinity_key=affinity_key(request.texts()),
     )
+
+
+def affinity_key(texts: list[str], prefix_chars: int = AFFINITY_PREFIX_CHARS) -> str | None:
+    """A short hash of the prompt's first ``prefix_chars`` characters (prefix affinity):
+    requests that share a system prompt or a conversation's start hash alike."""
+    head = "\0".join(texts)[:prefix_chars]
+    if not head:
+        return None
+    return hashlib.blake2b(head.encode("utf-8", "replace"), digest_size=8).hexdigest()
 
 
 def _add_priority(

@@ -6,13 +6,18 @@ for ``stream_options.include_usage`` (the router always asks upstream, to meter)
 stream ends with ``data: [DONE]\\n\\n``. If the upstream breaks after the first byte, a
 terminal chunk with ``finish_reason: "error"`` and an ``error`` object goes out, then
 ``[DONE]``.
+
+While streaming, ``on_tokens(n)`` reports the generated chunks in batches of
+:data:`TOKEN_BATCH` (one chunk is about one token; a chat stream's opening role-only chunk is
+not counted; the caller corrects with the final usage), so fairness counters move as output
+streams, without a call per token.
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Protocol
 
 import msgspec
@@ -27,6 +32,7 @@ SSE_HEADERS: tuple[tuple[bytes, bytes], ...] = (
     (b"x-accel-buffering", b"no"),
 )
 DONE_FRAME = b"data: [DONE]\n\n"
+TOKEN_BATCH = 8
 
 
 class ResponseSink(Protocol):
@@ -111,6 +117,7 @@ async def relay_stream(
     headers: Iterable[tuple[bytes, bytes]],
     metrics: RouterMetrics,
     labels: StageLabels,
+    on_tokens: Callable[[int], None] | None = None,
 ) -> RelayResult:
     """Relay an SSE stream; the first event is already buffered in ``upstream``."""
     inter_token = metrics.stage_observer("inter_token", labels)
@@ -118,6 +125,7 @@ async def relay_stream(
     meta: _Meta | None = None
     await sink.start_response(200, [*SSE_HEADERS, *headers])
     last = time.perf_counter()  # not loop.time(): uvloop's clock ticks in milliseconds
+    unreported = 0
     try:
         # events() is an async generator; closing it at once releases the upstream socket.
         stream = upstream.events()
@@ -135,12 +143,23 @@ async def relay_stream(
                     result.usage = probe.usage
                     if not probe.choices and not include_usage:
                         continue
+                # A chat stream opens with a role-only chunk (no token); usage-only chunks
+                # carry none either.
+                opening = kind == "chat" and result.events == 1
+                if on_tokens is not None and not opening and (probe is None or probe.choices):
+                    unreported += 1
+                    if unreported >= TOKEN_BATCH:
+                        on_tokens(unreported)
+                        unreported = 0
                 await sink.send_chunk(b"data: " + payload + b"\n\n")
     except StreamBroken as exc:
         result.outcome = "deadline_exceeded" if exc.reason == "deadline" else "stream_broken"
         frame = terminal_error_chunk(kind, meta or _Meta(), exc)
         await sink.send_chunk(b"data: " + frame + b"\n\n" + DONE_FRAME, last=True)
         return result
+    finally:
+        if on_tokens is not None and unreported:
+            on_tokens(unreported)
     await sink.send_chunk(DONE_FRAME, last=True)
     return result
 

@@ -12,16 +12,20 @@ import logging
 import random
 from dataclasses import dataclass, field
 
+from runtime.admission.redis_limits import RedisLimits
 from runtime.gateway.config import RouterConfig
 from runtime.gateway.key_usage import KeyUsageRecorder
 from runtime.gateway.tokens import TokenCounter
 from runtime.routing.inflight import InFlight
 from runtime.routing.signals import FleetSignals
 from runtime.routing.table import RoutingTable
+from runtime.scheduling.placement import FleetPlacement
+from runtime.scheduling.pools import Dispatchers
+from runtime.scheduling.shared import SharedCounters
 from runtime.snapshot import Snapshot
 from runtime.snapshot_loader import SnapshotLoader, SnapshotUnavailableError
 from runtime.telemetry.logging import REQUEST_LOGGER
-from runtime.telemetry.metrics import RouterMetrics
+from runtime.telemetry.metrics import PoolView, RouterMetrics
 from runtime.upstream.breaker import BreakerBook
 from runtime.upstream.client import ClientConfig, UpstreamClient
 from runtime.upstream.health import HealthConfig, HealthMonitor
@@ -45,6 +49,9 @@ class RouterState:
     metrics: RouterMetrics
     key_usage: KeyUsageRecorder
     tokens: TokenCounter
+    limits: RedisLimits
+    shared: SharedCounters
+    dispatchers: Dispatchers
     rng: random.Random = field(default_factory=random.Random)
     request_log: logging.Logger = field(default_factory=lambda: logging.getLogger(REQUEST_LOGGER))
     snapshot_task: asyncio.Task[None] | None = None
@@ -60,10 +67,35 @@ class RouterState:
         """Swap callback: watch exactly the snapshot's endpoints, forget the rest."""
         self.health.set_endpoints(snapshot.endpoints.values())
         self.breakers.retain(snapshot.endpoints)
+        self.dispatchers.on_snapshot(snapshot)
+
+    def pool_views(self) -> list[PoolView]:
+        """What the dispatchers report to ``/metrics`` (read at scrape time)."""
+        dispatchers = self.dispatchers.all()
+        if not dispatchers:
+            return []
+        now = asyncio.get_running_loop().time()
+        views: list[PoolView] = []
+        for dispatcher in dispatchers:
+            fairness = dispatcher.served.fairness(now)
+            views.append(
+                PoolView(
+                    pool=dispatcher.pool,
+                    queued=dispatcher.queue_lengths(),
+                    served_tokens=dispatcher.served.totals(),
+                    served_share=fairness.served_share,
+                    entitled_share=fairness.entitled_share,
+                    counters=dispatcher.counters(),
+                    jain=fairness.jain,
+                )
+            )
+        return views
 
     async def start(self) -> None:
         """Start the background work; a missing snapshot is retried, not fatal (not ready)."""
         await self.key_usage.start()
+        await self.limits.start()
+        await self.shared.start()
         await self.health.start()
         try:
             await self.loader.start()
@@ -94,7 +126,10 @@ class RouterState:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await self.loader.stop()
+        await self.dispatchers.stop()
         await self.health.stop()
+        await self.shared.stop()
+        await self.limits.stop()
         await self.key_usage.stop()
         await self.client.close()
 
@@ -111,18 +146,58 @@ def build_state(config: RouterConfig) -> RouterState:
     breakers = BreakerBook()
     health = HealthMonitor(client, HealthConfig(interval_s=config.health_interval_s))
     inflight = InFlight()
+    loader = SnapshotLoader(
+        config.redis_url, config.snapshot_cache_path, prefix=config.snapshot_prefix
+    )
+    table = RoutingTable()
+    signals = FleetSignals(breakers=breakers, health=health, inflight=inflight)
+    metrics = RouterMetrics(max_tenant_labels=config.max_tenant_labels)
+    shared = SharedCounters(
+        config.redis_url, prefix=config.fairness_keys, interval_s=config.fairness_sync_s
+    )
+
+    def current() -> Snapshot | None:
+        return None if loader.version is None else loader.current
+
+    def on_slot(endpoint_id: int, delta: int) -> None:
+        metrics.inflight.labels(str(endpoint_id)).inc(delta)
+
+    def placement_for(pool: str) -> FleetPlacement:
+        return FleetPlacement(
+            pool,
+            snapshot=current,
+            table=table,
+            signals=signals,
+            health=health,
+            inflight=inflight,
+            clock=_loop_time,
+            on_slot=on_slot,
+        )
+
     state = RouterState(
         config=config,
-        loader=SnapshotLoader(
-            config.redis_url, config.snapshot_cache_path, prefix=config.snapshot_prefix
-        ),
+        loader=loader,
         client=client,
         breakers=breakers,
         health=health,
         inflight=inflight,
-        table=RoutingTable(),
-        signals=FleetSignals(breakers=breakers, health=health, inflight=inflight),
-        metrics=RouterMetrics(max_tenant_labels=config.max_tenant_labels),
+        table=table,
+        signals=signals,
+        metrics=metrics,
+        limits=RedisLimits(
+            config.redis_url,
+            prefix=config.limits_keys,
+            replicas=config.assumed_replicas,
+            lease_ttl_s=config.lease_ttl_s,
+        ),
+        shared=shared,
+        dispatchers=Dispatchers(
+            placement_for=placement_for,
+            tick_s=config.dispatch_tick_s,
+            default_queue_limit=config.default_queue_limit,
+            headroom_window_s=config.headroom_window_s,
+            shared=shared,
+        ),
         key_usage=KeyUsageRecorder(
             config.redis_url,
             hash_key=config.key_usage_hash,
@@ -131,4 +206,9 @@ def build_state(config: RouterConfig) -> RouterState:
         tokens=TokenCounter(cache_size=config.tokenizer_cache_size),
     )
     state.loader.add_swap_callback(state.on_snapshot)
+    metrics.attach_scheduling(state.pool_views)
     return state
+
+
+def _loop_time() -> float:
+    return asyncio.get_running_loop().time()

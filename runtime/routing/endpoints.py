@@ -4,7 +4,9 @@ A pool's ``policies`` (from the snapshot) may name them:
 
 - ``"filters"``: comma-separated filter names (default ``ready,circuit,health``);
 - ``"scorers"``: comma-separated ``name[:weight]`` (default ``least_load``); scores are in
-  ``[0, 1]`` (higher is better) and combine as a weighted mean;
+  ``[0, 1]`` (higher is better) and combine as a weighted mean. Registered: ``least_load``
+  (in-flight over capacity), ``kv_use`` (scraped KV-cache use), ``prefix_affinity``
+  (rendezvous hash of the prompt prefix), ``cost_tier`` (the pool's replica cost);
 - ``"picker"``: one picker name (default ``max_score``).
 
 Unknown names raise :class:`UnknownPolicyError` when the selector is built. The registries are
@@ -14,7 +16,9 @@ in-flight counts, KV use) come from the caller through :class:`EndpointSignals`.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
+import math
 from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Final, Protocol, TypeVar
@@ -29,13 +33,25 @@ class UnknownPolicyError(ValueError):
 
 
 class EndpointSignals(Protocol):
-    """What routing may know about an endpoint right now."""
+    """What routing may know about an endpoint (and the request being placed) right now."""
 
     def breaker_available(self, endpoint_id: int) -> bool: ...
 
     def healthy(self, endpoint_id: int) -> bool: ...
 
     def inflight(self, endpoint_id: int) -> int: ...
+
+    def kv_usage(self, endpoint_id: int) -> float | None:
+        """The engine's KV-cache use (0..1) from the last fresh scrape; None if unknown."""
+        ...
+
+    def cost_per_hour(self, endpoint: EndpointSnap) -> float | None:
+        """What a replica of the endpoint's pool costs per hour; None if unknown."""
+        ...
+
+    def affinity_key(self) -> str | None:
+        """A hash of the request's prompt prefix (prefix affinity); None if none."""
+        ...
 
 
 class EndpointFilter(Protocol):
@@ -93,6 +109,47 @@ class LeastLoadScorer:
         return max(0.0, 1.0 - signals.inflight(endpoint.id) / capacity)
 
 
+class KvUseScorer:
+    """1 for an empty KV cache, 0 for a full one: ``1 - kv_usage``; 0.5 when unknown."""
+
+    name = "kv_use"
+
+    def score(self, endpoint: EndpointSnap, signals: EndpointSignals) -> float:
+        usage = signals.kv_usage(endpoint.id)
+        if usage is None or not math.isfinite(usage):
+            return 0.5
+        return min(1.0, max(0.0, 1.0 - usage))
+
+
+class PrefixAffinityScorer:
+    """Rendezvous hashing of the prompt-prefix key with the endpoint id: a uniform score in
+    ``[0, 1)`` that is the same on every router for the same key and endpoint, so requests
+    sharing a prompt prefix prefer the same endpoint (its prefix cache is warm) and an
+    endpoint joining or leaving moves only the keys it wins or held. 0.5 without a key."""
+
+    name = "prefix_affinity"
+
+    def score(self, endpoint: EndpointSnap, signals: EndpointSignals) -> float:
+        key = signals.affinity_key()
+        if key is None:
+            return 0.5
+        digest = hashlib.blake2b(f"{key}\0{endpoint.id}".encode(), digest_size=8).digest()
+        return int.from_bytes(digest, "big") / 2.0**64
+
+
+class CostTierScorer:
+    """Cheaper hardware first: ``1 / (1 + cost_per_hour)`` of the endpoint's pool (1 for a
+    free pool, 0.5 at one credit per hour); 0.5 when the cost is unknown."""
+
+    name = "cost_tier"
+
+    def score(self, endpoint: EndpointSnap, signals: EndpointSignals) -> float:
+        cost = signals.cost_per_hour(endpoint)
+        if cost is None or not math.isfinite(cost) or cost < 0:
+            return 0.5
+        return 1.0 / (1.0 + cost)
+
+
 class MaxScorePicker:
     """The best score; ties go round-robin so equally idle endpoints share the load."""
 
@@ -111,7 +168,12 @@ FILTERS: Final[Mapping[str, Callable[[], EndpointFilter]]] = MappingProxyType(
     {"ready": ReadyFilter, "circuit": CircuitFilter, "health": HealthFilter}
 )
 SCORERS: Final[Mapping[str, Callable[[], Scorer]]] = MappingProxyType(
-    {"least_load": LeastLoadScorer}
+    {
+        "least_load": LeastLoadScorer,
+        "kv_use": KvUseScorer,
+        "prefix_affinity": PrefixAffinityScorer,
+        "cost_tier": CostTierScorer,
+    }
 )
 PICKERS: Final[Mapping[str, Callable[[], Picker]]] = MappingProxyType({"max_score": MaxScorePicker})
 DEFAULT_FILTERS: Final = "ready,circuit,health"

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from runtime.routing.endpoints import EndpointSignals
 from runtime.routing.inflight import InFlight
+from runtime.snapshot import EndpointSnap, Snapshot
 from runtime.upstream.breaker import BreakerBook
 from runtime.upstream.health import HealthMonitor
 
@@ -39,3 +41,46 @@ class FleetSignals:
 
     def inflight(self, endpoint_id: int) -> int:
         return self._inflight.get(endpoint_id)
+
+    def kv_usage(self, endpoint_id: int) -> float | None:
+        status = self._health.status(endpoint_id)
+        return None if status is None else status.kv_usage
+
+    def cost_per_hour(self, endpoint: EndpointSnap) -> float | None:
+        return None  # the snapshot knows it: see RequestSignals
+
+    def affinity_key(self) -> str | None:
+        return None
+
+
+class RequestSignals:
+    """The fleet's signals plus what one request adds: its prompt-prefix key, and the pool
+    costs of the snapshot it is routed with."""
+
+    __slots__ = ("_affinity_key", "_fleet", "_snapshot")
+
+    def __init__(
+        self, fleet: EndpointSignals, snapshot: Snapshot, affinity_key: str | None = None
+    ) -> None:
+        self._fleet = fleet
+        self._snapshot = snapshot
+        self._affinity_key = affinity_key
+
+    def breaker_available(self, endpoint_id: int) -> bool:
+        return self._fleet.breaker_available(endpoint_id)
+
+    def healthy(self, endpoint_id: int) -> bool:
+        return self._fleet.healthy(endpoint_id)
+
+    def inflight(self, endpoint_id: int) -> int:
+        return self._fleet.inflight(endpoint_id)
+
+    def kv_usage(self, endpoint_id: int) -> float | None:
+        return self._fleet.kv_usage(endpoint_id)
+
+    def cost_per_hour(self, endpoint: EndpointSnap) -> float | None:
+        pool = self._snapshot.pools.get(endpoint.pool)
+        return None if pool is None else pool.cost_per_replica_hour
+
+    def affinity_key(self) -> str | None:
+        return self._affinity_key

@@ -42,6 +42,11 @@ class RoutingTable:
         self._refresh(snapshot)
         return self._by_version.get(version_id, ())
 
+    def pool_of(self, snapshot: Snapshot, version_id: int) -> str | None:
+        """The pool whose policies (and queue) serve ``version_id``; None without endpoints."""
+        self._refresh(snapshot)
+        return self._pool_of_version.get(version_id)
+
     def policies(self, snapshot: Snapshot, version_id: int) -> Mapping[str, str]:
         self._refresh(snapshot)
         pool = snapshot.pools.get(self._pool_of_version.get(version_id, ""))

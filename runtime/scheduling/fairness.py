@@ -26,6 +26,11 @@ def _weighted(tenant: str, weight: float, input_tokens: int, output_tokens: int)
     return token_cost(input_tokens, output_tokens) / weight
 
 
+def _lift(counters: dict[str, float], tenant: str, value: float) -> None:
+    if value > counters.get(tenant, 0.0):
+        counters[tenant] = value
+
+
 def _oldest(heads: Mapping[str, QueuedRequest]) -> str:
     """The tenant whose head arrived first (sequence number, then tenant name)."""
     if not heads:
@@ -56,6 +61,7 @@ class VirtualTokenCounter:
     """
 
     name: ClassVar[str] = "vtc"
+    isolates_tenants: ClassVar[bool] = True
 
     __slots__ = ("allowance",)
 
@@ -102,11 +108,15 @@ class VirtualTokenCounter:
     def counter(self, state: CounterState, tenant: str) -> float:
         return state.counters.get(tenant, 0.0)
 
+    def lift(self, state: CounterState, tenant: str, value: float) -> None:
+        _lift(state.counters, tenant, value)
+
 
 class FirstComeFirstServed:
     """Serve the tenant whose next request arrived first: one global FIFO, no isolation."""
 
     name: ClassVar[str] = "fcfs"
+    isolates_tenants: ClassVar[bool] = False
 
     __slots__ = ()
 
@@ -136,6 +146,9 @@ class FirstComeFirstServed:
     def counter(self, state: CounterState, tenant: str) -> float:
         return state.counters.get(tenant, 0.0)
 
+    def lift(self, state: CounterState, tenant: str, value: float) -> None:
+        _lift(state.counters, tenant, value)
+
 
 @dataclass(slots=True)
 class RoundRobinState:
@@ -156,6 +169,7 @@ class RoundRobin:
     """One request per backlogged tenant in turn, whatever the requests cost (no weights)."""
 
     name: ClassVar[str] = "round_robin"
+    isolates_tenants: ClassVar[bool] = True
 
     __slots__ = ()
 
@@ -190,3 +204,6 @@ class RoundRobin:
 
     def counter(self, state: RoundRobinState, tenant: str) -> float:
         return state.counters.get(tenant, 0.0)
+
+    def lift(self, state: RoundRobinState, tenant: str, value: float) -> None:
+        _lift(state.counters, tenant, value)

@@ -81,6 +81,9 @@ class FairnessPolicy(Protocol[S]):
     """
 
     name: ClassVar[str]
+    isolates_tenants: ClassVar[bool]
+    """Whether the policy protects tenants from each other (then the dispatcher also keeps
+    headroom for tenants below their share, see :mod:`runtime.scheduling.headroom`)."""
 
     def new_state(self) -> S:
         """Fresh per-band state (counters, turn order, ...)."""
@@ -108,6 +111,10 @@ class FairnessPolicy(Protocol[S]):
 
     def counter(self, state: S, tenant: str) -> float:
         """The tenant's service counter (weighted tokens; VTC's virtual counter). Never falls."""
+        ...
+
+    def lift(self, state: S, tenant: str, value: float) -> None:
+        """Raise the tenant's counter to at least ``value`` (service counted elsewhere)."""
         ...
 
 

@@ -189,14 +189,35 @@ class PoolQueue:
 
     # -- out --------------------------------------------------------------------------
 
-    def pop(self) -> QueuedRequest | None:
-        """The next request to dispatch (input tokens charged), or None when empty."""
+    def pop(
+        self, admissible: Callable[[QueuedRequest], bool] | None = None
+    ) -> QueuedRequest | None:
+        """The next request to dispatch (input tokens charged), or None when none may go.
+
+        With ``admissible``, only tenants whose head request (the one their ordering puts
+        first) passes it are considered, and only bands holding such a tenant: a head that
+        cannot go now (its endpoints are full) holds back its own tenant, never the others.
+        """
         if not self._entries:
             return None
-        backlogged = [band for band, b in sorted(self._bands.items()) if b.length]
+        heads_of: dict[int, dict[str, QueuedRequest]] = {}
+        if admissible is None:
+            backlogged = [band for band, b in sorted(self._bands.items()) if b.length]
+        else:
+            for number, b in sorted(self._bands.items()):
+                ready = {
+                    name: t.heap[0].req
+                    for name, t in b.tenants.items()
+                    if admissible(t.heap[0].req)
+                }
+                if ready:
+                    heads_of[number] = ready
+            backlogged = list(heads_of)
+            if not backlogged:
+                return None
         chosen = self._shares.choose(backlogged)
         band = self._bands[chosen]
-        heads = {name: t.heap[0].req for name, t in band.tenants.items()}
+        heads = heads_of.get(chosen) or {name: t.heap[0].req for name, t in band.tenants.items()}
         name = self._fairness.pick(band.state, heads)
         tenant = band.tenants.get(name)
         if tenant is None:
@@ -219,6 +240,29 @@ class PoolQueue:
         self._fairness.charge(
             band.state, req.tenant, weight=req.weight, output_tokens=output_tokens
         )
+
+    def lift_counter(self, band: int, tenant: str, value: float) -> None:
+        """Raise ``tenant``'s fairness counter in ``band`` to at least ``value`` (never lowers
+        it): how service counted elsewhere (other router replicas) reaches this queue."""
+        b = self._bands.get(band)
+        if b is None:
+            b = self._bands[band] = _Band(state=self._fairness.new_state())
+        self._fairness.lift(b.state, tenant, value)
+
+    def requests(self) -> list[QueuedRequest]:
+        """Every queued request, in arrival order (to move them into a rebuilt queue)."""
+        return sorted((e.req for e in self._entries.values()), key=lambda r: r.seq)
+
+    def next_deadline(self) -> float | None:
+        """The earliest deadline among the queued requests, or None."""
+        deadlines = self._deadlines
+        while deadlines:
+            _, seq, req_id = deadlines[0]
+            entry = self._entries.get(req_id)
+            if entry is not None and entry.req.seq == seq:
+                return deadlines[0][0]
+            heapq.heappop(deadlines)
+        return None
 
     def remove(self, req_id: str) -> QueuedRequest | None:
         """Take a queued request out (cancellation); None if it is not queued."""

@@ -7,7 +7,20 @@
 - ``switchyard_requests_total{model, class, outcome, tenant}``: requests by outcome
   (``ok`` or an error code such as ``invalid_api_key``);
 - ``switchyard_inflight_requests{endpoint}``: requests the router has in flight per endpoint;
-- ``switchyard_upstream_retries_total{model}``: attempts beyond the first.
+- ``switchyard_upstream_retries_total{model}``: attempts beyond the first;
+- ``switchyard_queue_wait_seconds{pool, band}``: time from admission into a pool queue to
+  the release to an endpoint;
+- ``switchyard_rejections_total{reason}``: requests refused or dropped before an engine, by
+  reason (``rate_limit_exceeded``, ``tokens_per_minute_exceeded``,
+  ``concurrency_limit_exceeded``, ``queue_full``, ``wait_exceeds_deadline``, ``shed``,
+  ``deadline_exceeded``, ``no_healthy_endpoint``);
+- read from the dispatchers at scrape time (:meth:`RouterMetrics.attach_scheduling`):
+  ``switchyard_queue_length{pool, band}``, ``switchyard_served_tokens_total{pool, tenant,
+  kind}`` (kind ``input`` / ``output``), ``switchyard_tenant_share{pool, tenant, kind}``
+  (kind ``served`` / ``entitled``: the recent share of service of the contending tenants next
+  to the share their weights entitle them to), ``switchyard_fairness_jain_index{pool}`` (Jain's
+  index over their weight-normalised service) and ``switchyard_fairness_counter{pool, band,
+  tenant}`` (the fairness policy's counters, shared across replicas).
 
 Label values come from the snapshot (or a fixed vocabulary), never from raw client input, so
 series stay bounded; the tenant label keeps the first ``max_tenant_labels`` tenants seen and
@@ -16,10 +29,14 @@ folds the rest into ``other``.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.registry import Collector
 
 STAGES: Final = ("auth", "queue", "upstream_ttft", "inter_token", "e2e")
 # Millisecond-scale resolution at the low end (auth, queue), seconds at the top (e2e).
@@ -84,6 +101,78 @@ class StageLabels:
         return (stage, self.model, self.version, self.endpoint, self.klass)
 
 
+@dataclass(frozen=True, slots=True)
+class PoolView:
+    """What one pool's dispatcher reports at scrape time (plain data)."""
+
+    pool: str
+    queued: Mapping[int, int] = field(default_factory=dict)  # band -> requests queued
+    served_tokens: Mapping[str, tuple[int, int]] = field(default_factory=dict)  # in, out
+    served_share: Mapping[str, float] = field(default_factory=dict)
+    entitled_share: Mapping[str, float] = field(default_factory=dict)
+    counters: Mapping[tuple[int, str], float] = field(default_factory=dict)
+    jain: float = 1.0
+
+
+PoolViews = Callable[[], Iterable[PoolView]]
+
+
+class _SchedulingCollector(Collector):
+    def __init__(self, views: PoolViews, tenant_label: BoundedLabel) -> None:
+        self._views = views
+        self._tenant = tenant_label
+
+    def collect(self) -> Iterator[Metric]:
+        queue = GaugeMetricFamily(
+            "switchyard_queue_length", "Requests waiting in a pool queue.", labels=["pool", "band"]
+        )
+        served = CounterMetricFamily(
+            "switchyard_served_tokens",
+            "Tokens served per tenant (input at dispatch, output as streamed).",
+            labels=["pool", "tenant", "kind"],
+        )
+        share = GaugeMetricFamily(
+            "switchyard_tenant_share",
+            "Recent share of service of the contending tenants (served) and the share their "
+            "weights entitle them to (entitled).",
+            labels=["pool", "tenant", "kind"],
+        )
+        jain = GaugeMetricFamily(
+            "switchyard_fairness_jain_index",
+            "Jain's index over the contending tenants' weight-normalised recent service.",
+            labels=["pool"],
+        )
+        counter = GaugeMetricFamily(
+            "switchyard_fairness_counter",
+            "Fairness counter (weighted tokens) per tenant and band, shared across replicas.",
+            labels=["pool", "band", "tenant"],
+        )
+        for view in self._views():
+            for band, length in sorted(view.queued.items()):
+                queue.add_metric([view.pool, str(band)], length)
+            tokens: dict[str, list[int]] = {}
+            for tenant, (inp, out) in view.served_tokens.items():
+                total = tokens.setdefault(self._tenant(tenant), [0, 0])
+                total[0] += inp
+                total[1] += out
+            for tenant, (inp, out) in sorted(tokens.items()):
+                served.add_metric([view.pool, tenant, "input"], inp)
+                served.add_metric([view.pool, tenant, "output"], out)
+            for kind, values in (("served", view.served_share), ("entitled", view.entitled_share)):
+                folded: dict[str, float] = {}
+                for tenant, value in values.items():
+                    label = self._tenant(tenant)
+                    folded[label] = folded.get(label, 0.0) + value
+                for tenant, value in sorted(folded.items()):
+                    share.add_metric([view.pool, tenant, kind], value)
+            jain.add_metric([view.pool], view.jain)
+            for (band, tenant), value in sorted(view.counters.items()):
+                label = self._tenant(tenant)
+                if label != OTHER:
+                    counter.add_metric([view.pool, str(band), label], value)
+        yield from (queue, served, share, jain, counter)
+
+
 class RouterMetrics:
     """Every metric the router exports; create one per process (in the ASGI lifespan)."""
 
@@ -115,6 +204,31 @@ class RouterMetrics:
             ["model"],
             registry=self.registry,
         )
+
+        self.queue_wait = Histogram(
+            "switchyard_queue_wait_seconds",
+            "Time from admission into a pool queue to the release to an endpoint.",
+            ["pool", "band"],
+            buckets=STAGE_BUCKETS,
+            registry=self.registry,
+        )
+        self.rejections_total = Counter(
+            "switchyard_rejections",
+            "Requests refused or dropped before reaching an engine, by reason.",
+            ["reason"],
+            registry=self.registry,
+        )
+        self._scheduling: _SchedulingCollector | None = None
+
+    def attach_scheduling(self, views: PoolViews) -> None:
+        """Export the dispatchers' state, read from ``views()`` at every scrape."""
+        if self._scheduling is not None:
+            self.registry.unregister(self._scheduling)
+        self._scheduling = _SchedulingCollector(views, self.tenant_label)
+        self.registry.register(self._scheduling)
+
+    def reject(self, reason: str) -> None:
+        self.rejections_total.labels(reason).inc()
 
     def observe(self, stage: str, seconds: float, labels: StageLabels) -> None:
         self.stage_seconds.labels(*labels.values(stage)).observe(max(seconds, 0.0))

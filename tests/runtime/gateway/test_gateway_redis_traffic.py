@@ -1,8 +1,10 @@
 """Per-request Redis traffic: none for a channel layer (measured on a private Redis server).
 
 A private ``redis-server`` makes every command attributable to the router under test. The
-router talks to Redis only for the snapshot (load + pub/sub follow) and the batched key-usage
-flush; inference requests add nothing per request.
+router talks to Redis for the snapshot (load + pub/sub follow), the batched key-usage flush,
+the batched fairness-counter sync, and the tenant limits: per inference request exactly one
+``EVALSHA`` to admit it (RPM, TPM and concurrency, atomically) and one to settle it (batched
+with other settlements when requests overlap). Nothing else is added per request.
 """
 
 from __future__ import annotations
@@ -30,8 +32,14 @@ from gateway_fleet import (
 pytestmark = pytest.mark.integration
 
 REQUESTS = 60
-# Commands channels_redis issues for a consumer's channel (new_channel/receive/send).
-CHANNEL_LAYER_COMMANDS = {"bzpopmin", "zadd", "zremrangebyscore", "zcount", "zpopmin"}
+# Commands only channels_redis issues for a consumer's channel (new_channel/receive/send);
+# it also uses ZADD and ZREMRANGEBYSCORE, which the limits scripts use too (see the keys check).
+CHANNEL_LAYER_COMMANDS = {"bzpopmin", "zcount", "zpopmin"}
+# What the limits scripts run inside their EVALSHA (Redis counts those commands too).
+LIMITS_SCRIPT_BODY = {
+    "time", "zremrangebyscore", "zcard", "zrange", "hmget", "hset", "pexpire", "zadd", "zrem",
+    "exists", "hincrbyfloat",
+}  # fmt: skip
 
 
 def redis_server_binary() -> str | None:
@@ -124,8 +132,14 @@ def test_requests_do_not_touch_redis_for_a_channel_layer(
         )
         assert not CHANNEL_LAYER_COMMANDS & set(busy)
         assert not [k for k in client.keys("*") if k.startswith(b"asgi")]
-        # Only the snapshot follower's keep-alives and one key-usage flush per 5 s remain.
-        assert total <= 4 + 4 * (busy_s / 5.0), busy
+        # The limits: one EVALSHA to admit and at most one to settle, per request (plus the
+        # first call of each script, which a fresh Redis answers NOSCRIPT, then loads).
+        assert REQUESTS <= busy.get("evalsha", 0) <= 2 * REQUESTS + 4, busy
+        # Besides: the snapshot follower's keep-alives, one key-usage flush per 5 s, the
+        # fairness counters' push (once a second while no queue is contended) and the
+        # connection set-up of the limits and fairness clients.
+        others = sum(v for k, v in busy.items() if k != "evalsha" and k not in LIMITS_SCRIPT_BODY)
+        assert others <= 12 + 4 * (busy_s / 5.0) + 2 * busy_s, busy
 
         # The batched key-usage flush lands within its 5 s period (off the request path).
         prefix = key.split("_")[1]

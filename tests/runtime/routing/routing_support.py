@@ -73,10 +73,16 @@ class Signals:
         open_breakers: set[int] | None = None,
         unhealthy: set[int] | None = None,
         inflight: dict[int, int] | None = None,
+        kv: dict[int, float] | None = None,
+        costs: dict[str, float] | None = None,
+        key: str | None = None,
     ) -> None:
         self.open_breakers = open_breakers or set()
         self.unhealthy = unhealthy or set()
         self.counts = inflight or {}
+        self.kv = kv or {}
+        self.costs = costs or {}
+        self.key = key
 
     def breaker_available(self, endpoint_id: int) -> bool:
         return endpoint_id not in self.open_breakers
@@ -86,3 +92,12 @@ class Signals:
 
     def inflight(self, endpoint_id: int) -> int:
         return self.counts.get(endpoint_id, 0)
+
+    def kv_usage(self, endpoint_id: int) -> float | None:
+        return self.kv.get(endpoint_id)
+
+    def cost_per_hour(self, endpoint: EndpointSnap) -> float | None:
+        return self.costs.get(endpoint.pool)
+
+    def affinity_key(self) -> str | None:
+        return self.key

@@ -1,0 +1,421 @@
+"""The dispatcher of one pool: its queue, and the release of requests to endpoints with room.
+
+``await acquire(ticket)`` admits the request into the pool queue — or refuses it at once:
+:class:`QueueRejectedError` (429: its band is full, or its estimated wait passes its deadline) or
+:class:`NoEndpointError` (503: no endpoint of its version is usable at all) — then waits until it
+is released to an endpoint and returns a :class:`Grant`, which holds that endpoint's in-flight
+slot until :meth:`Grant.release`. While waiting, the request may be dropped:
+:class:`QueueDropError` with ``SHED`` (429, displaced by a less sheddable request when the
+pool queue is full) or ``DEADLINE_EXPIRED`` (504, before it reached an engine), or
+:class:`NoEndpointError` (its version lost every usable endpoint). Cancelling the waiting task
+(client gone) takes the request out of the queue at once.
+
+The *pump* (synchronous, run on every push and release and on the loop's ticks):
+
+1. expire the requests whose deadline passed;
+2. while some queued request's version has an endpoint with room, pop the next one (band by
+   strict priority with guaranteed shares, tenant by the fairness policy, request by the
+   ordering policy), choose its endpoint among those with room (the pool's scorers and
+   picker), take the slot and resolve the waiter.
+
+Room: the pool's :class:`~runtime.scheduling.interfaces.SaturationDetector` over the router's
+in-flight count against the endpoint's capacity and the scraped engine gauges. Tenants over
+their share may not eat into the headroom kept for the others (:mod:`.headroom`).
+
+Several versions in one pool queue (a canary): a head request whose version has no room is
+passed over for this round (``PoolQueue.pop(admissible)``); it holds back only the later
+requests of its own tenant (whose order its ordering policy decides), never other tenants or
+bands. The loop task ticks every ``tick_s`` while requests wait (the scraped gauges change
+without any event here) and wakes at the earliest deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+from collections import Counter
+from collections.abc import Callable
+
+from runtime.scheduling.admission import Rejected, admit
+from runtime.scheduling.drain import DrainRate, retry_after_s
+from runtime.scheduling.grant import (
+    Grant,
+    NoEndpointError,
+    QueueDropError,
+    QueueRejectedError,
+    Ticket,
+)
+from runtime.scheduling.headroom import HeadroomRule
+from runtime.scheduling.interfaces import DropReason, QueuedRequest, token_cost
+from runtime.scheduling.ports import CounterSink, Placement
+from runtime.scheduling.queue import QueueFull
+from runtime.scheduling.registry import PoolPolicies
+from runtime.scheduling.served import ServedTokens
+from runtime.scheduling.settings import PoolSettings
+from runtime.snapshot import EndpointSnap
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "CounterSink",
+    "Grant",
+    "NoEndpointError",
+    "Placement",
+    "PoolDispatcher",
+    "QueueDropError",
+    "QueueRejectedError",
+    "Ticket",
+]
+
+
+class _Waiter:
+    __slots__ = ("future", "req", "ticket")
+
+    def __init__(self, ticket: Ticket, req: QueuedRequest, future: asyncio.Future[Grant]) -> None:
+        self.ticket = ticket
+        self.req = req
+        self.future = future
+
+
+class PoolDispatcher:
+    """One pool's queue and dispatcher; :meth:`start` on a running loop, :meth:`stop` after."""
+
+    def __init__(
+        self,
+        pool: str,
+        settings: PoolSettings,
+        placement: Placement,
+        *,
+        clock: Callable[[], float],
+        tick_s: float = 0.05,
+        sink: CounterSink | None = None,
+        headroom_window_s: float = 10.0,
+    ) -> None:
+        if not tick_s > 0:
+            raise ValueError(f"tick_s must be > 0, got {tick_s!r}")
+        self.pool = pool
+        self.placement = placement
+        self._clock = clock
+        self._tick_s = tick_s
+        self._sink = sink
+        self._headroom_window_s = headroom_window_s
+        self._seq = itertools.count(1)
+        self._waiting: dict[str, _Waiter] = {}
+        self._inflight: Counter[str] = Counter()
+        self._queued: Counter[str] = Counter()  # tenant -> requests waiting
+        self._weights: dict[str, float] = {}  # weights of the tenants with requests waiting
+        self._known: set[tuple[int, str]] = set()
+        self._drain = DrainRate()
+        self.served = ServedTokens()
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._closed = False
+        self.settings = settings
+        policies = settings.policies()
+        self._detector = policies.saturation
+        self._headroom = self._headroom_rule(settings, policies)
+        self._queue = settings.new_queue(policies)
+
+    # -- configuration ------------------------------------------------------------------
+
+    def _headroom_rule(self, settings: PoolSettings, policies: PoolPolicies) -> HeadroomRule:
+        fraction = settings.headroom_for(isolating=policies.fairness.isolates_tenants)
+        return HeadroomRule(fraction=fraction, window_s=self._headroom_window_s)
+
+    def update(self, settings: PoolSettings) -> None:
+        """New settings from a snapshot swap; queued requests and counters are kept."""
+        if settings == self.settings:
+            return
+        policies = settings.policies()
+        self._detector = policies.saturation
+        headroom = self._headroom_rule(settings, policies)
+        if headroom.fraction != self._headroom.fraction:
+            self._headroom = headroom  # (else keep what it learned: weights, peaks)
+        if settings.queue_key() != self.settings.queue_key():
+            old, self._queue = self._queue, settings.new_queue(policies)
+            for band, tenant in self._known:
+                self._queue.lift_counter(band, tenant, old.counter(band, tenant))
+            now = self._clock()
+            for req in old.requests():
+                try:
+                    for shed in self._queue.push(req):
+                        self._drop(shed, self._shed_error(), now)
+                except QueueFull:
+                    self._drop(req, self._shed_error(), now)
+        self.settings = settings
+        self._pump()
+
+    # -- the request's side -------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self._waiting)
+
+    async def acquire(self, ticket: Ticket) -> Grant:
+        """Queue ``ticket`` and wait for an endpoint; see the module docstring."""
+        if self._closed:
+            raise NoEndpointError(f"the pool '{self.pool}' is not serving")
+        if not self.placement.candidates(ticket.version, frozenset()):
+            raise NoEndpointError(f"no usable endpoint serves the pool '{self.pool}' version")
+        now = self._clock()
+        self._pump(now)
+        seq = next(self._seq)
+        req = QueuedRequest(
+            id=str(seq),
+            tenant=ticket.tenant,
+            band=ticket.band,
+            class_name=ticket.class_name,
+            input_tokens=ticket.input_tokens,
+            max_output_tokens=ticket.max_output_tokens,
+            seq=seq,
+            arrived_at=now,
+            deadline=ticket.deadline,
+            weight=ticket.weight,
+            shed_order=ticket.shed_order,
+            is_shadow=ticket.is_shadow,
+            over_quota=self._over_quota(ticket),
+        )
+        decision = admit(self._queue, self._drain, req, now=now)
+        if isinstance(decision, Rejected):
+            raise QueueRejectedError(decision)
+        for shed in decision.displaced:
+            self._drop(shed, self._shed_error(), now)
+        future: asyncio.Future[Grant] = asyncio.get_running_loop().create_future()
+        self._waiting[req.id] = _Waiter(ticket, req, future)
+        self._queued[ticket.tenant] += 1
+        self._weights[ticket.tenant] = ticket.weight
+        self._headroom.note(ticket.tenant, ticket.weight, now)
+        self._pump(now)
+        if not future.done():
+            self.served.queued(ticket.tenant, ticket.weight, now)
+            self._wake.set()
+        try:
+            return await future
+        except asyncio.CancelledError:
+            self._cancelled(req.id, future)
+            raise
+
+    def _cancelled(self, req_id: str, future: asyncio.Future[Grant]) -> None:
+        waiter = self._waiting.get(req_id)
+        if waiter is not None and waiter.future is future:
+            self._queue.remove(req_id)
+            self._forget(waiter.req)
+            self._drain.observe(now=self._clock(), queued=len(self._queue))
+        elif future.done() and not future.cancelled() and future.exception() is None:
+            future.result().release()
+
+    def _over_quota(self, ticket: Ticket) -> bool:
+        """The tenant already holds its weighted share of the pool queue's bound."""
+        bound = self.settings.max_total or self.settings.default_limit
+        if bound is None:
+            return False
+        mine = self._queued.get(ticket.tenant, 0)
+        if mine == 0:
+            return False
+        others = sum(w for t, w in self._weights.items() if t != ticket.tenant)
+        return mine >= bound * ticket.weight / (others + ticket.weight)
+
+    def _shed_error(self) -> QueueDropError:
+        wait = self._drain.estimated_wait(sum(s.cost for s in self._queue.stats().values()))
+        return QueueDropError(
+            DropReason.SHED,
+            "shed from the queue under overload by a more important request",
+            retry_after_s=retry_after_s(wait),
+        )
+
+    # -- grants -------------------------------------------------------------------------
+
+    def release(self, grant: Grant) -> None:
+        if grant.endpoint is not None:
+            self.placement.release(grant.endpoint.id)
+            grant.endpoint = None
+        tenant = grant.ticket.tenant
+        self._inflight[tenant] -= 1
+        if self._inflight[tenant] <= 0:
+            del self._inflight[tenant]
+        self._pump()
+
+    def reassign(self, grant: Grant, exclude: frozenset[int]) -> EndpointSnap | None:
+        """Move ``grant`` to another endpoint (a retry before the first byte)."""
+        if grant.endpoint is not None:
+            self.placement.release(grant.endpoint.id)
+            grant.endpoint = None
+        ticket = grant.ticket
+        roomy = self._roomy(ticket.version, exclude)
+        if roomy:
+            endpoint: EndpointSnap | None = self.placement.choose(roomy, ticket.affinity_key)
+        else:
+            endpoint = self.placement.fallback(ticket.version, exclude, ticket.affinity_key)
+        if endpoint is not None:
+            self.placement.acquire(endpoint.id)
+            grant.endpoint = endpoint
+        self._pump()
+        return endpoint
+
+    def charge_output(self, grant: Grant, tokens: int) -> None:
+        """Charge ``tokens`` streamed output tokens of a dispatched request to its tenant."""
+        if tokens <= 0:
+            return
+        req = grant.request
+        self._queue.lift_counter(req.band, req.tenant, 0.0)  # make sure the band exists
+        self._queue.charge_output(req, tokens)
+        self._charged(req, input_tokens=0, output_tokens=tokens, now=self._clock())
+
+    def _charged(
+        self, req: QueuedRequest, *, input_tokens: int, output_tokens: int, now: float
+    ) -> None:
+        self._known.add((req.band, req.tenant))
+        self.served.add(
+            req.tenant,
+            weight=req.weight,
+            input_tokens=input_tokens,
+            output_tokens=output_tokens,
+            now=now,
+        )
+        if self._sink is not None:
+            amount = token_cost(input_tokens, output_tokens) / req.weight
+            self._sink.record(self.pool, req.band, req.tenant, amount)
+
+    def lift(self, band: int, tenant: str, value: float) -> None:
+        """Raise a fairness counter to the global value (shared counters' sync)."""
+        self._known.add((band, tenant))
+        self._queue.lift_counter(band, tenant, value)
+
+    # -- the pump -----------------------------------------------------------------------
+
+    def _roomy(self, version: int, exclude: frozenset[int]) -> list[EndpointSnap]:
+        out: list[EndpointSnap] = []
+        for endpoint in self.placement.candidates(version, exclude):
+            inflight, load = self.placement.load(endpoint)
+            if self._detector.has_room(inflight=inflight, capacity=endpoint.capacity, metrics=load):
+                out.append(endpoint)
+        return out
+
+    def _pump(self, now: float | None = None) -> None:
+        now = self._clock() if now is None else now
+        for expired in self._queue.expire(now):
+            self._drop(
+                expired,
+                QueueDropError(
+                    DropReason.DEADLINE_EXPIRED,
+                    "the request's deadline passed; dropped from the queue before dispatch",
+                ),
+                now,
+            )
+        if not self._waiting:
+            return
+        capacity = self.placement.capacity()
+        for _ in range(len(self._waiting)):
+            gate = self._headroom.gate(
+                inflight=self._inflight, queued=self._queued, capacity=capacity, now=now
+            )
+            gated_full = bool(gate) and sum(self._inflight[t] for t in gate.tenants) >= gate.limit
+            rooms: dict[int, list[EndpointSnap]] = {}
+
+            def admissible(req: QueuedRequest) -> bool:
+                if gated_full and req.tenant in gate.tenants:  # noqa: B023
+                    return False
+                version = self._waiting[req.id].ticket.version
+                if version not in rooms:  # noqa: B023
+                    rooms[version] = self._roomy(version, frozenset())  # noqa: B023
+                return bool(rooms[version])  # noqa: B023
+
+            req = self._queue.pop(admissible)
+            if req is None:
+                return
+            waiter = self._waiting[req.id]
+            self._forget(req)
+            self._drain.observe(now=now, queued=len(self._queue), dispatched_cost=req.cost)
+            self._charged(req, input_tokens=req.input_tokens, output_tokens=0, now=now)
+            if waiter.future.done():
+                continue  # cancelled while we were about to release it
+            ticket = waiter.ticket
+            endpoint = self.placement.choose(rooms[ticket.version], ticket.affinity_key)
+            self.placement.acquire(endpoint.id)
+            self._inflight[req.tenant] += 1
+            waiter.future.set_result(
+                Grant(self, ticket, req, endpoint, waited_s=max(now - req.arrived_at, 0.0))
+            )
+
+    def _forget(self, req: QueuedRequest) -> None:
+        self._waiting.pop(req.id, None)
+        self._queued[req.tenant] -= 1
+        if self._queued[req.tenant] <= 0:
+            del self._queued[req.tenant]
+            self._weights.pop(req.tenant, None)
+
+    def _drop(self, req: QueuedRequest, error: Exception, now: float) -> None:
+        """``req`` left the queue without an endpoint: answer its waiter with ``error``."""
+        waiter = self._waiting.get(req.id)
+        if req.id in self._queue:
+            self._queue.remove(req.id)
+        if waiter is None:
+            return
+        self._forget(req)
+        self._drain.observe(now=now, queued=len(self._queue))
+        if not waiter.future.done():
+            waiter.future.set_exception(error)
+
+    def _strand(self) -> None:
+        """Requests whose version lost every usable endpoint get 503 at once."""
+        versions = {w.ticket.version for w in self._waiting.values()}
+        dead = {v for v in versions if not self.placement.candidates(v, frozenset())}
+        if not dead:
+            return
+        now = self._clock()
+        for waiter in [w for w in self._waiting.values() if w.ticket.version in dead]:
+            error = NoEndpointError("no usable endpoint is left for this version")
+            self._drop(waiter.req, error, now)
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._task is None and not self._closed:
+            self._task = asyncio.get_running_loop().create_task(
+                self._run(), name=f"dispatcher-{self.pool}"
+            )
+
+    async def stop(self, reason: str = "the router is shutting down") -> None:
+        """Stop the loop; every waiting request gets :class:`NoEndpointError` (503)."""
+        self._closed = True
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        now = self._clock()
+        for waiter in list(self._waiting.values()):
+            self._drop(waiter.req, NoEndpointError(reason), now)
+
+    async def _run(self) -> None:
+        while not self._closed:
+            timeout: float | None = None
+            if self._waiting:
+                timeout = self._tick_s
+                deadline = self._queue.next_deadline()
+                if deadline is not None:
+                    timeout = max(0.0, min(timeout, deadline - self._clock()))
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout):
+                    await self._wake.wait()
+            self._wake.clear()
+            try:
+                self._strand()
+                self._pump()
+            except Exception:
+                logger.exception("dispatcher of pool %s: pump failed", self.pool)
+
+    # -- what metrics read --------------------------------------------------------------
+
+    def queue_lengths(self) -> dict[int, int]:
+        return self._queue.band_lengths()
+
+    def contended(self) -> bool:
+        return bool(self._waiting)
+
+    def counters(self) -> dict[tuple[int, str], float]:
+        return {(b, t): self._queue.counter(b, t) for b, t in self._known}
+
+    def inflight(self) -> dict[str, int]:
+        return dict(self._inflight)

@@ -1,0 +1,109 @@
+"""What a request gives the dispatcher (:class:`Ticket`) and gets back (:class:`Grant`), and
+the ways it can fail before reaching an engine."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from runtime.scheduling.admission import Rejected
+from runtime.scheduling.interfaces import DropReason, QueuedRequest
+from runtime.snapshot import EndpointSnap
+
+if TYPE_CHECKING:
+    from runtime.scheduling.dispatcher import PoolDispatcher
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Ticket:
+    """One request as the scheduler sees it. ``deadline`` is on the dispatcher's clock."""
+
+    tenant: str
+    version: int
+    input_tokens: int
+    max_output_tokens: int
+    band: int = 0
+    class_name: str = ""
+    shed_order: int = 0
+    weight: float = 1.0
+    deadline: float = math.inf
+    affinity_key: str | None = None
+    is_shadow: bool = False
+
+
+class SchedulingError(Exception):
+    """The request did not get an endpoint."""
+
+
+class QueueRejectedError(SchedulingError):
+    """Refused at the door of the queue (429): band full, or the wait would pass the deadline."""
+
+    def __init__(self, rejection: Rejected) -> None:
+        super().__init__(rejection.message)
+        self.rejection = rejection
+
+
+class QueueDropError(SchedulingError):
+    """Left the queue without an endpoint: ``SHED`` (429) or ``DEADLINE_EXPIRED`` (504)."""
+
+    def __init__(self, reason: DropReason, message: str, *, retry_after_s: int = 1) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.retry_after_s = retry_after_s
+
+
+class NoEndpointError(SchedulingError):
+    """No endpoint of the request's version is usable at all (503)."""
+
+
+class Grant:
+    """The right to send one request to ``endpoint``: holds its in-flight slot until
+    :meth:`release` (idempotent). ``waited_s`` is the time spent queued."""
+
+    __slots__ = ("_dispatcher", "_released", "charged_output", "endpoint", "request", "ticket",
+                 "waited_s")  # fmt: skip
+
+    def __init__(
+        self,
+        dispatcher: PoolDispatcher,
+        ticket: Ticket,
+        request: QueuedRequest,
+        endpoint: EndpointSnap,
+        *,
+        waited_s: float,
+    ) -> None:
+        self._dispatcher = dispatcher
+        self._released = False
+        self.ticket = ticket
+        self.request = request
+        self.endpoint: EndpointSnap | None = endpoint
+        self.waited_s = waited_s
+        self.charged_output = 0
+
+    @property
+    def released(self) -> bool:
+        return self._released
+
+    def release(self) -> None:
+        """Free the slot (the request ended) and let the next queued request go."""
+        if not self._released:
+            self._released = True
+            self._dispatcher.release(self)
+
+    def reassign(self, exclude: frozenset[int]) -> EndpointSnap | None:
+        """Give up the current endpoint for another (a retry): one with room, else the
+        routing choice ignoring room; None when no endpoint is left."""
+        if self._released:
+            raise RuntimeError("the grant was already released")
+        return self._dispatcher.reassign(self, exclude)
+
+    def charge_output(self, tokens: int) -> None:
+        """``tokens`` more output tokens streamed back (charged to the tenant's counter)."""
+        if tokens > 0:
+            self.charged_output += tokens
+            self._dispatcher.charge_output(self, tokens)
+
+    def settle_output(self, completion_tokens: int) -> None:
+        """The final usage: charge what streaming counts missed (counters never fall)."""
+        self.charge_output(completion_tokens - self.charged_output)

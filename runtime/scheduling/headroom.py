@@ -1,0 +1,115 @@
+"""Headroom: part of a pool's slots is kept for the tenants below their share.
+
+Fair *order* is not fair *latency*. With a tenant flooding a pool, every in-flight slot holds
+one of its requests; a light tenant's request goes first by its fairness counter, but it still
+waits for a slot to free up — up to a whole generation, and then for the engine's next step.
+So, for fairness policies that isolate tenants (``isolates_tenants``), the dispatcher keeps a
+reserve of slots that only tenants below their share may take. The rule, precisely:
+
+- *active* tenants: those with a request queued or in flight in the pool, or admitted into it
+  within the last ``window_s`` seconds;
+- a tenant's *share* of slots: the pool's capacity ``C`` (summed over its usable endpoints)
+  times its weight over the active tenants' total weight;
+- *over* tenants hold at least their share in flight; the others are *under*. With no under
+  tenant (or no over tenant) nothing is gated;
+- the reserve ``R`` adds up, over the under tenants, each one's peak demand (in flight +
+  queued) within the last ``window_s``, capped at its share; it is at least
+  ``floor(C * fraction)`` and at most the under tenants' shares added up (so the over tenants
+  keep at least their own shares);
+- the over tenants together may hold at most ``C - R`` slots (:class:`Gate`).
+
+The reserve idles while nobody below its share needs it: that is the price (bounded by the
+under tenants' shares, and paid only while a tenant over its share and one under it coexist).
+When only one tenant is active its share is the whole pool: nothing is gated or wasted.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Gate:
+    """Tenants over their share, and how many slots they may hold together."""
+
+    tenants: frozenset[str] = frozenset()
+    limit: int = 0
+
+    def __bool__(self) -> bool:
+        return bool(self.tenants)
+
+
+OPEN = Gate()
+
+
+@dataclass(slots=True)
+class _Seen:
+    weight: float
+    last: float  # last admission
+    peak: int = 0  # the most it had queued and in flight at once, within the window
+    peak_at: float = -math.inf
+
+
+class HeadroomRule:
+    """The rule above, with the per-tenant state it needs (weights, last admission, peak)."""
+
+    __slots__ = ("_seen", "fraction", "window_s")
+
+    def __init__(self, *, fraction: float, window_s: float = 10.0) -> None:
+        if not (math.isfinite(fraction) and 0 <= fraction < 1):
+            raise ValueError(f"headroom fraction must be in [0, 1), got {fraction!r}")
+        if not window_s > 0:
+            raise ValueError(f"window_s must be > 0, got {window_s!r}")
+        self.fraction = fraction
+        self.window_s = window_s
+        self._seen: dict[str, _Seen] = {}
+
+    def note(self, tenant: str, weight: float, now: float) -> None:
+        """``tenant`` (of ``weight``) was just admitted into the pool."""
+        seen = self._seen.get(tenant)
+        if seen is None:
+            self._seen[tenant] = _Seen(weight, now)
+        else:
+            seen.weight, seen.last = weight, now
+
+    def gate(
+        self,
+        *,
+        inflight: Mapping[str, int],
+        queued: Mapping[str, int],
+        capacity: int,
+        now: float,
+    ) -> Gate:
+        """Who is gated right now, and the slots they may hold together."""
+        if self.fraction == 0 or capacity <= 0:
+            return OPEN
+        horizon = now - self.window_s
+        active: dict[str, float] = {}
+        for tenant in list(self._seen):
+            seen = self._seen[tenant]
+            if seen.last >= horizon or inflight.get(tenant, 0) > 0 or queued.get(tenant, 0) > 0:
+                active[tenant] = seen.weight
+            else:
+                del self._seen[tenant]  # idle for a whole window: forget it
+        total = sum(active.values())
+        over: list[str] = []
+        under_share = 0.0
+        reserve_need = 0.0
+        for tenant, weight in active.items():
+            share = capacity * weight / total
+            seen = self._seen[tenant]
+            demand = inflight.get(tenant, 0) + queued.get(tenant, 0)
+            if demand >= seen.peak or now - seen.peak_at > self.window_s:
+                seen.peak, seen.peak_at = demand, now
+            if inflight.get(tenant, 0) >= share:
+                over.append(tenant)
+            else:
+                under_share += share
+                reserve_need += min(seen.peak, share)
+        if not over or len(over) == len(active):
+            return OPEN
+        reserve = max(math.ceil(reserve_need), math.floor(capacity * self.fraction))
+        reserve = min(reserve, math.floor(under_share))
+        return Gate(frozenset(over), max(capacity - reserve, 0))

@@ -1,0 +1,142 @@
+"""The dispatcher's view of the fleet, over the router's routing table and live signals.
+
+:class:`FleetPlacement` implements :class:`~runtime.scheduling.dispatcher.Placement` for one
+pool: candidate endpoints are those of the version that pass the pool's routing filters
+(ready, circuit closed, healthy, ...); the choice among those with room uses the pool's
+scorers and picker with the request's prompt-prefix key; the load is the router's own
+in-flight count (the immediate signal) and the health monitor's last scrape of
+``vllm:kv_cache_usage_perc`` and ``vllm:num_requests_waiting`` with its age. Taking and
+freeing a slot moves the shared in-flight count and its Prometheus gauge.
+
+The scraped waiting count is read against the router's own dispatches: a request sent less
+than ``fresh_s`` before the scrape may simply not have reached the engine's next step yet
+(an engine admits new requests only between steps), so up to that many waiting requests are
+not taken as a sign of saturation. A request still waiting longer than that is.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable, Sequence
+
+from runtime.routing.endpoints import EndpointSignals
+from runtime.routing.inflight import InFlight
+from runtime.routing.signals import RequestSignals
+from runtime.routing.table import RoutingTable
+from runtime.scheduling.interfaces import EndpointLoad
+from runtime.snapshot import EndpointSnap, Snapshot
+from runtime.upstream.health import HealthMonitor
+
+SlotListener = Callable[[int, int], None]
+"""Called with (endpoint id, +1 or -1) when a slot is taken or freed (metrics)."""
+
+
+class FleetPlacement:
+    __slots__ = ("_clock", "_fresh_s", "_health", "_inflight", "_on_slot", "_sent", "_signals",
+                 "_snapshot", "_table", "pool")  # fmt: skip
+
+    def __init__(
+        self,
+        pool: str,
+        *,
+        snapshot: Callable[[], Snapshot | None],
+        table: RoutingTable,
+        signals: EndpointSignals,
+        health: HealthMonitor,
+        inflight: InFlight,
+        clock: Callable[[], float],
+        on_slot: SlotListener | None = None,
+        fresh_s: float = 0.25,
+    ) -> None:
+        self.pool = pool
+        self._snapshot = snapshot
+        self._table = table
+        self._signals = signals
+        self._health = health
+        self._inflight = inflight
+        self._clock = clock
+        self._on_slot = on_slot
+        self._fresh_s = fresh_s
+        self._sent: dict[int, collections.deque[float]] = {}  # endpoint -> recent dispatches
+
+    def candidates(self, version: int, exclude: frozenset[int]) -> Sequence[EndpointSnap]:
+        snapshot = self._snapshot()
+        if snapshot is None:
+            return ()
+        endpoints = self._table.endpoints(snapshot, version)
+        if not endpoints:
+            return ()
+        selector = self._table.selector(snapshot, version)
+        return selector.eligible(endpoints, self._signals, exclude)
+
+    def load(self, endpoint: EndpointSnap) -> tuple[int, EndpointLoad]:
+        inflight = self._inflight.get(endpoint.id)
+        status = self._health.status(endpoint.id)
+        if status is None or status.last_scrape is None:
+            return inflight, EndpointLoad()
+        waiting = status.waiting
+        if waiting:
+            waiting = max(0.0, waiting - self._sent_before(endpoint.id, status.last_scrape))
+        return inflight, EndpointLoad(
+            kv_usage=status.kv_usage,
+            waiting=waiting,
+            age_s=max(self._clock() - status.last_scrape, 0.0),
+        )
+
+    def choose(self, endpoints: Sequence[EndpointSnap], affinity_key: str | None) -> EndpointSnap:
+        snapshot = self._snapshot()
+        if snapshot is None or len(endpoints) == 1:
+            return endpoints[0]
+        selector = self._table.selector(snapshot, endpoints[0].version)
+        signals = RequestSignals(self._signals, snapshot, affinity_key)
+        return selector.picker.pick([(e, selector.score(e, signals)) for e in endpoints])
+
+    def _sent_before(self, endpoint_id: int, scraped: float) -> int:
+        """Requests dispatched to the endpoint within ``fresh_s`` before ``scraped``."""
+        count = 0
+        for sent_at in reversed(self._sent.get(endpoint_id, ())):
+            if sent_at > scraped:
+                continue
+            if sent_at < scraped - self._fresh_s:
+                break
+            count += 1
+        return count
+
+    def fallback(
+        self, version: int, exclude: frozenset[int], affinity_key: str | None
+    ) -> EndpointSnap | None:
+        snapshot = self._snapshot()
+        if snapshot is None:
+            return None
+        signals = RequestSignals(self._signals, snapshot, affinity_key)
+        return self._table.pick(snapshot, version, signals, exclude)
+
+    def capacity(self) -> int:
+        snapshot = self._snapshot()
+        if snapshot is None:
+            return 0
+        total = 0
+        for endpoint in snapshot.endpoints.values():
+            if endpoint.pool != self.pool:
+                continue
+            selector = self._table.selector(snapshot, endpoint.version)
+            if selector.eligible((endpoint,), self._signals):
+                total += endpoint.capacity
+        return total
+
+    def acquire(self, endpoint_id: int) -> None:
+        now = self._clock()
+        sent = self._sent.get(endpoint_id)
+        if sent is None:
+            sent = self._sent[endpoint_id] = collections.deque()
+        while sent and sent[0] < now - max(2.0, 4 * self._fresh_s):
+            sent.popleft()
+        sent.append(now)
+        self._inflight.acquire(endpoint_id)
+        if self._on_slot is not None:
+            self._on_slot(endpoint_id, 1)
+
+    def release(self, endpoint_id: int) -> None:
+        self._inflight.release(endpoint_id)
+        if self._on_slot is not None:
+            self._on_slot(endpoint_id, -1)

@@ -1,0 +1,53 @@
+"""What a pool dispatcher needs from the rest of the router, as narrow interfaces.
+
+- :class:`Placement`: the fleet as the dispatcher sees it — which endpoints of a version are
+  usable, how loaded each is, which to choose, and taking and freeing in-flight slots
+  (:class:`~runtime.scheduling.placement.FleetPlacement` implements it over routing and
+  health; the tests use a hand-driven fleet);
+- :class:`CounterSink`: where charged fairness service goes besides the local queue
+  (:class:`~runtime.scheduling.shared.SharedCounters`, for the other router replicas).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from runtime.scheduling.interfaces import EndpointLoad
+from runtime.snapshot import EndpointSnap
+
+
+class Placement(Protocol):
+    """The dispatcher's view of the fleet (implemented over routing and health signals)."""
+
+    def candidates(self, version: int, exclude: frozenset[int]) -> Sequence[EndpointSnap]:
+        """Endpoints of ``version`` that pass the pool's filters, room or not."""
+        ...
+
+    def load(self, endpoint: EndpointSnap) -> tuple[int, EndpointLoad]:
+        """The router's in-flight count on the endpoint, and its scraped engine gauges."""
+        ...
+
+    def choose(self, endpoints: Sequence[EndpointSnap], affinity_key: str | None) -> EndpointSnap:
+        """One of ``endpoints`` (non-empty) by the pool's scorers and picker."""
+        ...
+
+    def fallback(
+        self, version: int, exclude: frozenset[int], affinity_key: str | None
+    ) -> EndpointSnap | None:
+        """The routing choice ignoring room (a retry when nothing has room)."""
+        ...
+
+    def capacity(self) -> int:
+        """The summed capacity of the pool's usable endpoints."""
+        ...
+
+    def acquire(self, endpoint_id: int) -> None: ...
+
+    def release(self, endpoint_id: int) -> None: ...
+
+
+class CounterSink(Protocol):
+    """Where charged fairness service goes besides the local queue (other replicas)."""
+
+    def record(self, pool: str, band: int, tenant: str, amount: float) -> None: ...

@@ -1,0 +1,160 @@
+"""A pool's scheduling settings, read from its snapshot ``policies`` and the request classes.
+
+Pool policy keys (all optional; values are strings, as in ``PoolSnap.policies``):
+
+- ``fairness`` (``vtc``), ``ordering`` (``edf``), ``saturation`` (``vllm_metrics``): the
+  implementations by name (:mod:`.registry`);
+- ``headroom``: the fraction of each endpoint kept for tenants below their share
+  (:mod:`.headroom`); default 0.25 with a fairness policy that isolates tenants, else 0;
+- ``max_queue``: requests queued in the whole pool (default: the largest class
+  ``max_queue_length``); at the bound the most sheddable request gives way — shadow, then
+  lower ``shed_order`` (batch before standard before interactive), then over-quota;
+- ``band_shares``: ``"band:share,..."`` guaranteed minimum shares (:mod:`.shares`); default
+  0.05 for every band below the most urgent.
+
+Per band, the queue bound is the largest ``max_queue_length`` of the classes in that band;
+bands no class names use ``default_limit``. Unparseable values are refused with
+:class:`SettingsError` (the caller logs and falls back to the defaults).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from runtime.scheduling.queue import PoolQueue
+from runtime.scheduling.registry import DEFAULTS, PoolPolicies
+from runtime.snapshot import RequestClassSnap
+
+DEFAULT_HEADROOM = 0.25
+DEFAULT_BAND_SHARE = 0.05
+MAX_DEFAULT_SHARES = 0.5
+
+
+class SettingsError(ValueError):
+    """A pool policy value the scheduler cannot use."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PoolSettings:
+    fairness: str = DEFAULTS["fairness"]
+    ordering: str = DEFAULTS["ordering"]
+    saturation: str = DEFAULTS["saturation"]
+    headroom: float | None = None  # None: DEFAULT_HEADROOM if the fairness policy isolates
+    band_limits: Mapping[int, int] = field(default_factory=dict)
+    default_limit: int | None = 1000
+    max_total: int | None = None
+    band_shares: Mapping[int, float] = field(default_factory=dict)
+
+    def headroom_for(self, *, isolating: bool) -> float:
+        if self.headroom is not None:
+            return self.headroom
+        return DEFAULT_HEADROOM if isolating else 0.0
+
+    def policies(self) -> PoolPolicies:
+        """The named implementations (``UnknownPolicyError`` for a name not registered)."""
+        return PoolPolicies.from_policies(
+            {"fairness": self.fairness, "ordering": self.ordering, "saturation": self.saturation}
+        )
+
+    def new_queue(self, policies: PoolPolicies) -> PoolQueue:
+        return PoolQueue(
+            fairness=policies.fairness,
+            ordering=policies.ordering,
+            band_min_shares=self.band_shares,
+            max_len_per_band=self.band_limits,
+            default_max_len=self.default_limit,
+            max_total=self.max_total,
+        )
+
+    def queue_key(self) -> tuple[object, ...]:
+        """What the queue is built from: a change here rebuilds it."""
+        return (
+            self.fairness,
+            self.ordering,
+            tuple(sorted(self.band_limits.items())),
+            self.default_limit,
+            self.max_total,
+            tuple(sorted(self.band_shares.items())),
+        )
+
+    @classmethod
+    def from_policies(
+        cls,
+        policies: Mapping[str, str],
+        classes: Iterable[RequestClassSnap],
+        *,
+        default_limit: int | None = 1000,
+    ) -> PoolSettings:
+        """Settings for a pool from its policies and the snapshot's classes."""
+        limits: dict[int, int] = {}
+        for klass in classes:
+            if klass.max_queue_length > 0:
+                limits[klass.priority_band] = max(
+                    limits.get(klass.priority_band, 0), klass.max_queue_length
+                )
+        max_total = _positive_int(policies, "max_queue")
+        if max_total is None and limits:
+            max_total = max(limits.values())
+        return cls(
+            fairness=policies.get("fairness", DEFAULTS["fairness"]).strip(),
+            ordering=policies.get("ordering", DEFAULTS["ordering"]).strip(),
+            saturation=policies.get("saturation", DEFAULTS["saturation"]).strip(),
+            headroom=_fraction(policies, "headroom"),
+            band_limits=limits,
+            default_limit=default_limit,
+            max_total=max_total,
+            band_shares=_band_shares(policies.get("band_shares"), sorted(limits)),
+        )
+
+
+def _positive_int(policies: Mapping[str, str], key: str) -> int | None:
+    raw = policies.get(key)
+    if raw is None or not raw.strip():
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        raise SettingsError(f"pool policy {key!r} must be an integer, got {raw!r}") from None
+    if value < 1:
+        raise SettingsError(f"pool policy {key!r} must be >= 1, got {raw!r}")
+    return value
+
+
+def _fraction(policies: Mapping[str, str], key: str) -> float | None:
+    raw = policies.get(key)
+    if raw is None or not raw.strip():
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        raise SettingsError(f"pool policy {key!r} must be a number, got {raw!r}") from None
+    if not (math.isfinite(value) and 0 <= value < 1):
+        raise SettingsError(f"pool policy {key!r} must be in [0, 1), got {raw!r}")
+    return value
+
+
+def _band_shares(raw: str | None, bands: list[int]) -> dict[int, float]:
+    if raw is None:
+        shares: dict[int, float] = {}
+        for band in bands[1:]:
+            if sum(shares.values()) + DEFAULT_BAND_SHARE > MAX_DEFAULT_SHARES:
+                break
+            shares[band] = DEFAULT_BAND_SHARE
+        return shares
+    out: dict[int, float] = {}
+    for item in raw.split(","):
+        if not item.strip():
+            continue
+        number, sep, share = item.partition(":")
+        try:
+            band, value = int(number), float(share) if sep else math.nan
+        except ValueError:
+            raise SettingsError(f"bad band_shares entry {item!r} (want band:share)") from None
+        out[band] = value
+        if not (math.isfinite(value) and 0 <= value < 1):
+            raise SettingsError(f"bad band_shares entry {item!r}: share must be in [0, 1)")
+    if sum(out.values()) >= 1:
+        raise SettingsError("band_shares must add up to less than 1")
+    return out

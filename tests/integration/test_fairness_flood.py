@@ -1,0 +1,110 @@
+"""A tenant flooding at 10x its rate: VTC keeps the others' TTFT, FCFS does not.
+
+One router, two pools with the same simulator (8 sequences at a time, 50 ms per engine step,
+so time to first token is about one to two steps and grows with queueing): pool ``vtc``
+(``{"fairness": "vtc"}``) and pool ``fcfs`` (``{"fairness": "fcfs"}``) — the policies chosen
+by name, as the benchmark does. Three tenants send the same open-loop (Poisson, fixed seed)
+streams of small chat requests to both pools at once: a baseline phase where all three send
+``RATE`` requests per second, then a flood phase where one of them sends ten times that. The
+two light tenants' TTFT p95 must stay within 20% of its baseline on the VTC pool, and must
+not on the FCFS pool (there they wait behind the flood, or are refused).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from pathlib import Path
+
+import aiohttp
+import pytest
+from fixtures.router import World
+from integration_support import (
+    OpenLoop,
+    add_class,
+    p95,
+    routers,
+    set_policies,
+    start_simulator,
+    tenant_limits,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.asyncio, pytest.mark.timeout(150)]
+
+POLICIES = ("vtc", "fcfs")
+LIGHT = ("light-1", "light-2")
+FLOODER = "flooder"
+RATE = 2.0  # requests per second per tenant and pool
+FLOOD = 10.0  # the flooder's factor in the flood phase
+WARMUP_S, BASELINE_S, FLOOD_S = 2.0, 16.0, 16.0
+MAX_TOKENS = 4
+SIM_ARGS = ("--max-num-seqs", "8", "--decode-a-ms", "100", "--decode-b-ms", "0.5",
+            "--prefill-tps", "50000")  # fmt: skip
+
+
+def model(policy: str) -> str:
+    return f"flood-{policy}"
+
+
+async def test_vtc_keeps_light_tenants_ttft_under_a_flood_and_fcfs_does_not(
+    tmp_path: Path,
+) -> None:
+    sims = {policy: start_simulator(model(policy), *SIM_ARGS) for policy in POLICIES}
+    try:
+        world = World()
+        add_class(world, "standard", band=0, deadline_ms=4000, max_queue=200)
+        for index, policy in enumerate(POLICIES, start=1):
+            world.add_model(model(policy), index)
+            world.add_endpoint(index, index, sims[policy].base_url, pool=policy, capacity=8)
+            set_policies(world, policy, fairness=policy)
+        for tenant in (*LIGHT, FLOODER):
+            world.add_tenant(tenant, classes=("standard",), default_class="standard",
+                             tenant_limits=tenant_limits())  # fmt: skip
+            world.add_key(tenant, tenant)
+        with routers(world, tmp_path) as ([router], _):
+            load = OpenLoop(router.base_url, dict(world.secrets), max_tokens=MAX_TOKENS)
+            steady = [(t, model(p), RATE) for t in (*LIGHT, FLOODER) for p in POLICIES]
+            flood = [(t, model(p), RATE) for t in LIGHT for p in POLICIES]
+            flood += [(FLOODER, model(p), RATE * FLOOD) for p in POLICIES]
+            connector = aiohttp.TCPConnector(limit=0)
+            timeout = aiohttp.ClientTimeout(total=30)
+            async with aiohttp.ClientSession(connector=connector, timeout=timeout) as http:
+                await load.run(http, "warmup", WARMUP_S, steady)
+                await load.run(http, "baseline", BASELINE_S, steady)
+                await load.run(http, "flood", FLOOD_S, flood)
+                await load.drain(timeout_s=15)
+    finally:
+        for sim in sims.values():
+            sim.stop()
+
+    figures: dict[tuple[str, str], float] = {}
+    for policy in POLICIES:
+        for phase in ("baseline", "flood"):
+            ttfts = [
+                o.ttft_s
+                for o in load.outcomes
+                if o.phase == phase and o.model == model(policy) and o.tenant in LIGHT
+            ]
+            assert len(ttfts) >= 30, (policy, phase, len(ttfts))
+            figures[policy, phase] = p95(ttfts)
+    flooder = {
+        policy: sum(1 for o in load.outcomes if o.phase == "flood" and o.tenant == FLOODER
+                    and o.model == model(policy) and o.status == 200)
+        for policy in POLICIES
+    }  # fmt: skip
+    refused = {
+        policy: Counter(o.status for o in load.outcomes if o.phase == "flood"
+                        and o.tenant in LIGHT and o.model == model(policy) and o.status != 200)
+        for policy in POLICIES
+    }  # fmt: skip
+    report = ", ".join(
+        f"{p}: baseline {figures[p, 'baseline'] * 1000:.0f} ms, "
+        f"flood {figures[p, 'flood'] * 1000:.0f} ms (light refused {dict(refused[p])}, "
+        f"flooder served {flooder[p]})"
+        for p in POLICIES
+    )
+    print(f"\nlight tenants' TTFT p95 — {report}")  # the measurement is the point
+    assert math.isfinite(figures["vtc", "baseline"]), report
+    assert figures["vtc", "flood"] <= 1.2 * figures["vtc", "baseline"], report
+    assert figures["fcfs", "flood"] > 1.2 * figures["fcfs", "baseline"], report
+    assert flooder["vtc"] > 0, report  # the flooder is throttled, not starved

