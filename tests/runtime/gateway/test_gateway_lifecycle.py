@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from pathlib import Path
 
@@ -40,7 +41,12 @@ def test_not_ready_before_a_snapshot_then_ready_and_restartable_from_disk(tmp_pa
 
         version = publisher.publish(world.snapshot())
         wait_ready(router, version)
-        assert (tmp_path / "router-snapshot.json").is_file()
+        # The disk copy is written just after the swap, off the event loop: wait for it.
+        disk_copy = tmp_path / "router-snapshot.json"
+        deadline = time.monotonic() + 10
+        while not disk_copy.is_file() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert disk_copy.is_file()
     finally:
         router.stop()
 
