@@ -1,0 +1,1 @@
+"""Switchyard's benchmark harness (not part of the installed distribution): see README.md."""

@@ -1,0 +1,27 @@
+"""The targets a run compares, by name. A name maps to a factory; nothing starts at import."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from types import MappingProxyType
+
+from bench.targets.bare_proxy import BareProxyTarget
+from bench.targets.base import Target, TargetContext, TargetUnavailableError
+from bench.targets.direct import DirectTarget
+from bench.targets.litellm import LitellmTarget
+from bench.targets.switchyard import SwitchyardTarget
+from bench.targets.vllm_router import VllmRouterTarget
+
+FACTORIES: MappingProxyType[str, Callable[[], Target]] = MappingProxyType(
+    {
+        "direct": lambda: DirectTarget(name="direct"),
+        "bare-proxy": lambda: BareProxyTarget(name="bare-proxy"),
+        "switchyard-fcfs": lambda: SwitchyardTarget(name="switchyard-fcfs", fairness="fcfs"),
+        "switchyard": lambda: SwitchyardTarget(name="switchyard"),
+        "vllm-router": lambda: VllmRouterTarget(name="vllm-router"),
+        "litellm": lambda: LitellmTarget(name="litellm"),
+    }
+)
+ALL = tuple(FACTORIES)
+
+__all__ = ["ALL", "FACTORIES", "Target", "TargetContext", "TargetUnavailableError"]
