@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import ClassVar, Generic, Protocol, TypeVar
 
 from runtime.scheduling.interfaces import QueuedRequest, token_cost
 
@@ -26,9 +26,37 @@ def _weighted(tenant: str, weight: float, input_tokens: int, output_tokens: int)
     return token_cost(input_tokens, output_tokens) / weight
 
 
-def _lift(counters: dict[str, float], tenant: str, value: float) -> None:
-    if value > counters.get(tenant, 0.0):
-        counters[tenant] = value
+class _HasCounters(Protocol):
+    counters: dict[str, float]
+
+
+S = TypeVar("S", bound=_HasCounters)
+
+
+class _ServiceCounters(Generic[S]):
+    """The weighted service counter every policy keeps (metrics and conformance read it)."""
+
+    __slots__ = ()
+
+    def charge(
+        self,
+        state: S,
+        tenant: str,
+        *,
+        weight: float,
+        input_tokens: int = 0,
+        output_tokens: int = 0,
+    ) -> None:
+        amount = _weighted(tenant, weight, input_tokens, output_tokens)
+        state.counters[tenant] = state.counters.get(tenant, 0.0) + amount
+
+    def counter(self, state: S, tenant: str) -> float:
+        return state.counters.get(tenant, 0.0)
+
+    def lift(self, state: S, tenant: str, value: float) -> None:
+        """Raise the tenant's counter to ``value``; never lowers it."""
+        if value > state.counters.get(tenant, 0.0):
+            state.counters[tenant] = value
 
 
 def _oldest(heads: Mapping[str, QueuedRequest]) -> str:
@@ -46,7 +74,7 @@ class CounterState:
     last_picked: str | None = None
 
 
-class VirtualTokenCounter:
+class VirtualTokenCounter(_ServiceCounters[CounterState]):
     """VTC: serve the backlogged tenant with the smallest virtual counter.
 
     A tenant's counter advances by (input tokens + 2 * output tokens) / its weight: input is
@@ -93,26 +121,8 @@ class VirtualTokenCounter:
         state.last_picked = chosen
         return chosen
 
-    def charge(
-        self,
-        state: CounterState,
-        tenant: str,
-        *,
-        weight: float,
-        input_tokens: int = 0,
-        output_tokens: int = 0,
-    ) -> None:
-        amount = _weighted(tenant, weight, input_tokens, output_tokens)
-        state.counters[tenant] = state.counters.get(tenant, 0.0) + amount
 
-    def counter(self, state: CounterState, tenant: str) -> float:
-        return state.counters.get(tenant, 0.0)
-
-    def lift(self, state: CounterState, tenant: str, value: float) -> None:
-        _lift(state.counters, tenant, value)
-
-
-class FirstComeFirstServed:
+class FirstComeFirstServed(_ServiceCounters[CounterState]):
     """Serve the tenant whose next request arrived first: one global FIFO, no isolation."""
 
     name: ClassVar[str] = "fcfs"
@@ -131,24 +141,6 @@ class FirstComeFirstServed:
         state.last_picked = chosen
         return chosen
 
-    def charge(
-        self,
-        state: CounterState,
-        tenant: str,
-        *,
-        weight: float,
-        input_tokens: int = 0,
-        output_tokens: int = 0,
-    ) -> None:
-        amount = _weighted(tenant, weight, input_tokens, output_tokens)
-        state.counters[tenant] = state.counters.get(tenant, 0.0) + amount
-
-    def counter(self, state: CounterState, tenant: str) -> float:
-        return state.counters.get(tenant, 0.0)
-
-    def lift(self, state: CounterState, tenant: str, value: float) -> None:
-        _lift(state.counters, tenant, value)
-
 
 @dataclass(slots=True)
 class RoundRobinState:
@@ -165,7 +157,7 @@ class RoundRobinState:
             self.ring.append(tenant)
 
 
-class RoundRobin:
+class RoundRobin(_ServiceCounters[RoundRobinState]):
     """One request per backlogged tenant in turn, whatever the requests cost (no weights)."""
 
     name: ClassVar[str] = "round_robin"
@@ -189,21 +181,3 @@ class RoundRobin:
         chosen = min(heads, key=lambda t: (state.position[t] - state.last - 1) % size)
         state.last = state.position[chosen]
         return chosen
-
-    def charge(
-        self,
-        state: RoundRobinState,
-        tenant: str,
-        *,
-        weight: float,
-        input_tokens: int = 0,
-        output_tokens: int = 0,
-    ) -> None:
-        amount = _weighted(tenant, weight, input_tokens, output_tokens)
-        state.counters[tenant] = state.counters.get(tenant, 0.0) + amount
-
-    def counter(self, state: RoundRobinState, tenant: str) -> float:
-        return state.counters.get(tenant, 0.0)
-
-    def lift(self, state: RoundRobinState, tenant: str, value: float) -> None:
-        _lift(state.counters, tenant, value)
