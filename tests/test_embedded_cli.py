@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from fixtures.net import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -27,12 +28,6 @@ SHOW_ENV = (
     "print(json.dumps({k: os.environ.get(k) for k in "
     "('DATABASE_URL', 'REDIS_URL', 'SWITCHYARD_VAR_DIR')}), flush=True); "
 )
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def port_open(port: int) -> bool:

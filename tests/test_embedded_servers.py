@@ -17,6 +17,7 @@ from pathlib import Path
 import psycopg
 import pytest
 import redis
+from fixtures.net import free_port
 
 from config.embedded import (
     EmbeddedPostgres,
@@ -32,12 +33,6 @@ from config.processes import descendant_pids, pid_alive
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def wait_gone(pids: list[int], timeout: float = 10.0) -> list[int]:

@@ -27,6 +27,7 @@ import openai
 import pytest
 import redis
 from django.core.management import CommandError, call_command
+from fixtures.net import free_port
 from fixtures.router import Publisher, World, redis_url
 
 from apps.core.management.commands.up import Command as UpCommand
@@ -37,12 +38,6 @@ REPO = Path(__file__).resolve().parents[3]
 READY_TIMEOUT_S = 150.0
 MODEL_READY_TIMEOUT_S = 480.0  # vLLM on CPU: ~1 min alone on 2 cores, more when they are busy
 KEY_RE = r"sy_[a-z0-9]{8}_[A-Za-z0-9]{40}"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.fixture

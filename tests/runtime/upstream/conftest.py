@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -19,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from fixtures.net import free_port
 
 from runtime.snapshot import EndpointSnap
 from runtime.upstream import UpstreamResponse
@@ -26,12 +26,6 @@ from runtime.upstream import UpstreamResponse
 REPO_ROOT = Path(__file__).resolve().parents[3]
 SIM_MODEL = "sim-model"
 START_TIMEOUT_S = 30.0
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def endpoint(endpoint_id: int, base_url: str, *, capacity: int = 8) -> EndpointSnap:

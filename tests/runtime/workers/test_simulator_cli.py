@@ -13,17 +13,12 @@ from pathlib import Path
 import aiohttp
 import openai
 import pytest
+from fixtures.net import free_port
 
 ROOT = Path(__file__).resolve().parents[3]
 MODULE = "runtime.workers.simulator"
 
 pytestmark = pytest.mark.integration
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:

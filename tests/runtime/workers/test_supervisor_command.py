@@ -21,6 +21,7 @@ import pytest
 import redis
 from django.core.management import CommandError, call_command
 from django.db import connection
+from fixtures.net import free_port
 
 from apps.models.models import Endpoint
 from apps.models.selectors import model_get_by_name
@@ -38,12 +39,6 @@ from runtime.workers.heartbeat import endpoint_heartbeat_key
 
 ROOT = Path(__file__).resolve().parents[3]
 MODEL = "sim-llama"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture

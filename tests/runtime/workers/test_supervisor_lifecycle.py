@@ -12,12 +12,12 @@ import dataclasses
 import json
 import os
 import signal
-import socket
 import time
 
 import aiohttp
 import pytest
 import redis
+from fixtures.net import free_port
 
 from runtime.artifacts import compute_manifest
 from runtime.workers.heartbeat import endpoint_heartbeat_key
@@ -28,12 +28,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
 
 ENDPOINT_ID = 990_001
 TTL_S = 6.0
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class Recorder:

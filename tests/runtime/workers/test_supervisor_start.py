@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from fixtures.net import free_port
 
 from runtime.artifacts import compute_manifest
 from runtime.workers.launch import OFFLINE_ENV, WorkerSpec, build_command, build_env
@@ -24,12 +25,6 @@ from runtime.workers.supervisor import (
     SupervisorSettings,
     WorkerStartError,
 )
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class Recorder:
