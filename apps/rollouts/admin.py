@@ -13,7 +13,7 @@ from django.core.exceptions import ValidationError
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from apps.models.admin_support import actor_of, adopt, run_validator
+from apps.core.admin_support import actor_of, adopt, run_validator
 from apps.models.models import ModelVersion
 from apps.rollouts.models import ACTIVE_STATES, Rollout, RolloutEvent
 from apps.rollouts.services import DEFAULT_STEPS, rollout_cancel, rollout_create, rollout_validate

@@ -11,11 +11,11 @@ from typing import TYPE_CHECKING, Any
 
 from django import forms
 from django.contrib import admin, messages
-from django.contrib.auth.base_user import AbstractBaseUser
 from django.core.validators import MinValueValidator
-from django.db.models import Model, QuerySet
+from django.db.models import QuerySet
 from django.http import HttpRequest
 
+from apps.core.admin_support import actor_of, adopt
 from apps.tenants.models import ApiKey, AuditEvent, Membership, RequestClass, Tenant
 from apps.tenants.services import (
     API_KEY_SCOPES,
@@ -54,11 +54,6 @@ else:
     _ClassAdmin = _TenantAdmin = _KeyAdmin = _MemberAdmin = _AuditAdmin = admin.ModelAdmin
 
 
-def _actor(request: HttpRequest) -> AbstractBaseUser | None:
-    user = request.user
-    return user if isinstance(user, AbstractBaseUser) else None
-
-
 def _leave_minimum_to_service(form: forms.BaseForm, fields: tuple[str, ...], minimum: int) -> None:
     """Drop the form fields' own lower bound (0 for Positive*Field) so the service's validator
     reports out-of-range values with one clear message; the widget still hints `minimum`."""
@@ -66,12 +61,6 @@ def _leave_minimum_to_service(form: forms.BaseForm, fields: tuple[str, ...], min
         field = form.fields[name]
         field.validators = [v for v in field.validators if not isinstance(v, MinValueValidator)]
         field.widget.attrs["min"] = minimum
-
-
-def _adopt(obj: Model, saved: Model) -> None:
-    """Point the admin's unsaved form instance at the row the service created."""
-    obj.pk = saved.pk
-    obj._state.adding = False
 
 
 class RequestClassForm(_ClassForm):
@@ -101,9 +90,9 @@ class RequestClassAdmin(_ClassAdmin):
         data = {field: form.cleaned_data[field] for field in REQUEST_CLASS_FIELDS}
         if change:
             current = RequestClass.objects.get(pk=obj.pk)
-            request_class_update(actor=_actor(request), request_class=current, **data)
+            request_class_update(actor=actor_of(request), request_class=current, **data)
         else:
-            _adopt(obj, request_class_create(actor=_actor(request), **data))
+            adopt(obj, request_class_create(actor=actor_of(request), **data))
 
 
 class TenantForm(_TenantForm):
@@ -145,15 +134,16 @@ class TenantAdmin(_TenantAdmin):
             fields = [f for f in form.changed_data if f in TENANT_UPDATABLE_FIELDS]
             if fields:
                 current = Tenant.objects.get(pk=obj.pk)
-                tenant_update(actor=_actor(request), tenant=current, **{f: data[f] for f in fields})
+                changes = {f: data[f] for f in fields}
+                tenant_update(actor=actor_of(request), tenant=current, **changes)
         else:
             tenant = tenant_create(
-                actor=_actor(request),
+                actor=actor_of(request),
                 **{f: data[f] for f in ("slug", *sorted(TENANT_UPDATABLE_FIELDS - {"status"}))},
             )
             if data.get("status") == Tenant.Status.SUSPENDED:
-                tenant = tenant_suspend(actor=_actor(request), tenant=tenant)
-            _adopt(obj, tenant)
+                tenant = tenant_suspend(actor=actor_of(request), tenant=tenant)
+            adopt(obj, tenant)
 
     def save_related(self, request: HttpRequest, form: Any, formsets: Any, change: bool) -> None:
         """allowed_classes was written by the service; the form must not write it again."""
@@ -161,7 +151,7 @@ class TenantAdmin(_TenantAdmin):
     @admin.action(description="Suspend selected tenants", permissions=["change"])
     def suspend_selected(self, request: HttpRequest, queryset: QuerySet[Tenant]) -> None:
         done = [
-            tenant_suspend(actor=_actor(request), tenant=t).slug
+            tenant_suspend(actor=actor_of(request), tenant=t).slug
             for t in queryset.filter(status=Tenant.Status.ACTIVE)
         ]
         messages.success(request, f"Suspended {len(done)} tenant(s): {', '.join(done) or '-'}.")
@@ -169,7 +159,7 @@ class TenantAdmin(_TenantAdmin):
     @admin.action(description="Activate selected tenants", permissions=["change"])
     def activate_selected(self, request: HttpRequest, queryset: QuerySet[Tenant]) -> None:
         done = [
-            tenant_activate(actor=_actor(request), tenant=t).slug
+            tenant_activate(actor=actor_of(request), tenant=t).slug
             for t in queryset.filter(status=Tenant.Status.SUSPENDED)
         ]
         messages.success(request, f"Activated {len(done)} tenant(s): {', '.join(done) or '-'}.")
@@ -232,13 +222,13 @@ class ApiKeyAdmin(_KeyAdmin):
             return
         data = form.cleaned_data
         api_key, full_key = api_key_create(
-            actor=_actor(request),
+            actor=actor_of(request),
             tenant=data["tenant"],
             name=data["name"],
             scopes=data["scopes"],
             expires_at=data.get("expires_at"),
         )
-        _adopt(obj, api_key)
+        adopt(obj, api_key)
         messages.success(
             request,
             f"New API key for {api_key.tenant.slug}: {full_key} — copy it now; "
@@ -248,7 +238,7 @@ class ApiKeyAdmin(_KeyAdmin):
     @admin.action(description="Revoke selected keys", permissions=["revoke"])
     def revoke_selected(self, request: HttpRequest, queryset: QuerySet[ApiKey]) -> None:
         revoked = [
-            api_key_revoke(actor=_actor(request), api_key=key).prefix
+            api_key_revoke(actor=actor_of(request), api_key=key).prefix
             for key in queryset.filter(revoked_at__isnull=True)
         ]
         skipped = queryset.count() - len(revoked)
@@ -281,19 +271,19 @@ class MembershipAdmin(_MemberAdmin):
         data = form.cleaned_data
         if change:
             current = Membership.objects.select_related("user", "tenant").get(pk=obj.pk)
-            membership_update_role(actor=_actor(request), membership=current, role=data["role"])
+            membership_update_role(actor=actor_of(request), membership=current, role=data["role"])
         else:
             membership = membership_create(
-                actor=_actor(request), user=data["user"], tenant=data["tenant"], role=data["role"]
+                actor=actor_of(request), user=data["user"], tenant=data["tenant"], role=data["role"]
             )
-            _adopt(obj, membership)
+            adopt(obj, membership)
 
     def delete_model(self, request: HttpRequest, obj: Membership) -> None:
-        membership_delete(actor=_actor(request), membership=obj)
+        membership_delete(actor=actor_of(request), membership=obj)
 
     def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Membership]) -> None:
         for membership in queryset.select_related("user", "tenant"):
-            membership_delete(actor=_actor(request), membership=membership)
+            membership_delete(actor=actor_of(request), membership=membership)
 
 
 @admin.register(AuditEvent)

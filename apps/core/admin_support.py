@@ -1,4 +1,4 @@
-"""Small helpers the registry, rollout and billing admins share (writes go through services)."""
+"""Small helpers every app's admin shares (writes go through services)."""
 
 from __future__ import annotations
 
