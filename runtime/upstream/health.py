@@ -68,6 +68,7 @@ class HealthMonitor:
         self._client = client
         self.config = config or HealthConfig()
         self._statuses: dict[int, EndpointStatus] = {}
+        self._states: dict[int, str] = {}  # each watched endpoint's state in the snapshot
         self._tasks: dict[int, asyncio.Task[None]] = {}
         self._running = False
 
@@ -78,15 +79,28 @@ class HealthMonitor:
         return dict(self._statuses)
 
     def set_endpoints(self, endpoints: Iterable[EndpointSnap]) -> None:
-        """Watch exactly these endpoints (those not ``gone``); call on every snapshot swap."""
-        wanted = {e.id: e.base_url for e in endpoints if e.state != "gone"}
+        """Watch exactly these endpoints (those not ``gone``); call on every snapshot swap.
+
+        An endpoint that turns ``ready`` is probed afresh at once: the failures seen while its
+        engine was still starting are forgotten (until the new probe answers it counts as not
+        yet probed), so a worker that just became ready is not refused for a probe interval.
+        """
+        wanted = {e.id: e for e in endpoints if e.state != "gone"}
         for endpoint_id in list(self._statuses):
-            if wanted.get(endpoint_id) != self._statuses[endpoint_id].base_url:
+            endpoint = wanted.get(endpoint_id)
+            moved = endpoint is None or endpoint.base_url != self._statuses[endpoint_id].base_url
+            became_ready = (
+                endpoint is not None
+                and endpoint.state == "ready"
+                and self._states.get(endpoint_id) != "ready"
+            )
+            if moved or became_ready:
                 self._forget(endpoint_id)
-        for endpoint_id, base_url in wanted.items():
+        for endpoint_id, endpoint in wanted.items():
+            self._states[endpoint_id] = endpoint.state
             if endpoint_id not in self._statuses:
                 self._statuses[endpoint_id] = EndpointStatus(
-                    endpoint_id=endpoint_id, base_url=base_url
+                    endpoint_id=endpoint_id, base_url=endpoint.base_url
                 )
                 if self._running:
                     self._spawn(endpoint_id)
@@ -187,6 +201,7 @@ class HealthMonitor:
 
     def _forget(self, endpoint_id: int) -> None:
         del self._statuses[endpoint_id]
+        self._states.pop(endpoint_id, None)
         task = self._tasks.pop(endpoint_id, None)
         if task is not None:
             task.cancel()

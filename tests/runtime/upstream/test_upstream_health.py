@@ -221,6 +221,34 @@ async def test_gauges_sum_engines_and_take_the_fullest_kv_cache(
 
 @pytest.mark.integration
 @pytest.mark.asyncio
+async def test_an_endpoint_turning_ready_is_probed_afresh_at_once(
+    client: UpstreamClient, serve: Serve
+) -> None:
+    """Failures seen while the engine was starting don't outlive the worker's "ready"."""
+    worker = FakeWorker()
+    worker.health_status = 503  # the engine is still loading
+    base = await serve(worker.app())
+    # /health only on a watch's first tick: without the fresh probe, recovery would take ~50 s.
+    monitor = HealthMonitor(client, HealthConfig(interval_s=0.05, health_every=1000))
+    starting = msgspec.structs.replace(endpoint(4, base), state="starting")
+    monitor.set_endpoints([starting])
+    await monitor.start()
+    try:
+        async with asyncio.timeout(10):
+            await wait_until(monitor, 4, lambda s: s.health_failures >= 1)
+            assert not monitor.status(4).healthy  # type: ignore[union-attr]
+            worker.health_status = 200
+            monitor.set_endpoints([endpoint(4, base)])  # the snapshot now says "ready"
+            assert monitor.status(4) == EndpointStatus(endpoint_id=4, base_url=base)
+            await wait_until(monitor, 4, lambda s: s.healthy, within=2.0)
+            monitor.set_endpoints([endpoint(4, base)])  # still ready: nothing starts over
+            assert monitor.status(4).healthy  # type: ignore[union-attr]
+    finally:
+        await monitor.stop()
+
+
+@pytest.mark.integration
+@pytest.mark.asyncio
 async def test_set_endpoints_follows_the_snapshot(
     client: UpstreamClient, monitor: HealthMonitor, serve: Serve
 ) -> None:
