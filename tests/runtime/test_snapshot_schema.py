@@ -194,3 +194,39 @@ def test_runtime_snapshot_modules_import_no_django() -> None:
         check=False,
     )
     assert result.returncode == 0, result.stderr
+
+
+def test_fields_whose_empty_value_means_something_default_to_it() -> None:
+    limits = {"rpm": 1, "tpm": 1, "max_concurrency": 1, "max_context_tokens": 1,
+              "max_output_tokens": 1}  # fmt: skip
+    document = {
+        "version": 1,
+        "created_at": 0.0,
+        "tenants": {"t": {"slug": "t", "name": "T", "limits": limits}},
+        "api_keys": {"abcd1234": {"prefix": "abcd1234", "digest": "0" * 64, "tenant": "t"}},
+        "pools": {"p": {"name": "p", "hardware_tier": "cpu", "max_replicas": 1}},
+    }
+    snap = decode(msgspec.json.encode(document))
+    tenant, key, pool = snap.tenants["t"], snap.api_keys["abcd1234"], snap.pools["p"]
+    assert (tenant.status, tenant.weight, tenant.classes, tenant.default_class) == (
+        "active", 1.0, (), "",
+    )  # fmt: skip
+    assert (key.scopes, key.expires_at) == (("inference",), None)
+    assert (pool.policies, pool.min_replicas, pool.warm_replicas) == ({}, 0, 0)
+
+
+def test_defaults_are_still_written_so_older_readers_decode_new_documents() -> None:
+    raw = msgspec.json.decode(encode(full_snapshot()))
+    assert raw["tenants"]["acme"]["status"] == "active"
+    assert raw["api_keys"]["abcd1234"]["expires_at"] is None
+    assert "policies" in raw["pools"]["cpu"]
+
+
+@pytest.mark.parametrize("missing", [("tenants", "t", "limits"), ("endpoints", "1", "capacity")])
+def test_fields_whose_zero_would_be_a_mistake_stay_required(missing: tuple[str, str, str]) -> None:
+    raw = msgspec.json.decode(encode(full_snapshot()))
+    table, _, field = missing
+    entry = next(iter(raw[table].values()))
+    del entry[field]
+    with pytest.raises(msgspec.ValidationError, match=field):
+        decode(msgspec.json.encode(raw))
