@@ -50,6 +50,7 @@ class TenantSnap(msgspec.Struct, frozen=True, kw_only=True):
     classes: tuple[str, ...] = ()  # entitled classes, most urgent first; empty = none
     default_class: str = ""  # "" when the tenant has none
     models: tuple[str, ...] = ()  # model names the tenant may use; empty = every model
+    max_request_bytes: int = 0  # request body cap; 0 = only the router's own cap
 
 
 class ApiKeySnap(msgspec.Struct, frozen=True, kw_only=True):
