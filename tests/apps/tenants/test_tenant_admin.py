@@ -95,7 +95,7 @@ def test_admin_sets_and_refuses_the_request_size_cap(admin_client, tenant_form):
     assert Tenant.objects.get(slug="acme").max_request_bytes == 65536
 
 
-def test_admin_reads_a_blank_request_size_cap_as_none(admin_client, tenant_form):
+def test_admin_reads_a_blank_request_size_cap_as_no_cap(admin_client, tenant_form):
     form = {k: v for k, v in tenant_form.items() if k != "max_request_bytes"}
     response = admin_client.post(reverse("admin:tenants_tenant_add"), form)
     assert response.status_code == 302

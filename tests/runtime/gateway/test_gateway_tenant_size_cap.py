@@ -10,17 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 import pytest_asyncio
-from gateway_fleet import (
-    CHAT_MODEL,
-    Fleet,
-    Publisher,
-    free_port,
-    inprocess_router,
-    redis_url,
-    standard_world,
-)
-
-from runtime.gateway.config import RouterConfig
+from gateway_fleet import CHAT_MODEL, Fleet, Publisher, free_port, inprocess_router, standard_world
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
 
@@ -34,14 +24,8 @@ async def router(fleet: Fleet, tmp_path: Path) -> AsyncIterator[tuple[str, dict[
     world.add_tenant("capped", max_request_bytes=CAP)
     world.add_key("capped", "capped")
     publisher.publish(world.snapshot())
-    config = RouterConfig(
-        redis_url=redis_url(),
-        snapshot_prefix=publisher.prefix,
-        snapshot_cache_path=tmp_path / "router-snapshot.json",
-        key_usage_hash=f"{publisher.prefix}:apikey:last_used",
-    )
     try:
-        async with inprocess_router(config) as base_url:
+        async with inprocess_router(publisher.router_config(tmp_path)) as base_url:
             yield base_url, world.secrets
     finally:
         publisher.cleanup()
