@@ -10,6 +10,8 @@ from pathlib import Path
 
 import dj_database_url
 
+from runtime import contract
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("SWITCHYARD_VAR_DIR", BASE_DIR / "var"))
 
@@ -118,10 +120,10 @@ CELERY_BEAT_SCHEDULE = {
 }
 
 # Routers record API-key last use in this Redis hash (prefix -> unix time); beat copies it.
-API_KEY_USAGE_HASH = os.environ.get("SWITCHYARD_KEY_USAGE_HASH", "switchyard:apikey:last_used")
+API_KEY_USAGE_HASH = os.environ.get(contract.ENV_KEY_USAGE_HASH, contract.KEY_USAGE_HASH)
 
 # The runtime snapshot (DESIGN §3).
-SNAPSHOT_REDIS_PREFIX = os.environ.get("SWITCHYARD_SNAPSHOT_PREFIX", "switchyard:snapshot")
+SNAPSHOT_REDIS_PREFIX = os.environ.get(contract.ENV_SNAPSHOT_PREFIX, contract.SNAPSHOT_PREFIX)
 SNAPSHOT_KEEP_VERSIONS = 20
 
 AUTH_PASSWORD_VALIDATORS = [

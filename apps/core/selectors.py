@@ -137,6 +137,7 @@ def _tenants() -> dict[str, TenantSnap]:
             classes=tuple(rc.name for rc in t.allowed_classes.all()),
             default_class=t.default_class.name if t.default_class is not None else "",
             models=tuple(m.name for m in t.allowed_models.all()),
+            max_request_bytes=t.max_request_bytes,
         )
         for t in queryset
     }

@@ -56,6 +56,9 @@ class Tenant(models.Model):
     max_concurrency = models.PositiveIntegerField(validators=[MinValueValidator(1)])
     max_context_tokens = models.PositiveIntegerField(validators=[MinValueValidator(1)])
     max_output_tokens = models.PositiveIntegerField(validators=[MinValueValidator(1)])
+    max_request_bytes = models.PositiveIntegerField(
+        default=0, help_text="Largest request body in bytes; 0 = only the router's own cap."
+    )
     allowed_classes = models.ManyToManyField(RequestClass, related_name="tenants", blank=True)
     allowed_models = models.ManyToManyField(
         "registry.Model",

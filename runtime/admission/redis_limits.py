@@ -43,6 +43,7 @@ from runtime.admission.limits import (
     refusal,
     settle_refund,
 )
+from runtime.contract import LIMITS_PREFIX, limits_keys
 
 logger = logging.getLogger(__name__)
 
@@ -119,7 +120,7 @@ class RedisLimits:
         self,
         redis_url: str,
         *,
-        prefix: str = "switchyard:limits",
+        prefix: str = LIMITS_PREFIX,
         replicas: int = 2,
         lease_ttl_s: float = 30.0,
         timeout_s: float = 0.5,
@@ -153,8 +154,7 @@ class RedisLimits:
         return self._down
 
     def keys(self, tenant: str) -> list[str]:
-        base = f"{self._prefix}:{{{tenant}}}"
-        return [f"{base}:rpm", f"{base}:tpm", f"{base}:conc"]
+        return list(limits_keys(self._prefix, tenant))
 
     # -- lifecycle ------------------------------------------------------------------------
 

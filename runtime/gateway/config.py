@@ -20,7 +20,8 @@
 
 The *namespace* is the snapshot prefix without a trailing ``:snapshot`` (``switchyard`` by
 default), so every deployment (and every test or benchmark run, which publish under a prefix
-of their own) keeps its limits and fairness counters apart.
+of their own) keeps its limits and fairness counters apart. The key layout is
+:mod:`runtime.contract`'s.
 """
 
 from __future__ import annotations
@@ -30,9 +31,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from runtime import contract
+
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
-DEFAULT_SNAPSHOT_PREFIX = "switchyard:snapshot"
-KEY_USAGE_HASH = "switchyard:apikey:last_used"
+DEFAULT_SNAPSHOT_PREFIX = contract.SNAPSHOT_PREFIX
+KEY_USAGE_HASH = contract.KEY_USAGE_HASH
 
 
 class ConfigError(ValueError):
@@ -100,7 +103,7 @@ class RouterConfig:
 
     @property
     def namespace(self) -> str:
-        return self.snapshot_prefix.removesuffix(":snapshot")
+        return contract.namespace_of(self.snapshot_prefix)
 
     @property
     def limits_keys(self) -> str:
@@ -118,9 +121,9 @@ class RouterConfig:
         var_dir = Path(env.get("SWITCHYARD_VAR_DIR") or "var")
         return cls(
             redis_url=env.get("REDIS_URL") or DEFAULT_REDIS_URL,
-            snapshot_prefix=env.get("SWITCHYARD_SNAPSHOT_PREFIX") or DEFAULT_SNAPSHOT_PREFIX,
+            snapshot_prefix=env.get(contract.ENV_SNAPSHOT_PREFIX) or DEFAULT_SNAPSHOT_PREFIX,
             snapshot_cache_path=var_dir / "router-snapshot.json",
-            key_usage_hash=env.get("SWITCHYARD_KEY_USAGE_HASH") or KEY_USAGE_HASH,
+            key_usage_hash=env.get(contract.ENV_KEY_USAGE_HASH) or KEY_USAGE_HASH,
             max_body_bytes=int(_number(env, "SWITCHYARD_MAX_BODY_BYTES", 1 << 20, minimum=1)),
             retry_attempts=int(_number(env, "SWITCHYARD_RETRY_ATTEMPTS", 3, minimum=1)),
             connect_timeout_s=_number(env, "SWITCHYARD_CONNECT_TIMEOUT_S", 2.0, minimum=0.001),

@@ -122,6 +122,8 @@ class InferenceConsumer(GatewayConsumer):
         finally:
             record.timing("auth", time.perf_counter() - started)
         record.tenant, record.api_key = principal.tenant.slug, principal.key.prefix
+        if 0 < principal.tenant.max_request_bytes < len(body):  # the tenant's own size cap
+            raise self.too_large(principal.tenant.max_request_bytes)
         state.key_usage.record(principal.key.prefix, time.time())
         request: InferenceRequest = decode_request(body, self.decoder)
         plan = await plan_request(

@@ -32,6 +32,8 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
+from runtime.contract import FAIRNESS_PREFIX, fairness_key
+
 logger = logging.getLogger(__name__)
 
 Key = tuple[str, int, str]  # pool, band, tenant
@@ -52,7 +54,7 @@ class SharedCounters:
         self,
         redis_url: str,
         *,
-        prefix: str = "switchyard:fairness",
+        prefix: str = FAIRNESS_PREFIX,
         interval_s: float = 0.1,
         idle_interval_s: float = 1.0,
         ttl_s: int = 7 * 86400,
@@ -77,7 +79,7 @@ class SharedCounters:
         self.syncs = 0  # round trips made (for tests and the curious)
 
     def key(self, pool: str) -> str:
-        return f"{self._prefix}:{pool}"
+        return fairness_key(self._prefix, pool)
 
     def record(self, pool: str, band: int, tenant: str, amount: float) -> None:
         if amount > 0:
