@@ -79,7 +79,10 @@ class ModelForm(_ModelForm):
             run_validator(
                 self,
                 lambda: model_validate(
-                    name=cleaned["name"], task=cleaned["task"], exclude_pk=self.instance.pk
+                    name=cleaned["name"],
+                    task=cleaned["task"],
+                    refused_fields=cleaned.get("refused_fields") or [],
+                    exclude_pk=self.instance.pk,
                 ),
             )
         return cleaned

@@ -41,6 +41,7 @@ Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 _REQUEST_ID_RE = re.compile(rb"[A-Za-z0-9._:\-]{1,128}")
 JSON_HEADERS: tuple[tuple[bytes, bytes], ...] = ((b"content-type", b"application/json"),)
+_CLOSE: tuple[tuple[bytes, bytes], ...] = ((b"connection", b"close"),)
 
 
 def header(scope: Scope, name: bytes) -> bytes | None:
@@ -83,8 +84,14 @@ class GatewayConsumer(AsyncHttpConsumer, metaclass=abc.ABCMeta):  # type: ignore
         if (early := self.early_error(scope)) is not None:
             await self.refuse(early)
             return
-        with contextlib.suppress(StopConsumer):
-            await await_many_dispatch([receive], self.dispatch)
+        timer = asyncio.get_running_loop().call_later(
+            self.state.config.body_timeout_s, self._body_timed_out
+        )
+        try:
+            with contextlib.suppress(StopConsumer):
+                await await_many_dispatch([receive], self.dispatch)
+        finally:
+            timer.cancel()
 
     async def dispatch(self, message: dict[str, Any]) -> None:
         # Channels' dispatch first runs close_old_connections in a thread; we hold no DB.
@@ -102,8 +109,7 @@ class GatewayConsumer(AsyncHttpConsumer, metaclass=abc.ABCMeta):  # type: ignore
         """Refusals decided from the request line and headers alone (before any body)."""
         if scope.get("method") not in self.methods:
             return ApiError.of(
-                "method_not_allowed",
-                f"{scope.get('method')} is not allowed here; use {', '.join(self.methods)}.",
+                "method_not_allowed", method=scope.get("method"), allowed=", ".join(self.methods)
             )
         length = header(scope, b"content-length")
         cap = self.state.config.max_body_bytes
@@ -111,9 +117,19 @@ class GatewayConsumer(AsyncHttpConsumer, metaclass=abc.ABCMeta):  # type: ignore
             return self.too_large(cap)
         return None
 
+    def _body_timed_out(self) -> None:
+        """The body is still incomplete after ``body_timeout_s``: 408, and the connection
+        closes (the rest of the body is never read)."""
+        if self._task is not None:
+            return  # the body is complete: the handler runs (or ran)
+        self.body.clear()
+        seconds = f"{self.state.config.body_timeout_s:g}"
+        error = ApiError.of("request_timeout", seconds=seconds, headers=_CLOSE)
+        self._start(self.refuse(error))
+
     @staticmethod
     def too_large(cap: int) -> ApiError:
-        return ApiError.of("request_too_large", f"The request body is over {cap} bytes.")
+        return ApiError.of("request_too_large", cap=cap)
 
     async def http_request(self, message: dict[str, Any]) -> None:
         if self._task is not None:
@@ -151,7 +167,7 @@ class GatewayConsumer(AsyncHttpConsumer, metaclass=abc.ABCMeta):  # type: ignore
             await self.send_error(exc)
         except Exception:
             logger.exception("request %s failed", self.request_id)
-            await self.send_error(ApiError.of("internal_error", "Internal error."))
+            await self.send_error(ApiError.of("internal_error"))
 
     @abc.abstractmethod
     async def respond(self, body: bytes) -> None:

@@ -22,6 +22,7 @@ from typing import Protocol
 
 import msgspec
 
+from runtime.gateway.errors import ApiError
 from runtime.telemetry.metrics import RouterMetrics, StageLabels
 from runtime.upstream.errors import StreamBroken
 from runtime.upstream.response import UpstreamResponse
@@ -85,8 +86,12 @@ def _meta_of(payload: bytes) -> _Meta:
 
 
 def terminal_error_chunk(kind: str, meta: _Meta, error: StreamBroken) -> bytes:
-    """The last chunk of a stream that broke after its first byte."""
-    deadline = error.reason == "deadline"
+    """The last chunk of a stream that broke after its first byte; its ``error`` object is
+    the table's ``deadline_exceeded`` or ``stream_broken``."""
+    if error.reason == "deadline":
+        failure = ApiError.of("deadline_exceeded", when="mid-stream")
+    else:
+        failure = ApiError.of("stream_broken")
     choice: dict[str, object] = {"index": 0, "finish_reason": "error"}
     if kind == "chat":
         choice["delta"] = {}
@@ -98,12 +103,7 @@ def terminal_error_chunk(kind: str, meta: _Meta, error: StreamBroken) -> bytes:
         "created": meta.created or int(time.time()),
         "model": meta.model,
         "choices": [choice],
-        "error": {
-            "message": "deadline exceeded mid-stream" if deadline else "upstream failed mid-stream",
-            "type": "timeout_error" if deadline else "upstream_error",
-            "param": None,
-            "code": "deadline_exceeded" if deadline else "stream_broken",
-        },
+        "error": failure.document(),
     }
     return msgspec.json.encode(document)
 
