@@ -198,7 +198,8 @@ class GatewayConsumer(AsyncHttpConsumer, metaclass=abc.ABCMeta):  # type: ignore
     async def send_json(
         self, status: int, body: bytes, headers: Iterable[tuple[bytes, bytes]] = ()
     ) -> None:
-        await self.start_response(status, [*JSON_HEADERS, *headers])
+        length = (b"content-length", str(len(body)).encode("ascii"))
+        await self.start_response(status, [*JSON_HEADERS, length, *headers])
         await self.send_chunk(body, last=True)
 
     async def send_error(self, error: ApiError) -> None:

@@ -170,6 +170,7 @@ async def relay_unary(
     """Relay a whole JSON body as it came."""
     body = await upstream.read_json()
     probe = _usage_of(body)
-    await sink.start_response(200, [(b"content-type", b"application/json"), *headers])
+    length = (b"content-length", str(len(body)).encode("ascii"))
+    await sink.start_response(200, [(b"content-type", b"application/json"), length, *headers])
     await sink.send_chunk(body, last=True)
     return RelayResult(usage=probe.usage if probe is not None else None, events=1)

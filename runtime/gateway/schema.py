@@ -175,7 +175,7 @@ class RequestDecoder(Generic[R]):
     __slots__ = ("_json", "view")
 
     def __init__(self, view: type[R]) -> None:
-        self.view = view
+        self.view: type[R] = view
         self._json: msgspec.json.Decoder[dict[str, Any]] = msgspec.json.Decoder(dict[str, Any])
 
     def decode(self, body: bytes) -> Decoded[R]:
