@@ -27,6 +27,10 @@ pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
 Seen = list[tuple[dict[str, Any], dict[str, str]]]
 
 
+def compact(document: dict[str, Any]) -> bytes:
+    return json.dumps(document, separators=(",", ":")).encode()  # as vLLM (pydantic) writes
+
+
 def recording_app(seen: Seen) -> web.Application:
     async def chat(request: web.Request) -> web.StreamResponse:
         body = await request.json()
@@ -36,11 +40,12 @@ def recording_app(seen: Seen) -> web.Application:
             response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
             await response.prepare(request)
             delta = {**chunk, "choices": [{"index": 0, "delta": {"content": "hi"}}]}
-            await response.write(b"data: " + json.dumps(delta).encode() + b"\n\n")
+            await response.write(b"data: " + compact(delta) + b"\n\n")
+            final = {**chunk, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
+            await response.write(b"data: " + compact(final) + b"\n\n")
             usage = {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}
-            await response.write(
-                b"data: " + json.dumps({**chunk, "choices": [], "usage": usage}).encode() + b"\n\n"
-            )
+            last = {**chunk, "choices": [], "usage": usage, "system_fingerprint": "fp_1"}
+            await response.write(b"data: " + compact(last) + b"\n\n")
             await response.write(b"data: [DONE]\n\n")
             await response.write_eof()
             return response
@@ -130,9 +135,13 @@ async def test_upstream_body_is_normalised(setup: tuple[str, World, Seen, Publis
     assert "max_completion_tokens" not in second
     assert "priority" not in first
     assert "priority" not in second
-    # The client did not ask for usage: the usage-only chunk is not relayed.
+    # The client did not ask for usage: the usage-only chunk is not relayed, and its
+    # fingerprint goes on the final chunk, where vLLM puts it for such a client.
     assert '"usage"' not in stream.text
     assert stream.text.endswith("data: [DONE]\n\n")
+    events = [json.loads(line[6:]) for line in stream.text.splitlines() if line[6:7] == "{"]
+    assert [e.get("system_fingerprint") for e in events] == [None, "fp_1"]
+    assert events[-1]["choices"][0]["finish_reason"] == "stop"
     # Everything the router does not read goes upstream verbatim; it sets only max_tokens
     # (n x 6 counted against the caps) and include_usage (keeping the client's other options).
     expected = {**RICH, "max_tokens": 6}
