@@ -126,8 +126,10 @@ def chat(**kwargs: Any) -> Callable[[openai.OpenAI], Any]:
 
 # Requests the demo engine itself refuses (its launch has no --enable-auto-tool-choice and no
 # tool parser, so tool_choice "auto" is a 400 from vLLM): the router must refuse them the same.
-# A named tool_choice and tools with the implicit "auto" are refused the same way (the messages
-# are printed by the test: run with -s).
+# The demo engine is launched without --enable-auto-tool-choice and --tool-call-parser, so
+# vLLM refuses tool_choice "auto" (also implicit when tools are given) and a named tool_choice
+# ("requires --tool-call-parser to be set") with a 400; the router must refuse them the same.
+# tool_choice "none" and the tool-call history without tools are served.
 ENGINE_REFUSES = {"tool_choice_auto", "tool_choice_named", "tools_in_a_conversation"}
 
 CASES: dict[str, Callable[[openai.OpenAI], Any]] = {
