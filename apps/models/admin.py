@@ -97,6 +97,7 @@ class ModelAdmin(NoDeleteAdmin, _ModelAdmin):
 
     def save_model(self, request: HttpRequest, obj: Model, form: Any, change: bool) -> None:
         data = {field: form.cleaned_data[field] for field in MODEL_FIELDS}
+        data["refused_fields"] = data["refused_fields"] or []  # an empty box: refuse nothing
         if change:
             current = Model.objects.get(pk=obj.pk)
             model_update(actor=actor_of(request), model=current, **data)

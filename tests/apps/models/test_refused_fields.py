@@ -62,3 +62,6 @@ def test_the_admin_shows_a_bad_list_as_a_form_error(admin_client: Any) -> None:
     response = admin_client.post(url, {**form, "refused_fields": '["logit_bias"]'})
     assert response.status_code == 302
     assert Model.objects.get(name="guarded").refused_fields == ["logit_bias"]
+    response = admin_client.post(url, {"name": "open", "task": "chat", "refused_fields": ""})
+    assert response.status_code == 302
+    assert Model.objects.get(name="open").refused_fields == []
