@@ -108,6 +108,8 @@ ROWS = [
         body=b"{" + b" " * (MiB + 1) + b"}"),
     Row("max_tokens_over_cap", 400, "invalid_request_error", "max_tokens_exceeded",
         body=chat(max_tokens=17), key="tiny", param="max_tokens"),
+    Row("n_times_max_tokens_over_cap", 400, "invalid_request_error", "max_tokens_exceeded",
+        body=chat(max_tokens=9, n=2), key="tiny", param="max_tokens"),
     Row("max_completion_tokens_over_cap", 400, "invalid_request_error", "max_tokens_exceeded",
         body=chat(max_completion_tokens=17), key="tiny", param="max_completion_tokens"),
     Row("context_over_cap", 400, "invalid_request_error", "context_length_exceeded",
