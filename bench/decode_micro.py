@@ -2,16 +2,20 @@
 
 ``python -m bench.decode_micro`` times, for a typical chat body (system prompt, three turns,
 sampling fields, a stream), the parse of the client's JSON into what the router reads plus
-the build of the upstream body (max_tokens, include_usage set; re-encoded). It runs against
-whichever ``runtime.gateway.schema`` is importable, so running it on two checkouts compares
-two versions (before/after numbers in README "What the router forwards").
+the build of the upstream body (max_tokens, include_usage set; re-encoded).
+``--before path/to/old/schema.py`` loads an older ``runtime/gateway/schema.py`` (e.g. from a
+``git worktree`` of an earlier commit) and times both in this process, interleaved, so a busy
+machine affects both alike.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import sys
 import timeit
 from collections.abc import Callable
+from types import ModuleType
 from typing import Any
 
 import msgspec
@@ -33,8 +37,8 @@ TYPICAL_CHAT: dict[str, Any] = {
 }
 
 
-def _current(body: bytes) -> Callable[[], bytes]:
-    decoder = schema.RequestDecoder(schema.ChatRequest)
+def _current(body: bytes, module: Any = schema) -> Callable[[], bytes]:
+    decoder = module.RequestDecoder(module.ChatRequest)
     encoder = msgspec.json.Encoder()
 
     def run() -> bytes:
@@ -48,10 +52,10 @@ def _current(body: bytes) -> Callable[[], bytes]:
     return run
 
 
-def _strict(body: bytes) -> Callable[[], bytes]:  # the schema before issue #9
-    decoder = msgspec.json.Decoder(schema.ChatRequest)
-    forwardable: Any = getattr(schema, "forwardable")  # noqa: B009 - absent after #9
-    decode: Any = schema.decode_request
+def _strict(body: bytes, module: Any) -> Callable[[], bytes]:  # the schema before issue #9
+    decoder = msgspec.json.Decoder(module.ChatRequest)
+    forwardable: Any = module.forwardable
+    decode: Any = module.decode_request
 
     def run() -> bytes:
         request = decode(body, decoder)
@@ -65,16 +69,36 @@ def _strict(body: bytes) -> Callable[[], bytes]:  # the schema before issue #9
     return run
 
 
+def _load(path: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location("schema_before", path)
+    if spec is None or spec.loader is None:
+        raise SystemExit(f"cannot load {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # msgspec resolves the annotations through it
+    spec.loader.exec_module(module)
+    return module
+
+
+def _runner(body: bytes, module: Any) -> Callable[[], bytes]:
+    return _current(body, module) if hasattr(module, "RequestDecoder") else _strict(body, module)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--number", type=int, default=20_000)
-    parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument("--repeat", type=int, default=9)
+    parser.add_argument("--before", help="an older runtime/gateway/schema.py to compare with")
     args = parser.parse_args()
     body = msgspec.json.encode(TYPICAL_CHAT)
-    run = _current(body) if hasattr(schema, "RequestDecoder") else _strict(body)
-    best = min(timeit.repeat(run, number=args.number, repeat=args.repeat)) / args.number
-    which = "forwarding" if hasattr(schema, "RequestDecoder") else "strict"
-    print(f"{which}: decode + upstream body, {len(body)}-byte chat body: {best * 1e6:.2f} us")  # noqa: T201
+    runs = {"after": _runner(body, schema)}
+    if args.before:
+        runs["before"] = _runner(body, _load(args.before))
+    best = dict.fromkeys(runs, float("inf"))
+    for _ in range(args.repeat):
+        for name, run in runs.items():
+            best[name] = min(best[name], timeit.timeit(run, number=args.number) / args.number)
+    for name, seconds in best.items():
+        print(f"{name}: decode + upstream body, {len(body)}-byte chat: {seconds * 1e6:.2f} us")
 
 
 if __name__ == "__main__":

@@ -73,7 +73,7 @@ ERROR_KINDS: Final[Mapping[str, ErrorKind]] = MappingProxyType(
         "invalid_api_key": ErrorKind(401, AUTHENTICATION, "Incorrect API key provided."),
         "expired_api_key": ErrorKind(401, AUTHENTICATION, "This API key has expired."),
         # 403: known caller, not allowed.
-        "tenant_suspended": ErrorKind(403, PERMISSION, "The tenant of this API key is {status}."),
+        "tenant_suspended": ErrorKind(403, PERMISSION, "The tenant of this API key is {state}."),
         "insufficient_scope": ErrorKind(403, PERMISSION, "This API key lacks the '{scope}' scope."),
         "model_not_allowed": ErrorKind(
             403, PERMISSION, "Your tenant is not allowed to use the model '{model}'."

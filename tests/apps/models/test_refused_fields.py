@@ -36,9 +36,7 @@ def test_refused_fields_error(value: Any, ok: bool) -> None:
 
 @pytest.mark.db
 @pytest.mark.django_db
-def test_the_service_validates_and_the_snapshot_carries_them(
-    make_version: Any, llm: Model
-) -> None:
+def test_the_service_validates_and_the_snapshot_carries_them(make_version: Any, llm: Model) -> None:
     make_version("v1", publish=True)
     assert snapshot_build().models["tiny-llama"].refused_fields == ()  # empty by default
     model_update(actor=None, model=llm, refused_fields=["logit_bias", "top_k"])

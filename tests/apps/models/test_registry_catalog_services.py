@@ -33,7 +33,10 @@ def test_model_create_audits_and_publishes(admin_user, publishes):
     assert event.actor_label == admin_user.username
     assert event.target_type == "registry.model"
     assert event.after == {
-        "name": "org/Llama-3.2-1B", "task": "chat", "description": "", "refused_fields": []
+        "name": "org/Llama-3.2-1B",
+        "task": "chat",
+        "description": "",
+        "refused_fields": [],
     }
     assert publishes.pending
 

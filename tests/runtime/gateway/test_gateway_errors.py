@@ -280,9 +280,7 @@ def test_an_operator_refused_field_is_400_unsupported_parameter(fleet: Fleet) ->
             resp = httpx.post(
                 f"{fleet.base_url}{CHAT}", json=chat(**{field: value}), headers=headers, timeout=30
             )
-            error = assert_openai_error(
-                resp, 400, "invalid_request_error", "unsupported_parameter"
-            )
+            error = assert_openai_error(resp, 400, "invalid_request_error", "unsupported_parameter")
             assert error["param"] == field
             assert field in error["message"]
         assert work_done(fleet) == before

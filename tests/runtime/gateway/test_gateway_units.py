@@ -225,7 +225,9 @@ def test_every_code_the_gateway_can_emit_is_in_the_table() -> None:
             assert not _DIRECT.search(text), f"{source.name} builds an ApiError by hand"
     assert len(named) > 20  # the scan found the raises
     dynamic = set(_LIMIT_CODES.values()) | {
-        str(DropReason.QUEUE_FULL), str(DropReason.WAIT_EXCEEDS_DEADLINE), str(DropReason.SHED)
+        str(DropReason.QUEUE_FULL),
+        str(DropReason.WAIT_EXCEEDS_DEADLINE),
+        str(DropReason.SHED),
     }
     assert named | dynamic <= set(ERROR_KINDS), (named | dynamic) - set(ERROR_KINDS)
     assert {"stream_broken", "upstream_rejected", "unsupported_parameter"} <= named
