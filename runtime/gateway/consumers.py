@@ -6,7 +6,8 @@ streams nobody reads the ASGI ``receive`` channel and ``http.disconnect`` is nev
 ``http_request`` returns; the receive loop then waits on the next message, which is
 ``http.disconnect`` — either the client going away (the task is cancelled at once, which
 aborts the upstream request) or uvicorn reporting the response complete (the task is
-already done). Either way the consumer then stops.
+already done). Either way the consumer then stops. A body still incomplete after the
+router's ``body_timeout_s`` is answered 408 ``request_timeout`` and its connection closed.
 
 Per request this consumer makes no channel-layer call and no database thread hop: it never
 builds a channel layer (whatever ``CHANNEL_LAYERS`` says) and it skips Channels'
