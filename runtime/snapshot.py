@@ -102,6 +102,7 @@ class ModelSnap(msgspec.Struct, frozen=True, kw_only=True):
     task: str  # "chat" | "completion" | "embedding" | "classification"
     versions: tuple[int, ...]  # published version ids, oldest -> newest published
     cache: CachePolicySnap = CachePolicySnap()
+    refused_fields: tuple[str, ...] = ()  # request fields answered 400 unsupported_parameter
 
 
 class PoolSnap(msgspec.Struct, frozen=True, kw_only=True):

@@ -169,6 +169,7 @@ def _models_and_versions() -> tuple[dict[str, ModelSnap], dict[int, VersionSnap]
     versions: dict[int, VersionSnap] = {}
     per_model: dict[str, list[int]] = {}
     tasks: dict[str, str] = {}
+    refused: dict[str, tuple[str, ...]] = {}
     for mv in queryset:
         manifest = mv.manifest if isinstance(mv.manifest, Mapping) else {}
         where = f"version {mv.model.name}:{mv.label}"
@@ -187,8 +188,11 @@ def _models_and_versions() -> tuple[dict[str, ModelSnap], dict[int, VersionSnap]
         )
         per_model.setdefault(mv.model.name, []).append(mv.pk)
         tasks[mv.model.name] = mv.model.task
+        refused[mv.model.name] = tuple(mv.model.refused_fields or ())
     models = {
-        name: ModelSnap(name=name, task=tasks[name], versions=tuple(ids))
+        name: ModelSnap(
+            name=name, task=tasks[name], versions=tuple(ids), refused_fields=refused[name]
+        )
         for name, ids in per_model.items()
     }
     return models, versions

@@ -50,6 +50,26 @@ def model_name_error(name: object) -> str | None:
     return None
 
 
+REQUEST_FIELD_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+# The router reads these to route and meter; refusing them would refuse every request.
+ROUTER_FIELDS = frozenset({"model", "messages", "prompt", "input"})
+
+
+def refused_fields_error(fields: object) -> str | None:
+    """A model's refused request fields: a list of distinct top-level field names."""
+    if not isinstance(fields, list) or not all(isinstance(f, str) for f in fields):
+        return 'Refused fields must be a JSON list of field names, e.g. ["logit_bias"].'
+    bad = [f for f in fields if not REQUEST_FIELD_RE.fullmatch(f)]
+    if bad:
+        return f"Not a request field name: {', '.join(map(repr, bad))}."
+    if len(set(fields)) != len(fields):
+        return "Refused fields must not repeat."
+    essential = sorted(ROUTER_FIELDS.intersection(fields))
+    if essential:
+        return f"The router needs {', '.join(essential)}; it cannot be refused."
+    return None
+
+
 def label_error(label: object) -> str | None:
     if not isinstance(label, str) or not LABEL_RE.fullmatch(label):
         return (

@@ -15,8 +15,6 @@ import math
 import time
 from typing import Any, ClassVar
 
-import msgspec
-
 from runtime.gateway.admit import acquire_slot, admit_limits, settle_limits
 from runtime.gateway.auth import authenticate, bearer_token
 from runtime.gateway.consumers import GatewayConsumer, header
@@ -27,7 +25,7 @@ from runtime.gateway.schema import (
     ChatRequest,
     CompletionRequest,
     EmbeddingRequest,
-    InferenceRequest,
+    RequestDecoder,
     decode_request,
 )
 from runtime.gateway.state import RouterState
@@ -70,7 +68,7 @@ class InferenceConsumer(GatewayConsumer):
     kind: ClassVar[str] = ""  # "chat" | "completion" | "embedding"
     upstream_path: ClassVar[str] = ""
     tasks: ClassVar[frozenset[str]] = GENERATIVE
-    decoder: ClassVar[msgspec.json.Decoder[Any]]
+    decoder: ClassVar[RequestDecoder[Any]]
 
     async def respond(self, body: bytes) -> None:
         state = self.state
@@ -113,7 +111,7 @@ class InferenceConsumer(GatewayConsumer):
     ) -> None:
         snapshot = state.snapshot
         if snapshot is None:
-            raise ApiError.of("not_ready", "The router has no configuration snapshot yet.")
+            raise ApiError.of("not_ready")
         started = time.perf_counter()
         try:
             principal = authenticate(
@@ -125,7 +123,7 @@ class InferenceConsumer(GatewayConsumer):
         if 0 < principal.tenant.max_request_bytes < len(body):  # the tenant's own size cap
             raise self.too_large(principal.tenant.max_request_bytes)
         state.key_usage.record(principal.key.prefix, time.time())
-        request: InferenceRequest = decode_request(body, self.decoder)
+        request = decode_request(body, self.decoder)
         plan = await plan_request(
             state,
             snapshot,
@@ -216,7 +214,7 @@ class InferenceConsumer(GatewayConsumer):
         grant: Grant,
     ) -> RelayResult:
         if plan.streaming != upstream.is_stream:
-            raise ApiError.of("upstream_error", "The model server answered in the wrong framing.")
+            raise ApiError.of("upstream_error", reason="it answered in the wrong framing.")
         if plan.streaming:
             return await relay_stream(
                 self,
@@ -235,14 +233,14 @@ class ChatCompletionsConsumer(InferenceConsumer):
     route = "/v1/chat/completions"
     kind = "chat"
     upstream_path = "/v1/chat/completions"
-    decoder = msgspec.json.Decoder(ChatRequest)
+    decoder = RequestDecoder(ChatRequest)
 
 
 class CompletionsConsumer(InferenceConsumer):
     route = "/v1/completions"
     kind = "completion"
     upstream_path = "/v1/completions"
-    decoder = msgspec.json.Decoder(CompletionRequest)
+    decoder = RequestDecoder(CompletionRequest)
 
 
 class EmbeddingsConsumer(InferenceConsumer):
@@ -250,4 +248,4 @@ class EmbeddingsConsumer(InferenceConsumer):
     kind = "embedding"
     upstream_path = "/v1/embeddings"
     tasks = frozenset({"embedding"})
-    decoder = msgspec.json.Decoder(EmbeddingRequest)
+    decoder = RequestDecoder(EmbeddingRequest)
