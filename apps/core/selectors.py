@@ -29,15 +29,17 @@ import contextlib
 import logging
 import time
 from collections.abc import Iterator, Mapping
+from typing import Any
 
 from django.db import connection, transaction
 from django.db.models import Prefetch
 
-from apps.billing.models import Price
+from apps.billing.models import Budget, CreditAccount, Price
 from apps.models.models import Endpoint, Model, ModelVersion, Pool, Route, RouteSplit
 from apps.tenants.models import ApiKey, RequestClass, Tenant
 from runtime.snapshot import (
     ApiKeySnap,
+    CreditSnap,
     EndpointSnap,
     ModelSnap,
     PoolSnap,
@@ -80,6 +82,7 @@ def snapshot_build() -> Snapshot:
         endpoints = _endpoints(versions)
         routes = _routes(versions)
         prices = _prices(versions)
+        credits = _credits()
     return Snapshot(
         version=0,
         created_at=time.time(),
@@ -92,6 +95,7 @@ def snapshot_build() -> Snapshot:
         endpoints=endpoints,
         routes=routes,
         prices=prices,
+        credits=credits,
     )
 
 
@@ -264,6 +268,16 @@ def _prices(versions: Mapping[int, VersionSnap]) -> tuple[PriceSnap, ...]:
         )
         for price in queryset
     )
+
+
+def _credits() -> dict[str, CreditSnap]:
+    """Credit settings of every tenant that has an account or a budget (billing's part)."""
+    out: dict[str, dict[str, Any]] = {}
+    for slug, overdraft in CreditAccount.objects.values_list("tenant__slug", "overdraft"):
+        out.setdefault(slug, {})["overdraft"] = overdraft
+    for slug, period, cap in Budget.objects.values_list("tenant__slug", "period", "hard_cap"):
+        out.setdefault(slug, {})[f"{period}_cap"] = float(cap)
+    return {slug: CreditSnap(**values) for slug, values in sorted(out.items())}
 
 
 # -- coercion of stored JSON into the schema's types ------------------------------------------

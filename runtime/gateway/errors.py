@@ -43,6 +43,8 @@ ERROR_KINDS: Final[Mapping[str, ErrorKind]] = MappingProxyType(
         "insufficient_scope": ErrorKind(403, PERMISSION),
         "model_not_allowed": ErrorKind(403, PERMISSION),
         "class_not_allowed": ErrorKind(403, PERMISSION),
+        "insufficient_credits": ErrorKind(402, "insufficient_quota"),  # 402: credits (#11)
+        "budget_exceeded": ErrorKind(402, "insufficient_quota"),
         # 404 / 405: no such thing here.
         "model_not_found": ErrorKind(404, INVALID_REQUEST),
         "unknown_url": ErrorKind(404, INVALID_REQUEST),
