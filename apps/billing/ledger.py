@@ -115,6 +115,8 @@ def _entries(raw: Iterable[Any]) -> list[_Entry]:
         if fields is None:  # deleted while pending
             out.append(_Entry(stream_id, None, 0))
             continue
+        if isinstance(fields, list):  # from a script: a flat [field, value, ...] list
+            fields = dict(zip(fields[::2], fields[1::2], strict=True))
         try:
             event = decode_event(fields[b"event"])
             charged = int(fields.get(b"charged", b"0"))
