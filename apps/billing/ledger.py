@@ -111,7 +111,8 @@ class _Entry(msgspec.Struct, frozen=True):
 
 def _entries(raw: Iterable[Any]) -> list[_Entry]:
     out: list[_Entry] = []
-    for stream_id, fields in raw:
+    for stream_id, raw_fields in raw:
+        fields = raw_fields
         if fields is None:  # deleted while pending
             out.append(_Entry(stream_id, None, 0))
             continue

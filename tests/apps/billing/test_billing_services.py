@@ -161,7 +161,10 @@ def test_budget_set_creates_then_replaces(tenant, admin_user):
     events = AuditEvent.objects.filter(action="budget.set").order_by("id")
     assert events[0].before is None
     assert events[1].before == {
-        "period": "month", "soft_alert_pct": 80, "hard_cap": "1000.000000", "webhook_url": ""
+        "period": "month",
+        "soft_alert_pct": 80,
+        "hard_cap": "1000.000000",
+        "webhook_url": "",
     }
 
 

@@ -21,6 +21,7 @@ from apps.billing import ledger
 from apps.billing.models import BudgetAlert, CreditAccount, UsageRecord
 from apps.billing.selectors import credit_balance, credit_live
 from apps.billing.services import (
+    budget_alert_deliver,
     budget_set,
     credit_grant,
     credit_overdraft_set,
@@ -32,6 +33,11 @@ from runtime.metering.events import UsageEvent, encode_event
 from runtime.metering.keys import USAGE_GROUP, credit_key, done_key, period_fields, usage_stream
 
 pytestmark = [pytest.mark.django_db, pytest.mark.integration]
+
+
+@pytest.fixture
+def capture(django_capture_on_commit_callbacks: Any) -> Any:
+    return django_capture_on_commit_callbacks
 
 
 def grant(tenant: Tenant, amount: str, capture: Any) -> None:
@@ -58,16 +64,14 @@ def settle(client: redis.Redis[bytes], tenant: Tenant, cost_uc: int, **fields: A
     return lease
 
 
-def test_a_grant_reaches_the_redis_balance_and_is_audited(tenant, django_capture_on_commit_callbacks):
-    grant(tenant, "12.5", django_capture_on_commit_callbacks)
+def test_a_grant_reaches_the_redis_balance_and_is_audited(tenant, capture):
+    grant(tenant, "12.5", capture)
     assert credit_live(tenant)["available"] == Decimal("12.5")
     assert AuditEvent.objects.filter(action="credit.grant").count() == 1
 
 
-def test_usage_is_written_once_and_debits_the_account(
-    tenant, rclient, django_capture_on_commit_callbacks
-):
-    grant(tenant, "10", django_capture_on_commit_callbacks)
+def test_usage_is_written_once_and_debits_the_account(tenant, rclient, capture):
+    grant(tenant, "10", capture)
     ids = [settle(rclient, tenant, 1_500_000) for _ in range(3)]
     assert ledger.usage_consume(client=rclient) == 3
     assert ledger.usage_consume(client=rclient) == 0
@@ -79,10 +83,8 @@ def test_usage_is_written_once_and_debits_the_account(
     assert rclient.xlen(usage_stream(ledger.namespace())) == 0  # acked and deleted
 
 
-def test_a_consumer_dying_after_commit_leaves_no_double_record(
-    tenant, rclient, django_capture_on_commit_callbacks
-):
-    grant(tenant, "10", django_capture_on_commit_callbacks)
+def test_a_consumer_dying_after_commit_leaves_no_double_record(tenant, rclient, capture):
+    grant(tenant, "10", capture)
     settle(rclient, tenant, 1_000_000)
     stream = usage_stream(ledger.namespace())
     ledger.usage_group_ensure(rclient)
@@ -96,10 +98,8 @@ def test_a_consumer_dying_after_commit_leaves_no_double_record(
     assert rclient.xpending(stream, USAGE_GROUP)["pending"] == 0
 
 
-def test_a_consumer_dying_before_commit_loses_nothing(
-    tenant, rclient, django_capture_on_commit_callbacks
-):
-    grant(tenant, "10", django_capture_on_commit_callbacks)
+def test_a_consumer_dying_before_commit_loses_nothing(tenant, rclient, capture):
+    grant(tenant, "10", capture)
     settle(rclient, tenant, 2_000_000)
     stream = usage_stream(ledger.namespace())
     ledger.usage_group_ensure(rclient)
@@ -110,10 +110,8 @@ def test_a_consumer_dying_before_commit_loses_nothing(
     assert credit_balance(tenant) == Decimal(8)
 
 
-def test_reconcile_seeds_a_lost_redis_and_counts_usage_in_flight(
-    tenant, rclient, django_capture_on_commit_callbacks
-):
-    grant(tenant, "10", django_capture_on_commit_callbacks)
+def test_reconcile_seeds_a_lost_redis_and_counts_usage_in_flight(tenant, rclient, capture):
+    grant(tenant, "10", capture)
     settle(rclient, tenant, 3_000_000)  # charged in Redis, not in the ledger yet
     assert ledger.credit_reconcile(client=rclient) == []  # consistent: nothing to repair
     rclient.delete(credit_key(ledger.limits_prefix(), tenant.slug))  # Redis lost the balance
@@ -127,8 +125,8 @@ def test_reconcile_seeds_a_lost_redis_and_counts_usage_in_flight(
     assert audit.after["redis_balance"] == "7.000000"
 
 
-def test_reconcile_repairs_drift_and_records_it(tenant, rclient, django_capture_on_commit_callbacks):
-    grant(tenant, "10", django_capture_on_commit_callbacks)
+def test_reconcile_repairs_drift_and_records_it(tenant, rclient, capture):
+    grant(tenant, "10", capture)
     rclient.hincrby(credit_key(ledger.limits_prefix(), tenant.slug), "balance", 250_000)
     [repair] = ledger.credit_reconcile(client=rclient)
     assert (repair.redis_uc, repair.expected_uc) == (10_250_000, 10_000_000)
@@ -137,8 +135,8 @@ def test_reconcile_repairs_drift_and_records_it(tenant, rclient, django_capture_
     assert audit.after["drift"] == "0.250000"
 
 
-def test_a_soft_alert_fires_once_per_period(tenant, rclient, django_capture_on_commit_callbacks):
-    grant(tenant, "100", django_capture_on_commit_callbacks)
+def test_a_soft_alert_fires_once_per_period(tenant, rclient, capture):
+    grant(tenant, "100", capture)
     budget_set(actor=None, tenant=tenant, period="day", soft_alert_pct=50, hard_cap="10")
     settle(rclient, tenant, 4_000_000)
     ledger.usage_consume(client=rclient)
@@ -176,14 +174,12 @@ def webhook() -> Iterator[tuple[str, list[dict[str, Any]]]]:
     server.server_close()
 
 
-def test_a_soft_alert_posts_its_webhook(tenant, rclient, webhook, django_capture_on_commit_callbacks):
-    from apps.billing.services import budget_alert_deliver
-
+def test_a_soft_alert_posts_its_webhook(tenant, rclient, webhook, capture):
     url, received = webhook
     budget_set(actor=None, tenant=tenant, period="month", soft_alert_pct=10, hard_cap="10",
                webhook_url=url)  # fmt: skip
     settle(rclient, tenant, 0)  # a free request: no alert
-    grant(tenant, "5", django_capture_on_commit_callbacks)
+    grant(tenant, "5", capture)
     settle(rclient, tenant, 2_000_000)
     ledger.usage_consume(client=rclient)
     alert = BudgetAlert.objects.get()

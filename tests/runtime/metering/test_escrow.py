@@ -163,6 +163,7 @@ async def test_escrow_of_a_crashed_router_comes_back_when_its_lease_expires(bank
     await survivor.start()
     with pytest.raises(CreditRefusedError):
         await survivor.acquire("t", QUOTA, tokens=1, ask=ask(1_000))
+
     async def admitted() -> bool:
         try:
             await survivor.acquire("t", QUOTA, tokens=1, ask=ask(1_000))
@@ -199,7 +200,7 @@ async def test_settlement_is_spooled_and_replayed_once_after_redis_was_down(
     assert bank.balance("t") == 700
     assert bank.escrow("t") == 0
     assert len(bank.events()) == 1
-    assert not [p for p in spool.glob("segment-*.jsonl")]
+    assert not list(spool.glob("segment-*.jsonl"))
 
 
 async def test_a_settlement_replayed_twice_is_applied_once(bank: Bank, tmp_path: Path) -> None:
