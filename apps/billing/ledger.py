@@ -186,8 +186,8 @@ def usage_write(*, events: list[tuple[UsageEvent, int]]) -> set[int]:
         return set()
     by_slug = {t.slug: t for t in Tenant.objects.filter(slug__in={e.tenant for e, _ in events})}
     with transaction.atomic():
-        for tenant in sorted(by_slug.values(), key=lambda t: t.pk):
-            CreditAccount.objects.get_or_create(tenant=tenant)
+        for known in sorted(by_slug.values(), key=lambda t: t.pk):
+            CreditAccount.objects.get_or_create(tenant=known)
         accounts = {
             a.tenant_id: a
             for a in CreditAccount.objects.select_for_update()

@@ -12,7 +12,7 @@ from apps.billing.models import BudgetAlert
 
 
 @shared_task(name="apps.billing.tasks.usage_consume", ignore_result=True)
-def usage_consume(batches: int = 20) -> int:
+def usage_consume(batches: int = 20, claim_idle_ms: int = 30_000) -> int:
     """Move usage events from the routers' stream into the ledger (beat: every second).
 
     Up to ``batches`` batches per run, each written in one transaction and acked after its
@@ -21,7 +21,7 @@ def usage_consume(batches: int = 20) -> int:
     consumer = f"ledger-{socket.gethostname()}-{os.getpid()}"
     handled = 0
     for _ in range(batches):
-        done = ledger.usage_consume(consumer=consumer, block_ms=None)
+        done = ledger.usage_consume(consumer=consumer, block_ms=None, claim_idle_ms=claim_idle_ms)
         handled += done
         if not done:
             break

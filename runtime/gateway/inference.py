@@ -189,6 +189,7 @@ class InferenceConsumer(GatewayConsumer):
                 occurred_at=time.time(), queue_ms=timings.get("queue"),
                 ttft_ms=timings.get("upstream_ttft"),
                 total_ms=round((time.monotonic() - record.started) * 1000.0, 3),
+                request_id=record.request_id,
             )  # fmt: skip
         settle_limits(state, admission, served=opened, tokens_in=tokens_in,
                       tokens_out=tokens_out, usage_known=usage is not None,

@@ -28,6 +28,7 @@ class UsageEvent(msgspec.Struct, frozen=True, kw_only=True):
     queue_ms: float | None = None
     ttft_ms: float | None = None
     total_ms: float | None = None
+    request_id: str = ""  # the X-Request-Id the client saw (not unique: clients may set it)
 
 
 _ENCODER = msgspec.json.Encoder()
