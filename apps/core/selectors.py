@@ -32,9 +32,9 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from django.db import connection, transaction
-from django.db.models import Prefetch
+from django.db.models import Prefetch, Q
 
-from apps.billing.models import Budget, CreditAccount, Price
+from apps.billing.models import Price
 from apps.models.models import Endpoint, Model, ModelVersion, Pool, Route, RouteSplit
 from apps.tenants.models import ApiKey, RequestClass, Tenant
 from runtime.snapshot import (
@@ -271,13 +271,21 @@ def _prices(versions: Mapping[int, VersionSnap]) -> tuple[PriceSnap, ...]:
 
 
 def _credits() -> dict[str, CreditSnap]:
-    """Credit settings of every tenant that has an account or a budget (billing's part)."""
+    """Credit settings of every tenant that has an account or a budget (billing's part; one
+    query: a row per budget, or one without)."""
+    rows = (
+        Tenant.objects.filter(Q(credit_account__isnull=False) | Q(budgets__isnull=False))
+        .values_list("slug", "credit_account__overdraft", "budgets__period", "budgets__hard_cap")
+        .order_by("slug")
+    )
     out: dict[str, dict[str, Any]] = {}
-    for slug, overdraft in CreditAccount.objects.values_list("tenant__slug", "overdraft"):
-        out.setdefault(slug, {})["overdraft"] = overdraft
-    for slug, period, cap in Budget.objects.values_list("tenant__slug", "period", "hard_cap"):
-        out.setdefault(slug, {})[f"{period}_cap"] = float(cap)
-    return {slug: CreditSnap(**values) for slug, values in sorted(out.items())}
+    for slug, overdraft, period, cap in rows:
+        values = out.setdefault(slug, {})
+        if overdraft:
+            values["overdraft"] = overdraft
+        if period:
+            values[f"{period}_cap"] = float(cap)
+    return {slug: CreditSnap(**values) for slug, values in out.items()}
 
 
 # -- coercion of stored JSON into the schema's types ------------------------------------------
