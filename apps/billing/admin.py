@@ -156,6 +156,10 @@ class CreditAccountAdmin(_CreditAdmin):
 
 
 class BudgetForm(_BudgetForm):
+    webhook_url = forms.URLField(
+        required=False, assume_scheme="https", help_text="POSTed (JSON) on a soft alert."
+    )
+
     class Meta:
         model = Budget
         fields = BUDGET_FIELDS

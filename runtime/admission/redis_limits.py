@@ -146,8 +146,9 @@ return {status, 0, 0, avail, capped and math.max(0, room) or -1, hold}
 # KEYS: rpm, tpm, conc, credit, escrow, usage stream, done marker. ARGV: lease id, tokens to
 # credit back, "1" to drop the RPM entry, cost µc, day field, month field, usage event ("" for
 # none), done TTL s. Charges min(cost, available after releasing this lease's escrow), so a
-# balance never goes negative; appends the event with the amount charged. A lease settled
-# before (a spool replay) changes nothing. Returns the µc charged (-1: already settled).
+# balance never goes negative (unless Redis lost the balance: then the full cost, and the
+# reconciliation re-bases it on the ledger); appends the event with the amount charged. A
+# lease settled before (a spool replay) changes nothing. Returns the µc charged (-1: replay).
 SETTLE_LUA = """
 if redis.call('SET', KEYS[7], '1', 'NX', 'EX', tonumber(ARGV[8])) == false then return -1 end
 redis.call('ZREM', KEYS[3], ARGV[1])
@@ -164,8 +165,11 @@ end
 local cost, charge = tonumber(ARGV[4]), 0
 if cost > 0 then
   local c = redis.call('HMGET', KEYS[4], 'balance', 'escrow')
-  local avail = (tonumber(c[1]) or 0) - (tonumber(c[2]) or 0)
-  charge = math.max(0, math.min(cost, avail))
+  if c[1] == false then
+    charge = cost  -- a Redis that lost the balance: charge in full; reconciliation re-bases it
+  else
+    charge = math.max(0, math.min(cost, tonumber(c[1]) - (tonumber(c[2]) or 0)))
+  end
   if charge > 0 then
     redis.call('HINCRBY', KEYS[4], 'balance', -charge)
     redis.call('HINCRBY', KEYS[4], ARGV[5], charge)
