@@ -6,6 +6,9 @@ the kernel already has) before the background task sends it to Redis. A flush fi
 the segment is :meth:`discard`\\ ed. Segments left behind (Redis was down, the router was
 killed) are read back by :meth:`pending` at the next start and applied again — the settle
 script ignores a lease it already settled, so a replay is harmless.
+
+One directory per router process (``SWITCHYARD_VAR_DIR/usage-spool``): two processes must not
+share one.
 """
 
 from __future__ import annotations
