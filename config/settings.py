@@ -117,6 +117,8 @@ CELERY_BEAT_SCHEDULE = {
         "task": "apps.models.tasks.endpoints_reap_stale",
         "schedule": 15.0,
     },
+    "usage-stream-to-ledger": {"task": "apps.billing.tasks.usage_consume", "schedule": 1.0},
+    "reconcile-credit-balances": {"task": "apps.billing.tasks.credit_reconcile", "schedule": 30.0},
 }
 
 # Routers record API-key last use in this Redis hash (prefix -> unix time); beat copies it.

@@ -145,6 +145,14 @@ class PriceSnap(msgspec.Struct, frozen=True, kw_only=True):
     cache_hit_discount: float = 0.0  # fraction off, 0..1
 
 
+class CreditSnap(msgspec.Struct, frozen=True, kw_only=True):
+    """A tenant's credit settings (its balance lives in Redis, not here)."""
+
+    overdraft: str = "refuse"  # "refuse": 402 when short; "batch": lowest band, best effort
+    day_cap: float | None = None  # hard budget caps in credits; None = no cap
+    month_cap: float | None = None
+
+
 class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
     version: int
     created_at: float
@@ -158,6 +166,7 @@ class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
     endpoints: dict[int, EndpointSnap] = {}
     routes: dict[str, RouteSnap] = {}
     prices: tuple[PriceSnap, ...] = ()
+    credits: dict[str, CreditSnap] = {}  # tenant slug -> credit settings; absent = defaults
 
 
 _ENCODER = msgspec.json.Encoder()

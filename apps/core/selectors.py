@@ -29,15 +29,17 @@ import contextlib
 import logging
 import time
 from collections.abc import Iterator, Mapping
+from typing import Any
 
 from django.db import connection, transaction
-from django.db.models import Prefetch
+from django.db.models import Prefetch, Q
 
 from apps.billing.models import Price
 from apps.models.models import Endpoint, Model, ModelVersion, Pool, Route, RouteSplit
 from apps.tenants.models import ApiKey, RequestClass, Tenant
 from runtime.snapshot import (
     ApiKeySnap,
+    CreditSnap,
     EndpointSnap,
     ModelSnap,
     PoolSnap,
@@ -80,6 +82,7 @@ def snapshot_build() -> Snapshot:
         endpoints = _endpoints(versions)
         routes = _routes(versions)
         prices = _prices(versions)
+        credits = _credits()
     return Snapshot(
         version=0,
         created_at=time.time(),
@@ -92,6 +95,7 @@ def snapshot_build() -> Snapshot:
         endpoints=endpoints,
         routes=routes,
         prices=prices,
+        credits=credits,
     )
 
 
@@ -269,6 +273,24 @@ def _prices(versions: Mapping[int, VersionSnap]) -> tuple[PriceSnap, ...]:
         )
         for price in queryset
     )
+
+
+def _credits() -> dict[str, CreditSnap]:
+    """Credit settings of every tenant that has an account or a budget (billing's part; one
+    query: a row per budget, or one without)."""
+    rows = (
+        Tenant.objects.filter(Q(credit_account__isnull=False) | Q(budgets__isnull=False))
+        .values_list("slug", "credit_account__overdraft", "budgets__period", "budgets__hard_cap")
+        .order_by("slug")
+    )
+    out: dict[str, dict[str, Any]] = {}
+    for slug, overdraft, period, cap in rows:
+        values = out.setdefault(slug, {})
+        if overdraft:
+            values["overdraft"] = overdraft
+        if period:
+            values[f"{period}_cap"] = float(cap)
+    return {slug: CreditSnap(**values) for slug, values in out.items()}
 
 
 # -- coercion of stored JSON into the schema's types ------------------------------------------

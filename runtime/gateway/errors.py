@@ -25,6 +25,7 @@ SERVER = "server_error"
 TIMEOUT = "timeout_error"
 UPSTREAM = "upstream_error"
 RATE_LIMIT = "rate_limit_error"
+INSUFFICIENT_QUOTA = "insufficient_quota"
 
 
 class ErrorKind(msgspec.Struct, frozen=True):
@@ -83,6 +84,9 @@ ERROR_KINDS: Final[Mapping[str, ErrorKind]] = MappingProxyType(
             PERMISSION,
             "Request class '{klass}' is not available to your tenant (allowed: {allowed}).",
         ),
+        # 402: the tenant's credits or budget do not cover the request's worst case.
+        "insufficient_credits": ErrorKind(402, INSUFFICIENT_QUOTA, "{reason}"),
+        "budget_exceeded": ErrorKind(402, INSUFFICIENT_QUOTA, "{reason}"),
         # 404 / 405: no such thing here.
         "model_not_found": ErrorKind(404, INVALID_REQUEST, "The model '{model}' does not exist."),
         "unknown_url": ErrorKind(404, INVALID_REQUEST, "Unknown request URL: {path}."),

@@ -15,7 +15,7 @@ import math
 import time
 from typing import Any, ClassVar
 
-from runtime.gateway.admit import acquire_slot, admit_limits, settle_limits
+from runtime.gateway.admit import Admission, acquire_slot, admit_limits, settle_limits
 from runtime.gateway.auth import authenticate, bearer_token
 from runtime.gateway.consumers import GatewayConsumer, header
 from runtime.gateway.errors import ApiError
@@ -30,6 +30,7 @@ from runtime.gateway.schema import (
 )
 from runtime.gateway.state import RouterState
 from runtime.gateway.upstream_errors import dispatch_error
+from runtime.metering.events import UsageEvent
 from runtime.scheduling.grant import Grant
 from runtime.snapshot import EndpointSnap
 from runtime.telemetry.logging import RequestRecord, log_request
@@ -60,6 +61,14 @@ class _Attempts:
         if endpoint is not None:
             self.count += 1
         return endpoint
+
+
+def _usage_outcome(outcome: str, usage: Usage | None) -> str:
+    """The ledger's outcome: "ok" (answered with usage), "cancelled" (the client went away),
+    else "error" (a broken stream, a deadline, an error after the engine was reached)."""
+    if outcome in ("", "ok", "client_disconnected") and usage is None:
+        return "cancelled"
+    return "ok" if outcome in ("", "ok") else "error"
 
 
 class InferenceConsumer(GatewayConsumer):
@@ -136,20 +145,55 @@ class InferenceConsumer(GatewayConsumer):
             record=record,
             labels=labels,
         )
-        lease = await admit_limits(state, principal.tenant, plan)
+        admission = await admit_limits(state, snapshot, principal.tenant, plan)
         attempts: _Attempts | None = None
         usage: Usage | None = None
         try:
-            grant = await acquire_slot(state, snapshot, principal.tenant, plan)
+            grant = await acquire_slot(state, snapshot, principal.tenant, plan, admission)
             attempts = _Attempts(grant)
             try:
                 usage = await self._dispatch(state, plan, attempts, record, labels)
             finally:
                 grant.release()
         finally:
-            actual = None if usage is None else usage.prompt_tokens + usage.completion_tokens
-            opened = attempts is not None and attempts.opened
-            settle_limits(state, lease, served=opened, actual_tokens=actual)
+            self._settle(state, admission, plan=plan, attempts=attempts, usage=usage, record=record)
+
+    @staticmethod
+    def _settle(
+        state: RouterState,
+        admission: Admission,
+        *,
+        plan: Plan,
+        attempts: _Attempts | None,
+        usage: Usage | None,
+        record: RequestRecord,
+    ) -> None:
+        """Bill what reached an engine: the usage, else the prompt estimate and the tokens
+        counted while streaming (a cancelled or broken stream); nothing otherwise."""
+        opened = attempts is not None and attempts.opened
+        if usage is not None:
+            tokens_in, tokens_out = usage.prompt_tokens, usage.completion_tokens
+        else:
+            tokens_in = plan.prompt_tokens if opened else 0
+            tokens_out = attempts.grant.charged_output if attempts is not None else 0
+        event = None
+        if opened:
+            timings = record.timings_ms
+            event = UsageEvent(
+                id=admission.lease.id, tenant=admission.lease.tenant, api_key=record.api_key,
+                version=plan.version.id,
+                endpoint=int(record.endpoint) if record.endpoint.isdigit() else None,
+                tier=admission.tier, request_class=plan.klass.name if plan.klass else "default",
+                tokens_in=tokens_in, tokens_out=tokens_out, cost_uc=0, cached=False,
+                outcome=_usage_outcome(record.outcome, usage),
+                occurred_at=time.time(), queue_ms=timings.get("queue"),
+                ttft_ms=timings.get("upstream_ttft"),
+                total_ms=round((time.monotonic() - record.started) * 1000.0, 3),
+                request_id=record.request_id,
+            )  # fmt: skip
+        settle_limits(state, admission, served=opened, tokens_in=tokens_in,
+                      tokens_out=tokens_out, usage_known=usage is not None,
+                      event=event)  # fmt: skip
 
     async def _dispatch(
         self,
