@@ -1,0 +1,405 @@
+"""Billing in the REST API. Tenant side: usage (records, aggregates, CSV), balance, grants and
+budgets (owners set the soft alert level). Operator side: credit grants, budgets, prices.
+Reads through selectors, writes through `apps.billing.services`.
+"""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Iterator
+from typing import Any
+
+from django.db import transaction
+from django.http import Http404, StreamingHttpResponse
+from django.utils.dateparse import parse_datetime
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import generics, serializers, status
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from apps.billing.models import Budget, Price, UsageRecord
+from apps.billing.selectors import budgets_for, credit_balance, prices_all
+from apps.billing.services import budget_set, credit_grant, price_set
+from apps.billing.usage_selectors import (
+    USAGE_GROUPS,
+    UsageFilter,
+    credit_grants_for,
+    usage_records,
+    usage_rows_iter,
+    usage_summary,
+)
+from apps.core.api_support import etag_of, if_match_check, with_etag
+from apps.models.models import ModelVersion
+from apps.tenants.api import TENANT_PARAM, TenantApi
+from apps.tenants.api_auth import actor_of
+from apps.tenants.api_ops import OperatorApi
+from apps.tenants.models import AuditEvent, Membership, Tenant
+
+USAGE_FILTERS = [
+    OpenApiParameter("since", OpenApiTypes.DATETIME, description="Inclusive, ISO 8601."),
+    OpenApiParameter("until", OpenApiTypes.DATETIME, description="Exclusive, ISO 8601."),
+    OpenApiParameter("model", str, description="Model name."),
+    OpenApiParameter("class", str, description="Request class name."),
+    OpenApiParameter("key", str, description="API-key prefix."),
+]
+
+
+def _time_param(request: Request, name: str) -> Any:
+    raw = request.query_params.get(name)
+    if not raw:
+        return None
+    try:
+        moment = parse_datetime(raw)
+    except ValueError:
+        moment = None
+    if moment is None or moment.tzinfo is None:
+        raise serializers.ValidationError(
+            {name: "Give an ISO 8601 time with a time zone, e.g. 2026-11-22T00:00:00Z."}
+        )
+    return moment
+
+
+def usage_filter_of(request: Request) -> UsageFilter:
+    return UsageFilter(
+        since=_time_param(request, "since"),
+        until=_time_param(request, "until"),
+        model=request.query_params.get("model") or None,
+        request_class=request.query_params.get("class") or None,
+        key=request.query_params.get("key") or None,
+    )
+
+
+class UsageRecordSerializer(serializers.ModelSerializer[UsageRecord]):
+    model = serializers.CharField(source="version.model.name", allow_null=True, default=None)
+    version = serializers.CharField(source="version.label", allow_null=True, default=None)
+    key = serializers.CharField(source="api_key.prefix", allow_null=True, default=None)
+
+    class Meta:
+        model = UsageRecord
+        fields = (
+            "id",
+            "event_id",
+            "occurred_at",
+            "model",
+            "version",
+            "key",
+            "request_class",
+            "tokens_in",
+            "tokens_out",
+            "credits",
+            "cached",
+            "queue_ms",
+            "ttft_ms",
+            "total_ms",
+            "outcome",
+        )
+        read_only_fields = fields
+
+
+class UsageRowSerializer(serializers.Serializer[Any]):
+    group = serializers.CharField(allow_null=True, help_text="Date, model, class or key prefix.")
+    requests = serializers.IntegerField()
+    tokens_in = serializers.IntegerField()
+    tokens_out = serializers.IntegerField()
+    credits = serializers.DecimalField(max_digits=26, decimal_places=6)
+
+
+class UsageSummarySerializer(serializers.Serializer[Any]):
+    group_by = serializers.ChoiceField(choices=USAGE_GROUPS)
+    rows = UsageRowSerializer(many=True)
+
+
+class UsageRecordsApi(TenantApi, generics.ListAPIView[UsageRecord]):
+    serializer_class = UsageRecordSerializer
+
+    def get_queryset(self) -> Any:
+        return usage_records(self.access.tenant, usage_filter_of(self.request))
+
+    @extend_schema(
+        operation_id="usage_records",
+        parameters=[TENANT_PARAM, *USAGE_FILTERS],
+        tags=["usage"],
+        description="Metered requests, newest first, cursor-paginated.",
+    )
+    def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        return super().get(request, *args, **kwargs)
+
+
+class UsageSummaryApi(TenantApi):
+    serializer_class = UsageSummarySerializer
+
+    @extend_schema(
+        operation_id="usage_summary",
+        parameters=[
+            TENANT_PARAM,
+            OpenApiParameter("group_by", str, enum=USAGE_GROUPS, default="day"),
+            *USAGE_FILTERS,
+        ],
+        tags=["usage"],
+        description="Requests, tokens and credits per day, model, request class or API key.",
+    )
+    def get(self, request: Request, tenant: str) -> Response:
+        group_by = request.query_params.get("group_by", "day")
+        if group_by not in USAGE_GROUPS:
+            raise serializers.ValidationError(
+                {"group_by": f"Group by one of: {', '.join(USAGE_GROUPS)}."}
+            )
+        rows = usage_summary(self.access.tenant, usage_filter_of(request), group_by=group_by)
+        return Response(UsageSummarySerializer({"group_by": group_by, "rows": rows}).data)
+
+
+_CSV_FIELDS = UsageRecordSerializer.Meta.fields
+
+
+class _Echo:
+    def write(self, value: str) -> str:
+        return value
+
+
+def _csv_lines(records: Iterator[UsageRecord]) -> Iterator[str]:
+    writer = csv.writer(_Echo())
+    yield writer.writerow(_CSV_FIELDS)
+    for record in records:
+        row = UsageRecordSerializer(record).data
+        yield writer.writerow(["" if row[f] is None else row[f] for f in _CSV_FIELDS])
+
+
+class UsageExportApi(TenantApi):
+    @extend_schema(
+        operation_id="usage_export_csv",
+        parameters=[TENANT_PARAM, *USAGE_FILTERS],
+        responses={(200, "text/csv"): OpenApiTypes.STR},
+        tags=["usage"],
+        description="The filtered usage records as CSV (header row first), streamed.",
+    )
+    def get(self, request: Request, tenant: str) -> StreamingHttpResponse:
+        records = usage_records(self.access.tenant, usage_filter_of(request))
+        response = StreamingHttpResponse(
+            _csv_lines(usage_rows_iter(records)), content_type="text/csv"
+        )
+        response["Content-Disposition"] = f'attachment; filename="usage-{tenant}.csv"'
+        return response
+
+
+# --- balance, grants, budgets ----------------------------------------------------------------
+
+
+class BudgetSerializer(serializers.ModelSerializer[Budget]):
+    class Meta:
+        model = Budget
+        fields = ("period", "soft_alert_pct", "hard_cap", "updated_at")
+        read_only_fields = fields
+
+
+class BalanceSerializer(serializers.Serializer[Any]):
+    balance = serializers.DecimalField(max_digits=26, decimal_places=6)
+    budgets = BudgetSerializer(many=True)
+
+
+class GrantSerializer(serializers.ModelSerializer[AuditEvent]):
+    amount = serializers.SerializerMethodField()
+    reason = serializers.SerializerMethodField()
+    balance_after = serializers.SerializerMethodField()
+
+    class Meta:
+        model = AuditEvent
+        fields = ("id", "created_at", "actor_label", "amount", "reason", "balance_after")
+        read_only_fields = fields
+
+    def get_amount(self, event: AuditEvent) -> str | None:
+        return (event.after or {}).get("amount")
+
+    def get_reason(self, event: AuditEvent) -> str | None:
+        return (event.after or {}).get("reason")
+
+    def get_balance_after(self, event: AuditEvent) -> str | None:
+        return (event.after or {}).get("balance")
+
+
+class BalanceApi(TenantApi):
+    serializer_class = BalanceSerializer
+
+    @extend_schema(operation_id="balance_get", parameters=[TENANT_PARAM], tags=["billing"])
+    def get(self, request: Request, tenant: str) -> Response:
+        t = self.access.tenant
+        data = {"balance": credit_balance(t), "budgets": list(budgets_for(t))}
+        return Response(BalanceSerializer(data).data)
+
+
+class GrantListApi(TenantApi, generics.ListAPIView[AuditEvent]):
+    serializer_class = GrantSerializer
+
+    def get_queryset(self) -> Any:
+        return credit_grants_for(self.access.tenant)
+
+    @extend_schema(operation_id="grants_list", parameters=[TENANT_PARAM], tags=["billing"])
+    def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        return super().get(request, *args, **kwargs)
+
+
+class BudgetAlertSerializer(serializers.Serializer[Any]):
+    soft_alert_pct = serializers.IntegerField(help_text="Alert at this % of the hard cap (1-100).")
+
+
+def _budget(tenant: Tenant, period: str, *, lock: bool = False) -> Budget:
+    budgets = budgets_for(tenant)
+    if lock:
+        budgets = budgets.select_for_update()
+    found = budgets.filter(period=period).first()
+    if found is None:
+        raise Http404
+    return found
+
+
+class BudgetApi(TenantApi):
+    serializer_class = BudgetSerializer
+    write_role = Membership.Role.OWNER
+
+    @extend_schema(operation_id="budget_get", parameters=[TENANT_PARAM], tags=["billing"])
+    def get(self, request: Request, tenant: str, period: str) -> Response:
+        data = BudgetSerializer(_budget(self.access.tenant, period)).data
+        return with_etag(Response(data), data)
+
+    @extend_schema(
+        operation_id="budget_set_alert",
+        parameters=[
+            TENANT_PARAM,
+            OpenApiParameter("If-Match", str, OpenApiParameter.HEADER, required=True),
+        ],
+        request=BudgetAlertSerializer,
+        tags=["billing"],
+        description="Owners set the soft alert level; the hard cap is the operator's.",
+    )
+    def patch(self, request: Request, tenant: str, period: str) -> Response:
+        body = BudgetAlertSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        t = self.access.tenant
+        with transaction.atomic():
+            budget = _budget(t, period, lock=True)
+            if_match_check(request, etag_of(BudgetSerializer(budget).data))
+            budget = budget_set(
+                actor=actor_of(request),
+                tenant=t,
+                period=period,
+                soft_alert_pct=body.validated_data["soft_alert_pct"],
+                hard_cap=budget.hard_cap,
+            )
+        data = BudgetSerializer(budget).data
+        return with_etag(Response(data), data)
+
+
+# --- operator side ---------------------------------------------------------------------------
+
+
+def _tenant(slug: str) -> Tenant:
+    found = Tenant.objects.filter(slug=slug).first()
+    if found is None:
+        raise Http404
+    return found
+
+
+class GrantCreateSerializer(serializers.Serializer[Any]):
+    amount = serializers.DecimalField(max_digits=26, decimal_places=6)
+    reason = serializers.CharField(max_length=500)
+
+
+class OpsGrantApi(OperatorApi):
+    serializer_class = BalanceSerializer
+
+    @extend_schema(
+        operation_id="ops_credit_grant",
+        request=GrantCreateSerializer,
+        responses={201: BalanceSerializer},
+        tags=["ops: billing"],
+        description="Grant credits (negative to correct); the balance never goes below 0.",
+    )
+    def post(self, request: Request, slug: str) -> Response:
+        body = GrantCreateSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        tenant = _tenant(slug)
+        credit_grant(actor=actor_of(request), tenant=tenant, **body.validated_data)
+        data = {"balance": credit_balance(tenant), "budgets": list(budgets_for(tenant))}
+        return Response(BalanceSerializer(data).data, status=status.HTTP_201_CREATED)
+
+
+class BudgetSetSerializer(serializers.Serializer[Any]):
+    soft_alert_pct = serializers.IntegerField()
+    hard_cap = serializers.DecimalField(max_digits=26, decimal_places=6)
+
+
+class OpsBudgetApi(OperatorApi):
+    serializer_class = BudgetSerializer
+
+    @extend_schema(
+        operation_id="ops_budget_set",
+        request=BudgetSetSerializer,
+        tags=["ops: billing"],
+        description="Create or replace the tenant's day or month budget. If-Match is checked "
+        "when sent.",
+    )
+    def put(self, request: Request, slug: str, period: str) -> Response:
+        body = BudgetSetSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        tenant = _tenant(slug)
+        with transaction.atomic():
+            current = budgets_for(tenant).select_for_update().filter(period=period).first()
+            if current is not None and request.headers.get("If-Match"):
+                if_match_check(request, etag_of(BudgetSerializer(current).data))
+            budget = budget_set(
+                actor=actor_of(request), tenant=tenant, period=period, **body.validated_data
+            )
+        data = BudgetSerializer(budget).data
+        return with_etag(Response(data), data)
+
+
+class PriceSerializer(serializers.ModelSerializer[Price]):
+    model = serializers.CharField(source="version.model.name", read_only=True)
+
+    class Meta:
+        model = Price
+        fields = (
+            "id",
+            "version",
+            "model",
+            "hardware_tier",
+            "input_per_1k",
+            "output_per_1k",
+            "cache_hit_discount",
+            "updated_at",
+        )
+        read_only_fields = fields
+
+
+class PriceSetSerializer(serializers.Serializer[Any]):
+    version = serializers.PrimaryKeyRelatedField(queryset=ModelVersion.objects.all())
+    hardware_tier = serializers.CharField(max_length=32)
+    input_per_1k = serializers.DecimalField(max_digits=26, decimal_places=6)
+    output_per_1k = serializers.DecimalField(max_digits=26, decimal_places=6)
+    cache_hit_discount = serializers.DecimalField(
+        max_digits=6, decimal_places=3, required=False, default="0.5"
+    )
+
+
+class OpsPriceListApi(OperatorApi, generics.ListAPIView[Price]):
+    serializer_class = PriceSerializer
+
+    def get_queryset(self) -> Any:
+        return prices_all().order_by("-id")
+
+    @extend_schema(operation_id="ops_prices_list", tags=["ops: billing"])
+    def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        return super().get(request, *args, **kwargs)
+
+    @extend_schema(
+        operation_id="ops_price_set",
+        request=PriceSetSerializer,
+        responses={200: PriceSerializer},
+        tags=["ops: billing"],
+        description="Set (create or replace) the price of a version on a hardware tier.",
+    )
+    def post(self, request: Request) -> Response:
+        body = PriceSetSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        price = price_set(actor=actor_of(request), **body.validated_data)
+        return Response(PriceSerializer(price).data)
