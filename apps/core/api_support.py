@@ -142,6 +142,13 @@ class CredentialThrottle(SimpleRateThrottle):
 
     scope = "api"
 
+    def get_rate(self) -> str | None:
+        # Read live (DRF's class attribute is frozen at import; settings may change in tests).
+        from rest_framework.settings import api_settings  # noqa: PLC0415 - import order
+
+        rates: dict[str, str | None] = api_settings.DEFAULT_THROTTLE_RATES
+        return rates.get(self.scope)
+
     def get_cache_key(self, request: Request, view: Any) -> str | None:
         prefix = getattr(request.auth, "prefix", None)
         if isinstance(prefix, str):
