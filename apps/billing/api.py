@@ -301,7 +301,7 @@ def _tenant(slug: str) -> Tenant:
 
 class GrantCreateSerializer(serializers.Serializer[Any]):
     amount = serializers.DecimalField(max_digits=26, decimal_places=6)
-    reason = serializers.CharField(max_length=500)
+    reason = serializers.CharField(max_length=500, allow_blank=True)
 
 
 class OpsGrantApi(OperatorApi):
@@ -373,7 +373,7 @@ class PriceSerializer(serializers.ModelSerializer[Price]):
 
 class PriceSetSerializer(serializers.Serializer[Any]):
     version = serializers.PrimaryKeyRelatedField(queryset=ModelVersion.objects.all())
-    hardware_tier = serializers.CharField(max_length=32)
+    hardware_tier = serializers.CharField(max_length=32, allow_blank=True)
     input_per_1k = serializers.DecimalField(max_digits=26, decimal_places=6)
     output_per_1k = serializers.DecimalField(max_digits=26, decimal_places=6)
     cache_hit_discount = serializers.DecimalField(

@@ -58,7 +58,7 @@ class ModelSerializer(serializers.ModelSerializer[Model]):
 
 
 class ModelWriteSerializer(serializers.Serializer[Any]):
-    name = serializers.CharField(max_length=100)
+    name = serializers.CharField(max_length=100, allow_blank=True)
     task = serializers.ChoiceField(choices=Model.Task.choices)
     description = serializers.CharField(required=False, allow_blank=True, default="")
 
@@ -142,9 +142,9 @@ class VersionSerializer(serializers.ModelSerializer[ModelVersion]):
 
 
 class VersionWriteSerializer(serializers.Serializer[Any]):
-    label = serializers.CharField(max_length=64)
-    artifact_uri = serializers.CharField(max_length=500, trim_whitespace=False)
-    digest = serializers.CharField(max_length=64)
+    label = serializers.CharField(max_length=64, allow_blank=True)
+    artifact_uri = serializers.CharField(max_length=500, allow_blank=True, trim_whitespace=False)
+    digest = serializers.CharField(max_length=64, allow_blank=True)
     manifest = serializers.JSONField()
     runtime = serializers.ChoiceField(choices=ModelVersion.Runtime.choices)
     memory_gb = serializers.FloatField(required=False, default=1.0)
@@ -247,8 +247,8 @@ class PoolSerializer(serializers.ModelSerializer[Pool]):
 
 
 class PoolWriteSerializer(serializers.Serializer[Any]):
-    name = serializers.CharField(max_length=63)
-    hardware_tier = serializers.CharField(max_length=32)
+    name = serializers.CharField(max_length=63, allow_blank=True)
+    hardware_tier = serializers.CharField(max_length=32, allow_blank=True)
     cost_per_replica_hour = serializers.DecimalField(max_digits=16, decimal_places=4)
     min_replicas = serializers.IntegerField(required=False, default=0)
     max_replicas = serializers.IntegerField(required=False, default=1)
@@ -321,7 +321,7 @@ class EndpointSerializer(serializers.ModelSerializer[Endpoint]):
 class EndpointCreateSerializer(serializers.Serializer[Any]):
     pool = serializers.PrimaryKeyRelatedField(queryset=Pool.objects.all())
     version = serializers.PrimaryKeyRelatedField(queryset=ModelVersion.objects.all())
-    base_url = serializers.CharField(max_length=300)
+    base_url = serializers.CharField(max_length=300, allow_blank=True)
     capacity = serializers.IntegerField(required=False, default=8)
 
 

@@ -79,7 +79,7 @@ class RolloutCreateSerializer(serializers.Serializer[Any]):
 
 
 class RolloutCancelSerializer(serializers.Serializer[Any]):
-    reason = serializers.CharField(max_length=2000)
+    reason = serializers.CharField(max_length=2000, allow_blank=True)
 
 
 def _rollouts() -> QuerySet[Rollout]:

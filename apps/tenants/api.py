@@ -158,7 +158,7 @@ class ApiKeySerializer(serializers.ModelSerializer[ApiKey]):
 
 
 class ApiKeyCreateSerializer(serializers.Serializer[Any]):
-    name = serializers.CharField(max_length=100)
+    name = serializers.CharField(max_length=100, allow_blank=True)
     scopes = serializers.ListField(
         child=serializers.ChoiceField(choices=API_KEY_SCOPES), default=["inference"]
     )
@@ -292,7 +292,7 @@ class ManagementTokenSerializer(serializers.ModelSerializer[ManagementToken]):
 
 
 class ManagementTokenCreateSerializer(serializers.Serializer[Any]):
-    name = serializers.CharField(max_length=100)
+    name = serializers.CharField(max_length=100, allow_blank=True)
     role = serializers.ChoiceField(choices=Membership.Role.choices)
     expires_at = serializers.DateTimeField(required=False, allow_null=True, default=None)
 
@@ -331,7 +331,6 @@ class ManagementTokenListApi(TenantApi, generics.ListAPIView[ManagementToken]):
         token, full = management_token_create(
             actor=actor_of(request),
             tenant=self.access.tenant,
-            max_role=self.access.role,
             **body.validated_data,
         )
         data = {**ManagementTokenSerializer(token).data, "token": full}

@@ -70,7 +70,7 @@ class OpsTenantSerializer(serializers.ModelSerializer[Tenant]):
 class TenantWriteSerializer(serializers.Serializer[Any]):
     """Types only: the service checks the values and answers with its own messages."""
 
-    name = serializers.CharField(max_length=200)
+    name = serializers.CharField(max_length=200, allow_blank=True)
     weight = serializers.FloatField(required=False)
     rpm_limit = serializers.IntegerField()
     tpm_limit = serializers.IntegerField()
@@ -85,7 +85,7 @@ class TenantWriteSerializer(serializers.Serializer[Any]):
 
 
 class TenantCreateSerializer(TenantWriteSerializer):
-    slug = serializers.CharField(max_length=63)
+    slug = serializers.CharField(max_length=63, allow_blank=True)
 
 
 class TenantPatchSerializer(TenantWriteSerializer):
@@ -200,7 +200,7 @@ class RequestClassSerializer(serializers.ModelSerializer[RequestClass]):
 
 
 class RequestClassWriteSerializer(serializers.Serializer[Any]):
-    name = serializers.CharField(max_length=40)
+    name = serializers.CharField(max_length=40, allow_blank=True)
     priority_band = serializers.IntegerField()
     ttft_slo_ms = serializers.IntegerField()
     deadline_ms = serializers.IntegerField()

@@ -82,16 +82,9 @@ def management_token_create(
     name: str,
     role: str,
     expires_at: datetime | None = None,
-    max_role: str | None = None,
 ) -> tuple[ManagementToken, str]:
-    """Issue a token. Returns the stored token and the full token string (show it once).
-
-    ``max_role`` is the issuer's own role: nobody issues a token stronger than themselves.
-    """
+    """Issue a token. Returns the stored token and the full token string (show it once)."""
     management_token_validate_values({"name": name, "role": role, "expires_at": expires_at})
-    ranks = {Membership.Role.VIEWER: 0, Membership.Role.ADMIN: 1, Membership.Role.OWNER: 2}
-    if max_role is not None and ranks[Membership.Role(role)] > ranks[Membership.Role(max_role)]:
-        raise ValidationError({"role": f"A {max_role} cannot issue a token with role {role}."})
     prefix = _new_prefix()
     secret = "".join(secrets.choice(_SECRET_ALPHABET) for _ in range(_SECRET_LENGTH))
     full_token = f"{TOKEN_SCHEME}_{prefix}_{secret}"
