@@ -58,6 +58,9 @@ ops_urls = [
     path("audit/", tenants_ops.OpsAuditApi.as_view()),
 ]
 
+handler404 = "apps.core.api_support.not_found_handler"
+handler500 = "apps.core.api_support.server_error_handler"
+
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/v1/me/", tenants_api.MeApi.as_view()),

@@ -11,7 +11,6 @@ from typing import Any
 
 from django.db import transaction
 from django.http import Http404, StreamingHttpResponse
-from django.utils.dateparse import parse_datetime
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import generics, serializers, status
@@ -29,7 +28,7 @@ from apps.billing.usage_selectors import (
     usage_rows_iter,
     usage_summary,
 )
-from apps.core.api_support import etag_of, if_match_check, with_etag
+from apps.core.api_support import etag_of, if_match_check, time_param, with_etag
 from apps.models.models import ModelVersion
 from apps.tenants.api import TENANT_PARAM, TenantApi
 from apps.tenants.api_auth import actor_of
@@ -45,25 +44,10 @@ USAGE_FILTERS = [
 ]
 
 
-def _time_param(request: Request, name: str) -> Any:
-    raw = request.query_params.get(name)
-    if not raw:
-        return None
-    try:
-        moment = parse_datetime(raw)
-    except ValueError:
-        moment = None
-    if moment is None or moment.tzinfo is None:
-        raise serializers.ValidationError(
-            {name: "Give an ISO 8601 time with a time zone, e.g. 2026-11-22T00:00:00Z."}
-        )
-    return moment
-
-
 def usage_filter_of(request: Request) -> UsageFilter:
     return UsageFilter(
-        since=_time_param(request, "since"),
-        until=_time_param(request, "until"),
+        since=time_param(request, "since"),
+        until=time_param(request, "until"),
         model=request.query_params.get("model") or None,
         request_class=request.query_params.get("class") or None,
         key=request.query_params.get("key") or None,

@@ -15,13 +15,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+from datetime import UTC, datetime
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import transaction
-from django.http import Http404
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.utils.dateparse import parse_datetime
+from django.views import defaults
 from rest_framework import exceptions, status
 from rest_framework.pagination import CursorPagination
 from rest_framework.request import Request
@@ -229,3 +232,37 @@ def etag_update(
 
 def etag_read(data: Any) -> Response:
     return with_etag(Response(data), data)
+
+
+def _api_error(request: HttpRequest, code: str, message: str, status_code: int) -> HttpResponse:
+    return JsonResponse({"error": {"code": code, "message": message}}, status=status_code)
+
+
+def not_found_handler(request: HttpRequest, exception: Exception) -> HttpResponse:
+    """404 for URLs no view matched: the API's error shape under /api/, Django's page elsewhere."""
+    if request.path.startswith("/api/"):
+        return _api_error(request, "not_found", "No such endpoint or object.", 404)
+    return defaults.page_not_found(request, exception)
+
+
+def server_error_handler(request: HttpRequest) -> HttpResponse:
+    if request.path.startswith("/api/"):
+        return _api_error(request, "server_error", "Internal server error.", 500)
+    return defaults.server_error(request)
+
+
+def time_param(request: Request, name: str) -> datetime | None:
+    """An ISO 8601 query parameter with a time zone, as UTC; a 400 on ``name`` otherwise."""
+    raw = request.query_params.get(name)
+    if not raw:
+        return None
+    try:
+        moment = parse_datetime(raw)
+        moment = moment.astimezone(UTC) if moment is not None and moment.tzinfo else None
+    except (ValueError, OverflowError):
+        moment = None
+    if moment is None:
+        raise exceptions.ValidationError(
+            {name: "Give an ISO 8601 time with a time zone, e.g. 2026-11-22T00:00:00Z."}
+        )
+    return moment

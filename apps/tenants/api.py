@@ -11,7 +11,6 @@ from typing import Any
 from django.db.models import QuerySet
 from django.http import Http404
 from django.utils import timezone
-from django.utils.dateparse import parse_datetime
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiExample, OpenApiParameter, extend_schema
@@ -19,7 +18,7 @@ from rest_framework import generics, serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from apps.core.api_support import IdCursorPagination
+from apps.core.api_support import IdCursorPagination, time_param
 from apps.tenants.api_auth import ManagementTokenAuthentication, TenantAccess, TenantRolePermission, access_of, actor_of
 from apps.tenants.api_selectors import (
     api_key_of_tenant,
@@ -393,18 +392,8 @@ def audit_filter_args(request: Request) -> dict[str, Any]:
         name: request.query_params.get(name) or None
         for name in ("action", "target_type", "target_id", "actor")
     }
-    for name in ("since", "until"):
-        raw = request.query_params.get(name)
-        if raw:
-            try:
-                moment = parse_datetime(raw)
-            except ValueError:
-                moment = None
-            if moment is None or moment.tzinfo is None:
-                raise serializers.ValidationError(
-                    {name: "Give an ISO 8601 time with a time zone, e.g. 2026-11-22T00:00:00Z."}
-                )
-            args[name] = moment
+    args["since"] = time_param(request, "since")
+    args["until"] = time_param(request, "until")
     return args
 
 
