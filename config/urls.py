@@ -34,6 +34,7 @@ ops_urls = [
     path("tenants/<slug:slug>/", tenants_ops.OpsTenantDetailApi.as_view()),
     path("tenants/<slug:slug>/suspend/", tenants_ops.OpsTenantSuspendApi.as_view()),
     path("tenants/<slug:slug>/activate/", tenants_ops.OpsTenantActivateApi.as_view()),
+    path("tenants/<slug:slug>/tokens/", tenants_ops.OpsTenantTokenApi.as_view()),
     path("tenants/<slug:slug>/grants/", billing_api.OpsGrantApi.as_view()),
     path("tenants/<slug:slug>/budgets/<str:period>/", billing_api.OpsBudgetApi.as_view()),
     path("classes/", tenants_ops.OpsClassListApi.as_view()),
@@ -66,6 +67,7 @@ urlpatterns = [
     path("api/v1/me/", tenants_api.MeApi.as_view()),
     path("api/v1/tenants/<str:tenant>/", include(tenant_urls)),
     path("api/v1/ops/", include(ops_urls)),
+    path("api/auth/", include("rest_framework.urls")),  # session login for tenant members
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
 ]

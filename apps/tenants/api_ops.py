@@ -14,7 +14,14 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from apps.core.api_support import IdCursorPagination, etag_read, etag_update
-from apps.tenants.api import AUDIT_FILTERS, AuditEventSerializer, audit_filter_args
+from apps.tenants.api import (
+    AUDIT_FILTERS,
+    AuditEventSerializer,
+    ManagementTokenCreateSerializer,
+    ManagementTokenIssuedSerializer,
+    ManagementTokenSerializer,
+    audit_filter_args,
+)
 from apps.tenants.api_auth import IsOperator, actor_of
 from apps.tenants.api_selectors import audit_events_filtered
 from apps.tenants.models import AuditEvent, RequestClass, Tenant
@@ -27,6 +34,7 @@ from apps.tenants.services import (
     tenant_suspend,
     tenant_update,
 )
+from apps.tenants.services.management_tokens import management_token_create
 
 IF_MATCH = OpenApiParameter(
     "If-Match", str, OpenApiParameter.HEADER, required=True, description="ETag of your last read."
@@ -178,6 +186,27 @@ class OpsTenantActivateApi(OperatorApi):
     def post(self, request: Request, slug: str) -> Response:
         tenant = tenant_activate(actor=actor_of(request), tenant=_tenant(slug))
         return etag_read(_tenant_data(_tenant(tenant.slug)))
+
+
+class OpsTenantTokenApi(OperatorApi):
+    serializer_class = ManagementTokenIssuedSerializer
+
+    @extend_schema(
+        operation_id="ops_tenants_issue_token",
+        request=ManagementTokenCreateSerializer,
+        responses={201: ManagementTokenIssuedSerializer},
+        tags=["ops: tenants"],
+        description="Issue a management token for the tenant (e.g. its first owner token); "
+        "the full token is in this response only.",
+    )
+    def post(self, request: Request, slug: str) -> Response:
+        body = ManagementTokenCreateSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        token, full = management_token_create(
+            actor=actor_of(request), tenant=_tenant(slug), **body.validated_data
+        )
+        data = {**ManagementTokenSerializer(token).data, "token": full}
+        return Response(data, status=status.HTTP_201_CREATED)
 
 
 # --- request classes -------------------------------------------------------------------------

@@ -75,6 +75,20 @@ def test_if_match_is_required_and_a_stale_write_is_refused(
     assert ok["ETag"] == staff_client.get(url)["ETag"]
 
 
+def test_operator_issues_a_first_owner_token(world: World, staff_client: APIClient) -> None:
+    issued = staff_client.post(
+        f"{OPS}/tenants/globex/tokens/", {"name": "bootstrap", "role": "owner"}, format="json"
+    )
+    assert issued.status_code == 201, issued.content
+    owner = APIClient()
+    owner.credentials(HTTP_AUTHORIZATION=f"Bearer {issued.json()['token']}")
+    assert owner.get("/api/v1/tenants/globex/tokens/").status_code == 200
+    assert owner.get("/api/v1/tenants/acme/").status_code == 404
+    bad = staff_client.post(f"{OPS}/tenants/globex/tokens/", {"name": "x", "role": "god"},
+                            format="json")  # fmt: skip
+    assert bad.status_code == 400
+
+
 def test_suspend_and_activate(world: World, staff_client: APIClient) -> None:
     assert staff_client.post(f"{OPS}/tenants/globex/suspend/").json()["status"] == "suspended"
     twice = staff_client.post(f"{OPS}/tenants/globex/suspend/")
@@ -261,3 +275,18 @@ def test_schema_and_docs_are_served(world: World, path: str) -> None:
         assert "swagger-ui" in html
         assert "cdn" not in html.lower()
         assert "/static/drf_spectacular_sidecar/" in html
+
+
+def test_issue_management_token_command(world: World) -> None:
+    from io import StringIO
+
+    from django.core.management import CommandError, call_command
+
+    out = StringIO()
+    call_command("issue_management_token", "acme", "--role", "viewer", stdout=out)
+    token = out.getvalue().strip()
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {token}")
+    assert client.get("/api/v1/tenants/acme/").json()["role"] == "viewer"
+    with pytest.raises(CommandError, match="no tenant with slug 'nobody'"):
+        call_command("issue_management_token", "nobody")
