@@ -169,7 +169,7 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": (
         "Tenant self-service under /api/v1/tenants/{tenant}/ (a member's session or a "
         "management token) and operator endpoints under /api/v1/ops/ (staff sessions). "
-        "Errors: {\"error\": {\"code\", \"message\", \"fields\"}}. Updates (PATCH) need "
+        'Errors: {"error": {"code", "message", "fields"}}. Updates (PATCH) need '
         "If-Match with the ETag of your last read: 428 without it, 412 when stale."
     ),
     "VERSION": "0.1.0",

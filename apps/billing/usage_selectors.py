@@ -34,9 +34,7 @@ class UsageFilter:
 
 def usage_records(tenant: Tenant, usage_filter: UsageFilter) -> QuerySet[UsageRecord]:
     """The tenant's usage records matching the filter, newest first."""
-    records = UsageRecord.objects.filter(tenant=tenant).select_related(
-        "api_key", "version__model"
-    )
+    records = UsageRecord.objects.filter(tenant=tenant).select_related("api_key", "version__model")
     if usage_filter.since is not None:
         records = records.filter(occurred_at__gte=usage_filter.since)
     if usage_filter.until is not None:
@@ -70,9 +68,7 @@ def usage_summary(
         )
         .order_by(F("group").asc(nulls_last=True))
     )
-    return [
-        {**row, "group": None if row["group"] is None else str(row["group"])} for row in rows
-    ]
+    return [{**row, "group": None if row["group"] is None else str(row["group"])} for row in rows]
 
 
 def usage_rows_iter(records: QuerySet[UsageRecord]) -> Iterator[UsageRecord]:

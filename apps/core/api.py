@@ -44,7 +44,10 @@ class OpsSnapshotRefreshApi(OperatorApi):
         examples=[
             OpenApiExample(
                 "queued",
-                value={"task_id": "5b1c…", "status_url": "http://127.0.0.1:8000/api/v1/ops/tasks/5b1c…/"},
+                value={
+                    "task_id": "5b1c…",
+                    "status_url": "http://127.0.0.1:8000/api/v1/ops/tasks/5b1c…/",
+                },
                 response_only=True,
                 status_codes=["202"],
             )

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from datetime import UTC, datetime
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from django.core.exceptions import ValidationError as DjangoValidationError

@@ -26,8 +26,16 @@ from apps.tenants.api_ops import OperatorApi
 class RolloutEventSerializer(serializers.ModelSerializer[RolloutEvent]):
     class Meta:
         model = RolloutEvent
-        fields = ("kind", "from_state", "to_state", "step", "actor_label", "reason", "data",
-                  "created_at")
+        fields = (
+            "kind",
+            "from_state",
+            "to_state",
+            "step",
+            "actor_label",
+            "reason",
+            "data",
+            "created_at",
+        )
         read_only_fields = fields
 
 

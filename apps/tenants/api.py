@@ -19,7 +19,13 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from apps.core.api_support import IdCursorPagination, time_param
-from apps.tenants.api_auth import ManagementTokenAuthentication, TenantAccess, TenantRolePermission, access_of, actor_of
+from apps.tenants.api_auth import (
+    ManagementTokenAuthentication,
+    TenantAccess,
+    TenantRolePermission,
+    access_of,
+    actor_of,
+)
 from apps.tenants.api_selectors import (
     api_key_of_tenant,
     audit_events_filtered,
@@ -39,6 +45,7 @@ from apps.tenants.services.management_tokens import (
     management_token_revoke,
 )
 
+
 class ManagementTokenScheme(OpenApiAuthenticationExtension):  # type: ignore[no-untyped-call]
     target_class = ManagementTokenAuthentication
     name = "managementToken"
@@ -50,7 +57,6 @@ class ManagementTokenScheme(OpenApiAuthenticationExtension):  # type: ignore[no-
             "description": "A tenant management token, `sym_<prefix>_<secret>` (not an "
             "inference key). Issued by a tenant owner through the API.",
         }
-
 
 
 TENANT_PARAM = OpenApiParameter("tenant", str, OpenApiParameter.PATH, description="Tenant slug.")
@@ -286,7 +292,15 @@ class ApiKeyRotateApi(ApiKeyItemApi):
 class ManagementTokenSerializer(serializers.ModelSerializer[ManagementToken]):
     class Meta:
         model = ManagementToken
-        fields = ("prefix", "name", "role", "expires_at", "revoked_at", "last_used_at", "created_at")
+        fields = (
+            "prefix",
+            "name",
+            "role",
+            "expires_at",
+            "revoked_at",
+            "last_used_at",
+            "created_at",
+        )
         read_only_fields = fields
 
 

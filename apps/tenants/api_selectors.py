@@ -32,7 +32,9 @@ def api_key_of_tenant(tenant: Tenant, prefix: str) -> ApiKey | None:
     return ApiKey.objects.select_related("tenant").filter(tenant=tenant, prefix=prefix).first()
 
 
-def _ids(queryset: QuerySet[ApiKey] | QuerySet[Membership] | QuerySet[ManagementToken]) -> list[str]:
+def _ids(
+    queryset: QuerySet[ApiKey] | QuerySet[Membership] | QuerySet[ManagementToken],
+) -> list[str]:
     return [str(pk) for pk in queryset.values_list("pk", flat=True)]
 
 
@@ -47,7 +49,8 @@ def audit_events_of_tenant(tenant: Tenant) -> QuerySet[AuditEvent]:
         "tenants.managementtoken": _ids(ManagementToken.objects.filter(tenant=tenant)),
         "tenants.membership": _ids(Membership.objects.filter(tenant=tenant)),
         "billing.creditaccount": [
-            str(pk) for pk in CreditAccount.objects.filter(tenant=tenant).values_list("pk", flat=True)
+            str(pk)
+            for pk in CreditAccount.objects.filter(tenant=tenant).values_list("pk", flat=True)
         ],
         "billing.budget": [
             str(pk) for pk in Budget.objects.filter(tenant=tenant).values_list("pk", flat=True)

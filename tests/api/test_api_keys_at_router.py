@@ -37,7 +37,9 @@ def snapshot_prefix(settings: Any) -> Iterator[str]:
 
 
 @pytest.fixture
-def router(snapshot_prefix: str, transactional_db: Any, world: World, tmp_path: Path) -> Iterator[Process]:
+def router(
+    snapshot_prefix: str, transactional_db: Any, world: World, tmp_path: Path
+) -> Iterator[Process]:
     version = snapshot_publish()
     process = start_router(snapshot_prefix, tmp_path)
     try:
@@ -58,9 +60,7 @@ def test_created_key_works_within_a_second_and_revoked_key_stops(
     router: Process, world: World
 ) -> None:
     client = session_client(world.a.users["admin"])
-    created = client.post(
-        "/api/v1/tenants/acme/api-keys/", {"name": "router test"}, format="json"
-    )
+    created = client.post("/api/v1/tenants/acme/api-keys/", {"name": "router test"}, format="json")
     assert created.status_code == 201, created.content
     key, prefix = created.json()["key"], created.json()["prefix"]
     start = time.monotonic()

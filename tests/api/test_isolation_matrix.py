@@ -68,7 +68,10 @@ def _assert_refused(response: Any, world: World, what: str) -> None:
 def _b_object(route: str, world: World) -> dict[str, str]:
     """Path values naming tenant B's objects for a route."""
     b_token = world.b.tokens["viewer"][0].prefix
-    return {"prefix": b_token if route.startswith("tokens/") else world.b.key.prefix, "period": "day"}
+    return {
+        "prefix": b_token if route.startswith("tokens/") else world.b.key.prefix,
+        "period": "day",
+    }
 
 
 @pytest.mark.parametrize(("route", "method"), _tenant_cases())
@@ -99,9 +102,7 @@ def _needed_role(route: str, method: str) -> str:
     return str(getattr(view, "write_role", Membership.Role.ADMIN))
 
 
-@pytest.mark.parametrize(
-    ("route", "method"), [c for c in _tenant_cases() if c[1] in WRITE_METHODS]
-)
+@pytest.mark.parametrize(("route", "method"), [c for c in _tenant_cases() if c[1] in WRITE_METHODS])
 def test_roles_below_the_write_role_cannot_write(world: World, route: str, method: str) -> None:
     url = f"/api/v1/tenants/{world.a.tenant.slug}/" + _fill(
         route, prefix=world.a.key.prefix, period="day"

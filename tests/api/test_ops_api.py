@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from io import StringIO
 from typing import Any
 
 import pytest
+from django.core.management import CommandError, call_command
 from rest_framework.test import APIClient
 
 from apps.models.models import ModelVersion
 from apps.tenants.models import AuditEvent, Tenant
+from config.celery import app
 from runtime.artifacts import manifest_digest
 from tests.api.conftest import LIMITS, World, manifest
 
@@ -23,10 +26,16 @@ def _patch(client: APIClient, url: str, data: dict[str, Any]) -> Any:
 def test_tenants_create_list_get_update(world: World, staff_client: APIClient) -> None:
     created = staff_client.post(
         f"{OPS}/tenants/",
-        {"slug": "initech", "name": "Initech", **LIMITS, "allowed_classes": ["batch"],
-         "default_class": "batch", "allowed_models": ["tiny-llama"]},
+        {
+            "slug": "initech",
+            "name": "Initech",
+            **LIMITS,
+            "allowed_classes": ["batch"],
+            "default_class": "batch",
+            "allowed_models": ["tiny-llama"],
+        },
         format="json",
-    )  # fmt: skip
+    )
     assert created.status_code == 201, created.content
     assert created.json()["allowed_models"] == ["tiny-llama"]
     listed = staff_client.get(f"{OPS}/tenants/?status=active").json()["results"]
@@ -46,14 +55,18 @@ def test_tenant_refusals_carry_the_service_message(world: World, staff_client: A
     assert dup.json()["error"]["fields"] == {"slug": ["A tenant with slug 'acme' already exists."]}
     bad = staff_client.post(
         f"{OPS}/tenants/",
-        {"slug": "Bad Slug", "name": "x", **{**LIMITS, "rpm_limit": 0}},
+        {"slug": "Bad Slug", "name": "x", **LIMITS, "rpm_limit": 0},
         format="json",
     )
     fields = bad.json()["error"]["fields"]
-    assert fields["rpm_limit"] == ["Requests-per-minute limit must be a positive whole number (got 0)."]
+    assert fields["rpm_limit"] == [
+        "Requests-per-minute limit must be a positive whole number (got 0)."
+    ]
     assert fields["slug"][0].startswith("Slug must be 1-63 lower-case letters")
     unknown = _patch(staff_client, f"{OPS}/tenants/acme/", {"allowed_classes": ["gold"]})
-    assert unknown.json()["error"]["fields"] == {"allowed_classes": ["Unknown request class 'gold'."]}
+    assert unknown.json()["error"]["fields"] == {
+        "allowed_classes": ["Unknown request class 'gold'."]
+    }
     assert staff_client.get(f"{OPS}/tenants/nobody/").status_code == 404
 
 
@@ -84,8 +97,9 @@ def test_operator_issues_a_first_owner_token(world: World, staff_client: APIClie
     owner.credentials(HTTP_AUTHORIZATION=f"Bearer {issued.json()['token']}")
     assert owner.get("/api/v1/tenants/globex/tokens/").status_code == 200
     assert owner.get("/api/v1/tenants/acme/").status_code == 404
-    bad = staff_client.post(f"{OPS}/tenants/globex/tokens/", {"name": "x", "role": "god"},
-                            format="json")  # fmt: skip
+    bad = staff_client.post(
+        f"{OPS}/tenants/globex/tokens/", {"name": "x", "role": "god"}, format="json"
+    )
     assert bad.status_code == 400
 
 
@@ -97,8 +111,14 @@ def test_suspend_and_activate(world: World, staff_client: APIClient) -> None:
 
 
 def test_classes(world: World, staff_client: APIClient) -> None:
-    body = {"name": "gold", "priority_band": 0, "ttft_slo_ms": 100, "deadline_ms": 1000,
-            "max_queue_length": 10, "shed_order": 9}  # fmt: skip
+    body = {
+        "name": "gold",
+        "priority_band": 0,
+        "ttft_slo_ms": 100,
+        "deadline_ms": 1000,
+        "max_queue_length": 10,
+        "shed_order": 9,
+    }
     assert staff_client.post(f"{OPS}/classes/", body, format="json").status_code == 201
     bad = staff_client.post(
         f"{OPS}/classes/", {**body, "name": "gold2", "deadline_ms": 50}, format="json"
@@ -113,21 +133,29 @@ def test_classes(world: World, staff_client: APIClient) -> None:
 
 
 def _version_body(label: str) -> dict[str, Any]:
-    return {"label": label, "artifact_uri": f"file:///m/{label}",
-            "digest": manifest_digest(manifest()["files"]), "manifest": manifest(),
-            "runtime": "vllm"}  # fmt: skip
+    return {
+        "label": label,
+        "artifact_uri": f"file:///m/{label}",
+        "digest": manifest_digest(manifest()["files"]),
+        "manifest": manifest(),
+        "runtime": "vllm",
+    }
 
 
 def test_models_and_versions_published_is_immutable(world: World, staff_client: APIClient) -> None:
-    created = staff_client.post(f"{OPS}/models/", {"name": "embedder", "task": "embedding"},
-                                format="json")  # fmt: skip
+    created = staff_client.post(
+        f"{OPS}/models/", {"name": "embedder", "task": "embedding"}, format="json"
+    )
     assert created.status_code == 201
     model_id = created.json()["id"]
     dup = staff_client.post(f"{OPS}/models/", {"name": "embedder", "task": "chat"}, format="json")
     assert dup.json()["error"]["fields"] == {"name": ["A model named 'embedder' already exists."]}
-    assert _patch(staff_client, f"{OPS}/models/{model_id}/", {"description": "d"}).status_code == 200
-    version = staff_client.post(f"{OPS}/models/{model_id}/versions/", _version_body("v1"),
-                                format="json")  # fmt: skip
+    assert (
+        _patch(staff_client, f"{OPS}/models/{model_id}/", {"description": "d"}).status_code == 200
+    )
+    version = staff_client.post(
+        f"{OPS}/models/{model_id}/versions/", _version_body("v1"), format="json"
+    )
     assert version.status_code == 201, version.content
     vid = version.json()["id"]
     draft_edit = _patch(staff_client, f"{OPS}/versions/{vid}/", {"memory_gb": 2.5})
@@ -148,8 +176,11 @@ def test_models_and_versions_published_is_immutable(world: World, staff_client: 
 
 
 def test_pools_endpoints_routes_prices(world: World, staff_client: APIClient) -> None:
-    pool = staff_client.post(f"{OPS}/pools/", {"name": "gpu", "hardware_tier": "h100",
-                             "cost_per_replica_hour": "3.5", "max_replicas": 2}, format="json")  # fmt: skip
+    pool = staff_client.post(
+        f"{OPS}/pools/",
+        {"name": "gpu", "hardware_tier": "h100", "cost_per_replica_hour": "3.5", "max_replicas": 2},
+        format="json",
+    )
     assert pool.status_code == 201, pool.content
     bad_pool = _patch(staff_client, f"{OPS}/pools/{pool.json()['id']}/", {"min_replicas": 5})
     assert bad_pool.json()["error"]["fields"] == {
@@ -157,63 +188,102 @@ def test_pools_endpoints_routes_prices(world: World, staff_client: APIClient) ->
     }
     endpoint = staff_client.post(
         f"{OPS}/endpoints/",
-        {"pool": pool.json()["id"], "version": world.version.pk, "base_url": "http://10.0.0.5:8000"},
+        {
+            "pool": pool.json()["id"],
+            "version": world.version.pk,
+            "base_url": "http://10.0.0.5:8000",
+        },
         format="json",
     )
     assert endpoint.status_code == 201, endpoint.content
     eid = endpoint.json()["id"]
-    assert _patch(staff_client, f"{OPS}/endpoints/{eid}/", {"state": "ready"}).json()["state"] == "ready"
+    assert (
+        _patch(staff_client, f"{OPS}/endpoints/{eid}/", {"state": "ready"}).json()["state"]
+        == "ready"
+    )
     bad = _patch(staff_client, f"{OPS}/endpoints/{eid}/", {"state": "starting"})
     assert bad.json()["error"]["fields"]["state"][0].startswith("An endpoint cannot go from ready")
     assert len(staff_client.get(f"{OPS}/endpoints/?state=ready").json()["results"]) == 1
     route_url = f"{OPS}/routes/{world.model.pk}/"
-    assert staff_client.get(route_url).json()["splits"] == [{"version": world.version.pk, "weight": 1}]
-    put = staff_client.put(route_url, {"splits": [{"version": world.version.pk, "weight": 5}]},
-                           format="json")  # fmt: skip
+    assert staff_client.get(route_url).json()["splits"] == [
+        {"version": world.version.pk, "weight": 1}
+    ]
+    put = staff_client.put(
+        route_url, {"splits": [{"version": world.version.pk, "weight": 5}]}, format="json"
+    )
     assert put.status_code == 200
     assert put.json()["splits"][0]["weight"] == 5
-    stale = staff_client.put(route_url, {"splits": [{"version": world.version.pk, "weight": 7}]},
-                             format="json", HTTP_IF_MATCH='"stale"')  # fmt: skip
+    stale = staff_client.put(
+        route_url,
+        {"splits": [{"version": world.version.pk, "weight": 7}]},
+        format="json",
+        HTTP_IF_MATCH='"stale"',
+    )
     assert stale.status_code == 412
-    unknown = staff_client.put(route_url, {"splits": [{"version": 999999, "weight": 1}]},
-                               format="json")  # fmt: skip
+    unknown = staff_client.put(
+        route_url, {"splits": [{"version": 999999, "weight": 1}]}, format="json"
+    )
     assert unknown.json()["error"]["fields"] == {"splits": ["Unknown version id(s): 999999."]}
     assert len(staff_client.get(f"{OPS}/routes/").json()["results"]) == 1
-    price = staff_client.post(f"{OPS}/prices/", {"version": world.version.pk, "hardware_tier": "h100",
-                              "input_per_1k": "0.5", "output_per_1k": "1.5"}, format="json")  # fmt: skip
+    price = staff_client.post(
+        f"{OPS}/prices/",
+        {
+            "version": world.version.pk,
+            "hardware_tier": "h100",
+            "input_per_1k": "0.5",
+            "output_per_1k": "1.5",
+        },
+        format="json",
+    )
     assert price.status_code == 200, price.content
     assert price.json()["cache_hit_discount"] == "0.500"
-    bad_price = staff_client.post(f"{OPS}/prices/", {"version": world.version.pk,
-                                  "hardware_tier": "H 100", "input_per_1k": "1",
-                                  "output_per_1k": "1"}, format="json")  # fmt: skip
+    bad_price = staff_client.post(
+        f"{OPS}/prices/",
+        {
+            "version": world.version.pk,
+            "hardware_tier": "H 100",
+            "input_per_1k": "1",
+            "output_per_1k": "1",
+        },
+        format="json",
+    )
     assert "hardware_tier" in bad_price.json()["error"]["fields"]
     assert len(staff_client.get(f"{OPS}/prices/").json()["results"]) == 2
 
 
 def test_grants_and_budgets(world: World, staff_client: APIClient) -> None:
-    grant = staff_client.post(f"{OPS}/tenants/acme/grants/", {"amount": "25", "reason": "promo"},
-                              format="json")  # fmt: skip
+    grant = staff_client.post(
+        f"{OPS}/tenants/acme/grants/", {"amount": "25", "reason": "promo"}, format="json"
+    )
     assert grant.status_code == 201
     assert grant.json()["balance"] == "75.000000"
-    overdraw = staff_client.post(f"{OPS}/tenants/acme/grants/",
-                                 {"amount": "-100", "reason": "oops"}, format="json")  # fmt: skip
+    overdraw = staff_client.post(
+        f"{OPS}/tenants/acme/grants/", {"amount": "-100", "reason": "oops"}, format="json"
+    )
     assert overdraw.status_code == 400
     assert "may not go below 0" in overdraw.json()["error"]["fields"]["amount"][0]
-    budget = staff_client.put(f"{OPS}/tenants/acme/budgets/month/",
-                              {"soft_alert_pct": 90, "hard_cap": "1000"}, format="json")  # fmt: skip
+    budget = staff_client.put(
+        f"{OPS}/tenants/acme/budgets/month/",
+        {"soft_alert_pct": 90, "hard_cap": "1000"},
+        format="json",
+    )
     assert budget.status_code == 200
-    bad = staff_client.put(f"{OPS}/tenants/acme/budgets/week/",
-                           {"soft_alert_pct": 90, "hard_cap": "1000"}, format="json")  # fmt: skip
+    bad = staff_client.put(
+        f"{OPS}/tenants/acme/budgets/week/",
+        {"soft_alert_pct": 90, "hard_cap": "1000"},
+        format="json",
+    )
     assert "period" in bad.json()["error"]["fields"]
 
 
 def test_rollouts_create_get_cancel(world: World, staff_client: APIClient) -> None:
-    v2 = staff_client.post(f"{OPS}/models/{world.model.pk}/versions/", _version_body("v2"),
-                           format="json").json()["id"]  # fmt: skip
+    v2 = staff_client.post(
+        f"{OPS}/models/{world.model.pk}/versions/", _version_body("v2"), format="json"
+    ).json()["id"]
     body = {"model": world.model.pk, "stable_version": world.version.pk, "candidate_version": v2}
     draft = staff_client.post(f"{OPS}/rollouts/", body, format="json")
     assert draft.json()["error"]["fields"] == {
-        "candidate_version": [f"Version tiny-llama:v2 is not published."]
+        "candidate_version": ["Version tiny-llama:v2 is not published."]
     }
     staff_client.post(f"{OPS}/versions/{v2}/publish/")
     created = staff_client.post(f"{OPS}/rollouts/", body, format="json")
@@ -233,8 +303,6 @@ def test_snapshot_refresh_is_queued_with_a_task_id(
     world: World, staff_client: APIClient, settings: Any
 ) -> None:
     settings.CELERY_TASK_ALWAYS_EAGER = True
-    from config.celery import app
-
     app.conf.task_always_eager = True
     app.conf.task_store_eager_result = True
     try:
@@ -278,10 +346,6 @@ def test_schema_and_docs_are_served(world: World, path: str) -> None:
 
 
 def test_issue_management_token_command(world: World) -> None:
-    from io import StringIO
-
-    from django.core.management import CommandError, call_command
-
     out = StringIO()
     call_command("issue_management_token", "acme", "--role", "viewer", stdout=out)
     token = out.getvalue().strip()

@@ -51,16 +51,18 @@ def _pin_path(case: Any, world: World) -> None:
     if "period" in params and "budgets" in path:
         params["period"] = "day"
     if "pk" in params:
-        ids = {"/models/": world.model.pk, "/versions/": world.version.pk,
-               "/pools/": world.pool.pk, "/routes/": world.model.pk}  # fmt: skip
+        ids = {
+            "/models/": world.model.pk,
+            "/versions/": world.version.pk,
+            "/pools/": world.pool.pk,
+            "/routes/": world.model.pk,
+        }
         for fragment, pk in ids.items():
             if fragment in path:
                 params["pk"] = pk
 
 
-def _fuzz(
-    operation: Any, headers: dict[str, str], cookies: dict[str, str], world: World
-) -> None:
+def _fuzz(operation: Any, headers: dict[str, str], cookies: dict[str, str], world: World) -> None:
     @settings(
         max_examples=MAX_EXAMPLES,
         deadline=None,

@@ -7,6 +7,7 @@ import datetime as dt
 import io
 
 from django.utils import timezone
+from rest_framework.test import APIClient
 
 from apps.tenants.models import ApiKey, AuditEvent, ManagementToken
 from apps.tenants.services import api_key_digest
@@ -45,8 +46,6 @@ def test_tenant_and_entitlements(world: World) -> None:
 
 
 def test_anonymous_gets_401_with_the_error_shape(world: World) -> None:
-    from rest_framework.test import APIClient
-
     response = APIClient().get(f"{BASE}/")
     assert response.status_code in (401, 403)
     assert response.json()["error"]["code"] == "not_authenticated"
@@ -127,8 +126,10 @@ def test_rotate_key_keeps_the_old_one_for_the_overlap(world: World) -> None:
     assert successor.digest == api_key_digest(response.json()["key"])
     old = ApiKey.objects.get(pk=world.a.key.pk)
     assert old.revoked_at is None
-    assert before + dt.timedelta(seconds=599) < old.expires_at < timezone.now() + dt.timedelta(
-        seconds=601
+    assert (
+        before + dt.timedelta(seconds=599)
+        < old.expires_at
+        < timezone.now() + dt.timedelta(seconds=601)
     )
     # Rotating with no overlap ends the old key now; rotating a revoked key is refused.
     zero = client.post(
@@ -193,16 +194,31 @@ def test_usage_records_summary_and_csv(world: World) -> None:
     assert [r["event_id"] for r in rest["results"]] == ["acme-event-0"]
     by_class = client.get(f"{BASE}/usage/summary/?group_by=class").json()
     assert by_class["rows"] == [
-        {"group": "interactive", "requests": 2, "tokens_in": 30, "tokens_out": 10,
-         "credits": "1.000000"},
-        {"group": "standard", "requests": 1, "tokens_in": 30, "tokens_out": 5,
-         "credits": "0.500000"},
-    ]  # fmt: skip
+        {
+            "group": "interactive",
+            "requests": 2,
+            "tokens_in": 30,
+            "tokens_out": 10,
+            "credits": "1.000000",
+        },
+        {
+            "group": "standard",
+            "requests": 1,
+            "tokens_in": 30,
+            "tokens_out": 5,
+            "credits": "0.500000",
+        },
+    ]
     by_model = client.get(f"{BASE}/usage/summary/?group_by=model").json()["rows"]
     assert by_model == [
-        {"group": "tiny-llama", "requests": 3, "tokens_in": 60, "tokens_out": 15,
-         "credits": "1.500000"},
-    ]  # fmt: skip
+        {
+            "group": "tiny-llama",
+            "requests": 3,
+            "tokens_in": 60,
+            "tokens_out": 15,
+            "credits": "1.500000",
+        },
+    ]
     by_key = client.get(f"{BASE}/usage/summary/?group_by=key").json()["rows"]
     assert by_key[0]["group"] == world.a.key.prefix
     by_day = client.get(f"{BASE}/usage/summary/").json()

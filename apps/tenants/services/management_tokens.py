@@ -23,7 +23,7 @@ from apps.tenants.models import ManagementToken, Membership, Tenant
 from apps.tenants.services.audit import audit_record
 from apps.tenants.services.checks import Errors, add_error, check_text
 
-TOKEN_SCHEME = "sym"
+TOKEN_SCHEME = "sym"  # noqa: S105 - the token format's scheme, not a secret
 _PREFIX_ALPHABET = string.ascii_lowercase + string.digits
 _SECRET_ALPHABET = string.ascii_letters + string.digits
 _PREFIX_LENGTH = 8
