@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 from collections.abc import Iterator
+from decimal import Decimal
 from typing import Any
 
 from django.db import transaction
@@ -361,7 +362,7 @@ class PriceSetSerializer(serializers.Serializer[Any]):
     input_per_1k = serializers.DecimalField(max_digits=26, decimal_places=6)
     output_per_1k = serializers.DecimalField(max_digits=26, decimal_places=6)
     cache_hit_discount = serializers.DecimalField(
-        max_digits=6, decimal_places=3, required=False, default="0.5"
+        max_digits=6, decimal_places=3, required=False, default=Decimal("0.5")
     )
 
 

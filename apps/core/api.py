@@ -64,7 +64,7 @@ class OpsTaskStatusApi(OperatorApi):
 
     @extend_schema(operation_id="ops_tasks_get", tags=["ops: tasks"])
     def get(self, request: Request, task_id: str) -> Response:
-        result = AsyncResult(task_id)
+        result: AsyncResult[Any] = AsyncResult(task_id)
         state = result.state
         data = {
             "task_id": task_id,

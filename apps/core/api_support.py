@@ -149,8 +149,8 @@ class CredentialThrottle(SimpleRateThrottle):
         # Read live (DRF's class attribute is frozen at import; settings may change in tests).
         from rest_framework.settings import api_settings  # noqa: PLC0415 - import order
 
-        rates: dict[str, str | None] = api_settings.DEFAULT_THROTTLE_RATES
-        return rates.get(self.scope)
+        rate = api_settings.DEFAULT_THROTTLE_RATES.get(self.scope)
+        return None if rate is None else str(rate)
 
     def get_cache_key(self, request: Request, view: Any) -> str | None:
         prefix = getattr(request.auth, "prefix", None)

@@ -142,7 +142,7 @@ class VersionSerializer(serializers.ModelSerializer[ModelVersion]):
 
 
 class VersionWriteSerializer(serializers.Serializer[Any]):
-    label = serializers.CharField(max_length=64, allow_blank=True)
+    label = serializers.CharField(max_length=64, allow_blank=True)  # type: ignore[assignment]
     artifact_uri = serializers.CharField(max_length=500, allow_blank=True, trim_whitespace=False)
     digest = serializers.CharField(max_length=64, allow_blank=True)
     manifest = serializers.JSONField()

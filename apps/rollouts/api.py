@@ -42,7 +42,7 @@ class RolloutEventSerializer(serializers.ModelSerializer[RolloutEvent]):
 class RolloutSerializer(serializers.ModelSerializer[Rollout]):
     class Meta:
         model = Rollout
-        fields = (
+        fields: tuple[str, ...] = (
             "id",
             "model",
             "stable_version",

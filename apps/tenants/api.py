@@ -6,7 +6,7 @@ Roles: viewers read; admins manage API keys; owners manage management tokens.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from django.db.models import QuerySet
 from django.http import Http404
@@ -144,7 +144,7 @@ class ApiKeySerializer(serializers.ModelSerializer[ApiKey]):
 
     class Meta:
         model = ApiKey
-        fields = (
+        fields: tuple[str, ...] = (
             "prefix",
             "name",
             "scopes",
@@ -292,7 +292,7 @@ class ApiKeyRotateApi(ApiKeyItemApi):
 class ManagementTokenSerializer(serializers.ModelSerializer[ManagementToken]):
     class Meta:
         model = ManagementToken
-        fields = (
+        fields: tuple[str, ...] = (
             "prefix",
             "name",
             "role",
@@ -453,7 +453,7 @@ class MeApi(generics.GenericAPIView[Any]):
         else:
             memberships = [
                 {"tenant": m.tenant.slug, "role": m.role}
-                for m in memberships_for_user(request.user.pk)
+                for m in memberships_for_user(cast(int, request.user.pk))
             ]
         data = {
             "username": request.user.get_username(),

@@ -50,9 +50,11 @@ class OperatorApi(generics.GenericAPIView[Any]):
 
 
 class OpsTenantSerializer(serializers.ModelSerializer[Tenant]):
-    allowed_classes = serializers.SlugRelatedField(slug_field="name", many=True, read_only=True)
-    allowed_models = serializers.SlugRelatedField(slug_field="name", many=True, read_only=True)
-    default_class = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    allowed_classes: Any = serializers.SlugRelatedField(
+        slug_field="name", many=True, read_only=True
+    )
+    allowed_models: Any = serializers.SlugRelatedField(slug_field="name", many=True, read_only=True)
+    default_class: Any = serializers.SlugRelatedField(slug_field="name", read_only=True)
 
     class Meta:
         model = Tenant
