@@ -6,6 +6,7 @@ Reads through selectors, writes through `apps.billing.services`.
 from __future__ import annotations
 
 import csv
+import json
 from collections.abc import Iterator
 from decimal import Decimal
 from typing import Any
@@ -14,7 +15,7 @@ from django.db import transaction
 from django.http import Http404, StreamingHttpResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
-from rest_framework import generics, serializers, status
+from rest_framework import generics, renderers, serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
 
@@ -150,7 +151,23 @@ def _csv_lines(records: Iterator[UsageRecord]) -> Iterator[str]:
         yield writer.writerow(["" if row[f] is None else row[f] for f in _CSV_FIELDS])
 
 
+class CsvRenderer(renderers.BaseRenderer):
+    """Lets clients ask for ``Accept: text/csv``; the export streams its own body, and an
+    error raised before it starts is still rendered as the JSON error document."""
+
+    media_type = "text/csv"
+    format = "csv"
+    charset = "utf-8"
+
+    def render(
+        self, data: Any, accepted_media_type: str | None = None, renderer_context: Any = None
+    ) -> bytes:
+        return json.dumps(data).encode()
+
+
 class UsageExportApi(TenantApi):
+    renderer_classes = (renderers.JSONRenderer, CsvRenderer)
+
     @extend_schema(
         operation_id="usage_export_csv",
         parameters=[TENANT_PARAM, *USAGE_FILTERS],

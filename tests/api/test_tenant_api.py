@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import datetime as dt
 import io
+import json
 
 from django.utils import timezone
 from rest_framework.test import APIClient
@@ -235,6 +236,12 @@ def test_usage_records_summary_and_csv(world: World) -> None:
     rows = list(csv.DictReader(io.StringIO(b"".join(export.streaming_content).decode())))
     assert [r["event_id"] for r in rows] == ["acme-event-2", "acme-event-1", "acme-event-0"]
     assert rows[0]["model"] == "tiny-llama"
+    as_csv = client.get(f"{BASE}/usage/export.csv?model=nope", HTTP_ACCEPT="text/csv")
+    assert as_csv.status_code == 200
+    assert b"".join(as_csv.streaming_content).decode().startswith("id,event_id,")
+    bad = client.get(f"{BASE}/usage/export.csv?since=never", HTTP_ACCEPT="text/csv")
+    assert bad.status_code == 400
+    assert json.loads(bad.content)["error"]["fields"]["since"]
 
 
 def test_usage_refusals(world: World) -> None:
