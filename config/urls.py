@@ -5,6 +5,7 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from apps.billing import api as billing_api
+from apps.billing import api_ops as billing_ops
 from apps.core import api as core_api
 from apps.models import api as models_api
 from apps.rollouts import api as rollouts_api
@@ -35,8 +36,8 @@ ops_urls = [
     path("tenants/<slug:slug>/suspend/", tenants_ops.OpsTenantSuspendApi.as_view()),
     path("tenants/<slug:slug>/activate/", tenants_ops.OpsTenantActivateApi.as_view()),
     path("tenants/<slug:slug>/tokens/", tenants_ops.OpsTenantTokenApi.as_view()),
-    path("tenants/<slug:slug>/grants/", billing_api.OpsGrantApi.as_view()),
-    path("tenants/<slug:slug>/budgets/<str:period>/", billing_api.OpsBudgetApi.as_view()),
+    path("tenants/<slug:slug>/grants/", billing_ops.OpsGrantApi.as_view()),
+    path("tenants/<slug:slug>/budgets/<str:period>/", billing_ops.OpsBudgetApi.as_view()),
     path("classes/", tenants_ops.OpsClassListApi.as_view()),
     path("classes/<str:name>/", tenants_ops.OpsClassDetailApi.as_view()),
     path("models/", models_api.OpsModelListApi.as_view()),
@@ -50,7 +51,7 @@ ops_urls = [
     path("endpoints/<int:pk>/", models_api.OpsEndpointDetailApi.as_view()),
     path("routes/", models_api.OpsRouteListApi.as_view()),
     path("routes/<int:pk>/", models_api.OpsRouteDetailApi.as_view()),
-    path("prices/", billing_api.OpsPriceListApi.as_view()),
+    path("prices/", billing_ops.OpsPriceListApi.as_view()),
     path("rollouts/", rollouts_api.OpsRolloutListApi.as_view()),
     path("rollouts/<int:pk>/", rollouts_api.OpsRolloutDetailApi.as_view()),
     path("rollouts/<int:pk>/cancel/", rollouts_api.OpsRolloutCancelApi.as_view()),

@@ -98,6 +98,7 @@ def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response |
             "message": " ".join(_flatten(exc.detail)),
         }
     response.data = {"error": body}
+    response.content_type = "application/json"  # whatever renderer was negotiated (CSV export)
     return response
 
 

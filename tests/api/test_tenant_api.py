@@ -241,6 +241,7 @@ def test_usage_records_summary_and_csv(world: World) -> None:
     assert b"".join(as_csv.streaming_content).decode().startswith("id,event_id,")
     bad = client.get(f"{BASE}/usage/export.csv?since=never", HTTP_ACCEPT="text/csv")
     assert bad.status_code == 400
+    assert bad["Content-Type"] == "application/json"
     assert json.loads(bad.content)["error"]["fields"]["since"]
 
 
