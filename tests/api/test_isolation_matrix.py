@@ -149,3 +149,18 @@ def test_tenant_callers_never_reach_operator_endpoints(world: World, route: str)
 def test_the_matrix_covers_every_endpoint() -> None:
     assert len(_tenant_cases()) >= 18
     assert len(_ops_cases()) >= 35
+
+
+def test_filters_naming_b_objects_return_nothing_of_b(world: World) -> None:
+    base = f"/api/v1/tenants/{world.a.tenant.slug}"
+    client = token_client(world.a.tokens["viewer"][1])
+    b_key = world.b.key.prefix
+    records = client.get(f"{base}/usage/", {"key": b_key}).json()
+    assert records["results"] == []
+    summary = client.get(f"{base}/usage/summary/", {"key": b_key, "group_by": "key"}).json()
+    assert summary["rows"] == []
+    b_target = str(world.b.tenant.pk)
+    audit = client.get(f"{base}/audit/", {"target_type": "tenants.tenant", "target_id": b_target})
+    assert audit.json()["results"] == []
+    export = client.get(f"{base}/usage/export.csv", {"key": b_key})
+    assert b"".join(export.streaming_content).decode().count("\n") == 1  # the header only
