@@ -33,9 +33,8 @@ from config.processes import (
     PortInUseError,
     ServiceStartError,
     as_user,
-    cmdline,
-    log_tail,
 )
+from runtime.procs import cmdline, log_tail
 
 __all__ = [
     "DEFAULT_PG_PORT",

@@ -26,7 +26,6 @@ import contextlib
 import logging
 import os
 import signal
-import socket
 import sys
 import time
 from dataclasses import dataclass
@@ -36,6 +35,7 @@ from typing import BinaryIO, Protocol
 import aiohttp
 
 from runtime.artifacts import ArtifactError, ArtifactMismatchError, verify_artifact
+from runtime.procs import port_is_free
 from runtime.workers.heartbeat import Heartbeat, endpoint_heartbeat_key
 from runtime.workers.launch import EngineProcess, WorkerSpec, build_command, build_env
 from runtime.workers.probe import EngineStartError, requests_in_flight, wait_healthy, warm_up
@@ -107,16 +107,12 @@ class SupervisorSettings:
 
 def check_port_free(host: str, port: int) -> None:
     """Raise :class:`WorkerStartError` if something already listens on ``host:port``."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError as exc:
-            raise WorkerStartError(
-                f"cannot serve on {host}:{port}: {exc.strerror or exc}; "
-                "stop whatever uses that port or choose another --port"
-            ) from exc
+    error = port_is_free(port, host)
+    if error is not None:
+        raise WorkerStartError(
+            f"cannot serve on {host}:{port}: {error.strerror or error}; "
+            "stop whatever uses that port or choose another --port"
+        ) from error
 
 
 class Supervisor:

@@ -32,7 +32,7 @@ from fixtures.router import Publisher, World, redis_url
 
 from apps.core.management.commands.up import Command as UpCommand
 from apps.core.up_console import Addresses, banner, serving_version, without_password
-from config.processes import descendant_pids, pid_alive
+from runtime.procs import descendant_pids, pid_alive
 
 REPO = Path(__file__).resolve().parents[3]
 READY_TIMEOUT_S = 150.0
