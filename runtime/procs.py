@@ -311,14 +311,19 @@ async def async_stop_group(
 # --- readiness -----------------------------------------------------------------------------
 
 
+def _split(url: str) -> tuple[str, int, str, str]:
+    """(host, port, path, host:port) of an http URL."""
+    hostport, _, path = url.split("://", 1)[-1].partition("/")
+    host, _, port = hostport.rpartition(":")
+    return host.strip("[]"), int(port or 80), f"/{path}", hostport
+
+
 def http_status(url: str, *, timeout: float = 2.0) -> int:
     """The status of ``GET url`` (http only); 0 when nothing answers."""
-    rest = url.split("://", 1)[-1]
-    hostport, _, path = rest.partition("/")
-    host, _, port = hostport.rpartition(":")
-    conn = http.client.HTTPConnection(host.strip("[]"), int(port or 80), timeout=timeout)
+    host, port, path, _ = _split(url)
+    conn = http.client.HTTPConnection(host, port, timeout=timeout)
     try:
-        conn.request("GET", "/" + path)
+        conn.request("GET", path)
         response = conn.getresponse()
         response.read()
         return int(response.status)
@@ -326,11 +331,6 @@ def http_status(url: str, *, timeout: float = 2.0) -> int:
         return 0
     finally:
         conn.close()
-
-
-def _gave_up(url: str, timeout_s: float, code: int | None, detail: Callable[[], str]) -> StartError:
-    why = f"exited with code {code}" if code is not None else f"did not answer in {timeout_s:.0f} s"
-    return StartError(f"{url}: the process {why}; its output:\n{detail()}")
 
 
 def wait_http(
@@ -347,29 +347,48 @@ def wait_http(
     Raises :class:`StartError` as soon as ``exited()`` gives an exit code, or after ``timeout_s``
     (the message ends with ``detail()``, e.g. the tail of the child's log).
     """
-    deadline = time.monotonic() + timeout_s
-    while True:
-        code = exited()
-        if code is not None:
-            raise _gave_up(url, timeout_s, code, detail)
-        status = http_status(url, timeout=min(2.0, max(0.1, deadline - time.monotonic())))
-        if status in ok:
-            return status
-        if time.monotonic() >= deadline:
-            raise _gave_up(url, timeout_s, None, detail)
+    poll = _Poll(url, timeout_s, exited, detail)
+    while (status := http_status(url, timeout=poll.probe_timeout())) not in ok:
+        poll.check()
         time.sleep(interval_s)
+    return status
+
+
+@dataclass
+class _Poll:
+    """The bounds of one wait for a URL: give up once the child exited or time ran out."""
+
+    url: str
+    timeout_s: float
+    exited: Callable[[], int | None]
+    detail: Callable[[], str]
+
+    def __post_init__(self) -> None:
+        self.deadline = time.monotonic() + self.timeout_s
+        self.check()
+
+    def probe_timeout(self) -> float:
+        return min(2.0, max(0.1, self.deadline - time.monotonic()))
+
+    def check(self) -> None:
+        code = self.exited()
+        if code is not None or time.monotonic() >= self.deadline:
+            why = (
+                f"exited with code {code}"
+                if code is not None
+                else f"did not answer in {self.timeout_s:.0f} s"
+            )
+            raise StartError(f"{self.url}: the process {why}; its output:\n{self.detail()}")
 
 
 async def async_http_status(url: str, *, timeout: float = 2.0) -> int:  # noqa: ASYNC109
     """:func:`http_status` on the event loop (a bare HTTP/1.0 GET); 0 when nothing answers."""
-    rest = url.split("://", 1)[-1]
-    hostport, _, path = rest.partition("/")
-    host, _, port = hostport.rpartition(":")
+    host, port, path, hostport = _split(url)
     writer = None
     try:
         async with asyncio.timeout(timeout):
-            reader, writer = await asyncio.open_connection(host.strip("[]"), int(port or 80))
-            writer.write(f"GET /{path} HTTP/1.0\r\nHost: {hostport}\r\n\r\n".encode())
+            reader, writer = await asyncio.open_connection(host, port)
+            writer.write(f"GET {path} HTTP/1.0\r\nHost: {hostport}\r\n\r\n".encode())
             await writer.drain()
             line = await reader.readline()
         parts = line.split()
@@ -393,18 +412,11 @@ async def async_wait_http(
     interval_s: float = POLL_S,
 ) -> int:
     """:func:`wait_http` on the event loop."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        code = exited()
-        if code is not None:
-            raise _gave_up(url, timeout_s, code, detail)
-        remaining = max(0.1, deadline - time.monotonic())
-        status = await async_http_status(url, timeout=min(2.0, remaining))
-        if status in ok:
-            return status
-        if time.monotonic() >= deadline:
-            raise _gave_up(url, timeout_s, None, detail)
+    poll = _Poll(url, timeout_s, exited, detail)
+    while (status := await async_http_status(url, timeout=poll.probe_timeout())) not in ok:
+        poll.check()
         await asyncio.sleep(interval_s)
+    return status
 
 
 # --- a spawned child -----------------------------------------------------------------------

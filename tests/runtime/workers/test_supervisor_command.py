@@ -14,7 +14,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -22,6 +21,7 @@ import redis
 from django.core.management import CommandError, call_command
 from django.db import connection
 from fixtures.net import free_port
+from fixtures.wait import eventually
 
 from apps.models.models import Endpoint
 from apps.models.selectors import model_get_by_name
@@ -253,14 +253,13 @@ def stream_in_thread(url: str, port: int, result: dict) -> threading.Thread:
 
 
 def wait_state(base_url: str, state: str, proc: subprocess.Popen, timeout: float = 60) -> Endpoint:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        endpoint = Endpoint.objects.filter(base_url=base_url).first()
-        if endpoint is not None and endpoint.state == state:
-            return endpoint
+
+    def reached() -> Endpoint | None:
         assert proc.poll() is None, "serve_model exited early"
-        time.sleep(0.1)
-    raise AssertionError(f"endpoint {base_url} never reached {state}")
+        endpoint = Endpoint.objects.filter(base_url=base_url).first()
+        return endpoint if endpoint is not None and endpoint.state == state else None
+
+    return eventually(reached, timeout=timeout, interval=0.1, what=f"{base_url} in state {state}")
 
 
 @pytest.mark.db

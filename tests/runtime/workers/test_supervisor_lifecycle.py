@@ -18,8 +18,10 @@ import aiohttp
 import pytest
 import redis
 from fixtures.net import free_port
+from fixtures.wait import async_eventually
 
 from runtime.artifacts import compute_manifest
+from runtime.procs import pid_alive
 from runtime.workers.heartbeat import endpoint_heartbeat_key
 from runtime.workers.launch import WorkerSpec
 from runtime.workers.supervisor import EngineExitedError, Supervisor, SupervisorSettings
@@ -119,14 +121,6 @@ async def stream_completion(session, spec, max_tokens: int, first_chunk: asyncio
     return lines, bool(lines) and lines[-1] == "[DONE]"
 
 
-def engine_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
 async def test_ready_heartbeat_then_drain_lets_the_stream_finish(spec, tmp_path, redis_client):
     hooks = Recorder()
     supervisor = make_supervisor(spec, hooks, tmp_path, grace_s=30.0)
@@ -159,7 +153,7 @@ async def test_ready_heartbeat_then_drain_lets_the_stream_finish(spec, tmp_path,
     assert time.monotonic() - started < 15
     assert hooks.calls == ["starting", "ready", "draining", "gone"]
     assert heartbeat(redis_client) is None
-    assert not engine_alive(engine_pid)
+    assert not pid_alive(engine_pid)
 
 
 async def test_grace_period_bounds_the_drain(spec, tmp_path, redis_client):
@@ -222,13 +216,10 @@ async def test_stop_while_starting_never_marks_it_ready(spec, tmp_path, redis_cl
     slow = dataclasses.replace(spec, python=str(script))
     supervisor = make_supervisor(slow, hooks, tmp_path, stop_timeout_s=5.0)
     run = asyncio.create_task(supervisor.run())
-    for _ in range(200):
-        if heartbeat(redis_client) is not None:
-            break
-        await asyncio.sleep(0.05)
-    assert heartbeat(redis_client)["state"] == "starting"
+    beat = await async_eventually(lambda: heartbeat(redis_client), timeout=10, what="heartbeat")
+    assert beat["state"] == "starting"
     supervisor.request_stop()
     await asyncio.wait_for(run, 15)
     assert hooks.calls == ["starting", "gone"]
-    assert not engine_alive(supervisor.engine.pid)
+    assert not pid_alive(supervisor.engine.pid)
     assert heartbeat(redis_client) is None
