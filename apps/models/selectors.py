@@ -7,10 +7,6 @@ from django.db.models import Prefetch, QuerySet
 from apps.models.models import Endpoint, Model, ModelVersion, Pool, Route
 
 
-def models_all() -> QuerySet[Model]:
-    return Model.objects.all()
-
-
 def model_get_by_name(name: str) -> Model | None:
     return Model.objects.filter(name=name).first()
 
@@ -47,7 +43,3 @@ def route_for(model: Model) -> Route | None:
         .filter(model=model)
         .first()
     )
-
-
-def routes_all() -> QuerySet[Route]:
-    return Route.objects.select_related("model").prefetch_related("splits__version")
