@@ -25,7 +25,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import BinaryIO, Literal
 
-from runtime.procs import async_stop_group, die_with_parent, group_pids
+from runtime.procs import async_stop_group, die_with_parent, group_pids, pid_alive
 
 log = logging.getLogger("switchyard.worker")
 
@@ -35,6 +35,7 @@ Backend = Literal["vllm", "simulator"]
 VLLM_MODULE = "vllm.entrypoints.openai.api_server"
 SIMULATOR_MODULE = "runtime.workers.simulator"
 TAIL_LINES = 40
+WATCH_POLL_S = 0.2  # how often the engine's process group is checked while it serves
 _READ_CHUNK = 1 << 16
 
 # A worker serves a verified local folder: nothing may be fetched from a model hub instead.
@@ -148,8 +149,26 @@ class EngineProcess:
     def returncode(self) -> int | None:
         return self._proc.returncode
 
-    async def wait(self) -> int:
-        return await self._proc.wait()
+    def members(self) -> frozenset[int]:
+        """The live processes of the engine's group now (the leader and what it started)."""
+        return frozenset(group_pids(self._proc.pid))
+
+    async def watch(self, members: frozenset[int], *, poll_s: float = WATCH_POLL_S) -> str:
+        """Return (a sentence saying which) once the leader or any of ``members`` has died.
+
+        It polls the group (not the output pipe, which a surviving child keeps open), so a
+        death is seen within ``poll_s``. Processes the engine starts later and that exit on
+        their own (helpers) do not count; the ones it ran when it turned ready do.
+        """
+        watched = members | {self._proc.pid}
+        while True:
+            code = self._proc.returncode
+            if code is not None:
+                return f"the engine (pid {self._proc.pid}) exited with code {code}"
+            dead = sorted(pid for pid in watched if not pid_alive(pid))
+            if dead:
+                return f"engine process(es) {', '.join(map(str, dead))} died"
+            await asyncio.sleep(poll_s)
 
     def tail(self) -> str:
         """The engine's last output lines (for error messages)."""

@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -35,6 +36,7 @@ from apps.models.services import (
 )
 from apps.tenants.models import AuditEvent
 from runtime.artifacts import compute_manifest, manifest_digest
+from runtime.procs import descendant_pids, pid_alive
 from runtime.workers.heartbeat import endpoint_heartbeat_key
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -320,3 +322,49 @@ def test_sigterm_drains_in_flight_request_then_marks_gone(make_version, pool, tm
         ("endpoint.set_state", "draining"),
         ("endpoint.set_state", "gone"),
     ]
+
+
+@pytest.mark.db
+@pytest.mark.integration
+@pytest.mark.django_db(transaction=True)  # the serve_model process must see the rows
+def test_a_killed_engine_takes_the_endpoint_out_of_routing_and_comes_back(
+    make_version, pool, tmp_path
+):
+    make_version()
+    port = free_port()
+    base_url = f"http://127.0.0.1:{port}"
+    env = {**os.environ, "DATABASE_URL": subprocess_database_url()}
+    out = (tmp_path / "serve_model.out").open("w")
+    proc = subprocess.Popen(
+        [sys.executable, "manage.py", "serve_model", "--model", MODEL, "--pool", "cpu",
+         "--port", str(port), "--backend", "simulator", "--grace", "1",
+         "--engine-log", str(tmp_path / "engine.log")],
+        cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    seen: set[int] = set()
+    try:
+        endpoint = wait_state(base_url, "ready", proc)
+        engines = descendant_pids(proc.pid)
+        seen.update(engines)
+        killed_at = time.monotonic()
+        for pid in engines:
+            os.kill(pid, signal.SIGKILL)
+        wait_state(base_url, "draining", proc, timeout=10)
+        out_of_routing_s = time.monotonic() - killed_at
+        again = wait_state(base_url, "ready", proc, timeout=60)
+        back_s = time.monotonic() - killed_at
+        assert again.pk == endpoint.pk  # the same endpoint, back after a fresh warm-up
+        seen.update(descendant_pids(proc.pid))
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        out.close()
+    print(f"\nout of routing {out_of_routing_s:.2f} s after kill -9, ready again {back_s:.2f} s")
+    assert out_of_routing_s < 2.0, out_of_routing_s
+    assert not [pid for pid in seen if pid_alive(pid)]  # no orphans
+    endpoint.refresh_from_db()
+    assert endpoint.state == "gone"
+    assert "endpoint taken out of routing" in (tmp_path / "serve_model.out").read_text()

@@ -42,6 +42,9 @@ class Recorder:
     async def on_draining(self) -> None:
         self.calls.append("draining")
 
+    async def on_unhealthy(self, reason: str) -> None:
+        self.calls.append("unhealthy")
+
     async def on_gone(self) -> None:
         self.calls.append("gone")
 
