@@ -273,12 +273,14 @@ def switchyard_env(
     pg_port: int | None = None,
     redis_port: int | None = None,
     announce: Callable[[str], object] | None = None,
+    started: list[ManagedServer] | None = None,
 ) -> Iterator[dict[str, str]]:
     """The environment for child processes, with embedded servers for the unset URLs.
 
     Starts EmbeddedPostgres when DATABASE_URL is unset and EmbeddedRedis when REDIS_URL is unset,
     yields a copy of ``environ`` with those URLs and SWITCHYARD_VAR_DIR filled in, and stops the
-    servers it started when the block ends (also on KeyboardInterrupt).
+    servers it started when the block ends (also on KeyboardInterrupt). The servers it started
+    are appended to ``started`` (for a supervisor to watch).
     """
     env = dict(os.environ if environ is None else environ)
     root = var_dir(env) if var is None else var.resolve()
@@ -288,12 +290,16 @@ def switchyard_env(
             port = pg_port or port_from_env(env, EmbeddedPostgres.port_env, DEFAULT_PG_PORT)
             pg = stack.enter_context(EmbeddedPostgres(root / "postgres", port))
             env["DATABASE_URL"] = pg.url
+            if started is not None:
+                started.append(pg)
             if announce is not None:
                 announce(f"embedded PostgreSQL: {pg.url} (data {pg.data_dir}, log {pg.log_path})")
         if not env.get("REDIS_URL"):
             port = redis_port or port_from_env(env, EmbeddedRedis.port_env, DEFAULT_REDIS_PORT)
             rd = stack.enter_context(EmbeddedRedis(root / "redis", port))
             env["REDIS_URL"] = rd.url
+            if started is not None:
+                started.append(rd)
             if announce is not None:
                 announce(f"embedded Redis: {rd.url} (data {rd.data_dir}, log {rd.log_path})")
         yield env

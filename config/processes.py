@@ -198,6 +198,10 @@ class ManagedServer(abc.ABC):
             os.close(self._lock_fd)  # closing releases the flock
             self._lock_fd = None
 
+    def exit_code(self) -> int | None:
+        """None while the server runs; its exit code once it exited (0 when never started)."""
+        return 0 if self._proc is None else self._proc.poll()
+
     def kill(self) -> None:
         """SIGKILL the server's whole group at once (a crash, for tests and supervisors); a
         later :meth:`start` starts it again on the same data directory."""

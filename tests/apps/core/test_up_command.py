@@ -379,7 +379,7 @@ def test_up_runs_the_platform_streams_the_model_and_stops_every_process(var: Pat
         assert "CompletionUsage(completion_tokens=32" in example.stdout
 
         names = first.names()
-        for expected in ("postgres", "redis-server", "honcho", "uvicorn", "worker", "beat",
+        for expected in ("postgres", "redis-server", "uvicorn", "worker", "beat",
                          "runtime.gateway", "serve_model", "vllm.entrypoints.openai.api_server",
                          "VLLM::EngineCore"):  # fmt: skip
             assert expected in names, expected
