@@ -28,10 +28,24 @@ import pytest
 import redis
 from django.core.management import CommandError, call_command
 from fixtures.net import free_port
-from fixtures.router import Publisher, World, redis_url
+from fixtures.router import (
+    Publisher,
+    World,
+    redis_url,
+    spawn,
+    start_router,
+    wait_ready,
+    wait_until_up,
+)
 
 from apps.core.management.commands.up import Command as UpCommand
-from apps.core.up_console import Addresses, banner, serving_version, without_password
+from apps.core.up_console import (
+    Addresses,
+    banner,
+    checks,
+    serving_version,
+    without_password,
+)
 from runtime.procs import descendant_pids, pid_alive
 
 REPO = Path(__file__).resolve().parents[3]
@@ -229,6 +243,39 @@ def test_the_model_counts_as_ready_once_the_snapshot_holds_its_endpoint_ready() 
         publisher.cleanup()
     broken: redis.Redis[bytes] = redis.Redis.from_url("redis://127.0.0.1:1/0")
     assert serving_version(broken, prefix="p", worker=worker) is None  # Redis down: not ready
+
+
+@pytest.mark.integration
+def test_model_ready_means_it_answered_a_request_not_only_a_ready_record(tmp_path: Path) -> None:
+    """A stale ``ready`` record (its worker is gone) is not enough: the model must answer."""
+    sim, _ = spawn(["runtime.workers.simulator", "--model", "demo-llama", "--log-level", "WARNING"])
+    wait_until_up(sim, "/health")
+    publisher = Publisher(f"switchyard:test:up-answers:{uuid.uuid4().hex[:12]}")
+    router = start_router(publisher.prefix, tmp_path)
+    try:
+        world = World()
+        world.add_model("demo-llama", 1)
+        world.add_tenant("acme")
+        key = world.add_key("acme", "acme")
+        stale = f"http://127.0.0.1:{free_port()}"  # nothing answers there
+        for worker, expected in ((stale, False), (sim.base_url, True)):
+            world.endpoints.clear()
+            world.add_endpoint(1, 1, worker, state="ready")
+            wait_ready(router, publisher.publish(world.snapshot()))
+            at = Addresses(web="http://127.0.0.1:1", router=router.base_url, worker=worker)
+            for api_key in (None, key):  # at the worker (later runs); through the router
+                found, release = checks(
+                    at, redis_url=redis_url(), snapshot_prefix=publisher.prefix, api_key=api_key
+                )
+                try:
+                    assert found[2].probe() is expected, (worker, api_key)
+                finally:
+                    release()
+        assert "answered a request through the router" in found[2].ready
+    finally:
+        router.stop()
+        sim.stop()
+        publisher.cleanup()
 
 
 # --- end to end -------------------------------------------------------------------------------

@@ -185,6 +185,7 @@ class Command(BaseCommand):
             at,
             redis_url=env["REDIS_URL"],
             snapshot_prefix=env.get("SWITCHYARD_SNAPSHOT_PREFIX") or DEFAULT_PREFIX,
+            api_key=(seed.get("api_keys") or {}).get("acme"),
         )
         stop = threading.Event()
         watcher = threading.Thread(
