@@ -231,6 +231,17 @@ def subprocess_database_url() -> str:
     return f"postgres://{conf['USER']}{password}@{conf['HOST']}:{conf['PORT']}/{conf['NAME']}"
 
 
+def serve_model_process(port: int, tmp_path, out, *args: str) -> subprocess.Popen:  # type: ignore[no-untyped-def]
+    """``manage.py serve_model`` (simulator backend) as a real process, output to ``out``."""
+    env = {**os.environ, "DATABASE_URL": subprocess_database_url()}
+    return subprocess.Popen(
+        [sys.executable, "manage.py", "serve_model", "--model", MODEL, "--pool", "cpu",
+         "--port", str(port), "--backend", "simulator",
+         "--engine-log", str(tmp_path / "engine.log"), *args],
+        cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+
+
 def stream_in_thread(url: str, port: int, result: dict) -> threading.Thread:
     """POST a streaming completion from a thread; record its data lines in ``result``."""
 
@@ -271,14 +282,10 @@ def test_sigterm_drains_in_flight_request_then_marks_gone(make_version, pool, tm
     make_version()
     port = free_port()
     base_url = f"http://127.0.0.1:{port}"
-    env = {**os.environ, "DATABASE_URL": subprocess_database_url()}
     out = (tmp_path / "serve_model.out").open("w")
-    proc = subprocess.Popen(
-        [sys.executable, "manage.py", "serve_model", "--model", MODEL, "--pool", "cpu",
-         "--port", str(port), "--backend", "simulator", "--grace", "20", "--heartbeat-ttl", "6",
-         "--engine-log", str(tmp_path / "engine.log"),
-         "--engine-args", "--decode-a-ms 20 --decode-b-ms 0"],
-        cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+    proc = serve_model_process(
+        port, tmp_path, out, "--grace", "20", "--heartbeat-ttl", "6",
+        "--engine-args", "--decode-a-ms 20 --decode-b-ms 0",
     )  # fmt: skip
     client = redis.Redis.from_url(os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
     try:
@@ -333,14 +340,8 @@ def test_a_killed_engine_takes_the_endpoint_out_of_routing_and_comes_back(
     make_version()
     port = free_port()
     base_url = f"http://127.0.0.1:{port}"
-    env = {**os.environ, "DATABASE_URL": subprocess_database_url()}
     out = (tmp_path / "serve_model.out").open("w")
-    proc = subprocess.Popen(
-        [sys.executable, "manage.py", "serve_model", "--model", MODEL, "--pool", "cpu",
-         "--port", str(port), "--backend", "simulator", "--grace", "1",
-         "--engine-log", str(tmp_path / "engine.log")],
-        cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
-    )  # fmt: skip
+    proc = serve_model_process(port, tmp_path, out, "--grace", "1")
     seen: set[int] = set()
     try:
         endpoint = wait_state(base_url, "ready", proc)
