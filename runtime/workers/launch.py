@@ -18,6 +18,7 @@ import logging
 import os
 import signal
 import sys
+import time
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -36,6 +37,7 @@ VLLM_MODULE = "vllm.entrypoints.openai.api_server"
 SIMULATOR_MODULE = "runtime.workers.simulator"
 TAIL_LINES = 40
 WATCH_POLL_S = 0.2  # how often the engine's process group is checked while it serves
+WATCH_SETTLE_S = 2.0  # after ready: processes that exit this soon are helpers, not failures
 _READ_CHUNK = 1 << 16
 
 # A worker serves a verified local folder: nothing may be fetched from a model hub instead.
@@ -153,20 +155,31 @@ class EngineProcess:
         """The live processes of the engine's group now (the leader and what it started)."""
         return frozenset(group_pids(self._proc.pid))
 
-    async def watch(self, members: frozenset[int], *, poll_s: float = WATCH_POLL_S) -> str:
+    async def watch(
+        self,
+        members: frozenset[int],
+        *,
+        poll_s: float = WATCH_POLL_S,
+        settle_s: float = WATCH_SETTLE_S,
+    ) -> str:
         """Return (a sentence saying which) once the leader or any of ``members`` has died.
 
         It polls the group (not the output pipe, which a surviving child keeps open), so a
-        death is seen within ``poll_s``. Processes the engine starts later and that exit on
-        their own (helpers) do not count; the ones it ran when it turned ready do.
+        death is seen within ``poll_s``. Processes the engine starts later do not count; of
+        the ones it ran when it turned ready (``members``), one that exits within ``settle_s``
+        while the leader lives is taken for a short-lived helper and dropped from the watch.
         """
-        watched = members | {self._proc.pid}
+        watched = set(members) | {self._proc.pid}
+        settled_at = time.monotonic() + settle_s
         while True:
             code = self._proc.returncode
             if code is not None:
                 return f"the engine (pid {self._proc.pid}) exited with code {code}"
             dead = sorted(pid for pid in watched if not pid_alive(pid))
-            if dead:
+            if dead and time.monotonic() < settled_at:
+                log.info("engine helper process(es) %s exited after start-up", dead)
+                watched.difference_update(dead)
+            elif dead:
                 return f"engine process(es) {', '.join(map(str, dead))} died"
             await asyncio.sleep(poll_s)
 

@@ -23,7 +23,7 @@ from fixtures.wait import async_eventually
 from runtime.artifacts import compute_manifest
 from runtime.procs import pid_alive
 from runtime.workers.heartbeat import endpoint_heartbeat_key
-from runtime.workers.launch import WorkerSpec
+from runtime.workers.launch import WATCH_SETTLE_S, WorkerSpec
 from runtime.workers.supervisor import EngineExitedError, Supervisor, SupervisorSettings
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
@@ -226,6 +226,7 @@ async def test_death_of_any_engine_process_restarts_it_after_a_fresh_warmup(
     first = supervisor.engine
     members = first.members()
     sidekick = next(pid for pid in members if pid != first.pid)
+    await asyncio.sleep(WATCH_SETTLE_S)  # the scenario: a failure once it serves, not a helper
     killed_at = time.monotonic()
     os.kill(sidekick, signal.SIGKILL)  # not the leader: no pipe closes, nothing exits
 
