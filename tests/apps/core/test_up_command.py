@@ -37,6 +37,7 @@ from fixtures.router import (
     wait_ready,
     wait_until_up,
 )
+from fixtures.wait import eventually
 
 from apps.core.management.commands.up import Command as UpCommand
 from apps.core.up_console import (
@@ -363,9 +364,8 @@ class Up:
         self.proc.wait()
 
     def leftovers(self, timeout: float = 10.0) -> list[str]:
-        deadline = time.monotonic() + timeout
-        while any(pid_alive(pid) for pid in self.seen) and time.monotonic() < deadline:
-            time.sleep(0.2)
+        with contextlib.suppress(AssertionError):
+            eventually(lambda: not any(pid_alive(pid) for pid in self.seen), timeout=timeout)
         return [
             Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
             for pid in self.seen
