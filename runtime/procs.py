@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TypedDict, Unpack
 
 _PR_SET_PDEATHSIG = 1
 STOP_GRACE_S = 10.0
@@ -333,38 +333,40 @@ def http_status(url: str, *, timeout: float = 2.0) -> int:
         conn.close()
 
 
-def wait_http(
-    url: str,
-    *,
-    timeout_s: float,
-    exited: Callable[[], int | None] = lambda: None,
-    ok: Sequence[int] = (200,),
-    detail: Callable[[], str] = lambda: "",
-    interval_s: float = POLL_S,
-) -> int:
-    """Poll ``GET url`` until it answers one of ``ok``; return the status.
+class WaitOptions(TypedDict, total=False):
+    """How :func:`wait_http` waits: ``exited()`` gives the child's exit code once it died,
+    ``ok`` the statuses that count, ``detail()`` what a failure message ends with (e.g. the
+    tail of the child's log), ``interval_s`` the pause between probes."""
 
-    Raises :class:`StartError` as soon as ``exited()`` gives an exit code, or after ``timeout_s``
-    (the message ends with ``detail()``, e.g. the tail of the child's log).
+    exited: Callable[[], int | None]
+    ok: Sequence[int]
+    detail: Callable[[], str]
+    interval_s: float
+
+
+def wait_http(url: str, *, timeout_s: float, **options: Unpack[WaitOptions]) -> int:
+    """Poll ``GET url`` until it answers one of ``ok`` (default 200); return the status.
+
+    Raises :class:`StartError` as soon as ``exited()`` gives an exit code, or after ``timeout_s``.
     """
-    poll = _Poll(url, timeout_s, exited, detail)
-    while (status := http_status(url, timeout=poll.probe_timeout())) not in ok:
+    poll = _Poll(url, timeout_s, options)
+    while (status := http_status(url, timeout=poll.probe_timeout())) not in poll.ok:
         poll.check()
-        time.sleep(interval_s)
+        time.sleep(poll.interval_s)
     return status
 
 
-@dataclass
 class _Poll:
     """The bounds of one wait for a URL: give up once the child exited or time ran out."""
 
-    url: str
-    timeout_s: float
-    exited: Callable[[], int | None]
-    detail: Callable[[], str]
-
-    def __post_init__(self) -> None:
-        self.deadline = time.monotonic() + self.timeout_s
+    def __init__(self, url: str, timeout_s: float, options: WaitOptions) -> None:
+        self.url = url
+        self.timeout_s = timeout_s
+        self.exited = options.get("exited", lambda: None)
+        self.detail = options.get("detail", lambda: "")
+        self.ok = tuple(options.get("ok", (200,)))
+        self.interval_s = options.get("interval_s", POLL_S)
+        self.deadline = time.monotonic() + timeout_s
         self.check()
 
     def probe_timeout(self) -> float:
@@ -402,20 +404,12 @@ async def async_http_status(url: str, *, timeout: float = 2.0) -> int:  # noqa: 
                 await writer.wait_closed()
 
 
-async def async_wait_http(
-    url: str,
-    *,
-    timeout_s: float,
-    exited: Callable[[], int | None] = lambda: None,
-    ok: Sequence[int] = (200,),
-    detail: Callable[[], str] = lambda: "",
-    interval_s: float = POLL_S,
-) -> int:
+async def async_wait_http(url: str, *, timeout_s: float, **options: Unpack[WaitOptions]) -> int:
     """:func:`wait_http` on the event loop."""
-    poll = _Poll(url, timeout_s, exited, detail)
-    while (status := await async_http_status(url, timeout=poll.probe_timeout())) not in ok:
+    poll = _Poll(url, timeout_s, options)
+    while (status := await async_http_status(url, timeout=poll.probe_timeout())) not in poll.ok:
         poll.check()
-        await asyncio.sleep(interval_s)
+        await asyncio.sleep(poll.interval_s)
     return status
 
 
