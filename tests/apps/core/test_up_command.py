@@ -47,7 +47,7 @@ from apps.core.up_console import (
     serving_version,
     without_password,
 )
-from runtime.procs import descendant_pids, pid_alive
+from runtime.procs import cmdline, descendant_pids, pid_alive
 
 REPO = Path(__file__).resolve().parents[3]
 READY_TIMEOUT_S = 150.0
@@ -468,3 +468,45 @@ def test_up_runs_the_platform_streams_the_model_and_stops_every_process(var: Pat
         f"first run: admin {admin_s:.0f} s, model ready {model_s:.0f} s later, "
         f"{first_s:.0f} s to stopped; whole test {time.monotonic() - started:.0f} s"
     )
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(400)
+def test_up_restarts_a_killed_process_and_the_embedded_redis_and_stops_them_all(
+    var: Path,
+) -> None:
+    """`up` with stand-in processes: kill -9 of one, then of the embedded Redis; both come back,
+    the other process is untouched, and Ctrl-C still stops everything."""
+    procfile = var / "Procfile"
+    sleeper = "python -c \"import time; print('{0} up', flush=True); time.sleep(600)\""
+    procfile.write_text(f"steady: {sleeper.format('steady')}\nother: {sleeper.format('other')}\n")
+    ports = {"port": free_port(), "router-port": free_port(), "pg-port": free_port(),
+             "redis-port": free_port()}  # fmt: skip
+    up = Up(var, ports=ports, args=("--no-worker", "--procfile", str(procfile)))
+
+    def pid_of(needle: str) -> int | None:
+        up.seen.update(descendant_pids(up.proc.pid))
+        found = [p for p in descendant_pids(up.proc.pid) if needle in cmdline(p)]
+        return found[0] if found else None
+
+    try:
+        up.wait_for("both stand-ins", lambda: up.output.count(" up\n") >= 2, READY_TIMEOUT_S)
+        steady, other = pid_of("'steady up'"), pid_of("'other up'")
+        assert steady is not None, up.output[-3000:]
+        assert other is not None, up.output[-3000:]
+        os.kill(steady, signal.SIGKILL)
+        took = up.wait_for("steady restarted", lambda: up.output.count("steady up") == 2, 30.0)
+        assert "steady exited with code -9; restarting it in 1 s" in up.output
+        assert pid_of("'other up'") == other  # untouched
+        redis_pid = pid_of("redis-server")
+        assert redis_pid is not None
+        os.kill(redis_pid, signal.SIGKILL)
+        redis_s = up.wait_for("redis restarted", lambda: "redis restarted" in up.output, 30.0)
+        assert pid_of("redis-server") not in (None, redis_pid)
+        code = up.stop("ctrl-c")
+    finally:
+        if up.proc.poll() is None:
+            up.kill()
+    print(f"\nunder up: a process back {took:.1f} s after kill -9, Redis {redis_s:.1f} s")
+    assert code == 0, up.output[-4000:]
+    assert up.leftovers() == []
