@@ -1,21 +1,17 @@
 """Child processes of a run: start on a free 127.0.0.1 port, wait until up, stop, measure.
 
-Every process the harness starts is a :class:`Child`; ``stop()`` sends SIGTERM, waits a
-bounded time, then SIGKILLs; a child also gets SIGTERM by itself if the harness dies. CPU
-time and memory come from ``/proc`` for the process and its descendants
-(:class:`CpuSampler`), so a router that forks workers is measured whole.
+Every process the harness starts is a :class:`runtime.procs.Child` (its own process group, a
+log file, SIGTERM by itself if the harness dies); ``stop()`` sends SIGTERM to the group, waits
+a bounded time, then SIGKILLs. CPU time and memory come from ``/proc`` for the process and its
+descendants (:class:`CpuSampler`), so a router that forks workers is measured whole.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import os
 import shutil
-import signal
-import socket
-import subprocess
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -23,19 +19,22 @@ from pathlib import Path
 
 import aiohttp
 
-PR_SET_PDEATHSIG = 1
+from runtime.procs import Child, StartError, descendant_pids, free_port, start_child
+
+__all__ = [
+    "Child",
+    "CpuSampler",
+    "StartError",
+    "Usage",
+    "free_port",
+    "pinned",
+    "router_cpus",
+    "spawn",
+    "wait_http",
+]
+
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
-
-
-class StartError(RuntimeError):
-    """A child did not come up; the message holds the tail of its log."""
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def router_cpus() -> tuple[int, ...]:
@@ -52,50 +51,6 @@ def pinned(argv: Sequence[str], cpus: Sequence[int]) -> list[str]:
     return [taskset, "-c", ",".join(str(c) for c in cpus), *argv]
 
 
-@dataclass
-class Child:
-    name: str
-    proc: subprocess.Popen[bytes]
-    port: int
-    log: Path
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def tail(self, chars: int = 3000) -> str:
-        try:
-            return self.log.read_text(errors="replace")[-chars:]
-        except OSError:
-            return ""
-
-    def _signal(self, sig: signal.Signals) -> None:
-        # Its own session (start_new_session): the group is the child and what it forked.
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.proc.pid, sig)
-
-    def stop(self, timeout_s: float = 10.0) -> None:
-        """SIGTERM the child's process group, then SIGKILL it after ``timeout_s``."""
-        if self.proc.poll() is None:
-            self._signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                self._signal(signal.SIGKILL)
-                self.proc.wait(timeout=timeout_s)
-        self._signal(signal.SIGKILL)  # stragglers of the group, if any
-
-
-def _die_with_parent() -> None:
-    """In the child before exec: get SIGTERM if the harness dies (Linux ``PR_SET_PDEATHSIG``)."""
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
 def spawn(
     name: str,
     argv: Sequence[str],
@@ -106,56 +61,19 @@ def spawn(
     cwd: Path | None = None,
 ) -> Child:
     """Start ``argv`` with stdout and stderr to ``log_dir/<name>.log``."""
-    log_dir.mkdir(parents=True, exist_ok=True)
-    log = log_dir / f"{name}.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(  # noqa: S603 - argv is built by the harness, not a shell
-            list(argv),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=dict(env) if env is not None else None,
-            cwd=cwd,
-            start_new_session=True,
-            preexec_fn=_die_with_parent,  # noqa: PLW1509 - only prctl, no locks taken
-        )
-    return Child(name=name, proc=proc, port=port, log=log)
+    return start_child(name, argv, log=log_dir / f"{name}.log", port=port, env=env, cwd=cwd)
 
 
 async def wait_http(
     child: Child,
-    session: aiohttp.ClientSession,
+    _session: aiohttp.ClientSession,
     path: str,
     *,
     timeout_s: float,
     ok: Sequence[int] = (200,),
 ) -> None:
     """Poll ``GET path`` until it answers one of ``ok``; StartError on exit or timeout."""
-    give_up = time.monotonic() + timeout_s
-    url = f"{child.base_url}{path}"
-    while time.monotonic() < give_up:
-        if not child.alive():
-            raise StartError(f"{child.name} exited ({child.proc.returncode}):\n{child.tail()}")
-        with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError):
-            async with session.get(url, timeout=aiohttp.ClientTimeout(total=2)) as resp:
-                await resp.read()
-                if resp.status in ok:
-                    return
-        await asyncio.sleep(0.1)
-    raise StartError(f"{child.name}: {path} did not answer in {timeout_s:.0f}s:\n{child.tail()}")
-
-
-def _descendants(pid: int) -> list[int]:
-    """``pid`` and every process below it (via /proc/<pid>/task/*/children)."""
-    found: list[int] = []
-    stack = [pid]
-    while stack and len(found) < 1000:
-        current = stack.pop()
-        found.append(current)
-        for task in Path(f"/proc/{current}/task").glob("*/children"):
-            with contextlib.suppress(OSError, ValueError):
-                stack.extend(int(c) for c in task.read_text().split())
-    return found
+    await child.async_wait_http(path, timeout_s=timeout_s, ok=ok)
 
 
 def _cpu_and_rss(pid: int) -> tuple[float, int]:
@@ -203,7 +121,7 @@ class CpuSampler:
     def _sample(self) -> None:
         rss_total = 0
         for root in self.pids:
-            for pid in _descendants(root):
+            for pid in [root, *descendant_pids(root)]:
                 cpu, rss = _cpu_and_rss(pid)
                 if rss == 0:
                     continue

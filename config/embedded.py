@@ -33,9 +33,8 @@ from config.processes import (
     PortInUseError,
     ServiceStartError,
     as_user,
-    cmdline,
-    log_tail,
 )
+from runtime.procs import cmdline, log_tail
 
 __all__ = [
     "DEFAULT_PG_PORT",
@@ -274,27 +273,36 @@ def switchyard_env(
     pg_port: int | None = None,
     redis_port: int | None = None,
     announce: Callable[[str], object] | None = None,
+    started: list[ManagedServer] | None = None,
 ) -> Iterator[dict[str, str]]:
     """The environment for child processes, with embedded servers for the unset URLs.
 
     Starts EmbeddedPostgres when DATABASE_URL is unset and EmbeddedRedis when REDIS_URL is unset,
     yields a copy of ``environ`` with those URLs and SWITCHYARD_VAR_DIR filled in, and stops the
-    servers it started when the block ends (also on KeyboardInterrupt).
+    servers it started when the block ends (also on KeyboardInterrupt). The servers it started
+    are appended to ``started`` (for a supervisor to watch).
     """
     env = dict(os.environ if environ is None else environ)
     root = var_dir(env) if var is None else var.resolve()
     env["SWITCHYARD_VAR_DIR"] = str(root)
+    # (its URL variable, the server, the port asked for, the default port, its data folder)
+    wanted: tuple[tuple[str, type[EmbeddedPostgres | EmbeddedRedis], int | None, int, str], ...]
+    wanted = (
+        ("DATABASE_URL", EmbeddedPostgres, pg_port, DEFAULT_PG_PORT, "postgres"),
+        ("REDIS_URL", EmbeddedRedis, redis_port, DEFAULT_REDIS_PORT, "redis"),
+    )
     with contextlib.ExitStack() as stack:
-        if not env.get("DATABASE_URL"):
-            port = pg_port or port_from_env(env, EmbeddedPostgres.port_env, DEFAULT_PG_PORT)
-            pg = stack.enter_context(EmbeddedPostgres(root / "postgres", port))
-            env["DATABASE_URL"] = pg.url
+        for variable, kind, given, default, folder in wanted:
+            if env.get(variable):
+                continue
+            port = given or port_from_env(env, kind.port_env, default)
+            server = stack.enter_context(kind(root / folder, port))
+            env[variable] = server.url
+            if started is not None:
+                started.append(server)
             if announce is not None:
-                announce(f"embedded PostgreSQL: {pg.url} (data {pg.data_dir}, log {pg.log_path})")
-        if not env.get("REDIS_URL"):
-            port = redis_port or port_from_env(env, EmbeddedRedis.port_env, DEFAULT_REDIS_PORT)
-            rd = stack.enter_context(EmbeddedRedis(root / "redis", port))
-            env["REDIS_URL"] = rd.url
-            if announce is not None:
-                announce(f"embedded Redis: {rd.url} (data {rd.data_dir}, log {rd.log_path})")
+                announce(
+                    f"embedded {server.name}: {server.url} "
+                    f"(data {server.data_dir}, log {server.log_path})"
+                )
         yield env

@@ -1,10 +1,11 @@
-"""Running a server process we own: port checks, readiness, bounded stops, no orphans.
+"""Running a server process we own: lock, start, wait until ready, bounded stop, no orphans.
 
 `ManagedServer` is the life cycle the embedded PostgreSQL and Redis share (config.embedded):
 lock the data directory, stop a leftover server of a dead owner, check the port, start in its own
 process group (Ctrl-C reaches the owner, which stops servers last), wait until it answers, and stop
 it with its own shutdown signal, then SIGKILL, each step bounded in time. On Linux the server also
-gets its shutdown signal if the owner dies without stopping it.
+gets its shutdown signal if the owner dies without stopping it. The process and port primitives
+are runtime.procs'.
 
 Plain Python, no Django.
 """
@@ -16,105 +17,33 @@ import contextlib
 import fcntl
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
+from runtime.procs import (
+    PortInUseError,
+    StartError,
+    descendant_pids,
+    ensure_port_free,
+    log_tail,
+    pid_alive,
+    spawn,
+    stop_group,
+    stop_pid,
+)
+
+__all__ = ["ManagedServer", "PortInUseError", "ServiceStartError", "as_user", "run_child"]
+
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 30.0
-_PR_SET_PDEATHSIG = 1
 
-
-class ServiceStartError(RuntimeError):
-    """A server could not start; the message says why and where its log is."""
-
-
-class PortInUseError(ServiceStartError):
-    """The port a server needs on 127.0.0.1 is taken."""
-
-
-def ensure_port_free(port: int, *, what: str, hint: str) -> None:
-    """Raise PortInUseError, naming ``what`` and the ``hint``, when 127.0.0.1:port is taken."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        # SO_REUSEADDR as servers set it: TIME_WAIT leftovers do not count, a listener does.
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError as exc:
-            raise PortInUseError(
-                f"Port {port} on 127.0.0.1 is already in use, so {what} cannot start "
-                f"({exc.strerror}). Stop whatever listens there, or {hint}."
-            ) from exc
-
-
-def pid_alive(pid: int) -> bool:
-    """True while ``pid`` exists and is not a zombie."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return True
-    return state != "Z"
-
-
-def descendant_pids(pid: int) -> list[int]:
-    """Every live descendant of ``pid`` (read from /proc; empty where there is no /proc)."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").glob("[0-9]*"):
-        with contextlib.suppress(OSError, IndexError, ValueError):
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            children.setdefault(ppid, []).append(int(entry.name))
-    found: list[int] = []
-    todo = [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
-def log_tail(path: Path, lines: int = 15) -> str:
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return "(no log)"
-    return "\n".join(text.splitlines()[-lines:])
-
-
-def die_with_parent(sig: signal.Signals) -> Callable[[], None] | None:
-    """A preexec hook so the server gets ``sig`` if its owner dies without stopping it (Linux)."""
-    if not sys.platform.startswith("linux"):
-        return None
-    import ctypes  # noqa: PLC0415 - Linux only
-
-    prctl = ctypes.CDLL(None, use_errno=True).prctl
-    owner = os.getpid()
-
-    def hook() -> None:
-        prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
-        if os.getppid() != owner:  # the owner died before the hook ran
-            os._exit(1)
-
-    return hook
-
-
-def cmdline(pid: int) -> str:
-    try:
-        return (
-            Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        )
-    except OSError:
-        return ""
+# A server could not start; the message says why and where its log is.
+ServiceStartError = StartError
 
 
 def as_user(user: str | None) -> dict[str, Any]:
@@ -125,29 +54,6 @@ def as_user(user: str | None) -> dict[str, Any]:
     import pwd  # noqa: PLC0415 - POSIX only
 
     return {"user": user, "group": pwd.getpwnam(user).pw_gid, "extra_groups": []}
-
-
-def stop_pid(
-    pid: int, sig: int, *, timeout: float, wait: Callable[[float], object] | None = None
-) -> bool:
-    """Send ``sig`` to ``pid``, then SIGKILL if it outlives ``timeout``; True once it is gone.
-
-    ``wait`` is ``Popen.wait`` for our own children (it reaps them); others are polled.
-    """
-    for signum, limit in ((sig, timeout), (signal.SIGKILL, 5.0)):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signum)
-        if wait is not None:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                wait(limit)
-                return True
-        else:
-            deadline = time.monotonic() + limit
-            while pid_alive(pid) and time.monotonic() < deadline:
-                time.sleep(0.1)
-            if not pid_alive(pid):
-                return True
-    return False
 
 
 def _terminal_sent_it() -> bool:
@@ -268,15 +174,13 @@ class ManagedServer(abc.ABC):
                     f"--- switchyard: starting {self.name} on 127.0.0.1:{self.port}\n".encode()
                 )
                 log.flush()
-                self._proc = subprocess.Popen(  # noqa: S603 - fixed argv of a bundled binary
+                # Its own group: Ctrl-C reaches the owner, which stops servers last.
+                self._proc = spawn(
                     self._argv(),
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
+                    log=log,
                     cwd=self.data_dir,
-                    process_group=0,  # Ctrl-C reaches the owner, which stops servers last
+                    death_signal=self.stop_signal,
                     **as_user(self._run_as()),
-                    preexec_fn=die_with_parent(self.stop_signal),  # noqa: PLW1509
                 )
             self._wait_ready()
             self._after_ready()
@@ -287,11 +191,24 @@ class ManagedServer(abc.ABC):
 
     def stop(self) -> None:
         proc, self._proc = self._proc, None
-        if proc is not None and proc.poll() is None:
-            stop_pid(proc.pid, self.stop_signal, timeout=STOP_TIMEOUT_S, wait=proc.wait)
+        if proc is not None:
+            # The server stops its own children; SIGKILL for the group after the bound.
+            stop_group(proc, sig=self.stop_signal, grace_s=STOP_TIMEOUT_S, leader_only=True)
         if self._lock_fd is not None:
             os.close(self._lock_fd)  # closing releases the flock
             self._lock_fd = None
+
+    def exit_code(self) -> int | None:
+        """None while the server runs; its exit code once it exited (0 when never started)."""
+        return 0 if self._proc is None else self._proc.poll()
+
+    def kill(self) -> None:
+        """SIGKILL the server's whole group at once (a crash, for tests and supervisors); a
+        later :meth:`start` starts it again on the same data directory."""
+        proc = self._proc
+        if proc is not None:
+            stop_group(proc, sig=signal.SIGKILL, grace_s=STOP_TIMEOUT_S)
+        self.stop()
 
     def __enter__(self) -> Self:
         return self.start()
@@ -342,4 +259,4 @@ class ManagedServer(abc.ABC):
                     f"within {self.start_timeout:.0f} s; its log is {self.log_path}. "
                     f"Last lines:\n{log_tail(self.log_path)}"
                 )
-            time.sleep(0.2)
+            time.sleep(0.1)

@@ -12,12 +12,12 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from fixtures.net import free_port
+from fixtures.net import free_port, port_accepts
+from fixtures.wait import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -28,12 +28,6 @@ SHOW_ENV = (
     "print(json.dumps({k: os.environ.get(k) for k in "
     "('DATABASE_URL', 'REDIS_URL', 'SWITCHYARD_VAR_DIR')}), flush=True); "
 )
-
-
-def port_open(port: int) -> bool:
-    with socket.socket() as sock:
-        sock.settimeout(0.5)
-        return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
 @pytest.fixture
@@ -71,8 +65,8 @@ def test_the_command_sees_the_urls_and_its_exit_code_is_returned(var: Path) -> N
         "SWITCHYARD_VAR_DIR": str(var.resolve()),
     }
     assert "embedded PostgreSQL" in done.stderr
-    assert not port_open(pg)
-    assert not port_open(rd)
+    assert not port_accepts(pg)
+    assert not port_accepts(rd)
 
 
 def test_ports_and_var_dir_come_from_the_environment(var: Path) -> None:
@@ -113,8 +107,8 @@ def test_interrupting_stops_the_command_and_the_servers(var: Path, how: str) -> 
     try:
         assert wrapper.stdout is not None
         assert wrapper.stdout.readline().strip() == "running"
-        assert port_open(pg)
-        assert port_open(rd)
+        assert port_accepts(pg)
+        assert port_accepts(rd)
         if how == "ctrl-c":  # a terminal's Ctrl-C: SIGINT to the whole foreground group
             os.killpg(wrapper.pid, signal.SIGINT)
         else:  # e.g. a supervisor: SIGTERM to the wrapper alone
@@ -126,11 +120,9 @@ def test_interrupting_stops_the_command_and_the_servers(var: Path, how: str) -> 
             wrapper.wait()
     expected = 128 + (signal.SIGINT if how == "ctrl-c" else signal.SIGTERM)
     assert code == expected
-    deadline = time.monotonic() + 10
-    while (port_open(pg) or port_open(rd)) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not port_open(pg)
-    assert not port_open(rd)
+    eventually(
+        lambda: not port_accepts(pg) and not port_accepts(rd), timeout=10, what="ports closed"
+    )
 
 
 def test_a_taken_port_is_a_clear_error(var: Path) -> None:

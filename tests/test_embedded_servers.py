@@ -3,6 +3,7 @@ their data, and fail with clear errors. Real servers on free ports in a temporar
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -10,7 +11,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +18,7 @@ import psycopg
 import pytest
 import redis
 from fixtures.net import free_port
+from fixtures.wait import eventually
 
 from config.embedded import (
     EmbeddedPostgres,
@@ -28,7 +29,7 @@ from config.embedded import (
     switchyard_env,
     wheel_binary,
 )
-from config.processes import descendant_pids, pid_alive
+from runtime.procs import descendant_pids, pid_alive
 
 pytestmark = pytest.mark.integration
 
@@ -36,12 +37,9 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def wait_gone(pids: list[int], timeout: float = 10.0) -> list[int]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        alive = [pid for pid in pids if pid_alive(pid)]
-        if not alive:
-            return []
-        time.sleep(0.1)
+    """The pids still alive once all are gone or ``timeout`` passed (bounded polling)."""
+    with contextlib.suppress(AssertionError):
+        eventually(lambda: not any(pid_alive(pid) for pid in pids), timeout=timeout, interval=0.1)
     return [pid for pid in pids if pid_alive(pid)]
 
 
@@ -204,9 +202,7 @@ def test_a_leftover_server_on_the_data_directory_is_stopped_first(tmp_path: Path
         stdout=subprocess.DEVNULL,
     )  # fmt: skip
     try:
-        deadline = time.monotonic() + 10
-        while not (data / "redis.pid").exists() and time.monotonic() < deadline:
-            time.sleep(0.1)
+        eventually((data / "redis.pid").exists, timeout=10, what="the leftover's pid file")
         client = redis.Redis(host="127.0.0.1", port=leftover_port)
         client.set("kept", "from the leftover")
         client.close()

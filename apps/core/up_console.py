@@ -1,10 +1,12 @@
 """What ``manage.py up`` prints: the banner with ready-to-paste examples, and the "ready" lines.
 
-The readiness probes run in a background thread of ``up`` and only read: the control plane's
-login page, the router's ``/readyz``, and the published runtime snapshot in Redis (the demo
-model is ready once the snapshot the router serves holds the worker's endpoint in state
-``ready``). Nothing here imports Django settings: ``up``'s own settings were read before the
-embedded servers existed, so every address comes in as an argument.
+The readiness probes run in a background thread of ``up``: the control plane's login page, the
+router's ``/readyz``, and for the demo model what the line claims: the snapshot the router serves
+holds the worker's endpoint in state ``ready`` (never a stale record alone) AND the model answers
+a real one-token chat completion — through the router with the demo API key when this run
+printed one, else at the worker itself (later runs do not know a key). Nothing here imports
+Django settings: ``up``'s own settings were read before the embedded servers existed, so every
+address comes in as an argument.
 """
 
 from __future__ import annotations
@@ -148,6 +150,23 @@ def serving_version(client: redis.Redis[bytes], *, prefix: str, worker: str) -> 
     return None
 
 
+def answers(url: str, *, model: str, api_key: str | None = None, timeout: float = 30.0) -> bool:
+    """Whether ``POST url`` (a chat completions URL) answers a one-token request with 200."""
+    body = {"model": model, "messages": [{"role": "user", "content": "ping"}], "max_tokens": 1}
+    headers = {"Content-Type": "application/json"}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    request = urllib.request.Request(  # noqa: S310 - http only
+        url, data=json.dumps(body).encode(), headers=headers, method="POST"
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310
+            response.read()
+            return int(response.status) == 200
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
 @dataclass(frozen=True, kw_only=True)
 class ReadyCheck:
     probe: Callable[[], bool]
@@ -157,7 +176,7 @@ class ReadyCheck:
 
 
 def checks(
-    at: Addresses, *, redis_url: str, snapshot_prefix: str
+    at: Addresses, *, redis_url: str, snapshot_prefix: str, api_key: str | None = None
 ) -> tuple[list[ReadyCheck], Callable[[], None]]:
     """The checks ``up`` announces, and a function that releases what they hold."""
     holder: list[redis.Redis[bytes]] = []
@@ -179,7 +198,11 @@ def checks(
             return False
         status, body = http_json(f"{at.router}/readyz")
         served = body.get("snapshot_version") if isinstance(body, dict) else None
-        return status == 200 and isinstance(served, int) and served >= version
+        if status != 200 or not isinstance(served, int) or served < version:
+            return False
+        if api_key:  # the claim itself: the model answers through the router
+            return answers(f"{at.router}/v1/chat/completions", model=DEMO_MODEL, api_key=api_key)
+        return answers(f"{at.worker}/v1/chat/completions", model=DEMO_MODEL)
 
     found = [
         ReadyCheck(
@@ -199,8 +222,12 @@ def checks(
         found.append(
             ReadyCheck(
                 probe=model,
-                ready=f"model ready: {DEMO_MODEL} (vLLM worker {at.worker}) serves through "
-                f"the router at {at.router}/v1",
+                ready=f"model ready: {DEMO_MODEL} (vLLM worker {at.worker}) answered a request "
+                + (
+                    f"through the router at {at.router}/v1"
+                    if api_key
+                    else f"and the router at {at.router}/v1 routes to it"
+                ),
                 late=f"{DEMO_MODEL} does not serve yet; see the vllm lines above and its log",
                 timeout_s=900.0,
             )

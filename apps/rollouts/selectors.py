@@ -19,11 +19,6 @@ def rollout_active_for(model: Model) -> Rollout | None:
     return rollouts_active().filter(model=model).first()
 
 
-def rollouts_for(model: Model) -> QuerySet[Rollout]:
-    """Every rollout of ``model``, newest first."""
-    return Rollout.objects.select_related("stable_version", "candidate_version").filter(model=model)
-
-
 def rollout_events(rollout: Rollout) -> QuerySet[RolloutEvent]:
     """The rollout's events, oldest first."""
     return RolloutEvent.objects.filter(rollout=rollout).order_by("created_at", "pk")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Sequence
 
 import uvicorn
@@ -45,7 +46,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         lifespan="on",
         access_log=False,
         log_config=logging_config(args.log_level.upper()),
-        timeout_graceful_shutdown=int(args.graceful_shutdown_s),
+        # whole seconds (uvicorn's type); rounded up so that 0.5 does not become no grace
+        timeout_graceful_shutdown=math.ceil(args.graceful_shutdown_s),
     )
 
 

@@ -14,18 +14,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import logging
 import os
 import signal
 import sys
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import BinaryIO, Literal
+
+from runtime.procs import async_stop_group, die_with_parent, group_pids, pid_alive
 
 log = logging.getLogger("switchyard.worker")
 
@@ -35,7 +36,8 @@ Backend = Literal["vllm", "simulator"]
 VLLM_MODULE = "vllm.entrypoints.openai.api_server"
 SIMULATOR_MODULE = "runtime.workers.simulator"
 TAIL_LINES = 40
-_PR_SET_PDEATHSIG = 1
+WATCH_POLL_S = 0.2  # how often the engine's process group is checked while it serves
+WATCH_SETTLE_S = 2.0  # after ready: processes that exit this soon are helpers, not failures
 _READ_CHUNK = 1 << 16
 
 # A worker serves a verified local folder: nothing may be fetched from a model hub instead.
@@ -115,40 +117,6 @@ def build_env(spec: WorkerSpec, base: Mapping[str, str] | None = None) -> dict[s
     return env
 
 
-def _die_with_parent() -> Callable[[], None] | None:
-    """A preexec hook: the engine gets SIGTERM if the supervisor dies without stopping it."""
-    if not sys.platform.startswith("linux"):
-        return None
-    prctl = ctypes.CDLL(None, use_errno=True).prctl
-    owner = os.getpid()
-
-    def hook() -> None:
-        prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
-        if os.getppid() != owner:  # the supervisor died before the hook ran
-            os._exit(1)
-
-    return hook
-
-
-def _group_alive(pgid: int) -> bool:
-    """Whether a live (non-zombie) process remains in process group ``pgid``."""
-    proc = Path("/proc")
-    if not proc.is_dir():
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
-    for entry in proc.glob("[0-9]*"):
-        with contextlib.suppress(OSError, IndexError, ValueError):
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            if int(fields[2]) == pgid and fields[0] != "Z":
-                return True
-    return False
-
-
 class EngineProcess:
     """A running engine in its own process group, its output copied to ``sink``."""
 
@@ -170,8 +138,8 @@ class EngineProcess:
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
-            start_new_session=True,  # its own group: our Ctrl-C is ours to handle, not its
-            preexec_fn=_die_with_parent(),  # only a prctl call: safe after fork
+            process_group=0,  # its own group: our Ctrl-C is ours to handle, not its
+            preexec_fn=die_with_parent(signal.SIGTERM),  # only a prctl call: safe after fork
         )
         return cls(proc, sink)
 
@@ -183,8 +151,37 @@ class EngineProcess:
     def returncode(self) -> int | None:
         return self._proc.returncode
 
-    async def wait(self) -> int:
-        return await self._proc.wait()
+    def members(self) -> frozenset[int]:
+        """The live processes of the engine's group now (the leader and what it started)."""
+        return frozenset(group_pids(self._proc.pid))
+
+    async def watch(
+        self,
+        members: frozenset[int],
+        *,
+        poll_s: float = WATCH_POLL_S,
+        settle_s: float = WATCH_SETTLE_S,
+    ) -> str:
+        """Return (a sentence saying which) once the leader or any of ``members`` has died.
+
+        It polls the group (not the output pipe, which a surviving child keeps open), so a
+        death is seen within ``poll_s``. Processes the engine starts later do not count; of
+        the ones it ran when it turned ready (``members``), one that exits within ``settle_s``
+        while the leader lives is taken for a short-lived helper and dropped from the watch.
+        """
+        watched = set(members) | {self._proc.pid}
+        settled_at = time.monotonic() + settle_s
+        while True:
+            code = self._proc.returncode
+            if code is not None:
+                return f"the engine (pid {self._proc.pid}) exited with code {code}"
+            dead = sorted(pid for pid in watched if not pid_alive(pid))
+            if dead and time.monotonic() < settled_at:
+                log.info("engine helper process(es) %s exited after start-up", dead)
+                watched.difference_update(dead)
+            elif dead:
+                return f"engine process(es) {', '.join(map(str, dead))} died"
+            await asyncio.sleep(poll_s)
 
     def tail(self) -> str:
         """The engine's last output lines (for error messages)."""
@@ -208,19 +205,15 @@ class EngineProcess:
     async def stop(self, timeout_s: float) -> int:
         """SIGTERM the whole group; SIGKILL whatever is left after ``timeout_s``. Bounded."""
         pgid = self._proc.pid
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pgid, signal.SIGTERM)
-        deadline = time.monotonic() + timeout_s
-        waiter = asyncio.ensure_future(self._proc.wait())
-        while time.monotonic() < deadline and (not waiter.done() or _group_alive(pgid)):
-            await asyncio.wait({waiter}, timeout=0.1)
-        if self._proc.returncode is None or _group_alive(pgid):
-            log.warning("engine %s did not stop within %.0f s; killing it", pgid, timeout_s)
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pgid, signal.SIGKILL)
-        code = await waiter
+        if group_pids(pgid) or self._proc.returncode is None:
+            gone = await async_stop_group(
+                pgid, lambda: self._proc.returncode is not None, grace_s=timeout_s
+            )
+            if not gone:
+                log.error("engine group %s survived SIGKILL: %s", pgid, group_pids(pgid))
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._pump, 5.0)  # the pipe closes once the group is gone
         if not self._pump.done():
             self._pump.cancel()
-        return code
+        code = self._proc.returncode
+        return -signal.SIGKILL if code is None else code

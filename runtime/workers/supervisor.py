@@ -14,8 +14,14 @@
    second signal ends it at once), stop the engine group (SIGTERM, then SIGKILL after a bound),
    delete the heartbeat, ``hooks.on_gone()``.
 
-If the engine dies on its own the endpoint goes ``gone`` too and :class:`EngineExitedError` is
-raised. Every wait is bounded. The hooks are where the control plane comes in (the
+While it serves, the supervisor watches the engine's whole process group (the processes it
+ran when it turned ready; :meth:`EngineProcess.watch`, every 0.2 s) rather than one output
+pipe. When any of them dies: ``hooks.on_unhealthy(reason)`` (the endpoint stops receiving
+traffic at once), the rest of the group is stopped, and the engine is started again after a
+backoff (1 s, doubling up to 30 s); it is ``ready`` again only after a fresh health check and
+warm-up. More than ``max_restarts`` failures within ``restart_window_s`` is a crash loop: the
+endpoint goes ``gone`` and :class:`EngineExitedError` says what died and shows the engine's last
+output. Every wait is bounded. The hooks are where the control plane comes in (the
 ``serve_model`` command passes registry services); this module imports no Django.
 """
 
@@ -26,7 +32,6 @@ import contextlib
 import logging
 import os
 import signal
-import socket
 import sys
 import time
 from dataclasses import dataclass
@@ -36,6 +41,7 @@ from typing import BinaryIO, Protocol
 import aiohttp
 
 from runtime.artifacts import ArtifactError, ArtifactMismatchError, verify_artifact
+from runtime.procs import port_is_free
 from runtime.workers.heartbeat import Heartbeat, endpoint_heartbeat_key
 from runtime.workers.launch import EngineProcess, WorkerSpec, build_command, build_env
 from runtime.workers.probe import EngineStartError, requests_in_flight, wait_healthy, warm_up
@@ -74,6 +80,11 @@ class WorkerHooks(Protocol):
 
     async def on_draining(self) -> None: ...
 
+    async def on_unhealthy(self, reason: str) -> None:
+        """An engine process died: stop routing to the endpoint now (it restarts and comes
+        back through ``on_ready`` after a fresh warm-up)."""
+        ...
+
     async def on_gone(self) -> None: ...
 
 
@@ -89,6 +100,9 @@ class NoHooks:
     async def on_draining(self) -> None:
         return None
 
+    async def on_unhealthy(self, reason: str) -> None:
+        return None
+
     async def on_gone(self) -> None:
         return None
 
@@ -102,21 +116,23 @@ class SupervisorSettings:
     heartbeat_ttl_s: float = 15.0
     drain_poll_s: float = 0.25
     handle_signals: bool = True  # False when run() is not on the main thread
+    # An engine that dies is restarted after restart_backoff_s, doubling up to
+    # restart_backoff_max_s; more than max_restarts failures within restart_window_s: give up.
+    max_restarts: int = 5
+    restart_window_s: float = 600.0
+    restart_backoff_s: float = 1.0
+    restart_backoff_max_s: float = 30.0
     engine_log: Path | None = None  # the engine's output; None: our stderr
 
 
 def check_port_free(host: str, port: int) -> None:
     """Raise :class:`WorkerStartError` if something already listens on ``host:port``."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError as exc:
-            raise WorkerStartError(
-                f"cannot serve on {host}:{port}: {exc.strerror or exc}; "
-                "stop whatever uses that port or choose another --port"
-            ) from exc
+    error = port_is_free(port, host)
+    if error is not None:
+        raise WorkerStartError(
+            f"cannot serve on {host}:{port}: {error.strerror or error}; "
+            "stop whatever uses that port or choose another --port"
+        ) from error
 
 
 class Supervisor:
@@ -138,6 +154,7 @@ class Supervisor:
         self._stop = asyncio.Event()
         self._force = asyncio.Event()
         self.engine: EngineProcess | None = None
+        self.ready_after_s: list[float] = []  # launch -> ready, for each engine life
 
     # --- stopping ------------------------------------------------------------------------
 
@@ -199,6 +216,50 @@ class Supervisor:
                 await self._shutdown(heartbeat)
 
     async def _serve(self, sink: BinaryIO, heartbeat: Heartbeat | None) -> None:
+        """Serve until a stop; restart the engine (with backoff) each time it dies."""
+        settings = self._settings
+        crashes: list[float] = []
+        restarting = False
+        async with aiohttp.ClientSession() as session:
+            while True:
+                reason = await self._serve_once(session, sink, heartbeat, restarting=restarting)
+                if reason is None:
+                    return  # stopped (and drained)
+                now = time.monotonic()
+                crashes = [t for t in crashes if t > now - settings.restart_window_s] + [now]
+                if len(crashes) > settings.max_restarts:
+                    engine = self.engine
+                    raise EngineExitedError(
+                        f"the {self.spec.served_model_name} engine failed {len(crashes)} times "
+                        f"within {settings.restart_window_s:.0f} s; giving up (at most "
+                        f"{settings.max_restarts} restarts). Last: {reason}.\n"
+                        f"Last lines of its output:\n{engine.tail() if engine else ''}"
+                    )
+                delay = min(
+                    settings.restart_backoff_s * 2 ** (len(crashes) - 1),
+                    settings.restart_backoff_max_s,
+                )
+                log.warning(
+                    "%s; restarting the engine in %.1f s (failure %d, at most %d restarts in "
+                    "%.0f s)", reason, delay, len(crashes), settings.max_restarts,
+                    settings.restart_window_s,
+                )  # fmt: skip
+                if await self._stop_requested_within(delay):
+                    return
+                restarting = True
+
+    async def _serve_once(
+        self,
+        session: aiohttp.ClientSession,
+        sink: BinaryIO,
+        heartbeat: Heartbeat | None,
+        *,
+        restarting: bool,
+    ) -> str | None:
+        """One engine life: launch, health, warm-up, ready, then serve until a stop (drain,
+        return None) or the death of any engine process (mark the endpoint unhealthy, stop the
+        rest of the group, return what died). A restart that does not come up counts as a
+        death; the first start's failure raises :class:`WorkerStartError`."""
         spec = self.spec
         started = time.monotonic()
         argv = build_command(spec)
@@ -207,25 +268,40 @@ class Supervisor:
         except OSError as exc:
             raise WorkerStartError(f"cannot launch {argv[0]}: {exc}") from exc
         if heartbeat is not None:
-            await heartbeat.start("starting")
-        async with aiohttp.ClientSession() as session:
+            await (heartbeat.set_state("starting") if restarting else heartbeat.start("starting"))
+        try:
             if not await self._start_engine(session, engine):
                 log.info("stop requested while starting; not serving")
-                return
+                return None
+        except WorkerStartError as exc:
+            if not restarting:
+                raise
+            return f"the restarted engine did not come up: {exc}"
+        members = engine.members()
+        if heartbeat is not None:
+            await heartbeat.set_state("ready")
+        await self._hooks.on_ready()
+        self.ready_after_s.append(time.monotonic() - started)
+        log.info(
+            "%s ready at %s after %.1f s (engine pid %s, %d process(es))",
+            spec.served_model_name, spec.base_url, time.monotonic() - started, engine.pid,
+            len(members),
+        )  # fmt: skip
+        died = await self._serve_until_stop(engine, members)
+        if died is not None:
             if heartbeat is not None:
-                await heartbeat.set_state("ready")
-            await self._hooks.on_ready()
-            log.info(
-                "%s ready at %s after %.1f s (engine pid %s)",
-                spec.served_model_name, spec.base_url, time.monotonic() - started, engine.pid,
-            )  # fmt: skip
-            await self._serve_until_stop(engine)
-            if heartbeat is not None:
-                await heartbeat.set_state("draining")
-            await self._hooks.on_draining()
-            await self._drain(session, engine)
+                await heartbeat.set_state("restarting")
+            await self._hooks.on_unhealthy(died)  # routers stop sending it traffic at once
+            await engine.stop(self._settings.stop_timeout_s)  # the rest of its group
+            log.warning("%s: endpoint marked unhealthy, the engine's group stopped", died)
+            return died
+        if heartbeat is not None:
+            await heartbeat.set_state("draining")
+        await self._hooks.on_draining()
+        await self._drain(session, engine)
         if engine.returncode is not None:  # it died while draining, before we stopped it
             raise await self._exited(engine)
+        return None
 
     async def _verify(self) -> None:
         spec = self.spec
@@ -281,16 +357,16 @@ class Supervisor:
             ) from exc
         return healthy
 
-    async def _serve_until_stop(self, engine: EngineProcess) -> None:
+    async def _serve_until_stop(self, engine: EngineProcess, members: frozenset[int]) -> str | None:
+        """Wait for a stop request (None) or the death of any engine process (what died)."""
         stop = asyncio.create_task(self._stop.wait())
-        exit_ = asyncio.create_task(engine.wait())
+        died = asyncio.create_task(engine.watch(members))
         try:
-            await asyncio.wait({stop, exit_}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({stop, died}, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            for task in (stop, exit_):
+            for task in (stop, died):
                 task.cancel()
-        if engine.returncode is not None:
-            raise await self._exited(engine)
+        return died.result() if died.done() and not died.cancelled() else None
 
     async def _drain(self, session: aiohttp.ClientSession, engine: EngineProcess) -> None:
         settings = self._settings

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.timing]  # load-shaped: real runs
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SCENARIOS = REPO_ROOT / "bench" / "scenarios"
@@ -83,12 +83,12 @@ def _run(scenario: str, targets: list[str], out: Path) -> dict[str, object]:
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     for name in targets:
         assert report["targets"][name]["status"] in ("ran", "skipped", "failed")
-    assert report["targets"]["direct"]["status"] == "ran"
+    assert report["targets"]["direct"]["status"] == "ran", report["targets"]["direct"]
     for phase in report["phases"].values():
         for name, info in report["targets"].items():
             if info["status"] == "ran":
                 assert set(phase["targets"][name]) >= FIGURE_KEYS
-        assert phase["targets"]["direct"]["sent"] > 0
+        assert phase["targets"]["direct"]["sent"] > 0, phase["targets"]["direct"]
     return report
 
 

@@ -34,7 +34,12 @@ from integration_support import (
     tenant_limits,
 )
 
-pytestmark = [pytest.mark.integration, pytest.mark.asyncio, pytest.mark.timeout(150)]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.timing,  # statistical: TTFT p95 under an open-loop flood (report in failures)
+    pytest.mark.asyncio,
+    pytest.mark.timeout(150),
+]
 
 POLICIES = ("vtc", "fcfs")
 LIGHT = ("light-1", "light-2")

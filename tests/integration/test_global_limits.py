@@ -4,13 +4,15 @@ shared fairness counters; a 429 carries a sensible Retry-After."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-from fixtures.router import Process, World, metric_value
+from fixtures.router import Process, World, http_get, metric_value
+from fixtures.wait import async_eventually, eventually
 from integration_support import routers, start_simulator, tenant_limits
 
 pytestmark = pytest.mark.integration
@@ -36,6 +38,12 @@ def world_for(engine: Process) -> World:
     for tenant in ("metered", "narrow", "busy"):
         world.add_key(tenant, tenant)
     return world
+
+
+def engine_running(engine: Process) -> float | None:
+    """The simulator's running requests (its /metrics)."""
+    _, body = http_get(f"{engine.base_url}/metrics")
+    return metric_value(body.decode(), "vllm:num_requests_running")
 
 
 def chat(max_tokens: int = 2, **extra: object) -> dict[str, object]:
@@ -87,20 +95,20 @@ def test_two_routers_enforce_one_concurrency_cap(engine: Process, tmp_path: Path
                                               json=chat(max_tokens=300, stream=True)))
                 for i in (0, 1)
             ]  # fmt: skip
-            await asyncio.sleep(0.5)
+            await async_eventually(lambda: engine_running(engine) == 2, timeout=10)
             late = [
                 await http.post(f"{router.base_url}/v1/chat/completions", json=chat())
                 for router in pair
             ]
             for task in long:
                 assert (await task).status_code == 200
+
             # Both slots are back once the streams end (settled through Redis).
-            async with asyncio.timeout(5):
-                while True:
-                    again = await http.post(f"{pair[1].base_url}/v1/chat/completions", json=chat())
-                    if again.status_code == 200:
-                        break
-                    await asyncio.sleep(0.05)
+            async def slot_free() -> bool:
+                again = await http.post(f"{pair[1].base_url}/v1/chat/completions", json=chat())
+                return again.status_code == 200
+
+            await async_eventually(slot_free, timeout=5, interval=0.05, what="a free slot")
             return late
 
     with routers(world, tmp_path, count=2) as (pair, _):
@@ -121,9 +129,10 @@ def test_fairness_counters_are_shared_between_routers(engine: Process, tmp_path:
             assert answer.status_code == 200
         # Router two never served "busy", but its counter follows router one's service after
         # a sync (pushed within a second, read while its queue is busy or on its next push).
-        deadline = time.monotonic() + 10
         seen = local = 0.0
-        while time.monotonic() < deadline:
+
+        def synced() -> bool:
+            nonlocal seen, local
             text = httpx.get(f"{pair[0].base_url}/metrics", timeout=5).text
             local = metric_value(text, "switchyard_fairness_counter") or 0.0
             # Router two learns of the pool when a request reaches it.
@@ -136,8 +145,9 @@ def test_fairness_counters_are_shared_between_routers(engine: Process, tmp_path:
                 for line in text.splitlines()
                 if line.startswith("switchyard_fairness_counter{") and 'tenant="busy"' in line
             )
-            if local > 0 and seen >= local:
-                break
-            time.sleep(0.3)
+            return local > 0 and seen >= local
+
+        with contextlib.suppress(AssertionError):
+            eventually(synced, timeout=10, interval=0.3)
         assert local > 0
         assert seen >= local

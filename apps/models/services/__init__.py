@@ -25,6 +25,7 @@ from apps.models.services.fleet import (
     pool_update,
     pool_validate,
 )
+from apps.models.services.reaper import endpoints_reap_stale
 from apps.models.services.routes import route_set, route_validate
 
 __all__ = [
@@ -32,6 +33,7 @@ __all__ = [
     "endpoint_set_state",
     "endpoint_transition_validate",
     "endpoint_validate",
+    "endpoints_reap_stale",
     "model_create",
     "model_update",
     "model_validate",

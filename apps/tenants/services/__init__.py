@@ -14,6 +14,7 @@ from apps.tenants.services.api_keys import (
     api_key_validate_values,
 )
 from apps.tenants.services.audit import audit_record
+from apps.tenants.services.key_usage import api_key_usage_sync
 from apps.tenants.services.memberships import (
     membership_create,
     membership_delete,
@@ -45,6 +46,7 @@ __all__ = [
     "api_key_digest",
     "api_key_revoke",
     "api_key_touch",
+    "api_key_usage_sync",
     "api_key_validate_values",
     "audit_record",
     "membership_create",

@@ -28,11 +28,26 @@ import pytest
 import redis
 from django.core.management import CommandError, call_command
 from fixtures.net import free_port
-from fixtures.router import Publisher, World, redis_url
+from fixtures.router import (
+    Publisher,
+    World,
+    redis_url,
+    spawn,
+    start_router,
+    wait_ready,
+    wait_until_up,
+)
+from fixtures.wait import eventually
 
 from apps.core.management.commands.up import Command as UpCommand
-from apps.core.up_console import Addresses, banner, serving_version, without_password
-from config.processes import descendant_pids, pid_alive
+from apps.core.up_console import (
+    Addresses,
+    banner,
+    checks,
+    serving_version,
+    without_password,
+)
+from runtime.procs import cmdline, descendant_pids, pid_alive
 
 REPO = Path(__file__).resolve().parents[3]
 READY_TIMEOUT_S = 150.0
@@ -231,6 +246,39 @@ def test_the_model_counts_as_ready_once_the_snapshot_holds_its_endpoint_ready() 
     assert serving_version(broken, prefix="p", worker=worker) is None  # Redis down: not ready
 
 
+@pytest.mark.integration
+def test_model_ready_means_it_answered_a_request_not_only_a_ready_record(tmp_path: Path) -> None:
+    """A stale ``ready`` record (its worker is gone) is not enough: the model must answer."""
+    sim, _ = spawn(["runtime.workers.simulator", "--model", "demo-llama", "--log-level", "WARNING"])
+    wait_until_up(sim, "/health")
+    publisher = Publisher(f"switchyard:test:up-answers:{uuid.uuid4().hex[:12]}")
+    router = start_router(publisher.prefix, tmp_path)
+    try:
+        world = World()
+        world.add_model("demo-llama", 1)
+        world.add_tenant("acme")
+        key = world.add_key("acme", "acme")
+        stale = f"http://127.0.0.1:{free_port()}"  # nothing answers there
+        for worker, expected in ((stale, False), (sim.base_url, True)):
+            world.endpoints.clear()
+            world.add_endpoint(1, 1, worker, state="ready")
+            wait_ready(router, publisher.publish(world.snapshot()))
+            at = Addresses(web="http://127.0.0.1:1", router=router.base_url, worker=worker)
+            for api_key in (None, key):  # at the worker (later runs); through the router
+                found, release = checks(
+                    at, redis_url=redis_url(), snapshot_prefix=publisher.prefix, api_key=api_key
+                )
+                try:
+                    assert found[2].probe() is expected, (worker, api_key)
+                finally:
+                    release()
+        assert "answered a request through the router" in found[2].ready
+    finally:
+        router.stop()
+        sim.stop()
+        publisher.cleanup()
+
+
 # --- end to end -------------------------------------------------------------------------------
 
 
@@ -316,9 +364,8 @@ class Up:
         self.proc.wait()
 
     def leftovers(self, timeout: float = 10.0) -> list[str]:
-        deadline = time.monotonic() + timeout
-        while any(pid_alive(pid) for pid in self.seen) and time.monotonic() < deadline:
-            time.sleep(0.2)
+        with contextlib.suppress(AssertionError):
+            eventually(lambda: not any(pid_alive(pid) for pid in self.seen), timeout=timeout)
         return [
             Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
             for pid in self.seen
@@ -379,7 +426,7 @@ def test_up_runs_the_platform_streams_the_model_and_stops_every_process(var: Pat
         assert "CompletionUsage(completion_tokens=32" in example.stdout
 
         names = first.names()
-        for expected in ("postgres", "redis-server", "honcho", "uvicorn", "worker", "beat",
+        for expected in ("postgres", "redis-server", "uvicorn", "worker", "beat",
                          "runtime.gateway", "serve_model", "vllm.entrypoints.openai.api_server",
                          "VLLM::EngineCore"):  # fmt: skip
             assert expected in names, expected
@@ -421,3 +468,45 @@ def test_up_runs_the_platform_streams_the_model_and_stops_every_process(var: Pat
         f"first run: admin {admin_s:.0f} s, model ready {model_s:.0f} s later, "
         f"{first_s:.0f} s to stopped; whole test {time.monotonic() - started:.0f} s"
     )
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(400)
+def test_up_restarts_a_killed_process_and_the_embedded_redis_and_stops_them_all(
+    var: Path,
+) -> None:
+    """`up` with stand-in processes: kill -9 of one, then of the embedded Redis; both come back,
+    the other process is untouched, and Ctrl-C still stops everything."""
+    procfile = var / "Procfile"
+    sleeper = "python -c \"import time; print('{0} up', flush=True); time.sleep(600)\""
+    procfile.write_text(f"steady: {sleeper.format('steady')}\nother: {sleeper.format('other')}\n")
+    ports = {"port": free_port(), "router-port": free_port(), "pg-port": free_port(),
+             "redis-port": free_port()}  # fmt: skip
+    up = Up(var, ports=ports, args=("--no-worker", "--procfile", str(procfile)))
+
+    def pid_of(needle: str) -> int | None:
+        up.seen.update(descendant_pids(up.proc.pid))
+        found = [p for p in descendant_pids(up.proc.pid) if needle in cmdline(p)]
+        return found[0] if found else None
+
+    try:
+        up.wait_for("both stand-ins", lambda: up.output.count(" up\n") >= 2, READY_TIMEOUT_S)
+        steady, other = pid_of("'steady up'"), pid_of("'other up'")
+        assert steady is not None, up.output[-3000:]
+        assert other is not None, up.output[-3000:]
+        os.kill(steady, signal.SIGKILL)
+        took = up.wait_for("steady restarted", lambda: up.output.count("steady up") == 2, 30.0)
+        assert "steady exited with code -9; restarting it in 1 s" in up.output
+        assert pid_of("'other up'") == other  # untouched
+        redis_pid = pid_of("redis-server")
+        assert redis_pid is not None
+        os.kill(redis_pid, signal.SIGKILL)
+        redis_s = up.wait_for("redis restarted", lambda: "redis restarted" in up.output, 30.0)
+        assert pid_of("redis-server") not in (None, redis_pid)
+        code = up.stop("ctrl-c")
+    finally:
+        if up.proc.poll() is None:
+            up.kill()
+    print(f"\nunder up: a process back {took:.1f} s after kill -9, Redis {redis_s:.1f} s")
+    assert code == 0, up.output[-4000:]
+    assert up.leftovers() == []

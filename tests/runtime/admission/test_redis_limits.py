@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 import pytest_asyncio
 import redis
+from fixtures.wait import async_eventually
 
 from runtime.admission.limits import LimitExceededError, LimitKind, Quota
 from runtime.admission.redis_limits import RedisLimits
@@ -114,13 +115,10 @@ async def test_concurrency_leases_are_released_on_settle(make: Factory) -> None:
     assert refused.value.retry_after_header == 1
     limits.settle(first, actual_tokens=2, served=True)
     limits.settle(first, actual_tokens=2, served=True)  # idempotent
-    async with asyncio.timeout(2):  # the background task flushes at once
-        while True:
-            try:
-                await limits.acquire("acme", quota, tokens=1)
-                break
-            except LimitExceededError:
-                await asyncio.sleep(0.01)
+    await async_eventually(  # the background task flushes at once
+        lambda: limits.acquire("acme", quota, tokens=1),
+        timeout=2, interval=0.01, ignore=(LimitExceededError,),
+    )  # fmt: skip
 
 
 async def test_a_crashed_routers_leases_expire_and_a_live_router_renews_its_own(
@@ -136,8 +134,10 @@ async def test_a_crashed_routers_leases_expire_and_a_live_router_renews_its_own(
     for tenant in ("gone", "kept"):
         with pytest.raises(LimitExceededError):
             await other.acquire(tenant, quota, tokens=1)
-    await asyncio.sleep(0.6)
-    await other.acquire("gone", quota, tokens=1)  # the lease expired
+    await async_eventually(  # the lease expires (TTL 0.3 s)
+        lambda: other.acquire("gone", quota, tokens=1),
+        timeout=3, interval=0.05, ignore=(LimitExceededError,),
+    )  # fmt: skip
     with pytest.raises(LimitExceededError):
         await other.acquire("kept", quota, tokens=1)  # still held and renewed
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+from fixtures.wait import eventually
 from gateway_fleet import (
     Process,
     Publisher,
@@ -102,14 +103,11 @@ def running(sim: Process) -> float:
     return value
 
 
-def wait_for(predicate, timeout_s: float, step_s: float = 0.02) -> float:  # type: ignore[no-untyped-def]
+def wait_for(predicate, timeout_s: float) -> float:  # type: ignore[no-untyped-def]
     """Poll ``predicate`` until true; returns the seconds it took, fails after ``timeout_s``."""
     started = time.monotonic()
-    while time.monotonic() - started < timeout_s:
-        if predicate():
-            return time.monotonic() - started
-        time.sleep(step_s)
-    raise AssertionError(f"condition not met within {timeout_s} s")
+    eventually(predicate, timeout=timeout_s)
+    return time.monotonic() - started
 
 
 def raw_stream_request(base_url: str, key: str, body: dict[str, object]) -> socket.socket:

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-import time
 import uuid
 from pathlib import Path
 
 import httpx
 import pytest
+from fixtures.wait import eventually
 from gateway_fleet import Publisher, World, http_get, start_router, wait_ready
 
 pytestmark = pytest.mark.integration
@@ -43,10 +43,7 @@ def test_not_ready_before_a_snapshot_then_ready_and_restartable_from_disk(tmp_pa
         wait_ready(router, version)
         # The disk copy is written just after the swap, off the event loop: wait for it.
         disk_copy = tmp_path / "router-snapshot.json"
-        deadline = time.monotonic() + 10
-        while not disk_copy.is_file() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert disk_copy.is_file()
+        eventually(disk_copy.is_file, timeout=10, interval=0.05, what="the disk copy")
     finally:
         router.stop()
 

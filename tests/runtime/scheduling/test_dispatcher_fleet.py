@@ -9,6 +9,7 @@ import httpx
 import pytest
 from dispatch_support import ticket
 from fixtures.router import Process, World, spawn, wait_until_up
+from fixtures.wait import async_eventually
 
 from runtime.routing.inflight import InFlight
 from runtime.routing.signals import FleetSignals
@@ -76,11 +77,11 @@ async def test_engine_waiting_gauge_holds_requests_although_inflight_has_room(
             assert inflight.get(1) == 2
             sent = [asyncio.create_task(http.post("/v1/completions", json=body)) for _ in grants]
             sent_at = loop.time()
-            async with asyncio.timeout(5):  # a scrape sees the engine still queueing one
-                while not queueing_since(health, sent_at + 0.35):  # noqa: ASYNC110 - polling
-                    await asyncio.sleep(0.01)
+            await async_eventually(  # a scrape sees the engine still queueing one
+                lambda: queueing_since(health, sent_at + 0.35), timeout=5, interval=0.01
+            )
             third = asyncio.create_task(dispatcher.acquire(ticket()))
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(0.05)  # a negative check: it must stay queued
             assert not third.done()  # 2 in flight < capacity 4, but the engine queues
             for grant, request in zip(grants, sent, strict=True):
                 assert (await request).status_code == 200

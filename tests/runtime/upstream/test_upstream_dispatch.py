@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 import pytest
 import pytest_asyncio
 from aiohttp import web
+from fixtures.wait import async_eventually
 
 from runtime.snapshot import EndpointSnap
 from runtime.upstream import (
@@ -340,11 +341,7 @@ async def test_cancelled_half_open_probe_gives_the_probe_slot_back(
         )
     )
     async with asyncio.timeout(10):
-        for _ in range(100):
-            if not breakers.get(1).available():
-                break  # the probe is out
-            await asyncio.sleep(0.01)
-        assert not breakers.get(1).available()
+        await async_eventually(lambda: not breakers.get(1).available(), what="the probe is out")
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task

@@ -10,6 +10,7 @@ import msgspec
 import pytest
 import pytest_asyncio
 from aiohttp import web
+from fixtures.wait import async_eventually
 
 from runtime.upstream import (
     EndpointStatus,
@@ -44,13 +45,16 @@ async def wait_until(
     *,
     within: float = 5.0,
 ) -> EndpointStatus:
-    """Poll the monitor's status (bounded in time and count) until ``check`` holds."""
-    for _ in range(int(within / 0.02) + 1):
+    """Poll the monitor's status (bounded) until ``check`` holds; return that status."""
+
+    def matched() -> EndpointStatus | None:
         status = monitor.status(endpoint_id)
-        if status is not None and check(status):
-            return status
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"status never matched: {monitor.status(endpoint_id)}")
+        return status if status is not None and check(status) else None
+
+    try:
+        return await async_eventually(matched, timeout=within)
+    except AssertionError:
+        raise AssertionError(f"status never matched: {monitor.status(endpoint_id)}") from None
 
 
 async def open_long_stream(client: UpstreamClient, sim: Simulator) -> UpstreamResponse:

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import pytest
 import pytest_asyncio
 from aiohttp import web
+from fixtures.wait import async_eventually
 
 from runtime.upstream import (
     ClientConfig,
@@ -60,13 +61,12 @@ async def wait_for_gauge(
     """Poll a gauge (bounded in time and count) until it reads ``want``; the elapsed time."""
     loop = asyncio.get_running_loop()
     start = loop.time()
-    for _ in range(int(within / 0.02) + 1):
-        if await gauge(client, sim, name) == want:
-            return loop.time() - start
-        if loop.time() - start > within:
-            break
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"{name} did not reach {want} within {within}s")
+
+    async def reached() -> bool:
+        return await gauge(client, sim, name) == want
+
+    await async_eventually(reached, timeout=within, what=f"{name} == {want}")
+    return loop.time() - start
 
 
 async def test_stream_yields_events_then_stops_at_done(

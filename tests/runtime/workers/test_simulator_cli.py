@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import aiohttp
 import openai
 import pytest
-from fixtures.net import free_port
+from fixtures.net import free_port, port_accepts
+from fixtures.wait import async_eventually, eventually
 
 ROOT = Path(__file__).resolve().parents[3]
 MODULE = "runtime.workers.simulator"
@@ -63,16 +62,12 @@ def simulator_process():
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                break
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                pytest.fail(f"simulator did not start: {proc.communicate()[0]}")
-            time.sleep(0.1)
+    try:
+        eventually(lambda: proc.poll() is not None or port_accepts(port), timeout=30)
+        assert proc.poll() is None
+    except AssertionError:
+        proc.kill()
+        pytest.fail(f"simulator did not start: {proc.communicate()[0]}")
     yield proc, url
     if proc.poll() is None:
         proc.kill()
@@ -100,27 +95,27 @@ async def test_process_serves_the_api_drops_waiting_clients_and_stops_on_sigterm
         body = {"model": "cli-model", "prompt": "x", "max_tokens": 2000}
         running = asyncio.create_task(session.post(f"{url}/v1/completions", json=body))
         waiting = asyncio.create_task(session.post(f"{url}/v1/completions", json=body))
-        metrics = ""
-        for _ in range(500):
+
+        async def metrics_text() -> str:
             async with session.get(f"{url}/metrics") as resp:
-                metrics = await resp.text()
-            if metric(metrics, "vllm:num_requests_waiting") == 1:
-                break
-            await asyncio.sleep(0.01)
+                return await resp.text()
+
+        async def waiting_is(count: int) -> str | None:
+            text = await metrics_text()
+            return text if metric(text, "vllm:num_requests_waiting") == count else None
+
+        metrics = await async_eventually(lambda: waiting_is(1), timeout=5, what="1 waiting")
         assert metric(metrics, "vllm:num_requests_running") == 1
         assert 'model_name="cli-model"' in metrics
         running.cancel()
         waiting.cancel()  # both clients hang up: the process must notice without writing
-        for _ in range(500):
-            async with session.get(f"{url}/metrics") as resp:
-                metrics = await resp.text()
-            if (
-                metric(metrics, "vllm:num_requests_running")
-                == 0
-                == metric(metrics, "vllm:num_requests_waiting")
-            ):
-                break
-            await asyncio.sleep(0.01)
+
+        async def idle() -> str | None:
+            text = await metrics_text()
+            running = metric(text, "vllm:num_requests_running")
+            return text if running == 0 == metric(text, "vllm:num_requests_waiting") else None
+
+        metrics = await async_eventually(idle, timeout=5, what="no request running or waiting")
         assert metric(metrics, "vllm:num_requests_running") == 0
         assert metric(metrics, "vllm:num_requests_waiting") == 0
     proc.send_signal(signal.SIGTERM)

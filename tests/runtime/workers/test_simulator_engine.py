@@ -7,6 +7,7 @@ import itertools
 
 import pytest
 import pytest_asyncio
+from fixtures.wait import async_eventually
 
 from runtime.workers.simulator.engine import Engine, SeqState, Sequence
 from runtime.workers.simulator.timing import Capacity, TimingModel
@@ -59,12 +60,6 @@ def submit(engine: Engine, rid: str, *, prompt: int = 10, tokens: int = 3, prior
     )  # fmt: skip
 
 
-async def until(condition) -> None:
-    async with asyncio.timeout(2.0):
-        while not condition():  # noqa: ASYNC110 - polls the engine's state
-            await asyncio.sleep(0.001)
-
-
 async def drain(seq: Sequence) -> list[str]:
     out: list[str] = []
     while (tokens := await seq.next_tokens()) is not None:
@@ -85,7 +80,7 @@ async def test_sequence_gets_exactly_its_tokens_then_finishes(make_engine):
 async def test_waiting_queue_serves_lower_priority_value_first_then_arrival(make_engine):
     engine, recorder = make_engine(max_num_seqs=1)
     first = submit(engine, "first", tokens=5)
-    await until(lambda: engine.num_running == 1)
+    await async_eventually(lambda: engine.num_running == 1, timeout=2.0, interval=0.001)
     seqs = [
         submit(engine, "low", priority=10),
         submit(engine, "high-1", priority=-1),
@@ -101,10 +96,10 @@ async def test_waiting_queue_serves_lower_priority_value_first_then_arrival(make
 async def test_kv_capacity_blocks_admission_and_head_of_line(make_engine):
     engine, recorder = make_engine(max_num_seqs=8, kv_capacity_tokens=100)
     big = submit(engine, "big", prompt=50, tokens=20)  # reserves 70
-    await until(lambda: engine.num_running == 1)
+    await async_eventually(lambda: engine.num_running == 1, timeout=2.0, interval=0.001)
     blocked = submit(engine, "blocked", prompt=30, tokens=10)  # 40: does not fit next to 70
     small = submit(engine, "small", prompt=10, tokens=5)  # 15 would fit, but waits its turn
-    await asyncio.sleep(0.005)
+    await asyncio.sleep(0.005)  # a few engine steps: nothing may be admitted (a negative check)
     assert engine.num_running == 1
     assert engine.num_waiting == 2
     assert engine.kv_used_tokens == 70
@@ -135,7 +130,7 @@ async def test_abort_running_frees_slot_and_kv_at_once(make_engine):
 async def test_abort_waiting_drops_it_from_the_queue(make_engine):
     engine, recorder = make_engine(max_num_seqs=1)
     running = submit(engine, "running", tokens=50)
-    await until(lambda: engine.num_running == 1)
+    await async_eventually(lambda: engine.num_running == 1, timeout=2.0, interval=0.001)
     waiting = submit(engine, "waiting")
     assert engine.num_waiting == 1
     engine.abort(waiting)

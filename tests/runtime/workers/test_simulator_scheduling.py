@@ -9,6 +9,7 @@ import aiohttp
 import pytest
 import pytest_asyncio
 from aiohttp.test_utils import TestServer
+from fixtures.wait import async_eventually
 from prometheus_client.parser import text_string_to_metric_families
 
 from runtime.workers.simulator.config import SimulatorConfig
@@ -86,12 +87,6 @@ async def make_sim():
         await server.close()
 
 
-async def until(condition) -> None:
-    async with asyncio.timeout(5.0):
-        while not condition():  # noqa: ASYNC110 - polls the engine's state
-            await asyncio.sleep(0.002)
-
-
 async def test_metrics_expose_vllm_names_and_move(make_sim):
     sim = await make_sim()
     text_before = await sim.metrics()
@@ -116,7 +111,7 @@ async def test_metrics_expose_vllm_names_and_move(make_sim):
 async def test_gauges_show_the_running_batch_and_its_kv(make_sim):
     sim = await make_sim(a_ms=5, kv=1000, max_model_len=1000)
     task = asyncio.create_task(sim.complete("abcd" * 100, max_tokens=150))  # reserves 250
-    await until(lambda: sim.engine.num_running == 1)
+    await async_eventually(lambda: sim.engine.num_running == 1, timeout=5.0, interval=0.002)
     assert await sim.metric("vllm:num_requests_running") == 1
     assert await sim.metric("vllm:kv_cache_usage_perc") == pytest.approx(0.25)
     await task
@@ -133,10 +128,12 @@ async def test_queue_builds_beyond_max_num_seqs_and_priority_is_honoured(make_si
         finished.append(name)
 
     tasks = [asyncio.create_task(run("head", 0, tokens=20))]
-    await until(lambda: sim.engine.num_running == 1)
+    await async_eventually(lambda: sim.engine.num_running == 1, timeout=5.0, interval=0.002)
     for i, (name, priority) in enumerate([("late", 5), ("urgent", -1), ("normal", 0)]):
         tasks.append(asyncio.create_task(run(name, priority)))
-        await until(lambda i=i: sim.engine.num_waiting == i + 1)
+        await async_eventually(
+            lambda i=i: sim.engine.num_waiting == i + 1, timeout=5.0, interval=0.002
+        )
     assert await sim.metric("vllm:num_requests_waiting") == 3
     assert await sim.metric("vllm:num_requests_running") == 1
     await asyncio.gather(*tasks)
@@ -148,9 +145,9 @@ async def test_queue_builds_beyond_max_num_seqs_and_priority_is_honoured(make_si
 async def test_kv_capacity_makes_requests_wait(make_sim):
     sim = await make_sim(a_ms=5, kv=300, max_model_len=300)
     first = asyncio.create_task(sim.complete("abcd" * 100, max_tokens=100))  # 200 of 300
-    await until(lambda: sim.engine.num_running == 1)
+    await async_eventually(lambda: sim.engine.num_running == 1, timeout=5.0, interval=0.002)
     second = asyncio.create_task(sim.complete("abcd" * 100, max_tokens=100))
-    await until(lambda: sim.engine.num_waiting == 1)
+    await async_eventually(lambda: sim.engine.num_waiting == 1, timeout=5.0, interval=0.002)
     assert await sim.metric("vllm:num_requests_running") == 1  # max_num_seqs is 8
     await asyncio.gather(first, second)
 
@@ -180,11 +177,15 @@ async def test_client_disconnect_frees_the_slot(make_sim):
         resp = await own.post(f"{sim.url}/v1/completions", json=payload)
         await resp.content.readline()  # the first chunk arrived: the sequence is running
         waiting = asyncio.create_task(sim.complete("queued", max_tokens=1000))
-        await until(lambda: sim.engine.num_waiting == 1)
+        await async_eventually(lambda: sim.engine.num_waiting == 1, timeout=5.0, interval=0.002)
         assert await sim.metric("vllm:num_requests_running") == 1
         waiting.cancel()  # drops the waiting client too
         resp.close()
-    await until(lambda: sim.engine.num_running == 0 and sim.engine.num_waiting == 0)
+    await async_eventually(
+        lambda: sim.engine.num_running == 0 and sim.engine.num_waiting == 0,
+        timeout=5.0,
+        interval=0.002,
+    )
     assert await sim.metric("vllm:num_requests_running") == 0
     assert await sim.metric("vllm:num_requests_waiting") == 0
     assert await sim.metric("vllm:kv_cache_usage_perc") == 0
@@ -208,7 +209,7 @@ async def test_fail_after_tokens_cuts_a_stream_midway(make_sim):
         await read_stream()
     assert len(frames) == 4
     assert b"[DONE]" not in b"".join(frames)
-    await until(lambda: sim.engine.num_running == 0)
+    await async_eventually(lambda: sim.engine.num_running == 0, timeout=5.0, interval=0.002)
     assert await sim.metric("vllm:request_success_total", finished_reason="abort") == 1
 
 

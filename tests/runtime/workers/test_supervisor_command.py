@@ -22,6 +22,7 @@ import redis
 from django.core.management import CommandError, call_command
 from django.db import connection
 from fixtures.net import free_port
+from fixtures.wait import eventually
 
 from apps.models.models import Endpoint
 from apps.models.selectors import model_get_by_name
@@ -35,6 +36,7 @@ from apps.models.services import (
 )
 from apps.tenants.models import AuditEvent
 from runtime.artifacts import compute_manifest, manifest_digest
+from runtime.procs import descendant_pids, pid_alive
 from runtime.workers.heartbeat import endpoint_heartbeat_key
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -229,6 +231,17 @@ def subprocess_database_url() -> str:
     return f"postgres://{conf['USER']}{password}@{conf['HOST']}:{conf['PORT']}/{conf['NAME']}"
 
 
+def serve_model_process(port: int, tmp_path, out, *args: str) -> subprocess.Popen:  # type: ignore[no-untyped-def]
+    """``manage.py serve_model`` (simulator backend) as a real process, output to ``out``."""
+    env = {**os.environ, "DATABASE_URL": subprocess_database_url()}
+    return subprocess.Popen(
+        [sys.executable, "manage.py", "serve_model", "--model", MODEL, "--pool", "cpu",
+         "--port", str(port), "--backend", "simulator",
+         "--engine-log", str(tmp_path / "engine.log"), *args],
+        cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+
+
 def stream_in_thread(url: str, port: int, result: dict) -> threading.Thread:
     """POST a streaming completion from a thread; record its data lines in ``result``."""
 
@@ -253,14 +266,13 @@ def stream_in_thread(url: str, port: int, result: dict) -> threading.Thread:
 
 
 def wait_state(base_url: str, state: str, proc: subprocess.Popen, timeout: float = 60) -> Endpoint:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        endpoint = Endpoint.objects.filter(base_url=base_url).first()
-        if endpoint is not None and endpoint.state == state:
-            return endpoint
+
+    def reached() -> Endpoint | None:
         assert proc.poll() is None, "serve_model exited early"
-        time.sleep(0.1)
-    raise AssertionError(f"endpoint {base_url} never reached {state}")
+        endpoint = Endpoint.objects.filter(base_url=base_url).first()
+        return endpoint if endpoint is not None and endpoint.state == state else None
+
+    return eventually(reached, timeout=timeout, interval=0.1, what=f"{base_url} in state {state}")
 
 
 @pytest.mark.db
@@ -270,14 +282,10 @@ def test_sigterm_drains_in_flight_request_then_marks_gone(make_version, pool, tm
     make_version()
     port = free_port()
     base_url = f"http://127.0.0.1:{port}"
-    env = {**os.environ, "DATABASE_URL": subprocess_database_url()}
     out = (tmp_path / "serve_model.out").open("w")
-    proc = subprocess.Popen(
-        [sys.executable, "manage.py", "serve_model", "--model", MODEL, "--pool", "cpu",
-         "--port", str(port), "--backend", "simulator", "--grace", "20", "--heartbeat-ttl", "6",
-         "--engine-log", str(tmp_path / "engine.log"),
-         "--engine-args", "--decode-a-ms 20 --decode-b-ms 0"],
-        cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+    proc = serve_model_process(
+        port, tmp_path, out, "--grace", "20", "--heartbeat-ttl", "6",
+        "--engine-args", "--decode-a-ms 20 --decode-b-ms 0",
     )  # fmt: skip
     client = redis.Redis.from_url(os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
     try:
@@ -321,3 +329,43 @@ def test_sigterm_drains_in_flight_request_then_marks_gone(make_version, pool, tm
         ("endpoint.set_state", "draining"),
         ("endpoint.set_state", "gone"),
     ]
+
+
+@pytest.mark.db
+@pytest.mark.integration
+@pytest.mark.django_db(transaction=True)  # the serve_model process must see the rows
+def test_a_killed_engine_takes_the_endpoint_out_of_routing_and_comes_back(
+    make_version, pool, tmp_path
+):
+    make_version()
+    port = free_port()
+    base_url = f"http://127.0.0.1:{port}"
+    out = (tmp_path / "serve_model.out").open("w")
+    proc = serve_model_process(port, tmp_path, out, "--grace", "1")
+    seen: set[int] = set()
+    try:
+        endpoint = wait_state(base_url, "ready", proc)
+        engines = descendant_pids(proc.pid)
+        seen.update(engines)
+        killed_at = time.monotonic()
+        for pid in engines:
+            os.kill(pid, signal.SIGKILL)
+        wait_state(base_url, "draining", proc, timeout=10)
+        out_of_routing_s = time.monotonic() - killed_at
+        again = wait_state(base_url, "ready", proc, timeout=60)
+        back_s = time.monotonic() - killed_at
+        assert again.pk == endpoint.pk  # the same endpoint, back after a fresh warm-up
+        seen.update(descendant_pids(proc.pid))
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        out.close()
+    print(f"\nout of routing {out_of_routing_s:.2f} s after kill -9, ready again {back_s:.2f} s")
+    assert out_of_routing_s < 2.0, out_of_routing_s
+    assert not [pid for pid in seen if pid_alive(pid)]  # no orphans
+    endpoint.refresh_from_db()
+    assert endpoint.state == "gone"
+    assert "endpoint taken out of routing" in (tmp_path / "serve_model.out").read_text()

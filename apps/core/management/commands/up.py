@@ -2,9 +2,11 @@
 
 Starts embedded PostgreSQL / Redis for whichever of DATABASE_URL / REDIS_URL is unset (data under
 SWITCHYARD_VAR_DIR, default ./var, reused by the next run), migrates, collects static files, seeds
-the demo once, then runs platform/Procfile under honcho — control plane, Celery worker and beat,
-the router and one vLLM CPU worker serving the demo model (``--no-worker`` leaves it out) — until
-Ctrl-C or SIGTERM, which stop every process, the embedded servers last. Each step runs as a child
+the demo once, then runs platform/Procfile's processes under our supervisor (config.supervise) —
+control plane, Celery worker and beat, the router and one vLLM CPU worker serving the demo model
+(``--no-worker`` leaves it out). A process that exits is restarted with backoff (the embedded
+PostgreSQL and Redis too); the others keep running. Ctrl-C or SIGTERM stop every process, the
+embedded servers last. Each step runs as a child
 process with the services' URLs in its environment (this process's own settings were read before
 the servers existed). A background thread says when the admin, the router and the demo model
 are ready (apps.core.up_console).
@@ -23,18 +25,19 @@ from typing import Any, NoReturn
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from honcho.environ import parse_procfile
 
 from apps.core import up_console
 from config.embedded import PortInUseError, ServiceStartError, port_from_env, switchyard_env
-from config.processes import ensure_port_free, run_child
+from config.processes import ManagedServer
+from config.supervise import Command as SupervisedCommand
+from config.supervise import Server, Supervisor, procfile_entries
+from runtime.procs import ensure_port_free
 from runtime.snapshot_store import DEFAULT_PREFIX
 
 DEFAULT_PORT = 8000
 DEFAULT_ROUTER_PORT = 8080
 DEFAULT_WORKER_PORT = 8101
 WORKER_PROCESS = "vllm"  # the Procfile line --no-worker leaves out
-HONCHO_KILL_AFTER_S = 30.0
 
 
 def _interrupt(_signum: int, _frame: object) -> NoReturn:
@@ -79,7 +82,7 @@ class Command(BaseCommand):
             "--procfile",
             type=Path,
             default=Path(settings.BASE_DIR) / "platform" / "Procfile",
-            help="the Procfile honcho runs (default platform/Procfile)",
+            help="the Procfile whose processes up runs (default platform/Procfile)",
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -96,14 +99,19 @@ class Command(BaseCommand):
             ports[f"--{option.replace('_', '-')}"] = (what, port)
         self._check_ports(ports)
         previous = signal.signal(signal.SIGTERM, _interrupt)
+        servers: list[ManagedServer] = []
         try:
             with switchyard_env(
-                pg_port=options["pg_port"], redis_port=options["redis_port"], announce=self._note
+                pg_port=options["pg_port"],
+                redis_port=options["redis_port"],
+                announce=self._note,
+                started=servers,
             ) as env:
                 code = self._run(
                     env,
                     ports={flag: port for flag, (_what, port) in ports.items()},
                     procfile=options["procfile"],
+                    servers=servers,
                 )
         except ServiceStartError as exc:
             raise CommandError(str(exc)) from exc
@@ -136,7 +144,14 @@ class Command(BaseCommand):
         self.stdout.write(f"switchyard: {message}")
         self.stdout.flush()
 
-    def _run(self, env: dict[str, str], *, ports: dict[str, int], procfile: Path) -> int:
+    def _run(
+        self,
+        env: dict[str, str],
+        *,
+        ports: dict[str, int],
+        procfile: Path,
+        servers: list[ManagedServer],
+    ) -> int:
         base_dir = Path(settings.BASE_DIR)
         web, router = ports["--port"], ports["--router-port"]
         worker = ports.get("--worker-port")
@@ -151,6 +166,7 @@ class Command(BaseCommand):
             "PORT": str(web),
         }
         names = self._processes(procfile, with_worker=worker is not None)
+        commands = procfile_entries(procfile.read_text())
         manage = [sys.executable, str(base_dir / "manage.py")]
         self._step(env, [*manage, "migrate", "--noinput"], "migrate")
         self._step(
@@ -169,20 +185,24 @@ class Command(BaseCommand):
             at,
             redis_url=env["REDIS_URL"],
             snapshot_prefix=env.get("SWITCHYARD_SNAPSHOT_PREFIX") or DEFAULT_PREFIX,
+            api_key=(seed.get("api_keys") or {}).get("acme"),
         )
         stop = threading.Event()
         watcher = threading.Thread(
             target=up_console.announce_ready, args=(pending, self._note, stop), daemon=True
         )
         watcher.start()
-        honcho = [sys.executable, "-m", "honcho", "-f", str(procfile), "-d", str(base_dir)]
-        try:
-            return run_child(
-                [*honcho, "start", "-p", str(web), *names],
-                env=env,
-                cwd=base_dir,
-                kill_after=HONCHO_KILL_AFTER_S,
+        lock = threading.Lock()
+        units = [
+            SupervisedCommand(
+                name=name, command=commands[name], env=env, cwd=base_dir, out=sys.stdout, lock=lock
             )
+            for name in names
+        ]
+        supervisor = Supervisor([*units, *(Server(server) for server in servers)], note=self._note)
+        try:
+            supervisor.run(threading.Event())  # until Ctrl-C or SIGTERM (KeyboardInterrupt)
+            return 0
         finally:
             stop.set()
             watcher.join(5.0)
@@ -190,9 +210,9 @@ class Command(BaseCommand):
 
     @staticmethod
     def _processes(procfile: Path, *, with_worker: bool) -> list[str]:
-        """The Procfile's process names honcho starts (without the vLLM worker's if asked)."""
+        """The Procfile's process names up starts (without the vLLM worker's if asked)."""
         try:
-            names = list(parse_procfile(procfile.read_text()).processes)
+            names = list(procfile_entries(procfile.read_text()))
         except OSError as exc:
             raise CommandError(f"cannot read the Procfile {procfile}: {exc.strerror}") from exc
         return names if with_worker else [name for name in names if name != WORKER_PROCESS]

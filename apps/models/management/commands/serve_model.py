@@ -109,6 +109,12 @@ class RegistryHooks:
     async def on_draining(self) -> None:
         await self._set(Endpoint.State.DRAINING)
 
+    async def on_unhealthy(self, reason: str) -> None:
+        # Draining takes it out of routing now (the snapshot is republished on commit); the
+        # supervisor restarts the engine and on_ready brings it back after a fresh warm-up.
+        log.warning("engine failure (%s): endpoint taken out of routing", reason)
+        await self._set(Endpoint.State.DRAINING)
+
     async def on_gone(self) -> None:
         await self._set(Endpoint.State.GONE)
 

@@ -1,0 +1,99 @@
+"""runtime.procs: the process and port toolkit, with real processes (each bounded in time)."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from fixtures.wait import eventually
+
+from runtime.procs import (
+    PortInUseError,
+    StartError,
+    ensure_port_free,
+    free_port,
+    group_pids,
+    pid_alive,
+    port_accepts,
+    port_is_free,
+    spawn,
+    start_child,
+    stop_group,
+    wait_http,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+
+IGNORES_SIGTERM = (
+    "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+    "print('ignoring', flush=True); time.sleep(60)"
+)
+
+
+def test_stop_group_ends_the_child_and_everything_it_started() -> None:
+    proc = spawn(["/bin/sh", "-c", "sleep 60 & sleep 60 & wait"])
+    members = eventually(lambda: group_pids(proc.pid) if len(group_pids(proc.pid)) == 3 else None)
+    assert stop_group(proc, grace_s=5) is not None
+    assert not [pid for pid in members if pid_alive(pid)]
+
+
+def test_stop_group_sigkills_what_ignores_sigterm_after_the_grace() -> None:
+    proc = spawn([sys.executable, "-c", IGNORES_SIGTERM], log=subprocess.PIPE)
+    assert proc.stdout is not None
+    assert proc.stdout.readline() == b"ignoring\n"  # its handler is in place
+    started = time.monotonic()
+    assert stop_group(proc, grace_s=0.5) == -signal.SIGKILL
+    assert time.monotonic() - started < 5
+
+
+def test_a_child_dies_with_its_parent(tmp_path: Path) -> None:
+    script = (
+        "import sys, time\n"
+        "from runtime.procs import spawn\n"
+        "child = spawn(['sleep', '60'])\n"
+        "print(child.pid, flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    parent = subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+        cwd=Path(__file__).resolve().parents[2],
+    )  # fmt: skip
+    try:
+        assert parent.stdout is not None
+        child = int(parent.stdout.readline())
+        assert pid_alive(child)
+    finally:
+        parent.kill()  # no chance to clean up
+        parent.wait()
+    eventually(lambda: not pid_alive(child), timeout=10, what="the orphan to get its SIGTERM")
+
+
+def test_port_checks() -> None:
+    port = free_port()
+    assert port_is_free(port) is None
+    assert not port_accepts(port)
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", port))
+        listener.listen()
+        assert port_is_free(port) is not None
+        assert port_accepts(port)
+        taken = f"Port {port} on 127.0.0.1 is already in use, so the thing"
+        with pytest.raises(PortInUseError, match=taken):
+            ensure_port_free(port, what="the thing", hint="pass --port N")
+
+
+def test_wait_http_says_why_it_gave_up(tmp_path: Path) -> None:
+    dead = start_child("dead", [sys.executable, "-c", "print('bye'); raise SystemExit(4)"],
+                       log=tmp_path / "dead.log", port=free_port())  # fmt: skip
+    with pytest.raises(StartError, match="exited with code 4; its output:\nbye"):
+        dead.wait_http("/health", timeout_s=10)
+    url = f"http://127.0.0.1:{free_port()}/health"
+    started = time.monotonic()
+    with pytest.raises(StartError, match="did not answer in 1 s"):
+        wait_http(url, timeout_s=1.0)
+    assert time.monotonic() - started < 3
