@@ -1,0 +1,77 @@
+"""``python -m runtime.workers.encoder``: one encoder replica without the registry.
+
+For tests and benchmarks: serves ``--artifact-dir`` as ``--model`` on ``--port``, verifying it
+against ``--digest`` when given. ``manage.py serve_encoder`` is the registered, heartbeated way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+from pathlib import Path
+
+from runtime.workers.encoder.batcher import BatchPolicy
+from runtime.workers.encoder.worker import EncoderSpec, EncoderWorker
+from runtime.workers.supervisor import WorkerError
+
+
+def policy_arguments(parser: argparse.ArgumentParser) -> None:
+    """The batching flags (shared with ``manage.py serve_encoder``)."""
+    add = parser.add_argument
+    add("--threads", type=int, default=1, help="torch threads (the cores this worker owns).")
+    add("--max-batch", type=int, default=32, help="Batch size cap (default 32).")
+    add("--max-wait-ms", type=float, default=10.0, help="Upper bound of the wait cap (ms).")
+    add("--slo-ms", type=float, default=200.0, help="Class SLO when a request has no deadline.")
+    add("--margin-ms", type=float, default=5.0, help="Safety margin before a deadline (ms).")
+    add("--no-batching", action="store_true", help="Compute every input on its own, at once.")
+
+
+def policy_from(options: argparse.Namespace | dict[str, object]) -> BatchPolicy:
+    get = options.get if isinstance(options, dict) else lambda k: getattr(options, k)
+    return BatchPolicy(
+        max_batch=int(get("max_batch")),  # type: ignore[call-overload]
+        max_wait_s=float(get("max_wait_ms")) / 1000.0,  # type: ignore[arg-type]
+        slo_s=float(get("slo_ms")) / 1000.0,  # type: ignore[arg-type]
+        margin_s=float(get("margin_ms")) / 1000.0,  # type: ignore[arg-type]
+        enabled=not get("no_batching"),
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m runtime.workers.encoder")
+    parser.add_argument("--artifact-dir", type=Path, required=True)
+    parser.add_argument("--model", required=True, help="The model name clients send.")
+    parser.add_argument("--digest", default=None, help="Expected artifact digest (verified).")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--grace", type=float, default=30.0)
+    policy_arguments(parser)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=os.environ.get("SWITCHYARD_LOG_LEVEL", "INFO"))
+    try:
+        policy = policy_from(args)
+    except ValueError as exc:
+        parser.error(str(exc))
+    spec = EncoderSpec(
+        artifact_dir=args.artifact_dir,
+        expected_digest=args.digest,
+        model_name=args.model,
+        host=args.host,
+        port=args.port,
+        threads=args.threads,
+        policy=policy,
+        grace_s=args.grace,
+    )
+    try:
+        asyncio.run(EncoderWorker(spec).run())
+    except WorkerError as exc:
+        print(f"error: {exc}", file=sys.stderr)  # noqa: T201
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
