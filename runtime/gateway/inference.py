@@ -31,6 +31,7 @@ from runtime.gateway.schema import (
     decode_request,
 )
 from runtime.gateway.state import RouterState
+from runtime.gateway.unary import CoalescedDispatch
 from runtime.gateway.upstream_errors import dispatch_error
 from runtime.scheduling.grant import Grant
 from runtime.snapshot import EndpointSnap
@@ -243,7 +244,7 @@ class CompletionsConsumer(InferenceConsumer):
     decoder = msgspec.json.Decoder(CompletionRequest)
 
 
-class EmbeddingsConsumer(InferenceConsumer):
+class EmbeddingsConsumer(CoalescedDispatch, InferenceConsumer):
     route = "/v1/embeddings"
     kind = "embedding"
     upstream_path = "/v1/embeddings"

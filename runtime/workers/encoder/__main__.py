@@ -11,7 +11,9 @@ import asyncio
 import logging
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from runtime.workers.encoder.batcher import BatchPolicy
 from runtime.workers.encoder.worker import EncoderSpec, EncoderWorker
@@ -29,14 +31,14 @@ def policy_arguments(parser: argparse.ArgumentParser) -> None:
     add("--no-batching", action="store_true", help="Compute every input on its own, at once.")
 
 
-def policy_from(options: argparse.Namespace | dict[str, object]) -> BatchPolicy:
-    get = options.get if isinstance(options, dict) else lambda k: getattr(options, k)
+def policy_from(options: Mapping[str, Any]) -> BatchPolicy:
+    """The :class:`BatchPolicy` of parsed :func:`policy_arguments` (raises ValueError)."""
     return BatchPolicy(
-        max_batch=int(get("max_batch")),  # type: ignore[call-overload]
-        max_wait_s=float(get("max_wait_ms")) / 1000.0,  # type: ignore[arg-type]
-        slo_s=float(get("slo_ms")) / 1000.0,  # type: ignore[arg-type]
-        margin_s=float(get("margin_ms")) / 1000.0,  # type: ignore[arg-type]
-        enabled=not get("no_batching"),
+        max_batch=int(options["max_batch"]),
+        max_wait_s=float(options["max_wait_ms"]) / 1000.0,
+        slo_s=float(options["slo_ms"]) / 1000.0,
+        margin_s=float(options["margin_ms"]) / 1000.0,
+        enabled=not options["no_batching"],
     )
 
 
@@ -52,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=os.environ.get("SWITCHYARD_LOG_LEVEL", "INFO"))
     try:
-        policy = policy_from(args)
+        policy = policy_from(vars(args))
     except ValueError as exc:
         parser.error(str(exc))
     spec = EncoderSpec(

@@ -5,7 +5,7 @@ length bucket, so short inputs are not padded to long ones. A group is released 
 of these comes:
 
 - **size cap**: it holds ``max_batch`` jobs;
-- **wait cap**: its oldest job has waited ``W`` with ``W = min(max_wait, SLO − t(n, L) −
+- **wait cap**: its oldest job has waited ``W`` with ``W = min(max_wait, SLO - t(n, L) -
   margin)`` where ``t`` is the worker's measured :class:`~.cost.ComputeModel`;
 - **deadline**: the earliest deadline in the group minus the predicted compute minus margin.
 
@@ -94,7 +94,7 @@ class BatchQueue:
         self._groups.setdefault(key, []).append(job)
 
     def wait_cap(self, seq_len: int) -> float:
-        """``W = min(max_wait, SLO − t(max_batch, L) − margin)``, never below zero."""
+        """``W = min(max_wait, SLO - t(max_batch, L) - margin)``, never below zero."""
         policy = self.policy
         budget = policy.slo_s - self.cost.predict(policy.max_batch, seq_len) - policy.margin_s
         return max(0.0, min(policy.max_wait_s, budget))
@@ -286,6 +286,6 @@ def _run_isolated(run: RunBatch, task: str, inputs: list[list[int]]) -> list[Any
     for ids in inputs:
         try:
             outcomes.extend(run(task, [ids]))
-        except Exception as exc:  # noqa: PERF203 - isolating failures is the point
+        except Exception as exc:
             outcomes.append(exc)
     return outcomes

@@ -3,7 +3,7 @@
 ``t(n, L) ≈ a + b · n · L``, fitted online by least squares over exponentially decayed
 sums, so it follows the machine it runs on (thread count, other load). Until it has seen two
 distinct sizes it answers from a prior. The batcher uses it to turn a class SLO into a wait cap
-(``W ≤ SLO − t(n, L) − margin``) and to release a batch early enough for the earliest deadline.
+(``W <= SLO - t(n, L) - margin``) and to release a batch early enough for the earliest deadline.
 """
 
 from __future__ import annotations

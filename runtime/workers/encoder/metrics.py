@@ -30,7 +30,10 @@ class EncoderMetrics:
             "vllm:num_requests_running", "Inputs being computed.", labels, registry=self.registry
         )
         self.waiting = Gauge(
-            "vllm:num_requests_waiting", "Inputs queued for a batch.", labels, registry=self.registry
+            "vllm:num_requests_waiting",
+            "Inputs queued for a batch.",
+            labels,
+            registry=self.registry,
         )
         self.requests = Counter(
             "encoder:requests", "HTTP requests by route and status.",
@@ -57,7 +60,7 @@ class EncoderMetrics:
             registry=self.registry,
         )  # fmt: skip
         self.cost = Gauge(
-            "encoder:compute_model", "Compute model t = a + b*batch*len (a: fixed_s, b: per_token_s).",
+            "encoder:compute_model", "Compute model t = a + b*batch*len.",
             [*labels, "coefficient"], registry=self.registry,
         )  # fmt: skip
 

@@ -6,7 +6,7 @@
    :class:`~runtime.workers.supervisor.ArtifactRefusedError` before anything is registered);
 2. check the port, ``hooks.on_starting(base_url)`` (state ``starting``), heartbeat;
 3. load the model (``torch.set_num_threads`` for the cores it owns), start the batcher and the
-   HTTP server, warm up over representative shapes (batch sizes × lengths, which also seeds the
+   HTTP server, warm up over representative shapes (batch sizes x lengths, which also seeds the
    compute-time model) and once through HTTP, then heartbeat ``ready`` and ``hooks.on_ready()``;
 4. on SIGTERM/SIGINT: ``draining`` (new requests get 503), wait until no request is in flight or
    the grace period ends (a second signal ends it), stop, delete the heartbeat, ``on_gone``.
@@ -153,9 +153,7 @@ class EncoderWorker:
         spec = self.spec
         started = time.monotonic()
         try:
-            encoder = await asyncio.to_thread(
-                Encoder.load, spec.artifact_dir, threads=spec.threads
-            )
+            encoder = await asyncio.to_thread(Encoder.load, spec.artifact_dir, threads=spec.threads)
         except (OSError, ValueError) as exc:
             raise WorkerStartError(f"cannot load {spec.artifact_dir}: {exc}") from exc
         run = _runner(encoder)
@@ -194,9 +192,10 @@ class EncoderWorker:
     async def _warm_http(self) -> None:
         body = {"model": self.spec.model_name, "input": ["warm up", "the encoder"]}
         url = f"{self.spec.base_url}/v1/embeddings"
-        async with aiohttp.ClientSession() as session, session.post(
-            url, json=body, timeout=aiohttp.ClientTimeout(total=60)
-        ) as resp:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(url, json=body, timeout=aiohttp.ClientTimeout(total=60)) as resp,
+        ):
             if resp.status != 200:
                 raise WorkerStartError(f"warmup failed: HTTP {resp.status} {await resp.text()}")
 
@@ -229,4 +228,3 @@ def warm_up_shapes(encoder: Encoder, batcher: DynamicBatcher, max_batch: int) ->
             began = time.perf_counter()
             encoder.embed(batch)
             batcher.cost.observe(size, length, time.perf_counter() - began)
-
