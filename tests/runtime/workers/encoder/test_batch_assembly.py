@@ -164,7 +164,7 @@ def test_property_every_job_is_released_once_within_its_budget(arrivals, max_bat
     released: dict[int, float] = {}
     shape: dict[
         int, tuple[int, int, float]
-    ] = {}  # job -> (batch size, padded length, last arrival)
+    ] = {}  # job -> (size, length, last arrival)
     now, pending = 0.0, list(jobs)
     for _ in range(10_000):
         while pending and pending[0].enqueued <= now:
