@@ -46,6 +46,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m runtime.workers.encoder")
     parser.add_argument("--artifact-dir", type=Path, required=True)
     parser.add_argument("--model", required=True, help="The model name clients send.")
+    parser.add_argument(
+        "--alias", action="append", default=[], help="Another model name to answer to."
+    )
     parser.add_argument("--digest", default=None, help="Expected artifact digest (verified).")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
@@ -61,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         artifact_dir=args.artifact_dir,
         expected_digest=args.digest,
         model_name=args.model,
+        aliases=tuple(args.alias),
         host=args.host,
         port=args.port,
         threads=args.threads,

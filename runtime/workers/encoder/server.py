@@ -64,10 +64,18 @@ class Inputs:
 class EncoderService:
     """The worker's state: the model, its batcher, metrics, and whether it is draining."""
 
-    def __init__(self, encoder: Encoder, batcher: DynamicBatcher, *, model_name: str) -> None:
+    def __init__(
+        self,
+        encoder: Encoder,
+        batcher: DynamicBatcher,
+        *,
+        model_name: str,
+        aliases: tuple[str, ...] = (),
+    ) -> None:
         self.encoder = encoder
         self.batcher = batcher
         self.model_name = model_name
+        self.names = (model_name, *aliases)  # e.g. an embedding and a classification model
         self.metrics = EncoderMetrics(model_name)
         self.draining = False
         self.in_flight = 0  # HTTP requests being answered
@@ -80,7 +88,7 @@ class EncoderService:
         model = body.get("model")
         if not isinstance(model, str) or not model:
             raise RequestError(400, "'model' is required", param="model")
-        if model != self.model_name:
+        if model not in self.names:
             raise RequestError(404, f"The model '{model}' does not exist.", param="model")
         raw = body.get("input")
         if isinstance(raw, str):
@@ -172,7 +180,7 @@ class EncoderService:
                 }
                 for i, p in enumerate(results)
             ]
-        return {"object": "list", "data": data, "model": self.model_name, "usage": usage}
+        return {"object": "list", "data": data, "model": body["model"], "usage": usage}
 
 
 def _b64(vector: list[float]) -> str:
@@ -242,8 +250,10 @@ def build_app(service: EncoderService) -> web.Application:
         return web.Response(status=503 if service.draining else 200)
 
     async def models(_: web.Request) -> web.Response:
-        card = {"id": service.model_name, "object": "model", "owned_by": "switchyard"}
-        return web.json_response({"object": "list", "data": [card]})
+        cards = [
+            {"id": name, "object": "model", "owned_by": "switchyard"} for name in service.names
+        ]
+        return web.json_response({"object": "list", "data": cards})
 
     async def metrics(_: web.Request) -> web.Response:
         batcher = service.batcher

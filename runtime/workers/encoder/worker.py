@@ -53,6 +53,7 @@ class EncoderSpec:
     expected_digest: str | None  # None: not verified (bench and local experiments only)
     expected_files: Mapping[str, str] | None = None
     model_name: str
+    aliases: tuple[str, ...] = ()  # more model names it answers to (same weights)
     host: str = "127.0.0.1"
     port: int
     threads: int = 1
@@ -158,7 +159,9 @@ class EncoderWorker:
             raise WorkerStartError(f"cannot load {spec.artifact_dir}: {exc}") from exc
         run = _runner(encoder)
         batcher = DynamicBatcher(run, policy=spec.policy)
-        self.service = service = EncoderService(encoder, batcher, model_name=spec.model_name)
+        self.service = service = EncoderService(
+            encoder, batcher, model_name=spec.model_name, aliases=spec.aliases
+        )
         batcher.observer = service.metrics
         runner = web.AppRunner(build_app(service), access_log=None)
         await runner.setup()

@@ -162,9 +162,7 @@ def test_property_every_job_is_released_once_within_its_budget(arrivals, max_bat
         key=lambda j: j.enqueued,
     )
     released: dict[int, float] = {}
-    shape: dict[
-        int, tuple[int, int, float]
-    ] = {}  # job -> (size, length, last arrival)
+    shape: dict[int, tuple[int, int, float]] = {}  # job -> (size, length, last arrival)
     now, pending = 0.0, list(jobs)
     for _ in range(10_000):
         while pending and pending[0].enqueued <= now:
