@@ -33,11 +33,11 @@ from typing import Any
 import aiohttp
 
 ROOT = Path(__file__).resolve().parents[1]
-WORDS = (
+WORD_TEXT = (
     "rail yard switch track signal train freight route queue tenant batch token model engine "
     "worker router latency budget deadline fair share credit cheap tier encoder vector cosine "
     "sentence meaning search index document query answer label score warm cold start drain"
-).split()
+)
 
 
 def model_dir() -> Path:
@@ -57,11 +57,12 @@ def free_port() -> int:
 
 def texts(scenario: dict[str, Any], count: int, rng: random.Random) -> list[str]:
     lengths = scenario["lengths"]
+    words = WORD_TEXT.split()
     out = []
     for _ in range(count):
         n = round(math.exp(rng.gauss(lengths["mu"], lengths["sigma"])))
         n = max(lengths["min"], min(lengths["max"], n))
-        out.append(" ".join(rng.choice(WORDS) for _ in range(n)))
+        out.append(" ".join(rng.choice(words) for _ in range(n)))
     return out
 
 
@@ -276,8 +277,8 @@ def plot(report: dict[str, Any], out: Path) -> None:
     points = report["sweep"]["points"]
     right.plot([p["max_wait_ms"] for p in points], [p["achieved_rps"] for p in points],
                marker="o", color="tab:blue")  # fmt: skip
-    right.set(xlabel="wait cap (ms)", ylabel="achieved requests/s",
-              title=f"wait-cap sweep at {report['sweep']['rate_rps']:.0f} req/s offered")  # fmt: skip
+    title = f"wait-cap sweep at {report['sweep']['rate_rps']:.0f} req/s offered"
+    right.set(xlabel="wait cap (ms)", ylabel="achieved requests/s", title=title)
     twin = right.twinx()
     twin.plot([p["max_wait_ms"] for p in points], [p["p95_ms"] for p in points],
               marker="s", color="tab:red")  # fmt: skip
