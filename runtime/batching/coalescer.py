@@ -24,10 +24,12 @@ import msgspec
 
 @dataclass(frozen=True, slots=True)
 class Member:
-    """One request in a coalesced call: its body and absolute deadline (loop time)."""
+    """One request in a coalesced call: its body, absolute deadline (loop time) and the class's
+    latency SLO in seconds (the worker's batcher releases its input within it), if any."""
 
     body: bytes
     deadline: float
+    slo_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -59,13 +59,12 @@ async def send_batch(
     deadline = min(m.deadline for m in members)
     left_ms = max(0.0, (deadline - asyncio.get_running_loop().time()) * 1000)
     route = msgspec.json.encode(path)
-    body = b"".join(
-        [
-            b'{"requests":[',
-            b",".join(b'{"path":' + route + b',"body":' + m.body + b"}" for m in members),
-            b"]}",
-        ]
-    )
+
+    def item(member: Member) -> bytes:
+        slo = b"" if member.slo_s is None else b',"slo_ms":%d' % round(member.slo_s * 1000)
+        return b'{"path":' + route + slo + b',"body":' + member.body + b"}"
+
+    body = b'{"requests":[' + b",".join(item(m) for m in members) + b"]}"
     upstream = await client.open_stream(
         endpoint,
         BATCH_PATH,
@@ -112,7 +111,11 @@ class CoalescedDispatch:
         try:
             reply = await coalescer.submit(
                 (endpoint, plan.version.id, self.upstream_path),
-                Member(body=plan.body, deadline=plan.deadline),
+                Member(
+                    body=plan.body,
+                    deadline=plan.deadline,
+                    slo_s=plan.klass.ttft_slo_ms / 1000 if plan.klass is not None else None,
+                ),
             )
         except UpstreamError as exc:
             raise dispatch_error(exc, model=plan.model.name) from None

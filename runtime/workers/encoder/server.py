@@ -7,9 +7,10 @@ Routes:
   (``data[].embedding``, ``usage.prompt_tokens``/``total_tokens``).
 - ``POST /v1/classifications``: ``{"model", "input"}`` → ``data[i] = {"index", "label",
   "scores": {label: probability}}`` with the same ``usage``.
-- ``POST /switchyard/v1/batch``: ``{"requests": [{"path", "body"}, ...]}`` → ``{"responses":
-  [{"status", "body"}, ...]}``: the router's coalesced call; every request is validated and
-  answered on its own, so a bad one fails alone.
+- ``POST /switchyard/v1/batch``: ``{"requests": [{"path", "body", "slo_ms"?}, ...]}`` →
+  ``{"responses": [{"status", "body"}, ...]}``: the router's coalesced call; every request is
+  validated and answered on its own, so a bad one fails alone; ``slo_ms`` (its class's SLO)
+  tightens that request's deadline.
 - ``GET /health``, ``GET /v1/models``, ``GET /metrics``.
 
 Each input becomes one job of the :class:`~.batcher.DynamicBatcher`; the request's deadline is
@@ -136,6 +137,14 @@ class EncoderService:
             raise RequestError(400, f"{DEADLINE_HEADER} must be a number") from None
         return time.monotonic() + max(0.0, ms) / 1000.0
 
+    @staticmethod
+    def within_slo(deadline: float | None, slo_ms: Any) -> float | None:
+        """``deadline`` tightened to now + the request class's SLO, when one is given."""
+        if not isinstance(slo_ms, int | float) or isinstance(slo_ms, bool) or slo_ms <= 0:
+            return deadline
+        by_slo = time.monotonic() + slo_ms / 1000.0
+        return by_slo if deadline is None else min(deadline, by_slo)
+
     # --- answering ----------------------------------------------------------------------
 
     async def answer(self, path: str, body: Any, deadline: float | None) -> dict[str, Any]:
@@ -238,8 +247,9 @@ def build_app(service: EncoderService) -> web.Application:
             if not isinstance(item, dict) or not isinstance(item.get("path"), str):
                 error = RequestError(400, "each request needs a 'path' and a 'body'")
                 return {"status": error.status, "body": error.body()}
+            mine = service.within_slo(deadline, item.get("slo_ms"))
             try:
-                document = await service.answer(item["path"], item.get("body"), deadline)
+                document = await service.answer(item["path"], item.get("body"), mine)
             except RequestError as exc:
                 return {"status": exc.status, "body": exc.body()}
             return {"status": 200, "body": document}

@@ -7,6 +7,7 @@ BatchQueue is pure (the clock is passed in); DynamicBatcher is run with a fake c
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 from hypothesis import given, settings
@@ -241,3 +242,16 @@ async def test_batcher_off_computes_each_input_alone():
     finally:
         await batcher.stop()
     assert sizes == [1, 1, 1]
+
+
+def test_a_class_slo_tightens_the_deadline_of_a_coalesced_request():
+    from runtime.workers.encoder.server import EncoderService  # noqa: PLC0415
+
+    far = time.monotonic() + 60
+    tightened = EncoderService.within_slo(far, 200)
+    assert tightened is not None
+    assert tightened < far
+    assert tightened - time.monotonic() <= 0.2
+    assert EncoderService.within_slo(far, None) == far
+    assert EncoderService.within_slo(far, True) == far
+    assert EncoderService.within_slo(None, 0) is None
