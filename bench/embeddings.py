@@ -225,18 +225,25 @@ def throughput_at_p95(phases: list[dict[str, Any]], budget_ms: float) -> float:
     return max(ok, default=0.0)
 
 
-async def bench(scenario: dict[str, Any], size_name: str, out: Path) -> dict[str, Any]:
-    size = scenario["sizes"][size_name]
+async def bench(
+    scenario: dict[str, Any], size_name: str, out: Path, *,
+    configs: list[str] | None = None, rates: list[float] | None = None, sweep_on: bool = True,
+) -> dict[str, Any]:  # fmt: skip
+    size = dict(scenario["sizes"][size_name])
+    if rates:
+        size["rates_rps"] = rates
     budget = float(scenario["p95_budget_ms"])
     report: dict[str, Any] = {
         "scenario": scenario["name"], "size": size_name, "p95_budget_ms": budget,
         "threads": scenario["threads"], "cores": len(os.sched_getaffinity(0)), "configs": {},
     }  # fmt: skip
     for config in scenario["configs"]:
+        if configs and config["name"] not in configs:
+            continue
         phases = await run_config(
             scenario, size, no_batching=bool(config["no_batching"]),
             max_wait_ms=scenario["batching"]["max_wait_ms"], rates=list(size["rates_rps"]),
-            log=out / "logs" / f"{config['name']}.log", stop_above_ms=4 * budget,
+            log=out / "logs" / f"{config['name']}.log", stop_above_ms=2 * budget,
         )  # fmt: skip
         report["configs"][config["name"]] = {
             "phases": phases,
@@ -248,7 +255,7 @@ async def bench(scenario: dict[str, Any], size_name: str, out: Path) -> dict[str
     sweep_values = size.get("sweep_max_wait_ms", scenario["sweep"]["max_wait_ms"])
     sweep_rate = float(size.get("sweep_rate_rps", scenario["sweep"]["rate_rps"]))
     sweep: list[dict[str, Any]] = []
-    for wait_ms in sweep_values:
+    for wait_ms in sweep_values if sweep_on else []:
         (figures,) = await run_config(
             scenario, size, no_batching=False, max_wait_ms=float(wait_ms), rates=[sweep_rate],
             log=out / "logs" / f"sweep-{wait_ms}.log",
@@ -295,6 +302,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scenario", type=Path, default=ROOT / "bench/scenarios/embeddings.toml")
     parser.add_argument("--size", default="smoke")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--configs", default="", help="Only these configs (comma-separated).")
+    parser.add_argument("--rates", default="", help="Override the size's rates (req/s, commas).")
+    parser.add_argument("--no-sweep", action="store_true", help="Skip the wait-cap sweep.")
     args = parser.parse_args(argv)
     scenario = tomllib.loads(args.scenario.read_text())
     if args.size not in scenario["sizes"]:
@@ -302,9 +312,17 @@ def main(argv: list[str] | None = None) -> int:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     out = args.out or ROOT / "bench" / "results" / f"{stamp}-embeddings-{args.size}"
     out.mkdir(parents=True, exist_ok=True)
-    report = asyncio.run(bench(scenario, args.size, out))
+    report = asyncio.run(
+        bench(
+            scenario, args.size, out,
+            configs=[c for c in args.configs.split(",") if c] or None,
+            rates=[float(r) for r in args.rates.split(",") if r] or None,
+            sweep_on=not args.no_sweep,
+        )
+    )  # fmt: skip
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
-    plot(report, out)
+    if report["sweep"]["points"]:
+        plot(report, out)
     print(json.dumps({k: report[k] for k in ("speedup_at_p95", "p95_budget_ms")}))
     for name, config in report["configs"].items():
         print(f"{name}: throughput at p95 <= budget: {config['throughput_at_p95_rps']:.1f} req/s")
