@@ -6,7 +6,8 @@ of these comes:
 
 - **size cap**: it holds ``max_batch`` jobs;
 - **wait cap**: its oldest job has waited ``W`` with ``W = min(max_wait, SLO - t(n, L) -
-  margin)`` where ``t`` is the worker's measured :class:`~.cost.ComputeModel`;
+  margin)`` for the group's ``n`` inputs padded to ``L``, where ``t`` is the worker's measured
+  :class:`~.cost.ComputeModel`;
 - **deadline**: the earliest deadline in the group minus the predicted compute minus margin.
 
 Within a released group the earliest deadlines go first. :class:`BatchQueue` is the pure
@@ -93,10 +94,13 @@ class BatchQueue:
         key = (job.task, length_bucket(len(job.ids), self.policy.min_bucket))
         self._groups.setdefault(key, []).append(job)
 
-    def wait_cap(self, seq_len: int) -> float:
-        """``W = min(max_wait, SLO - t(max_batch, L) - margin)``, never below zero."""
+    def wait_cap(self, seq_len: int, batch: int | None = None) -> float:
+        """``W = min(max_wait, SLO - t(n, L) - margin)`` for a batch of ``n`` (default the size
+        cap), never below zero. A group's cap is taken at its current size, so it shrinks as
+        the group grows."""
         policy = self.policy
-        budget = policy.slo_s - self.cost.predict(policy.max_batch, seq_len) - policy.margin_s
+        n = policy.max_batch if batch is None else max(1, min(batch, policy.max_batch))
+        budget = policy.slo_s - self.cost.predict(n, seq_len) - policy.margin_s
         return max(0.0, min(policy.max_wait_s, budget))
 
     def _release_at(self, key: tuple[str, int], jobs: list[Job]) -> tuple[float, str]:
@@ -107,7 +111,7 @@ class BatchQueue:
             return -float("inf"), "size"
         seq_len = max(len(job.ids) for job in jobs)
         oldest = min(job.enqueued for job in jobs)
-        by_wait = oldest + self.wait_cap(key[1])
+        by_wait = oldest + self.wait_cap(key[1], len(jobs))
         earliest = min(job.deadline for job in jobs)
         by_deadline = earliest - self.cost.predict(len(jobs), seq_len) - policy.margin_s
         if by_deadline < by_wait:

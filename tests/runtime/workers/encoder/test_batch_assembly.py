@@ -71,6 +71,11 @@ def test_wait_cap_is_bounded_by_slo_minus_compute_minus_margin():
     policy = BatchPolicy(max_batch=8, max_wait_s=1.0, slo_s=0.050, margin_s=0.005)
     queue = BatchQueue(policy, fixed_cost(fixed=0.030))
     assert queue.wait_cap(16) == pytest.approx(0.015)
+    # at the group's size: a smaller batch computes faster, so it may wait longer
+    sized = BatchQueue(policy, fixed_cost(fixed=0.010, per_token=0.001))
+    assert sized.wait_cap(16, 1) == pytest.approx(min(1.0, 0.050 - (0.010 + 0.016) - 0.005))
+    assert sized.wait_cap(16, 2) == pytest.approx(0.003)
+    assert sized.wait_cap(16, 3) == 0.0  # 0.010 + 0.048 + 0.005 > 0.050
     # an SLO the compute alone exceeds: no waiting at all
     tight = BatchQueue(BatchPolicy(max_batch=8, slo_s=0.020), fixed_cost(fixed=0.030))
     assert tight.wait_cap(16) == 0.0
@@ -185,7 +190,7 @@ def test_property_every_job_is_released_once_within_its_budget(arrivals, max_bat
     assert len(released) == len(jobs)
     for item in jobs:
         size, seq_len, last = shape[id(item)]
-        bound = item.enqueued + queue.wait_cap(length_bucket(len(item.ids)))
+        bound = item.enqueued + queue.wait_cap(length_bucket(len(item.ids)), size)
         bound = min(bound, item.deadline - cost.predict(size, seq_len) - policy.margin_s)
         # a job arriving after its group fell due makes it due at once
         assert released[id(item)] <= max(bound, last) + 1e-9
