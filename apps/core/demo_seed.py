@@ -24,6 +24,7 @@ from redis.exceptions import RedisError
 from apps.billing.ledger import credit_reconcile
 from apps.billing.models import Price
 from apps.billing.services import credit_grant, price_set
+from apps.models.demo_encoder import EncoderPackageMissingError, demo_encoder_register
 from apps.models.models import ModelVersion, Pool
 from apps.models.services import pool_create
 from apps.tenants.models import RequestClass, Tenant
@@ -153,6 +154,31 @@ def _credits_to_routers(*, stdout: SupportsWrite[str]) -> None:
         stdout.write(f"credit balances loaded into Redis for {len(repairs)} tenant(s)\n")
 
 
+ENCODER_POOL_NAME = "encoder-cpu"
+ENCODER_PRICE = {"input_per_1k": Decimal("0.0010"), "output_per_1k": Decimal("0.0000")}
+
+
+def _demo_encoder(result: SeedResult, *, stdout: SupportsWrite[str]) -> None:
+    """Register the demo encoder (apps.models.demo_encoder) in its own CPU pool, priced."""
+    try:
+        registration = demo_encoder_register(actor=None)
+    except EncoderPackageMissingError as exc:
+        stdout.write(f"demo encoder skipped: {exc}\n")
+        return
+    version = registration.version
+    if registration.created:
+        result.created.append(f"model version {version} (torch)")
+    if not Pool.objects.filter(name=ENCODER_POOL_NAME).exists():
+        pool_create(
+            actor=None, name=ENCODER_POOL_NAME, hardware_tier=HARDWARE_TIER,
+            cost_per_replica_hour=Decimal("0.05"), min_replicas=0, max_replicas=2,
+        )  # fmt: skip
+        result.created.append(f"pool {ENCODER_POOL_NAME} (tier {HARDWARE_TIER})")
+    if not Price.objects.filter(version=version, hardware_tier=HARDWARE_TIER).exists():
+        price_set(actor=None, version=version, hardware_tier=HARDWARE_TIER, **ENCODER_PRICE)
+        result.created.append(f"price of {version} on {HARDWARE_TIER}")
+
+
 def demo_seed(*, stdout: SupportsWrite[str]) -> SeedResult:
     """Seed the demo data where it is missing; say what was created on ``stdout``."""
     result = SeedResult()
@@ -162,6 +188,7 @@ def demo_seed(*, stdout: SupportsWrite[str]) -> SeedResult:
         _operator(result)
         _pool(result)
         _demo_model(result, stdout=stdout)
+        _demo_encoder(result, stdout=stdout)
     _credits_to_routers(stdout=stdout)
     for line in result.created:
         stdout.write(f"created {line}\n")

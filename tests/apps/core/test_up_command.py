@@ -143,8 +143,10 @@ def test_the_procfile_runs_router_and_worker_and_no_worker_leaves_the_worker_out
 ) -> None:
     procfile = REPO / "platform" / "Procfile"
     names = UpCommand._processes(procfile, with_worker=True)
-    assert names == ["web", "worker", "beat", "router", "vllm"]
-    assert UpCommand._processes(procfile, with_worker=False) == ["web", "worker", "beat", "router"]
+    assert names == ["web", "worker", "beat", "router", "vllm", "encoder"]
+    assert UpCommand._processes(procfile, with_worker=False) == [
+        "web", "worker", "beat", "router", "encoder",
+    ]  # fmt: skip
     text = procfile.read_text()
     assert "python -m runtime.gateway --host 127.0.0.1" in text
     assert '"${SWITCHYARD_ROUTER_PORT:-8080}"' in text

@@ -1,0 +1,118 @@
+"""``manage.py serve_encoder``: run one replica of a registered encoder (torch runtime) version.
+
+Resolves the version (``--label``, default the newest published), verifies its artifact folder
+against the registry's digest, loads it in this process (the PyTorch CPU worker with its
+dynamic batcher, :mod:`runtime.workers.encoder`), warms it up, registers the endpoint in
+``--pool`` and moves it through starting → ready → draining → gone; SIGTERM or Ctrl-C drains.
+The registry hooks are ``serve_model``'s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import connections
+
+from apps.models.management.commands.serve_model import RegistryHooks, artifact_dir
+from apps.models.models import Model, ModelVersion, Pool
+from apps.models.selectors import model_get_by_name, model_versions_published
+from runtime.workers.encoder.options import policy_arguments, policy_from
+from runtime.workers.encoder.worker import EncoderSpec, EncoderWorker
+from runtime.workers.supervisor import WorkerError
+
+
+class Command(BaseCommand):
+    help = (
+        "Serve a registered encoder version (torch runtime) with the PyTorch CPU worker: verify "
+        "its artifact against the registry (refuse on a mismatch), load it, warm it up, register "
+        "the endpoint and heartbeat it; on SIGTERM drain for up to --grace seconds."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        add = parser.add_argument
+        add("--model", required=True, help="Registry model name, e.g. minilm.")
+        add("--label", default=None, help="Version label (default: the newest published).")
+        add("--pool", required=True, help="Pool the endpoint joins.")
+        add("--port", type=int, required=True, help="Port the worker listens on.")
+        add("--host", default="127.0.0.1", help="Address it binds (default 127.0.0.1).")
+        add("--base-url", default=None, help="URL routers use (default http://HOST:PORT).")
+        add("--capacity", type=int, default=16, help="Concurrent requests routed to it.")
+        add("--grace", type=float, default=30.0, help="Drain grace period in seconds.")
+        add("--heartbeat-ttl", type=float, default=15.0, help="Heartbeat key TTL in seconds.")
+        policy_arguments(parser)
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        version = self._version(options["model"], options["label"])
+        if version.runtime != ModelVersion.Runtime.TORCH:
+            raise CommandError(f"{version} runs on {version.runtime}; use serve_model for it")
+        pool = Pool.objects.filter(name=options["pool"]).first()
+        if pool is None:
+            raise CommandError(f"no pool named {options['pool']!r}")
+        if options["capacity"] < 1 or options["port"] < 1 or options["threads"] < 1:
+            raise CommandError("--capacity, --port and --threads must be positive integers")
+        try:
+            policy = policy_from(options)
+        except ValueError as exc:
+            raise CommandError(str(exc)) from exc
+        manifest = version.manifest if isinstance(version.manifest, dict) else {}
+        files = manifest.get("files")
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the weights are local; never a hub
+        os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+        spec = EncoderSpec(
+            artifact_dir=artifact_dir(version),
+            expected_digest=version.digest,
+            expected_files=files if isinstance(files, dict) else None,
+            model_name=version.model.name,
+            host=options["host"],
+            port=options["port"],
+            threads=options["threads"],
+            policy=policy,
+            grace_s=options["grace"],
+            heartbeat_ttl_s=options["heartbeat_ttl"],
+        )
+        advertised = options["base_url"]
+        if advertised is None and options["host"] in ("0.0.0.0", "::"):  # noqa: S104
+            advertised = f"http://{socket.gethostname()}:{options['port']}"
+        hooks = RegistryHooks(
+            pool=pool, version=version, capacity=options["capacity"], base_url=advertised
+        )
+        worker = EncoderWorker(spec, hooks=hooks, redis_url=settings.REDIS_URL)
+        self.stdout.write(f"serving {version} (torch, cpu, {spec.threads} threads) in {pool}")
+        try:
+            asyncio.run(self._serve(worker))
+        except WorkerError as exc:
+            raise CommandError(str(exc)) from exc
+        except ValidationError as exc:
+            raise CommandError(f"the registry refused the endpoint: {exc.messages}") from exc
+        endpoint = hooks.endpoint
+        self.stdout.write(f"stopped; endpoint {endpoint.pk if endpoint else '-'} is gone")
+
+    @staticmethod
+    async def _serve(worker: EncoderWorker) -> None:
+        try:
+            await worker.run()
+        finally:  # the hooks' connection lives in asgiref's thread: close it there
+            await sync_to_async(connections.close_all)()
+
+    def _version(self, model_name: str, label: str | None) -> ModelVersion:
+        model: Model | None = model_get_by_name(model_name)
+        if model is None:
+            raise CommandError(f"no model named {model_name!r}")
+        if label is None:
+            version = model_versions_published(model).last()
+            if version is None:
+                raise CommandError(f"model {model_name!r} has no published version")
+            return version
+        version = model.versions.select_related("model").filter(label=label).first()
+        if version is None:
+            raise CommandError(f"model {model_name!r} has no version labelled {label!r}")
+        if not version.is_published:
+            raise CommandError(f"{version} is not published; publish it before serving it")
+        return version

@@ -1,0 +1,1 @@
+"""The PyTorch CPU encoder worker: model, dynamic batcher, HTTP API, life cycle."""

@@ -1,0 +1,233 @@
+"""One encoder replica's life (DESIGN §4.6), in one process: verify, load, serve, drain.
+
+:meth:`EncoderWorker.run`:
+
+1. verify the artifact folder against the registry's digest (refuse with
+   :class:`~runtime.workers.supervisor.ArtifactRefusedError` before anything is registered);
+2. check the port, ``hooks.on_starting(base_url)`` (state ``starting``), heartbeat;
+3. load the model (``torch.set_num_threads`` for the cores it owns), start the batcher and the
+   HTTP server, warm up over representative shapes (batch sizes x lengths, which also seeds the
+   compute-time model) and once through HTTP, then heartbeat ``ready`` and ``hooks.on_ready()``;
+4. on SIGTERM/SIGINT: ``draining`` (new requests get 503), wait until no request is in flight or
+   the grace period ends (a second signal ends it), stop, delete the heartbeat, ``on_gone``.
+
+The hooks are the same :class:`~runtime.workers.supervisor.WorkerHooks` as the vLLM supervisor's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+from aiohttp import web
+
+from runtime.artifacts import ArtifactError, ArtifactMismatchError, verify_artifact
+from runtime.workers.encoder.batcher import BatchPolicy, DynamicBatcher
+from runtime.workers.encoder.model import Encoder
+from runtime.workers.encoder.server import EncoderService, build_app
+from runtime.workers.heartbeat import Heartbeat, endpoint_heartbeat_key
+from runtime.workers.supervisor import (
+    ArtifactRefusedError,
+    NoHooks,
+    WorkerHooks,
+    WorkerStartError,
+    check_port_free,
+)
+
+log = logging.getLogger("switchyard.worker")
+
+WARMUP_LENGTHS = (16, 64)
+
+
+@dataclass(frozen=True, kw_only=True)
+class EncoderSpec:
+    artifact_dir: Path
+    expected_digest: str | None  # None: not verified (bench and local experiments only)
+    expected_files: Mapping[str, str] | None = None
+    model_name: str
+    aliases: tuple[str, ...] = ()  # more model names it answers to (same weights)
+    host: str = "127.0.0.1"
+    port: int
+    threads: int = 1
+    policy: BatchPolicy = field(default_factory=BatchPolicy)
+    grace_s: float = 30.0
+    heartbeat_ttl_s: float = 15.0
+    handle_signals: bool = True
+
+    @property
+    def base_url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+
+class EncoderWorker:
+    def __init__(
+        self, spec: EncoderSpec, *, hooks: WorkerHooks | None = None, redis_url: str | None = None
+    ) -> None:
+        self.spec = spec
+        self._hooks: WorkerHooks = hooks or NoHooks()
+        self._redis_url = redis_url
+        self._stop = asyncio.Event()
+        self._force = asyncio.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.service: EncoderService | None = None
+
+    def request_stop(self) -> None:
+        """Begin draining (a second call ends the drain at once). Safe from any thread."""
+        loop = self._loop
+        if loop is None:
+            self._stop.set()
+        elif loop.is_running():
+            loop.call_soon_threadsafe(self._on_stop)
+
+    def _on_stop(self) -> None:
+        if self._stop.is_set():
+            self._force.set()
+        self._stop.set()
+
+    async def run(self) -> None:
+        self._loop = loop = asyncio.get_running_loop()
+        installed: list[signal.Signals] = []
+        if self.spec.handle_signals:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, self._on_stop)
+                installed.append(sig)
+        try:
+            await self._run()
+        finally:
+            for sig in installed:
+                loop.remove_signal_handler(sig)
+
+    async def _verify(self) -> None:
+        spec = self.spec
+        if spec.expected_digest is None:
+            log.warning("serving %s without verifying its artifact", spec.artifact_dir)
+            return
+        what = f"refusing to serve {spec.model_name}"
+        try:
+            await asyncio.to_thread(
+                verify_artifact, spec.artifact_dir, spec.expected_digest, spec.expected_files
+            )
+        except ArtifactMismatchError as exc:
+            raise ArtifactRefusedError(
+                f"{what}: the artifact in {spec.artifact_dir} does not match the registry: {exc}"
+            ) from exc
+        except (ArtifactError, OSError) as exc:
+            raise ArtifactRefusedError(f"{what}: {exc}") from exc
+        log.info("artifact %s verified (digest %s)", spec.artifact_dir, spec.expected_digest)
+
+    async def _run(self) -> None:
+        spec = self.spec
+        await self._verify()
+        if self._stop.is_set():
+            return
+        check_port_free(spec.host, spec.port)
+        endpoint_id = await self._hooks.on_starting(spec.base_url)
+        heartbeat = None
+        if self._redis_url is not None and endpoint_id is not None:
+            heartbeat = Heartbeat(
+                self._redis_url,
+                endpoint_heartbeat_key(endpoint_id),
+                ttl_s=spec.heartbeat_ttl_s,
+                fields={"endpoint": endpoint_id, "base_url": spec.base_url, "pid": os.getpid()},
+            )
+            await heartbeat.start("starting")
+        try:
+            await self._serve(heartbeat)
+        finally:
+            if heartbeat is not None:
+                await heartbeat.stop()
+            try:
+                await self._hooks.on_gone()
+            except Exception:
+                log.exception("marking the endpoint gone failed; its heartbeat is deleted")
+
+    async def _serve(self, heartbeat: Heartbeat | None) -> None:
+        spec = self.spec
+        started = time.monotonic()
+        try:
+            encoder = await asyncio.to_thread(Encoder.load, spec.artifact_dir, threads=spec.threads)
+        except (OSError, ValueError) as exc:
+            raise WorkerStartError(f"cannot load {spec.artifact_dir}: {exc}") from exc
+        run = _runner(encoder)
+        batcher = DynamicBatcher(run, policy=spec.policy)
+        self.service = service = EncoderService(
+            encoder, batcher, model_name=spec.model_name, aliases=spec.aliases
+        )
+        batcher.observer = service.metrics
+        runner = web.AppRunner(build_app(service), access_log=None)
+        await runner.setup()
+        try:
+            site = web.TCPSite(runner, spec.host, spec.port)
+            try:
+                await site.start()
+            except OSError as exc:
+                raise WorkerStartError(f"cannot serve on {spec.base_url}: {exc}") from exc
+            batcher.start()
+            await asyncio.to_thread(warm_up_shapes, encoder, batcher, spec.policy.max_batch)
+            await self._warm_http()
+            if heartbeat is not None:
+                await heartbeat.set_state("ready")
+            await self._hooks.on_ready()
+            log.info(
+                "%s ready at %s after %.1f s (%d threads, cost a=%.4f s b=%.2e s/token)",
+                spec.model_name, spec.base_url, time.monotonic() - started, spec.threads,
+                *batcher.cost.coefficients(),
+            )  # fmt: skip
+            await self._stop.wait()
+            service.draining = True
+            if heartbeat is not None:
+                await heartbeat.set_state("draining")
+            await self._hooks.on_draining()
+            await self._drain(service)
+        finally:
+            await batcher.stop()
+            await runner.cleanup()
+
+    async def _warm_http(self) -> None:
+        body = {"model": self.spec.model_name, "input": ["warm up", "the encoder"]}
+        url = f"{self.spec.base_url}/v1/embeddings"
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(url, json=body, timeout=aiohttp.ClientTimeout(total=60)) as resp,
+        ):
+            if resp.status != 200:
+                raise WorkerStartError(f"warmup failed: HTTP {resp.status} {await resp.text()}")
+
+    async def _drain(self, service: EncoderService) -> None:
+        deadline = time.monotonic() + self.spec.grace_s
+        while service.in_flight > 0 or service.batcher.waiting > 0:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or self._force.is_set():
+                log.warning("stopping with %d request(s) in flight", service.in_flight)
+                return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._force.wait(), min(0.05, remaining))
+        log.info("drained: no request in flight")
+
+
+def _runner(encoder: Encoder) -> Callable[[str, list[list[int]]], list[list[float]]]:
+    def run(task: str, batch: list[list[int]]) -> list[list[float]]:
+        return encoder.classify(batch) if task == "classify" else encoder.embed(batch)
+
+    return run
+
+
+def warm_up_shapes(encoder: Encoder, batcher: DynamicBatcher, max_batch: int) -> None:
+    """Run representative shapes once each and feed the compute model (blocking)."""
+    lengths = sorted({min(n, encoder.info.max_tokens) for n in WARMUP_LENGTHS})
+    sizes = sorted({1, max_batch})
+    for length in lengths:
+        for size in sizes:
+            batch = [[101] + [1000] * (length - 2) + [102] for _ in range(size)]
+            began = time.perf_counter()
+            encoder.embed(batch)
+            batcher.cost.observe(size, length, time.perf_counter() - began)
