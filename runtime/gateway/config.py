@@ -17,6 +17,7 @@
 | ``SWITCHYARD_ASSUMED_REPLICAS`` | ``2`` | Redis down: each limit / this, per router |
 | ``SWITCHYARD_QUEUE_LIMIT`` | ``1000`` | queue bound of a band no class names |
 | ``SWITCHYARD_DEFAULT_BAND`` | ``1`` | priority band of a request without a class |
+| ``SWITCHYARD_SNAPSHOT_STALE_AFTER_S`` | ``120`` | snapshot older than this is reported stale |
 
 The *namespace* is the snapshot prefix without a trailing ``:snapshot`` (``switchyard`` by
 default), so every deployment (and every test or benchmark run, which publish under a prefix
@@ -81,6 +82,7 @@ class RouterConfig:
     dispatch_tick_s: float = 0.05
     fairness_sync_s: float = 0.1
     headroom_window_s: float = 10.0
+    snapshot_stale_after_s: float = 120.0
 
     def __post_init__(self) -> None:
         if self.max_body_bytes < 1:
@@ -132,4 +134,7 @@ class RouterConfig:
             assumed_replicas=int(_number(env, "SWITCHYARD_ASSUMED_REPLICAS", 2, minimum=1)),
             default_queue_limit=int(_number(env, "SWITCHYARD_QUEUE_LIMIT", 1000, minimum=1)),
             default_band=int(_number(env, "SWITCHYARD_DEFAULT_BAND", 1, minimum=0)),
+            snapshot_stale_after_s=_number(
+                env, "SWITCHYARD_SNAPSHOT_STALE_AFTER_S", 120.0, minimum=0.001
+            ),
         )

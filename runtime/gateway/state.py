@@ -147,7 +147,10 @@ def build_state(config: RouterConfig) -> RouterState:
     health = HealthMonitor(client, HealthConfig(interval_s=config.health_interval_s))
     inflight = InFlight()
     loader = SnapshotLoader(
-        config.redis_url, config.snapshot_cache_path, prefix=config.snapshot_prefix
+        config.redis_url,
+        config.snapshot_cache_path,
+        prefix=config.snapshot_prefix,
+        stale_after_s=config.snapshot_stale_after_s,
     )
     table = RoutingTable()
     signals = FleetSignals(breakers=breakers, health=health, inflight=inflight)
@@ -207,6 +210,7 @@ def build_state(config: RouterConfig) -> RouterState:
     )
     state.loader.add_swap_callback(state.on_snapshot)
     metrics.attach_scheduling(state.pool_views)
+    metrics.attach_snapshot(loader)
     return state
 
 

@@ -20,7 +20,11 @@
   (kind ``served`` / ``entitled``: the recent share of service of the contending tenants next
   to the share their weights entitle them to), ``switchyard_fairness_jain_index{pool}`` (Jain's
   index over their weight-normalised service) and ``switchyard_fairness_counter{pool, band,
-  tenant}`` (the fairness policy's counters, shared across replicas).
+  tenant}`` (the fairness policy's counters, shared across replicas);
+- read from the snapshot loader at scrape time (:meth:`RouterMetrics.attach_snapshot`):
+  ``switchyard_snapshot_version``, ``switchyard_snapshot_age_seconds`` (since the snapshot in
+  force was last known to match the database), ``switchyard_snapshot_stale`` (1 when that age
+  is over the router's bound, ``switchyard_snapshot_stale_after_seconds``).
 
 Label values come from the snapshot (or a fixed vocabulary), never from raw client input, so
 series stay bounded; the tenant label keeps the first ``max_tenant_labels`` tenants seen and
@@ -31,7 +35,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Final, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -173,6 +177,51 @@ class _SchedulingCollector(Collector):
         yield from (queue, served, share, jain, counter)
 
 
+class SnapshotStatus(Protocol):
+    """What ``/metrics`` reads from the snapshot loader (``SnapshotLoader``)."""
+
+    @property
+    def version(self) -> int | None: ...
+
+    @property
+    def stale(self) -> bool: ...
+
+    stale_after_s: float
+
+    def age_s(self) -> float | None: ...
+
+
+class _SnapshotCollector(Collector):
+    def __init__(self, status: SnapshotStatus) -> None:
+        self._status = status
+
+    def collect(self) -> Iterator[Metric]:
+        status = self._status
+        version = status.version
+        age = status.age_s()
+        yield GaugeMetricFamily(
+            "switchyard_snapshot_version",
+            "Version of the runtime snapshot in force (0: none loaded).",
+            value=version or 0,
+        )
+        yield GaugeMetricFamily(
+            "switchyard_snapshot_age_seconds",
+            "Seconds since the snapshot in force was last known to match the database "
+            "(its build, or the control plane's later confirmation); -1 when none is loaded.",
+            value=-1.0 if age is None else age,
+        )
+        yield GaugeMetricFamily(
+            "switchyard_snapshot_stale",
+            "1 when the snapshot in force is older than the router's staleness bound.",
+            value=1.0 if status.stale else 0.0,
+        )
+        yield GaugeMetricFamily(
+            "switchyard_snapshot_stale_after_seconds",
+            "The router's staleness bound for its snapshot.",
+            value=status.stale_after_s,
+        )
+
+
 class RouterMetrics:
     """Every metric the router exports; create one per process (in the ASGI lifespan)."""
 
@@ -226,6 +275,10 @@ class RouterMetrics:
             self.registry.unregister(self._scheduling)
         self._scheduling = _SchedulingCollector(views, self.tenant_label)
         self.registry.register(self._scheduling)
+
+    def attach_snapshot(self, status: SnapshotStatus) -> None:
+        """Export the snapshot's version, age and staleness, read at every scrape."""
+        self.registry.register(_SnapshotCollector(status))
 
     def reject(self, reason: str) -> None:
         self.rejections_total.labels(reason).inc()

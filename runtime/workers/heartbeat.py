@@ -19,6 +19,8 @@ from collections.abc import Mapping
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from runtime.redis_conn import async_client
+
 log = logging.getLogger("switchyard.worker")
 
 HEARTBEAT_KEY_PREFIX = "switchyard:endpoint:"
@@ -42,8 +44,8 @@ class Heartbeat:
         self._interval_s = ttl_s / 3
         self._fields = dict(fields)
         self._state = "starting"
-        self._client: aioredis.Redis[bytes] = aioredis.Redis.from_url(
-            redis_url, socket_timeout=_REDIS_TIMEOUT_S, socket_connect_timeout=_REDIS_TIMEOUT_S
+        self._client: aioredis.Redis[bytes] = async_client(
+            redis_url, name="switchyard-heartbeat", timeout_s=_REDIS_TIMEOUT_S
         )
         self._task: asyncio.Task[None] | None = None
         self._failing = False
