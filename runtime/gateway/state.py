@@ -151,6 +151,7 @@ def build_state(config: RouterConfig) -> RouterState:
         config.snapshot_cache_path,
         prefix=config.snapshot_prefix,
         stale_after_s=config.snapshot_stale_after_s,
+        confirm_poll_s=config.snapshot_confirm_poll_s,
     )
     table = RoutingTable()
     signals = FleetSignals(breakers=breakers, health=health, inflight=inflight)
