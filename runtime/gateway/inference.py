@@ -106,6 +106,7 @@ class InferenceConsumer(GatewayConsumer):
         state.metrics.count(
             model=labels.model, klass=labels.klass, outcome=record.outcome, tenant=record.tenant
         )
+        state.metrics.observe_slis(record, state.snapshot)
         log_request(state.request_log, record)
 
     async def _serve(

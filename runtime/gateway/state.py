@@ -24,9 +24,10 @@ from runtime.scheduling.pools import Dispatchers
 from runtime.scheduling.shared import SharedCounters
 from runtime.snapshot import Snapshot
 from runtime.snapshot_loader import SnapshotLoader, SnapshotUnavailableError
+from runtime.telemetry.collectors import EndpointView
 from runtime.telemetry.logging import REQUEST_LOGGER
 from runtime.telemetry.metrics import PoolView, RouterMetrics
-from runtime.upstream.breaker import BreakerBook
+from runtime.upstream.breaker import BreakerBook, BreakerState
 from runtime.upstream.client import ClientConfig, UpstreamClient
 from runtime.upstream.health import HealthConfig, HealthMonitor
 from runtime.upstream.timeouts import TimeoutPolicy
@@ -87,6 +88,27 @@ class RouterState:
                     entitled_share=fairness.entitled_share,
                     counters=dispatcher.counters(),
                     jain=fairness.jain,
+                )
+            )
+        return views
+
+    def endpoint_views(self) -> list[EndpointView]:
+        """What health checks and breakers say of each endpoint (``/metrics``, scrape time)."""
+        snapshot = self.snapshot
+        if snapshot is None:
+            return []
+        breakers = self.breakers.states()
+        views: list[EndpointView] = []
+        for endpoint in snapshot.endpoints.values():
+            status = self.health.status(endpoint.id)
+            views.append(
+                EndpointView(
+                    endpoint=endpoint.id,
+                    pool=endpoint.pool,
+                    up=self.signals.healthy(endpoint.id),
+                    breaker_open=breakers.get(endpoint.id) is BreakerState.OPEN,
+                    kv_usage=None if status is None else status.kv_usage,
+                    waiting=None if status is None else status.waiting,
                 )
             )
         return views
@@ -212,6 +234,7 @@ def build_state(config: RouterConfig) -> RouterState:
     state.loader.add_swap_callback(state.on_snapshot)
     metrics.attach_scheduling(state.pool_views)
     metrics.attach_snapshot(loader)
+    metrics.attach_fleet(state.endpoint_views)
     return state
 
 

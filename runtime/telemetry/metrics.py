@@ -24,7 +24,13 @@
 - read from the snapshot loader at scrape time (:meth:`RouterMetrics.attach_snapshot`):
   ``switchyard_snapshot_version``, ``switchyard_snapshot_age_seconds`` (since the snapshot in
   force was last known to match the database), ``switchyard_snapshot_stale`` (1 when that age
-  is over the router's bound, ``switchyard_snapshot_stale_after_seconds``).
+  is over the router's bound, ``switchyard_snapshot_stale_after_seconds``);
+- read from health checks and breakers at scrape time (:meth:`RouterMetrics.attach_fleet`):
+  ``switchyard_endpoint_up{endpoint, pool}``, ``switchyard_endpoint_breaker_open{endpoint,
+  pool}``, ``switchyard_endpoint_kv_cache_usage{endpoint, pool}`` (0..1) and
+  ``switchyard_endpoint_requests_waiting{endpoint, pool}`` (the engine's own queue);
+- ``switchyard_sli_events_total`` / ``switchyard_sli_good_total{sli, class, model}``: the
+  SLI counters (:mod:`runtime.telemetry.slis`).
 
 Label values come from the snapshot (or a fixed vocabulary), never from raw client input, so
 series stay bounded; the tenant label keeps the first ``max_tenant_labels`` tenants seen and
@@ -35,12 +41,22 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Final, Protocol
+from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
+
+from runtime.snapshot import Snapshot
+from runtime.telemetry.collectors import (
+    EndpointViews,
+    FleetCollector,
+    SnapshotCollector,
+    SnapshotStatus,
+)
+from runtime.telemetry.logging import RequestRecord
+from runtime.telemetry.slis import SliCounters
 
 STAGES: Final = ("auth", "queue", "upstream_ttft", "inter_token", "e2e")
 # Millisecond-scale resolution at the low end (auth, queue), seconds at the top (e2e).
@@ -177,51 +193,6 @@ class _SchedulingCollector(Collector):
         yield from (queue, served, share, jain, counter)
 
 
-class SnapshotStatus(Protocol):
-    """What ``/metrics`` reads from the snapshot loader (``SnapshotLoader``)."""
-
-    @property
-    def version(self) -> int | None: ...
-
-    @property
-    def stale(self) -> bool: ...
-
-    stale_after_s: float
-
-    def age_s(self) -> float | None: ...
-
-
-class _SnapshotCollector(Collector):
-    def __init__(self, status: SnapshotStatus) -> None:
-        self._status = status
-
-    def collect(self) -> Iterator[Metric]:
-        status = self._status
-        version = status.version
-        age = status.age_s()
-        yield GaugeMetricFamily(
-            "switchyard_snapshot_version",
-            "Version of the runtime snapshot in force (0: none loaded).",
-            value=version or 0,
-        )
-        yield GaugeMetricFamily(
-            "switchyard_snapshot_age_seconds",
-            "Seconds since the snapshot in force was last known to match the database "
-            "(its build, or the control plane's later confirmation); -1 when none is loaded.",
-            value=-1.0 if age is None else age,
-        )
-        yield GaugeMetricFamily(
-            "switchyard_snapshot_stale",
-            "1 when the snapshot in force is older than the router's staleness bound.",
-            value=1.0 if status.stale else 0.0,
-        )
-        yield GaugeMetricFamily(
-            "switchyard_snapshot_stale_after_seconds",
-            "The router's staleness bound for its snapshot.",
-            value=status.stale_after_s,
-        )
-
-
 class RouterMetrics:
     """Every metric the router exports; create one per process (in the ASGI lifespan)."""
 
@@ -268,6 +239,7 @@ class RouterMetrics:
             registry=self.registry,
         )
         self._scheduling: _SchedulingCollector | None = None
+        self.slis = SliCounters(self.registry)
 
     def attach_scheduling(self, views: PoolViews) -> None:
         """Export the dispatchers' state, read from ``views()`` at every scrape."""
@@ -278,7 +250,15 @@ class RouterMetrics:
 
     def attach_snapshot(self, status: SnapshotStatus) -> None:
         """Export the snapshot's version, age and staleness, read at every scrape."""
-        self.registry.register(_SnapshotCollector(status))
+        self.registry.register(SnapshotCollector(status))
+
+    def attach_fleet(self, views: EndpointViews) -> None:
+        """Export each endpoint's health, breaker and engine gauges, read at every scrape."""
+        self.registry.register(FleetCollector(views))
+
+    def observe_slis(self, record: RequestRecord, snapshot: Snapshot | None) -> None:
+        """Count one finished request toward the SLIs (:mod:`runtime.telemetry.slis`)."""
+        self.slis.observe(record, snapshot)
 
     def reject(self, reason: str) -> None:
         self.rejections_total.labels(reason).inc()
