@@ -27,6 +27,7 @@ from runtime.snapshot_loader import SnapshotLoader, SnapshotUnavailableError
 from runtime.telemetry.collectors import EndpointView
 from runtime.telemetry.logging import REQUEST_LOGGER
 from runtime.telemetry.metrics import PoolView, RouterMetrics
+from runtime.telemetry.tracing import Tracing
 from runtime.upstream.breaker import BreakerBook, BreakerState
 from runtime.upstream.client import ClientConfig, UpstreamClient
 from runtime.upstream.health import HealthConfig, HealthMonitor
@@ -53,6 +54,7 @@ class RouterState:
     limits: RedisLimits
     shared: SharedCounters
     dispatchers: Dispatchers
+    tracing: Tracing = field(default_factory=Tracing)  # off unless OTEL_EXPORTER_OTLP_* is set
     rng: random.Random = field(default_factory=random.Random)
     request_log: logging.Logger = field(default_factory=lambda: logging.getLogger(REQUEST_LOGGER))
     snapshot_task: asyncio.Task[None] | None = None
@@ -154,6 +156,7 @@ class RouterState:
         await self.limits.stop()
         await self.key_usage.stop()
         await self.client.close()
+        self.tracing.shutdown()
 
 
 def build_state(config: RouterConfig) -> RouterState:
@@ -230,6 +233,7 @@ def build_state(config: RouterConfig) -> RouterState:
             interval_s=config.key_usage_flush_s,
         ),
         tokens=TokenCounter(cache_size=config.tokenizer_cache_size),
+        tracing=Tracing.from_env(),
     )
     state.loader.add_swap_callback(state.on_snapshot)
     metrics.attach_scheduling(state.pool_views)
