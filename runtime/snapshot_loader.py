@@ -103,7 +103,7 @@ class SnapshotLoader:
         *,
         connect_timeout_s: float = 1.0,
         backoff_initial_s: float = 0.2,
-        backoff_max_s: float = 5.0,
+        backoff_max_s: float = 1.0,  # a refused reconnect is cheap; a late one delays revocations
         health_check_interval_s: int = 15,
         client_name: str = "switchyard-snapshot-loader",
         on_swap: Iterable[SwapCallback] = (),

@@ -73,17 +73,16 @@ def snapshot_outbox_drain() -> OutboxDrain:
         try:
             version = publish_current()
         except (RedisError, OSError) as exc:
+            error = f"{type(exc).__name__}: {exc}"[:2000]
             SnapshotOutbox.objects.filter(pk__in=ids).update(
-                attempts=F("attempts") + 1,
-                last_attempt_at=timezone.now(),
-                last_error=repr(exc)[:2000],
+                attempts=F("attempts") + 1, last_attempt_at=timezone.now(), last_error=error
             )
             logger.warning(
-                "snapshot publish failed (%r); %d change(s) wait in the outbox and are retried",
-                exc,
+                "snapshot publish failed (%s); %d change(s) wait in the outbox and are retried",
+                error,
                 len(ids),
             )
-            return OutboxDrain(pending=len(ids), error=repr(exc))
+            return OutboxDrain(pending=len(ids), error=error)
         SnapshotOutbox.objects.filter(pk__in=ids).delete()
     return OutboxDrain(delivered=len(ids), version=version)
 

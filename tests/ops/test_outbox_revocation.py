@@ -38,7 +38,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 RETRY_S = 1.0  # the outbox drain's beat interval in this test
 STALE_AFTER_S = 3.0
-LOADER_RECONNECT_CAP_S = 5.0 * 1.2  # SnapshotLoader's backoff cap, with its jitter
+LOADER_RECONNECT_CAP_S = 1.0 * 1.2  # SnapshotLoader backoff cap, with its jitter
 
 
 class Beat:
@@ -144,7 +144,7 @@ def test_revocation_during_redis_outage_is_enforced_once_redis_returns(
         api_key_revoke(actor=None, api_key=api_key)  # the publish after commit fails
         (entry,) = SnapshotOutbox.objects.all()
         assert entry.attempts == 1
-        assert "Error" in entry.last_error
+        assert entry.last_error.startswith(("ConnectionError", "TimeoutError")), entry.last_error
 
         # The outage: the router keeps serving its last snapshot and says it is stale.
         def stale() -> bool:
@@ -156,7 +156,12 @@ def test_revocation_during_redis_outage_is_enforced_once_redis_returns(
         assert age is not None
         assert age > STALE_AFTER_S
         assert models_status(router, full_key) == 200  # not yet known: the outage window
-        assert SnapshotOutbox.objects.get().attempts >= 2  # beat retried, still failing
+
+        def retried() -> bool:
+            beat.tick()
+            return SnapshotOutbox.objects.get().attempts >= 2
+
+        eventually(retried, timeout=RETRY_S * 5, what="beat retrying the publish, still failing")
 
         private_redis.start()
         back = time.monotonic()
