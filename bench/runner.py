@@ -12,8 +12,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import secrets
-import string
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -30,17 +28,15 @@ from bench.procs import Child, CpuSampler, StartError, router_cpus
 from bench.scenario import Scenario, SizeSpec
 from bench.targets import FACTORIES, Target, TargetContext, TargetUnavailableError
 from bench.workload import PhasePlan, Planned, plan_phase
+from runtime import contract
 
 logger = logging.getLogger("bench")
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
-_ALNUM = string.ascii_letters + string.digits
-_LOWER = string.ascii_lowercase + string.digits
 
 
 def new_key() -> str:
-    """An API key in the production format: ``sy_`` + 8 of [a-z0-9] + ``_`` + 40 alnum."""
-    prefix = "".join(secrets.choice(_LOWER) for _ in range(8))
-    return f"sy_{prefix}_{''.join(secrets.choice(_ALNUM) for _ in range(40))}"
+    """An API key in the production format (:mod:`runtime.contract`)."""
+    return contract.api_key_new()
 
 
 def client_cpus(routers: tuple[int, ...]) -> tuple[int, ...]:

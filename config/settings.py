@@ -10,6 +10,8 @@ from pathlib import Path
 
 import dj_database_url
 
+from runtime import contract
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("SWITCHYARD_VAR_DIR", BASE_DIR / "var"))
 
@@ -42,6 +44,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "rest_framework",
     "drf_spectacular",
+    "drf_spectacular_sidecar",
     "channels",
     "apps.core",
     "apps.tenants",
@@ -120,13 +123,15 @@ CELERY_BEAT_SCHEDULE = {
         "task": "apps.models.tasks.endpoints_reap_stale",
         "schedule": 15.0,
     },
+    "usage-stream-to-ledger": {"task": "apps.billing.tasks.usage_consume", "schedule": 1.0},
+    "reconcile-credit-balances": {"task": "apps.billing.tasks.credit_reconcile", "schedule": 30.0},
 }
 
 # Routers record API-key last use in this Redis hash (prefix -> unix time); beat copies it.
-API_KEY_USAGE_HASH = os.environ.get("SWITCHYARD_KEY_USAGE_HASH", "switchyard:apikey:last_used")
+API_KEY_USAGE_HASH = os.environ.get(contract.ENV_KEY_USAGE_HASH, contract.KEY_USAGE_HASH)
 
 # The runtime snapshot (DESIGN §3).
-SNAPSHOT_REDIS_PREFIX = os.environ.get("SWITCHYARD_SNAPSHOT_PREFIX", "switchyard:snapshot")
+SNAPSHOT_REDIS_PREFIX = os.environ.get(contract.ENV_SNAPSHOT_PREFIX, contract.SNAPSHOT_PREFIX)
 SNAPSHOT_KEEP_VERSIONS = 20
 
 AUTH_PASSWORD_VALIDATORS = [
@@ -151,14 +156,46 @@ CSRF_COOKIE_HTTPONLY = True
 SESSION_COOKIE_SECURE = _env_bool("SECURE_COOKIES", default=False)
 CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
 
+# The REST API (README "REST API"): session or management-token auth, one error shape,
+# cursor pagination, a throttle bucket per credential; OpenAPI at /api/schema/, docs /api/docs/.
 REST_FRAMEWORK = {
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "DEFAULT_AUTHENTICATION_CLASSES": [
+        "apps.tenants.api_auth.ManagementTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_PAGINATION_CLASS": "apps.core.api_support.IdCursorPagination",
+    "DEFAULT_THROTTLE_CLASSES": ["apps.core.api_support.CredentialThrottle"],
+    "DEFAULT_THROTTLE_RATES": {"api": os.environ.get("SWITCHYARD_API_RATE", "600/min")},
+    "EXCEPTION_HANDLER": "apps.core.api_support.api_exception_handler",
+    "PAGE_SIZE": 50,
 }
-SPECTACULAR_SETTINGS = {"TITLE": "Switchyard control plane", "VERSION": "0.1.0"}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Switchyard control plane",
+    "DESCRIPTION": (
+        "Tenant self-service under /api/v1/tenants/{tenant}/ (a member's session or a "
+        "management token) and operator endpoints under /api/v1/ops/ (staff sessions). "
+        'Errors: {"error": {"code", "message", "fields"}}. Updates (PATCH) need '
+        "If-Match with the ETag of your last read: 428 without it, 412 when stale."
+    ),
+    "VERSION": "0.1.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    "COMPONENT_SPLIT_REQUEST": True,
+    "ENUM_NAME_OVERRIDES": {
+        "EndpointStateEnum": "apps.models.models.Endpoint.State",
+        "RolloutStateEnum": "apps.rollouts.models.Rollout.State",
+    },
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "apps.core.api_support.error_responses_hook",
+    ],
+}
 
 LOGGING = {
     "version": 1,

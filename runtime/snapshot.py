@@ -4,6 +4,11 @@ The control plane builds it from PostgreSQL (``apps.core.selectors.snapshot_buil
 publishes it to Redis; routers load it with :class:`runtime.snapshot_loader.SnapshotLoader`.
 This module is the schema, defined once. It imports nothing from Django.
 
+Fields whose empty value has a meaning (no default class, no expiry, the default policies, an
+unknown context size, no discount) default to it, so a builder names only what it sets; fields
+whose zero would be a silent mistake (limits, deadlines, capacities) stay required. Defaults
+do not change the wire: every field is always encoded, and old documents still decode.
+
 Maps are keyed by their natural key (tenant slug, class name, model name, pool name,
 endpoint id, API-key prefix) so the request path does one dict lookup per fact.
 
@@ -39,21 +44,22 @@ class TenantLimits(msgspec.Struct, frozen=True, kw_only=True):
 class TenantSnap(msgspec.Struct, frozen=True, kw_only=True):
     slug: str
     name: str
-    status: str  # "active" | "suspended"
-    weight: float
+    status: str = "active"  # "active" | "suspended"
+    weight: float = 1.0
     limits: TenantLimits
-    classes: tuple[str, ...]
-    default_class: str  # "" when the tenant has none
+    classes: tuple[str, ...] = ()  # entitled classes, most urgent first; empty = none
+    default_class: str = ""  # "" when the tenant has none
     models: tuple[str, ...] = ()  # model names the tenant may use; empty = every model
+    max_request_bytes: int = 0  # request body cap; 0 = only the router's own cap
 
 
 class ApiKeySnap(msgspec.Struct, frozen=True, kw_only=True):
     prefix: str
     digest: str  # hex sha256 of the full key
     tenant: str  # tenant slug
-    name: str
-    scopes: tuple[str, ...]
-    expires_at: float | None  # unix seconds; None = never
+    name: str = ""
+    scopes: tuple[str, ...] = ("inference",)
+    expires_at: float | None = None  # unix seconds; None = never
 
 
 class RequestClassSnap(msgspec.Struct, frozen=True, kw_only=True):
@@ -73,14 +79,14 @@ class VersionSnap(msgspec.Struct, frozen=True, kw_only=True):
     id: int
     model: str
     label: str
-    artifact_uri: str
-    digest: str
+    artifact_uri: str = ""
+    digest: str = ""
     runtime: str  # "vllm" | "torch" | "simulator"
-    max_context: int  # 0 when the manifest does not say
-    tokenizer: str
-    default_sampling: dict[str, SamplingValue]
-    memory_gb: float
-    tensor_parallel_size: int
+    max_context: int = 0  # 0 when the manifest does not say
+    tokenizer: str = ""  # "" when the manifest does not say
+    default_sampling: dict[str, SamplingValue] = {}
+    memory_gb: float = 0.0
+    tensor_parallel_size: int = 1
 
 
 class CachePolicySnap(msgspec.Struct, frozen=True, kw_only=True):
@@ -96,16 +102,17 @@ class ModelSnap(msgspec.Struct, frozen=True, kw_only=True):
     task: str  # "chat" | "completion" | "embedding" | "classification"
     versions: tuple[int, ...]  # published version ids, oldest -> newest published
     cache: CachePolicySnap = CachePolicySnap()
+    refused_fields: tuple[str, ...] = ()  # request fields answered 400 unsupported_parameter
 
 
 class PoolSnap(msgspec.Struct, frozen=True, kw_only=True):
     name: str
     hardware_tier: str
-    cost_per_replica_hour: float
-    min_replicas: int
+    cost_per_replica_hour: float = 0.0
+    min_replicas: int = 0
     max_replicas: int
-    warm_replicas: int
-    policies: dict[str, str]  # interface name -> implementation name
+    warm_replicas: int = 0
+    policies: dict[str, str] = {}  # key -> name or parameter; empty = the defaults
 
 
 class EndpointSnap(msgspec.Struct, frozen=True, kw_only=True):
@@ -125,7 +132,7 @@ class RouteSplit(msgspec.Struct, frozen=True, kw_only=True):
 class RouteSnap(msgspec.Struct, frozen=True, kw_only=True):
     model: str
     splits: tuple[RouteSplit, ...]
-    sticky_key: str  # "tenant" | "user" | "none"
+    sticky_key: str = "tenant"  # "tenant" | "user" | "none"
     shadow_version: int | None = None
     shadow_share: float = 0.0
 
@@ -135,7 +142,15 @@ class PriceSnap(msgspec.Struct, frozen=True, kw_only=True):
     hardware_tier: str
     input_per_1k: float
     output_per_1k: float
-    cache_hit_discount: float  # fraction off, 0..1
+    cache_hit_discount: float = 0.0  # fraction off, 0..1
+
+
+class CreditSnap(msgspec.Struct, frozen=True, kw_only=True):
+    """A tenant's credit settings (its balance lives in Redis, not here)."""
+
+    overdraft: str = "refuse"  # "refuse": 402 when short; "batch": lowest band, best effort
+    day_cap: float | None = None  # hard budget caps in credits; None = no cap
+    month_cap: float | None = None
 
 
 class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
@@ -151,6 +166,7 @@ class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
     endpoints: dict[int, EndpointSnap] = {}
     routes: dict[str, RouteSnap] = {}
     prices: tuple[PriceSnap, ...] = ()
+    credits: dict[str, CreditSnap] = {}  # tenant slug -> credit settings; absent = defaults
 
 
 _ENCODER = msgspec.json.Encoder()

@@ -1,6 +1,7 @@
 """Where the runtime snapshot lives in Redis, and the one way to publish it.
 
-Key layout (all under one prefix, ``switchyard:snapshot`` by default):
+Key layout (all under one prefix, ``switchyard:snapshot`` by default; the names are
+:class:`runtime.contract.SnapshotKeys`):
 
 - ``{prefix}:seq`` — counter; each publish takes the next number with ``INCR``;
 - ``{prefix}:v:{n}`` — the JSON document of version ``n``. A version expires ``ttl_s`` after
@@ -24,9 +25,24 @@ from __future__ import annotations
 import msgspec
 import redis
 
+from runtime.contract import SNAPSHOT_PREFIX, SnapshotKeys
 from runtime.snapshot import Snapshot, decode, encode, with_version
 
-DEFAULT_PREFIX = "switchyard:snapshot"
+__all__ = [
+    "DEFAULT_PREFIX",
+    "KEEP_VERSIONS",
+    "VERSION_TTL_S",
+    "PublishResult",
+    "SnapshotKeys",
+    "latest_version",
+    "next_version",
+    "parse_version",
+    "publish",
+    "publish_versioned",
+    "read_latest",
+]
+
+DEFAULT_PREFIX = SNAPSHOT_PREFIX
 VERSION_TTL_S = 24 * 3600
 KEEP_VERSIONS = 20
 
@@ -53,35 +69,6 @@ end
 redis.call('PUBLISH', ARGV[4], ARGV[1])
 return 1
 """
-
-
-class SnapshotKeys(msgspec.Struct, frozen=True):
-    """The Redis names for one snapshot prefix."""
-
-    prefix: str = DEFAULT_PREFIX
-
-    @property
-    def seq(self) -> str:
-        return f"{self.prefix}:seq"
-
-    @property
-    def latest(self) -> str:
-        return f"{self.prefix}:latest"
-
-    @property
-    def channel(self) -> str:
-        return f"{self.prefix}:announce"
-
-    @property
-    def confirmed(self) -> str:
-        return f"{self.prefix}:confirmed"
-
-    @property
-    def version_prefix(self) -> str:
-        return f"{self.prefix}:v:"
-
-    def version(self, n: int) -> str:
-        return f"{self.version_prefix}{n}"
 
 
 class PublishResult(msgspec.Struct, frozen=True):

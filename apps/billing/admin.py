@@ -11,12 +11,13 @@ from django import forms
 from django.contrib import admin
 from django.http import HttpRequest
 
-from apps.billing.models import Budget, CreditAccount, Price, UsageRecord
+from apps.billing.models import Budget, BudgetAlert, CreditAccount, Price, UsageRecord
 from apps.billing.services import (
     budget_set,
     budget_validate,
     credit_grant,
     credit_grant_validate,
+    credit_overdraft_set,
     price_set,
     price_validate,
 )
@@ -30,13 +31,14 @@ if TYPE_CHECKING:  # generic in django-stubs only; not subscriptable at runtime
     _CreditAdmin = admin.ModelAdmin[CreditAccount]
     _BudgetAdmin = admin.ModelAdmin[Budget]
     _UsageAdmin = admin.ModelAdmin[UsageRecord]
+    _AlertAdmin = admin.ModelAdmin[BudgetAlert]
 else:
     _PriceForm = _CreditForm = _BudgetForm = forms.ModelForm
-    _PriceAdmin = _CreditAdmin = _BudgetAdmin = _UsageAdmin = admin.ModelAdmin
+    _PriceAdmin = _CreditAdmin = _BudgetAdmin = _UsageAdmin = _AlertAdmin = admin.ModelAdmin
 
 PRICE_FIELDS = ("version", "hardware_tier", "input_per_1k", "output_per_1k", "cache_hit_discount")
 PRICE_VALUES = ("input_per_1k", "output_per_1k", "cache_hit_discount")
-BUDGET_FIELDS = ("tenant", "period", "soft_alert_pct", "hard_cap")
+BUDGET_FIELDS = ("tenant", "period", "soft_alert_pct", "hard_cap", "webhook_url")
 
 
 class PriceForm(_PriceForm):
@@ -79,35 +81,54 @@ class PriceAdmin(_PriceAdmin):
 
 
 class CreditGrantForm(_CreditForm):
-    """A grant (or, with a negative amount, a correction) instead of editing the balance."""
+    """A grant (or, with a negative amount, a correction) instead of editing the balance; and
+    the overdraft setting."""
 
-    amount = forms.DecimalField(max_digits=20, decimal_places=6, help_text="Negative to correct.")
-    reason = forms.CharField(max_length=500)
+    amount = forms.DecimalField(
+        max_digits=20, decimal_places=6, required=False, help_text="Negative to correct."
+    )
+    reason = forms.CharField(max_length=500, required=False)
+    overdraft = forms.ChoiceField(
+        choices=CreditAccount.Overdraft.choices,
+        required=False,
+        help_text="When the balance does not cover a request: refuse it (402), or serve it in "
+        "the lowest band as best effort.",
+    )
 
     class Meta:
         model = CreditAccount
         fields = ("tenant",)
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self.instance.pk is not None:
+            self.fields["overdraft"].initial = self.instance.overdraft
+
     def clean(self) -> dict[str, Any]:
         cleaned = super().clean() or {}
         if not self.errors:
             tenant = cleaned.get("tenant") or self.instance.tenant
-            amount, reason = cleaned["amount"], cleaned["reason"]
-            run_validator(
-                self, lambda: credit_grant_validate(tenant=tenant, amount=amount, reason=reason)
-            )
+            amount, reason = cleaned.get("amount"), cleaned.get("reason") or ""
+            overdraft = cleaned.get("overdraft") or ""
+            if amount is None and (not overdraft or overdraft == self.instance.overdraft):
+                self.add_error("amount", "Give an amount to grant (or change the overdraft).")
+            elif amount is not None:
+                run_validator(
+                    self,
+                    lambda: credit_grant_validate(tenant=tenant, amount=amount, reason=reason),
+                )
         return cleaned
 
 
 @admin.register(CreditAccount)
 class CreditAccountAdmin(_CreditAdmin):
     form = CreditGrantForm
-    list_display = ("tenant", "balance", "updated_at")
+    list_display = ("tenant", "balance", "overdraft", "updated_at")
     search_fields = ("tenant__slug",)
 
     def get_fields(self, request: HttpRequest, obj: CreditAccount | None = None) -> Any:
         base = ("tenant",) if obj is None else ("tenant", "balance", "updated_at")
-        return (*base, "amount", "reason")
+        return (*base, "amount", "reason", "overdraft")
 
     def get_readonly_fields(self, request: HttpRequest, obj: CreditAccount | None = None) -> Any:
         return () if obj is None else ("tenant", "balance", "updated_at")
@@ -118,13 +139,27 @@ class CreditAccountAdmin(_CreditAdmin):
     def save_model(self, request: HttpRequest, obj: CreditAccount, form: Any, change: bool) -> None:
         data = form.cleaned_data
         tenant = obj.tenant if change else data["tenant"]
-        account = credit_grant(
-            actor=actor_of(request), tenant=tenant, amount=data["amount"], reason=data["reason"]
-        )
-        adopt(obj, account)
+        account = None
+        if data.get("amount") is not None:
+            account = credit_grant(
+                actor=actor_of(request), tenant=tenant, amount=data["amount"], reason=data["reason"]
+            )
+        # (the form already copied the new value onto ``obj``: compare with the stored one)
+        stored = CreditAccount.objects.filter(tenant=tenant).values_list("overdraft", flat=True)
+        current = stored.first() or CreditAccount.Overdraft.REFUSE
+        if data.get("overdraft") and data["overdraft"] != current:
+            account = credit_overdraft_set(
+                actor=actor_of(request), tenant=tenant, overdraft=data["overdraft"]
+            )
+        if account is not None:
+            adopt(obj, account)
 
 
 class BudgetForm(_BudgetForm):
+    webhook_url = forms.URLField(
+        required=False, assume_scheme="https", help_text="POSTed (JSON) on a soft alert."
+    )
+
     class Meta:
         model = Budget
         fields = BUDGET_FIELDS
@@ -160,8 +195,27 @@ class BudgetAdmin(_BudgetAdmin):
             period=obj.period if change else data["period"],
             soft_alert_pct=data["soft_alert_pct"],
             hard_cap=data["hard_cap"],
+            webhook_url=data.get("webhook_url") or "",
         )
         adopt(obj, budget)
+
+
+@admin.register(BudgetAlert)
+class BudgetAlertAdmin(_AlertAdmin):
+    """Soft budget alerts as they fired (read-only)."""
+
+    list_display = ("budget", "period_start", "spent", "threshold", "webhook_status", "created_at")
+    list_filter = ("budget__period",)
+    search_fields = ("budget__tenant__slug",)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: BudgetAlert | None = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: BudgetAlert | None = None) -> bool:
+        return False
 
 
 @admin.register(UsageRecord)

@@ -14,8 +14,18 @@ CREDITS = {"max_digits": 20, "decimal_places": 6}
 
 
 class CreditAccount(models.Model):
+    class Overdraft(models.TextChoices):
+        REFUSE = "refuse", "Refuse (402)"
+        BATCH = "batch", "Drop to the lowest band (best effort)"
+
     tenant = models.OneToOneField(Tenant, on_delete=models.CASCADE, related_name="credit_account")
     balance = models.DecimalField(**CREDITS, default=Decimal(0))  # type: ignore[arg-type]
+    overdraft = models.CharField(
+        max_length=8,
+        choices=Overdraft.choices,
+        default=Overdraft.REFUSE,
+        help_text="What happens to a request the balance does not cover.",
+    )
     updated_at = models.DateTimeField(auto_now=True)
 
     def __str__(self) -> str:
@@ -99,6 +109,7 @@ class Budget(models.Model):
     period = models.CharField(max_length=8, choices=Period.choices)
     soft_alert_pct = models.PositiveSmallIntegerField(default=80)
     hard_cap = models.DecimalField(**CREDITS)  # type: ignore[arg-type]
+    webhook_url = models.URLField(blank=True, default="", help_text="POSTed on a soft alert.")
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
@@ -114,3 +125,23 @@ class Budget(models.Model):
 
     def __str__(self) -> str:
         return f"{self.tenant.slug}/{self.period}"
+
+
+class BudgetAlert(models.Model):
+    """A budget's soft alert fired: once per budget and period (day or month) start."""
+
+    budget = models.ForeignKey(Budget, on_delete=models.CASCADE, related_name="alerts")
+    period_start = models.DateField()
+    spent = models.DecimalField(**CREDITS)  # type: ignore[arg-type]
+    threshold = models.DecimalField(**CREDITS)  # type: ignore[arg-type]
+    created_at = models.DateTimeField(auto_now_add=True)
+    webhook_status = models.CharField(max_length=64, blank=True, default="")
+
+    class Meta:
+        ordering: ClassVar[list[str]] = ["-created_at"]
+        constraints: ClassVar[list[Any]] = [
+            models.UniqueConstraint(fields=["budget", "period_start"], name="alert_once_per_period")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.budget} from {self.period_start}: {self.spent} of {self.budget.hard_cap}"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import TypedDict
 
@@ -62,3 +62,17 @@ def usage_totals(tenant: Tenant, since: datetime) -> UsageTotals:
         tokens_out=totals["tokens_out"],
         credits=totals["credits"],
     )
+
+
+def period_starts(now: datetime | None = None) -> tuple[datetime, datetime]:
+    """The starts (UTC) of the budget periods containing ``now``: (day, month)."""
+    now = (now or datetime.now(tz=UTC)).astimezone(UTC)
+    day = now.replace(hour=0, minute=0, second=0, microsecond=0)
+    return day, day.replace(day=1)
+
+
+def credit_live(tenant: Tenant) -> dict[str, Decimal]:
+    """What the routers see now in Redis: balance, escrow, available (credits)."""
+    from apps.billing.ledger import redis_credit_state  # noqa: PLC0415 - ledger imports us
+
+    return redis_credit_state(tenant)

@@ -1,12 +1,18 @@
 """Writes to billing: price sheets, credit grants, budgets and the usage ledger.
 
-Prices are in the runtime snapshot (a change republishes it); credit balances, budgets and
-usage are not (the data plane keeps its own escrow in Redis, reconciled against this ledger).
+Prices, overdraft settings and budget caps are in the runtime snapshot (a change republishes
+it); balances are not: the routers keep them in Redis (see :mod:`apps.billing.ledger` for the
+model), and a grant moves the Redis balance as soon as it commits.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import functools
+import json
+import logging
+import urllib.error
+import urllib.request
+from collections.abc import Iterable, Mapping
 from datetime import datetime
 from decimal import Decimal
 from types import MappingProxyType
@@ -14,15 +20,21 @@ from typing import Any
 
 from django.contrib.auth.base_user import AbstractBaseUser
 from django.core.exceptions import ValidationError
+from django.core.validators import URLValidator
 from django.db import transaction
+from redis.exceptions import RedisError
 
-from apps.billing.models import CREDITS, Budget, CreditAccount, Price, UsageRecord
+from apps.billing import ledger
+from apps.billing.models import CREDITS, Budget, BudgetAlert, CreditAccount, Price, UsageRecord
+from apps.billing.selectors import period_starts, usage_totals
 from apps.core.services import snapshot_publish_on_commit
 from apps.models.models import Endpoint, ModelVersion
 from apps.models.services.common import audit_state
 from apps.models.validators import TIER_RE, decimal_error, fits_error, is_int, raise_if, to_decimal
 from apps.tenants.models import ApiKey, Tenant
 from apps.tenants.services import audit_record
+
+logger = logging.getLogger(__name__)
 
 PRICE_FIELDS = (
     "version_id",
@@ -159,6 +171,65 @@ def credit_grant(
     The balance never goes below zero. The grant and its reason go to the audit log.
     """
     number = credit_grant_validate(tenant=tenant, amount=amount, reason=reason)
+    client = ledger.redis_client()
+    account: CreditAccount | None = None
+    try:
+        with ledger.ledger_locked(client):
+            account = _credit_grant_commit(actor=actor, tenant=tenant, number=number, reason=reason)
+            if transaction.get_connection().in_atomic_block:  # the caller's commit decides
+                transaction.on_commit(lambda: _redis_add_later(tenant, number))
+            else:
+                ledger.redis_balance_add(client, tenant=tenant, amount=number)
+    except (RedisError, OSError, TimeoutError) as exc:
+        # Redis is away (or the lock is busy): the ledger is the truth and the periodic
+        # reconciliation moves the Redis balance by what it missed.
+        logger.warning("credit grant to %s: Redis balance not updated (%r)", tenant.slug, exc)
+        if account is None:
+            account = _credit_grant_commit(actor=actor, tenant=tenant, number=number, reason=reason)
+    finally:
+        client.close()
+    return account
+
+
+def _redis_add_later(tenant: Tenant, amount: Decimal) -> None:
+    client = ledger.redis_client()
+    try:
+        ledger.redis_balance_add(client, tenant=tenant, amount=amount)
+    except (RedisError, OSError) as exc:
+        logger.warning("credit grant to %s: Redis balance not updated (%r)", tenant.slug, exc)
+    finally:
+        client.close()
+
+
+def credit_overdraft_set(
+    *, actor: AbstractBaseUser | None, tenant: Tenant, overdraft: str
+) -> CreditAccount:
+    """What happens when the balance does not cover a request: "refuse" (402) or "batch"
+    (admitted at the lowest band as best effort, charged only what the balance holds)."""
+    if overdraft not in CreditAccount.Overdraft.values:
+        raise ValidationError(
+            {"overdraft": f"Overdraft must be one of {CreditAccount.Overdraft.values}."}
+        )
+    with transaction.atomic():
+        CreditAccount.objects.get_or_create(tenant=tenant)
+        account = CreditAccount.objects.select_for_update().get(tenant=tenant)
+        before = account.overdraft
+        account.overdraft = overdraft
+        account.save(update_fields=["overdraft", "updated_at"])
+        audit_record(
+            actor=actor,
+            action="credit.overdraft",
+            target=account,
+            before={"overdraft": before},
+            after={"overdraft": overdraft},
+        )
+        snapshot_publish_on_commit()
+    return account
+
+
+def _credit_grant_commit(
+    *, actor: AbstractBaseUser | None, tenant: Tenant, number: Decimal, reason: str
+) -> CreditAccount:
     with transaction.atomic():
         CreditAccount.objects.get_or_create(tenant=tenant)
         account = CreditAccount.objects.select_for_update().get(tenant=tenant)
@@ -199,14 +270,25 @@ def budget_set(
     period: str,
     soft_alert_pct: int,
     hard_cap: Decimal | int | str,
+    webhook_url: str = "",
 ) -> Budget:
-    """Set the tenant's budget for ``period`` (day or month), creating or replacing it."""
+    """Set the tenant's budget for ``period`` (day or month), creating or replacing it. The
+    hard cap reaches the routers with the snapshot (402 ``budget_exceeded`` at admission)."""
     budget_validate(period=period, soft_alert_pct=soft_alert_pct, hard_cap=hard_cap)
-    fields = ("period", "soft_alert_pct", "hard_cap")
+    if webhook_url:
+        try:
+            URLValidator(schemes=["http", "https"])(webhook_url)
+        except ValidationError:
+            raise ValidationError({"webhook_url": "Webhook URL must be an http(s) URL."}) from None
+    fields = ("period", "soft_alert_pct", "hard_cap", "webhook_url")
     with transaction.atomic():
         budget = Budget.objects.select_for_update().filter(tenant=tenant, period=period).first()
         before = None if budget is None else audit_state(budget, fields)
-        values = {"soft_alert_pct": soft_alert_pct, "hard_cap": to_decimal(hard_cap)}
+        values = {
+            "soft_alert_pct": soft_alert_pct,
+            "hard_cap": to_decimal(hard_cap),
+            "webhook_url": webhook_url,
+        }
         budget, _created = Budget.objects.update_or_create(
             tenant=tenant, period=period, defaults=values
         )
@@ -217,7 +299,78 @@ def budget_set(
             before=before,
             after=audit_state(budget, fields),
         )
+        snapshot_publish_on_commit()
     return budget
+
+
+def budget_alerts_check(*, tenant_ids: Iterable[int]) -> list[BudgetAlert]:
+    """Fire each soft alert whose threshold this period's spend reached (once per budget and
+    period start); a budget with a webhook URL gets it POSTed after the commit."""
+    fired: list[BudgetAlert] = []
+    starts = dict(zip(("day", "month"), period_starts(), strict=True))
+    for budget in Budget.objects.filter(tenant_id__in=list(tenant_ids)).select_related("tenant"):
+        start = starts[budget.period]
+        spent = usage_totals(budget.tenant, start)["credits"]
+        threshold = budget.hard_cap * budget.soft_alert_pct / 100
+        if spent < threshold:
+            continue
+        with transaction.atomic():
+            alert, created = BudgetAlert.objects.get_or_create(
+                budget=budget,
+                period_start=start.date(),
+                defaults={"spent": spent, "threshold": threshold},
+            )
+            if not created:
+                continue
+            audit_record(
+                actor=None,
+                action="budget.alert",
+                target=budget,
+                after={"spent": spent, "threshold": threshold, "period_start": start.date()},
+            )
+            if budget.webhook_url:
+                alert_id = alert.pk
+                transaction.on_commit(functools.partial(_deliver_later, alert_id))
+        fired.append(alert)
+    return fired
+
+
+def _deliver_later(alert_id: int) -> None:
+    from apps.billing.tasks import budget_alert_deliver  # noqa: PLC0415 - tasks import services
+
+    try:
+        budget_alert_deliver.delay(alert_id)
+    except Exception as exc:  # the broker is away: the alert record stays
+        logger.warning("budget alert %s: webhook not queued (%r)", alert_id, exc)
+
+
+def budget_alert_deliver(*, alert: BudgetAlert, timeout_s: float = 5.0) -> str:
+    """POST the alert as JSON to its budget's webhook URL; records and returns the status."""
+    budget = alert.budget
+    body = json.dumps(
+        {
+            "type": "budget.soft_alert",
+            "tenant": budget.tenant.slug,
+            "period": budget.period,
+            "period_start": alert.period_start.isoformat(),
+            "spent": str(alert.spent),
+            "threshold": str(alert.threshold),
+            "hard_cap": str(budget.hard_cap),
+        }
+    ).encode()
+    request = urllib.request.Request(  # noqa: S310 - the URL is validated as http(s)
+        budget.webhook_url, data=body, headers={"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as answer:  # noqa: S310
+            status = f"http {answer.status}"
+    except urllib.error.HTTPError as exc:
+        status = f"http {exc.code}"
+    except (urllib.error.URLError, OSError) as exc:
+        status = f"failed: {exc}"[:64]
+    alert.webhook_status = status
+    alert.save(update_fields=["webhook_status"])
+    return status
 
 
 # --- usage ledger ---------------------------------------------------------------------------

@@ -19,7 +19,9 @@ from typing import TYPE_CHECKING, Any
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.db import transaction
+from redis.exceptions import RedisError
 
+from apps.billing.ledger import credit_reconcile
 from apps.billing.models import Price
 from apps.billing.services import credit_grant, price_set
 from apps.models.models import ModelVersion, Pool
@@ -140,6 +142,17 @@ def _demo_model(result: SeedResult, *, stdout: SupportsWrite[str]) -> None:
         result.created.append(f"price of {version} on {HARDWARE_TIER}")
 
 
+def _credits_to_routers(*, stdout: SupportsWrite[str]) -> None:
+    """Seed the routers' Redis balances from the ledger (a fresh or restarted Redis)."""
+    try:
+        repairs = credit_reconcile()
+    except (RedisError, OSError, TimeoutError) as exc:
+        stdout.write(f"credit balances: Redis not reachable ({exc}); beat seeds them later\n")
+        return
+    if repairs:
+        stdout.write(f"credit balances loaded into Redis for {len(repairs)} tenant(s)\n")
+
+
 def demo_seed(*, stdout: SupportsWrite[str]) -> SeedResult:
     """Seed the demo data where it is missing; say what was created on ``stdout``."""
     result = SeedResult()
@@ -149,6 +162,7 @@ def demo_seed(*, stdout: SupportsWrite[str]) -> SeedResult:
         _operator(result)
         _pool(result)
         _demo_model(result, stdout=stdout)
+    _credits_to_routers(stdout=stdout)
     for line in result.created:
         stdout.write(f"created {line}\n")
     if not result.changed:

@@ -29,15 +29,17 @@ import contextlib
 import logging
 import time
 from collections.abc import Iterator, Mapping
+from typing import Any
 
 from django.db import connection, transaction
-from django.db.models import Prefetch
+from django.db.models import Prefetch, Q
 
 from apps.billing.models import Price
 from apps.models.models import Endpoint, Model, ModelVersion, Pool, Route, RouteSplit
 from apps.tenants.models import ApiKey, RequestClass, Tenant
 from runtime.snapshot import (
     ApiKeySnap,
+    CreditSnap,
     EndpointSnap,
     ModelSnap,
     PoolSnap,
@@ -80,6 +82,7 @@ def snapshot_build() -> Snapshot:
         endpoints = _endpoints(versions)
         routes = _routes(versions)
         prices = _prices(versions)
+        credits = _credits()
     return Snapshot(
         version=0,
         created_at=time.time(),
@@ -92,6 +95,7 @@ def snapshot_build() -> Snapshot:
         endpoints=endpoints,
         routes=routes,
         prices=prices,
+        credits=credits,
     )
 
 
@@ -137,6 +141,7 @@ def _tenants() -> dict[str, TenantSnap]:
             classes=tuple(rc.name for rc in t.allowed_classes.all()),
             default_class=t.default_class.name if t.default_class is not None else "",
             models=tuple(m.name for m in t.allowed_models.all()),
+            max_request_bytes=t.max_request_bytes,
         )
         for t in queryset
     }
@@ -168,6 +173,7 @@ def _models_and_versions() -> tuple[dict[str, ModelSnap], dict[int, VersionSnap]
     versions: dict[int, VersionSnap] = {}
     per_model: dict[str, list[int]] = {}
     tasks: dict[str, str] = {}
+    refused: dict[str, tuple[str, ...]] = {}
     for mv in queryset:
         manifest = mv.manifest if isinstance(mv.manifest, Mapping) else {}
         where = f"version {mv.model.name}:{mv.label}"
@@ -186,8 +192,11 @@ def _models_and_versions() -> tuple[dict[str, ModelSnap], dict[int, VersionSnap]
         )
         per_model.setdefault(mv.model.name, []).append(mv.pk)
         tasks[mv.model.name] = mv.model.task
+        refused[mv.model.name] = tuple(mv.model.refused_fields or ())
     models = {
-        name: ModelSnap(name=name, task=tasks[name], versions=tuple(ids))
+        name: ModelSnap(
+            name=name, task=tasks[name], versions=tuple(ids), refused_fields=refused[name]
+        )
         for name, ids in per_model.items()
     }
     return models, versions
@@ -264,6 +273,24 @@ def _prices(versions: Mapping[int, VersionSnap]) -> tuple[PriceSnap, ...]:
         )
         for price in queryset
     )
+
+
+def _credits() -> dict[str, CreditSnap]:
+    """Credit settings of every tenant that has an account or a budget (billing's part; one
+    query: a row per budget, or one without)."""
+    rows = (
+        Tenant.objects.filter(Q(credit_account__isnull=False) | Q(budgets__isnull=False))
+        .values_list("slug", "credit_account__overdraft", "budgets__period", "budgets__hard_cap")
+        .order_by("slug")
+    )
+    out: dict[str, dict[str, Any]] = {}
+    for slug, overdraft, period, cap in rows:
+        values = out.setdefault(slug, {})
+        if overdraft:
+            values["overdraft"] = overdraft
+        if period:
+            values[f"{period}_cap"] = float(cap)
+    return {slug: CreditSnap(**values) for slug, values in out.items()}
 
 
 # -- coercion of stored JSON into the schema's types ------------------------------------------

@@ -79,7 +79,10 @@ class ModelForm(_ModelForm):
             run_validator(
                 self,
                 lambda: model_validate(
-                    name=cleaned["name"], task=cleaned["task"], exclude_pk=self.instance.pk
+                    name=cleaned["name"],
+                    task=cleaned["task"],
+                    refused_fields=cleaned.get("refused_fields") or [],
+                    exclude_pk=self.instance.pk,
                 ),
             )
         return cleaned
@@ -94,6 +97,7 @@ class ModelAdmin(NoDeleteAdmin, _ModelAdmin):
 
     def save_model(self, request: HttpRequest, obj: Model, form: Any, change: bool) -> None:
         data = {field: form.cleaned_data[field] for field in MODEL_FIELDS}
+        data["refused_fields"] = data["refused_fields"] or []  # an empty box: refuse nothing
         if change:
             current = Model.objects.get(pk=obj.pk)
             model_update(actor=actor_of(request), model=current, **data)

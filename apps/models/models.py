@@ -22,6 +22,12 @@ class Model(models.Model):
     name = models.CharField(max_length=100, unique=True)
     task = models.CharField(max_length=20, choices=Task.choices)
     description = models.TextField(blank=True)
+    refused_fields = models.JSONField(
+        default=list,
+        blank=True,
+        help_text="Request fields the router refuses for this model with a 400 "
+        'unsupported_parameter, e.g. ["logit_bias", "guided_json"]. Empty: forward all.',
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

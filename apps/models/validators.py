@@ -16,6 +16,8 @@ from urllib.parse import urlsplit
 
 from django.core.exceptions import ValidationError
 
+from runtime.pool_policies import pool_policy_errors
+
 # OpenAI-style model ids: "tiny-llama", "all-MiniLM-L6-v2", "org/name-7b".
 MODEL_NAME_RE = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._/-]{0,98}[A-Za-z0-9])?$")
 LABEL_RE = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._-]{0,62}[A-Za-z0-9])?$")
@@ -45,6 +47,26 @@ def model_name_error(name: object) -> str | None:
         )
     if "//" in name:
         return "Model name must not contain '//'."
+    return None
+
+
+REQUEST_FIELD_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+# The router reads these to route and meter; refusing them would refuse every request.
+ROUTER_FIELDS = frozenset({"model", "messages", "prompt", "input"})
+
+
+def refused_fields_error(fields: object) -> str | None:
+    """A model's refused request fields: a list of distinct top-level field names."""
+    if not isinstance(fields, list) or not all(isinstance(f, str) for f in fields):
+        return 'Refused fields must be a JSON list of field names, e.g. ["logit_bias"].'
+    bad = [f for f in fields if not REQUEST_FIELD_RE.fullmatch(f)]
+    if bad:
+        return f"Not a request field name: {', '.join(map(repr, bad))}."
+    if len(set(fields)) != len(fields):
+        return "Refused fields must not repeat."
+    essential = sorted(ROUTER_FIELDS.intersection(fields))
+    if essential:
+        return f"The router needs {', '.join(essential)}; it cannot be refused."
     return None
 
 
@@ -176,6 +198,17 @@ def str_map_error(value: object, what: str) -> str | None:
         if not isinstance(key, str) or not key or not isinstance(item, str) or not item:
             return f"{what} must map non-empty strings to non-empty strings; bad entry {key!r}."
     return None
+
+
+def pool_policies_error(policies: object) -> str | None:
+    """None when ``policies`` is a string map the router uses as written: every key known and
+    every name and parameter accepted by the runtime's registries (:mod:`runtime.pool_policies`).
+    """
+    shape_error = str_map_error(policies, "Policies")
+    if shape_error is not None or not isinstance(policies, Mapping):
+        return shape_error
+    errors = pool_policy_errors(policies)
+    return " ".join(errors) if errors else None
 
 
 def raise_if(errors: Mapping[str, Any]) -> None:

@@ -100,14 +100,18 @@ class TenantForm(_TenantForm):
         model = Tenant
         fields = ("slug", "name", "status", "weight", "rpm_limit", "tpm_limit",
                   "max_concurrency", "max_context_tokens", "max_output_tokens",
-                  "allowed_classes", "default_class", "allowed_models")  # fmt: skip
+                  "max_request_bytes", "allowed_classes", "default_class",
+                  "allowed_models")  # fmt: skip
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         _leave_minimum_to_service(self, TENANT_LIMIT_FIELDS, 1)
+        self.fields["max_request_bytes"].required = False  # blank: 0, no cap of its own
 
     def clean(self) -> dict[str, Any]:
         cleaned = super().clean() or {}
+        if cleaned.get("max_request_bytes") is None and "max_request_bytes" not in self.errors:
+            cleaned["max_request_bytes"] = 0
         tenant_validate_values(cleaned)
         return cleaned
 

@@ -56,6 +56,9 @@ class Tenant(models.Model):
     max_concurrency = models.PositiveIntegerField(validators=[MinValueValidator(1)])
     max_context_tokens = models.PositiveIntegerField(validators=[MinValueValidator(1)])
     max_output_tokens = models.PositiveIntegerField(validators=[MinValueValidator(1)])
+    max_request_bytes = models.PositiveIntegerField(
+        default=0, help_text="Largest request body in bytes; 0 = only the router's own cap."
+    )
     allowed_classes = models.ManyToManyField(RequestClass, related_name="tenants", blank=True)
     allowed_models = models.ManyToManyField(
         "registry.Model",
@@ -170,3 +173,30 @@ class AuditEvent(models.Model):
 
     def delete(self, *args: Any, **kwargs: Any) -> tuple[int, dict[str, int]]:
         raise PermissionError("audit events are append-only")
+
+
+class ManagementToken(models.Model):
+    """A tenant's token for the REST API (never for inference): one tenant, one role.
+
+    Separate from `ApiKey`, so an inference key can never manage a tenant and a management
+    token never reaches the router. Only the public prefix and a sha256 digest are stored.
+    """
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="management_tokens")
+    name = models.CharField(max_length=100)
+    role = models.CharField(max_length=16, choices=Membership.Role.choices)
+    prefix = models.CharField(max_length=16, unique=True)
+    digest = models.CharField(max_length=64, unique=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+    expires_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering: ClassVar[list[str]] = ["tenant_id", "-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.prefix}…, {self.role})"

@@ -1,18 +1,17 @@
 """``switchyard`` and ``switchyard-fcfs``: the real router, configured without Django.
 
-The snapshot is built here from the scenario with the ``runtime.snapshot`` structures
-(tenants with generated API keys, whose sha256 digests go in the snapshot; the scenario's
-classes; one simulator model and version; one pool whose ``policies`` choose the scheduling;
-the backends as ready endpoints) and published to Redis under a prefix unique to the run and
-target. Then ``python -m runtime.gateway`` starts with one worker, pinned to the router core.
+The snapshot is built here from the scenario with the shared builder
+(:mod:`runtime.testing.snapshots`: tenants with generated API keys, whose digests go in the
+snapshot; the scenario's classes; one model and version; one pool whose ``policies`` choose
+the scheduling; the backends as ready endpoints) and published to Redis under a prefix unique
+to the run and target. Then ``python -m runtime.gateway`` starts with one worker, pinned to the
+router core.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -29,27 +28,13 @@ from bench.targets.base import (
     python_env,
     warm_up,
 )
-from runtime.snapshot import (
-    ApiKeySnap,
-    EndpointSnap,
-    ModelSnap,
-    PoolSnap,
-    RequestClassSnap,
-    Snapshot,
-    TenantLimits,
-    TenantSnap,
-    VersionSnap,
-)
+from runtime.snapshot import Snapshot
 from runtime.snapshot_store import publish
+from runtime.testing.snapshots import SnapshotBuilder, limits
 
 VERSION_ID = 1
 POOL = "bench-pool"
 BIG = 1_000_000_000
-
-
-def key_prefix(key: str) -> str:
-    """The 8-character prefix of a key in the production format ``sy_<prefix>_<secret>``."""
-    return key.split("_")[1]
 
 
 def build_snapshot(
@@ -59,84 +44,36 @@ def build_snapshot(
     policies: Mapping[str, str],
 ) -> Snapshot:
     """The router's whole configuration for this scenario, as the control plane would."""
-    classes = tuple(scenario.classes)
-    model = scenario.backends.model
-    limits = TenantLimits(
-        rpm=BIG, tpm=BIG, max_concurrency=BIG,
-        max_context_tokens=BIG, max_output_tokens=scenario.backends.max_model_len,
-    )  # fmt: skip
-    tenants = {
-        t.name: TenantSnap(
-            slug=t.name,
-            name=t.name,
-            status="active",
-            weight=t.weight,
-            limits=limits,
-            classes=classes,
-            default_class=classes[0],
-        )
-        for t in scenario.tenants
-    }
-    api_keys = {
-        key_prefix(key): ApiKeySnap(
-            prefix=key_prefix(key),
-            digest=hashlib.sha256(key.encode()).hexdigest(),
-            tenant=tenant,
-            name=f"bench-{tenant}",
-            scopes=("inference",),
-            expires_at=None,
-        )
-        for tenant, key in keys.items()
-    }
-    request_classes = {
-        c.name: RequestClassSnap(
-            name=c.name,
-            priority_band=c.priority_band,
-            ttft_slo_ms=int(c.ttft_slo_ms),
-            deadline_ms=c.deadline_ms,
-            max_queue_length=c.max_queue_length,
+    world = SnapshotBuilder()
+    for c in scenario.classes.values():
+        world.add_class(
+            c.name, band=c.priority_band, deadline_ms=c.deadline_ms,
+            ttft_slo_ms=int(c.ttft_slo_ms), max_queue_length=c.max_queue_length,
             shed_order=c.shed_order,
-        )
-        for c in scenario.classes.values()
-    }
-    version = VersionSnap(
-        id=VERSION_ID, model=model, label="v1", artifact_uri="", digest="0" * 64,
-        runtime="simulator" if scenario.backends.kind == "simulator" else "vllm",
-        max_context=0, tokenizer="", default_sampling={}, memory_gb=1.0,
-        tensor_parallel_size=1,
+        )  # fmt: skip
+    classes = tuple(scenario.classes)
+    tenant_limits = limits(
+        rpm=BIG, tpm=BIG, max_concurrency=BIG, max_context=BIG,
+        max_output=scenario.backends.max_model_len,
     )  # fmt: skip
-    endpoints = {
-        i + 1: EndpointSnap(
-            id=i + 1,
-            pool=POOL,
-            version=VERSION_ID,
-            base_url=url,
-            state="ready",
-            capacity=scenario.backends.max_num_seqs,
-        )
-        for i, url in enumerate(backend_urls)
-    }
-    return Snapshot(
-        version=0,
-        created_at=time.time(),
-        tenants=tenants,
-        api_keys=api_keys,
-        classes=request_classes,
-        models={model: ModelSnap(name=model, task="chat", versions=(VERSION_ID,))},
-        versions={VERSION_ID: version},
-        pools={
-            POOL: PoolSnap(
-                name=POOL,
-                hardware_tier="bench",
-                cost_per_replica_hour=0.0,
-                min_replicas=0,
-                max_replicas=len(endpoints),
-                warm_replicas=0,
-                policies=dict(policies),
-            )
-        },
-        endpoints=endpoints,
+    for t in scenario.tenants:
+        world.add_tenant(
+            t.name, name=t.name, weight=t.weight, tenant_limits=tenant_limits, classes=classes,
+            default_class=classes[0],
+        )  # fmt: skip
+    for tenant, key in keys.items():
+        world.add_key(f"bench-{tenant}", tenant, full_key=key)
+    model = scenario.backends.model
+    runtime = "simulator" if scenario.backends.kind == "simulator" else "vllm"
+    world.add_model(model, VERSION_ID, runtime=runtime)
+    world.add_pool(
+        POOL, hardware_tier="bench", max_replicas=len(backend_urls), policies=dict(policies)
     )
+    for i, url in enumerate(backend_urls):
+        world.add_endpoint(
+            i + 1, VERSION_ID, url, pool=POOL, capacity=scenario.backends.max_num_seqs
+        )
+    return world.snapshot()
 
 
 @dataclass

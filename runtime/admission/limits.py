@@ -27,6 +27,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from runtime.admission.credits import NO_ASK, CreditAsk
+
 WINDOW_S = 60.0
 
 
@@ -94,6 +96,9 @@ class Lease:
     tokens: int  # debited from the TPM bucket at admission
     source: str  # "redis" or "local": where it was admitted (and must be settled)
     settled: bool = False
+    ask: CreditAsk = NO_ASK  # the credit check it passed (see :mod:`.credits`)
+    hold_uc: int = 0  # micro-credits held in escrow until settlement
+    overdraft: bool = False  # admitted without escrow as best effort (overdraft to batch)
 
 
 def settle_refund(lease: Lease, *, actual_tokens: int | None, served: bool) -> int:

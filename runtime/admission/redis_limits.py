@@ -1,16 +1,22 @@
-"""Tenant limits held in Redis, global across router replicas.
+"""Tenant limits and credit escrow held in Redis, global across router replicas.
 
 Admission is one ``EVALSHA`` (one round trip): the script reads Redis's own clock, checks
-RPM, TPM and concurrency (see :mod:`.limits` for their exact semantics) and, only if all
-three pass, debits all three — atomically, so two routers can never both take the last slot.
+RPM, TPM, concurrency (see :mod:`.limits` for their exact semantics), the hard budget caps and
+the credit balance (see :mod:`.credits`) and, only if all pass, debits them all — atomically,
+so two routers can never both take the last slot or the last credit.
 Keys, per tenant (the ``{tenant}`` hash tag keeps them in one cluster slot)::
 
     {prefix}:{<tenant>}:rpm    sorted set: lease id -> admission time (ms)
     {prefix}:{<tenant>}:tpm    hash: tokens, ts (ms)
     {prefix}:{<tenant>}:conc   sorted set: lease id -> lease expiry (ms)
+    {prefix}:{<tenant>}:credit / :escrow   see :mod:`runtime.metering.keys`
 
-Settlement (concurrency release, TPM correction, RPM give-back) is queued by :meth:`settle`
-without I/O and written by a background task in one pipeline per batch, as soon as it can.
+Settlement (concurrency release, TPM correction, RPM give-back, the credit charge and the
+usage event) is queued by :meth:`settle` without network I/O — it is written to the local
+spool (:mod:`runtime.metering.spool`) — and sent by a background task in one pipeline per
+batch, as soon as it can; the settle script appends the usage event to the stream in the same
+atomic step that charges the balance (the usage stream is a second key outside the tenant's
+slot: one Redis, not a cluster).
 The same task renews the leases of this router's running requests every third of the lease
 TTL, so only a crashed router's leases expire.
 
@@ -27,11 +33,20 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+import msgspec
 import redis.asyncio as aioredis
 from redis.exceptions import NoScriptError, RedisError
 
+from runtime.admission.credits import (
+    NO_ASK,
+    CreditAsk,
+    CreditKind,
+    CreditRefusedError,
+    LocalCredits,
+)
 from runtime.admission.limits import (
     WINDOW_S,
     Lease,
@@ -41,36 +56,76 @@ from runtime.admission.limits import (
     refusal,
     settle_refund,
 )
+from runtime.contract import LIMITS_PREFIX, NAMESPACE, limits_keys
+from runtime.metering.keys import credit_key, done_key, escrow_key, period_fields, usage_stream
+from runtime.metering.spool import Spool
 from runtime.redis_conn import async_client
 
 logger = logging.getLogger(__name__)
 
-# KEYS: rpm, tpm, conc. ARGV: lease id, rpm, tpm, concurrency, tokens, lease ms, window ms.
-# Returns {status, retry_ms, detail}: status "ok" | "rpm" | "tpm" | "concurrency".
+# KEYS: rpm, tpm, conc, credit, escrow. ARGV: lease id, rpm, tpm, concurrency, tokens,
+# lease ms, window ms, then the credit ask: need µc, day field, month field, day cap, month
+# cap (-1: none), overdraft ("1": admit without escrow when short).
+# Returns {status, retry_ms, detail, available µc, budget room µc (-1: no cap), held µc}:
+# status "ok" | "overdraft" | "rpm" | "tpm" | "concurrency" | "credits" | "budget".
 ADMIT_LUA = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local id = ARGV[1]
 local rpm, tpm, conc = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local debit, lease, window = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
+local need = tonumber(ARGV[8])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - window)
 local used = redis.call('ZCARD', KEYS[1])
 if used >= rpm then
   local oldest = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
-  return {'rpm', math.max(1, tonumber(oldest[2]) + window - now), used}
+  return {'rpm', math.max(1, tonumber(oldest[2]) + window - now), used, 0, -1, 0}
 end
 local b = redis.call('HMGET', KEYS[2], 'tokens', 'ts')
 local tokens, ts = tonumber(b[1]), tonumber(b[2])
 if tokens == nil or ts == nil then tokens, ts = tpm, now end
 tokens = math.min(tpm, tokens + math.max(0, now - ts) * tpm / window)
-local need = math.min(debit, tpm)
-if tokens < need then
-  return {'tpm', math.max(1, math.ceil((need - tokens) * window / tpm)), math.floor(tokens)}
+local want = math.min(debit, tpm)
+if tokens < want then
+  local wait = math.max(1, math.ceil((want - tokens) * window / tpm))
+  return {'tpm', wait, math.floor(tokens), 0, -1, 0}
+end
+local dead = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now)
+for _, lid in ipairs(dead) do
+  local amount = redis.call('HGET', KEYS[5], lid)
+  if amount then
+    redis.call('HDEL', KEYS[5], lid)
+    redis.call('HINCRBY', KEYS[4], 'escrow', -tonumber(amount))
+  end
 end
 redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
 local held = redis.call('ZCARD', KEYS[3])
 if held >= conc then
-  return {'concurrency', 1000, held}
+  return {'concurrency', 1000, held, 0, -1, 0}
+end
+local status, hold, avail, room, capped = 'ok', 0, 0, 0, false
+if need > 0 then
+  local c = redis.call('HMGET', KEYS[4], 'balance', 'escrow', ARGV[9], ARGV[10])
+  local escrow = tonumber(c[2]) or 0
+  avail = (tonumber(c[1]) or 0) - escrow
+  local caps = {{tonumber(ARGV[11]), tonumber(c[3]) or 0},
+                {tonumber(ARGV[12]), tonumber(c[4]) or 0}}
+  for _, cap in ipairs(caps) do
+    if cap[1] >= 0 then
+      local left = cap[1] - cap[2] - escrow
+      if not capped or left < room then room = left end
+      capped = true
+    end
+  end
+  if capped and room < need then
+    return {'budget', 0, need, avail, math.max(0, room), 0}
+  end
+  if avail < need then
+    if ARGV[13] ~= '1' then return {'credits', 0, need, avail, capped and room or -1, 0} end
+    status = 'overdraft'
+  else
+    hold = need
+  end
 end
 redis.call('ZADD', KEYS[1], now, id)
 redis.call('PEXPIRE', KEYS[1], window + 1000)
@@ -79,18 +134,52 @@ redis.call('HSET', KEYS[2], 'tokens', tostring(left), 'ts', now)
 redis.call('PEXPIRE', KEYS[2], math.ceil((tpm - left) * window / tpm) + window)
 redis.call('ZADD', KEYS[3], now + lease, id)
 redis.call('PEXPIRE', KEYS[3], lease * 2)
-return {'ok', 0, 0}
+if hold > 0 then
+  redis.call('HSET', KEYS[5], id, hold)
+  redis.call('HINCRBY', KEYS[4], 'escrow', hold)
+  avail = avail - hold
+  room = room - hold
+end
+return {status, 0, 0, avail, capped and math.max(0, room) or -1, hold}
 """
 
-# KEYS: rpm, tpm, conc. ARGV: lease id, tokens to credit back, "1" to drop the RPM entry.
+# KEYS: rpm, tpm, conc, credit, escrow, usage stream, done marker. ARGV: lease id, tokens to
+# credit back, "1" to drop the RPM entry, cost µc, day field, month field, usage event ("" for
+# none), done TTL s. Charges min(cost, available after releasing this lease's escrow), so a
+# balance never goes negative (unless Redis lost the balance: then the full cost, and the
+# reconciliation re-bases it on the ledger); appends the event with the amount charged. A
+# lease settled before (a spool replay) changes nothing. Returns the µc charged (-1: replay).
 SETTLE_LUA = """
+if redis.call('SET', KEYS[7], '1', 'NX', 'EX', tonumber(ARGV[8])) == false then return -1 end
 redis.call('ZREM', KEYS[3], ARGV[1])
 if ARGV[3] == '1' then redis.call('ZREM', KEYS[1], ARGV[1]) end
 local refund = tonumber(ARGV[2])
 if refund ~= 0 and redis.call('EXISTS', KEYS[2]) == 1 then
   redis.call('HINCRBYFLOAT', KEYS[2], 'tokens', refund)
 end
-return 1
+local held = tonumber(redis.call('HGET', KEYS[5], ARGV[1]) or '0')
+if held > 0 then
+  redis.call('HDEL', KEYS[5], ARGV[1])
+  redis.call('HINCRBY', KEYS[4], 'escrow', -held)
+end
+local cost, charge = tonumber(ARGV[4]), 0
+if cost > 0 then
+  local c = redis.call('HMGET', KEYS[4], 'balance', 'escrow')
+  if c[1] == false then
+    charge = cost  -- a Redis that lost the balance: charge in full; reconciliation re-bases it
+  else
+    charge = math.max(0, math.min(cost, tonumber(c[1]) - (tonumber(c[2]) or 0)))
+  end
+  if charge > 0 then
+    redis.call('HINCRBY', KEYS[4], 'balance', -charge)
+    redis.call('HINCRBY', KEYS[4], ARGV[5], charge)
+    redis.call('HINCRBY', KEYS[4], ARGV[6], charge)
+  end
+end
+if ARGV[7] ~= '' then
+  redis.call('XADD', KEYS[6], '*', 'event', ARGV[7], 'charged', charge)
+end
+return charge
 """
 
 # KEYS: conc. ARGV: lease ms, then lease ids. Pushes the expiry of leases still held.
@@ -104,7 +193,26 @@ return #ARGV - 1
 """
 
 _KINDS = {b"rpm": LimitKind.RPM, b"tpm": LimitKind.TPM, b"concurrency": LimitKind.CONCURRENCY}
+_CREDIT_KINDS = {b"credits": CreditKind.CREDITS, b"budget": CreditKind.BUDGET}
 _MAX_PENDING_SETTLES = 100_000
+DONE_TTL_S = 3600
+
+
+class Settlement(msgspec.Struct, frozen=True, array_like=True):
+    """One queued settle call, as kept in memory and written to the spool."""
+
+    tenant: str
+    lease: str
+    refund: int
+    drop_rpm: bool
+    cost_uc: int
+    day: str
+    month: str
+    event: str  # the usage event JSON, "" for none
+
+
+_SPOOL_ENCODER = msgspec.json.Encoder()
+_SPOOL_DECODER = msgspec.json.Decoder(Settlement)
 
 
 def _text(value: Any) -> bytes:
@@ -118,7 +226,9 @@ class RedisLimits:
         self,
         redis_url: str,
         *,
-        prefix: str = "switchyard:limits",
+        prefix: str = LIMITS_PREFIX,
+        usage_stream: str = usage_stream(NAMESPACE),
+        spool_dir: Path | None = None,
         replicas: int = 2,
         lease_ttl_s: float = 30.0,
         timeout_s: float = 0.5,
@@ -129,11 +239,15 @@ class RedisLimits:
             raise ValueError("lease_ttl_s must be > 0")
         self._redis_url = redis_url
         self._prefix = prefix
+        self._stream = usage_stream
         self._lease_ms = int(lease_ttl_s * 1000)
         self._timeout_s = timeout_s
         self._retry_s = retry_s
         self._clock = clock
         self.local = LocalLimits(replicas=replicas, clock=clock)
+        self.local_credits = LocalCredits(replicas=replicas)
+        self._spool = None if spool_dir is None else Spool(spool_dir)
+        self._segments: list[Path] = []  # spool segments whose settlements are not applied yet
         self._client: aioredis.Redis[bytes] | None = None
         self._admit: Any = None
         self._settle: Any = None
@@ -141,7 +255,7 @@ class RedisLimits:
         self._down_until = 0.0
         self._down = False
         self._active: dict[str, Lease] = {}
-        self._settles: list[tuple[Lease, int, bool]] = []
+        self._settles: list[Settlement] = []
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
@@ -152,8 +266,11 @@ class RedisLimits:
         return self._down
 
     def keys(self, tenant: str) -> list[str]:
-        base = f"{self._prefix}:{{{tenant}}}"
-        return [f"{base}:rpm", f"{base}:tpm", f"{base}:conc"]
+        return [
+            *limits_keys(self._prefix, tenant),
+            credit_key(self._prefix, tenant),
+            escrow_key(self._prefix, tenant),
+        ]
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -166,8 +283,26 @@ class RedisLimits:
         self._admit = self._client.register_script(ADMIT_LUA)
         self._settle = self._client.register_script(SETTLE_LUA)
         self._renew = self._client.register_script(RENEW_LUA)
+        if self._spool is not None:
+            self._spool.open()
+            self._replay_spool()
         self._stopping = False
         self._task = asyncio.create_task(self._run(), name="limits-settler")
+
+    def _replay_spool(self) -> None:
+        """Queue what an earlier run left in the spool (applied once: see SETTLE_LUA)."""
+        assert self._spool is not None
+        replayed = 0
+        for path, lines in self._spool.pending():
+            for line in lines:
+                try:
+                    self._settles.append(_SPOOL_DECODER.decode(line))
+                    replayed += 1
+                except msgspec.DecodeError:
+                    logger.warning("limits: skipping a torn spool line in %s", path)
+            self._segments.append(path)
+        if replayed:
+            logger.warning("limits: replaying %d settlements from the spool", replayed)
 
     async def stop(self) -> None:
         """Stop the background task after one last settlement flush; close the client."""
@@ -181,43 +316,84 @@ class RedisLimits:
         if client is not None:
             with contextlib.suppress(RedisError, OSError):
                 await client.aclose()  # type: ignore[attr-defined]
+        if self._spool is not None:
+            self._spool.close()
 
     # -- the request path -----------------------------------------------------------------
 
-    async def acquire(self, tenant: str, quota: Quota, *, tokens: int) -> Lease:
-        """Admit one request of ``tokens`` (prompt + max_tokens) or raise
-        :class:`~.limits.LimitExceededError`."""
+    async def acquire(
+        self, tenant: str, quota: Quota, *, tokens: int, ask: CreditAsk = NO_ASK
+    ) -> Lease:
+        """Admit one request of ``tokens`` (prompt + max_tokens) whose worst case costs
+        ``ask.need_uc``, or raise :class:`~.limits.LimitExceededError` /
+        :class:`~.credits.CreditRefusedError`."""
         lease_id = uuid.uuid4().hex
         if self._admit is None or self._clock() < self._down_until:
-            return self.local.acquire(lease_id, tenant, quota, tokens=tokens)
+            return self._acquire_local(lease_id, tenant, quota, tokens, ask)
         args = [lease_id, quota.rpm, quota.tpm, quota.concurrency, tokens, self._lease_ms,
-                int(WINDOW_S * 1000)]  # fmt: skip
+                int(WINDOW_S * 1000), *ask.args]  # fmt: skip
         try:
-            status, retry_ms, detail = await self._admit(keys=self.keys(tenant), args=args)
+            answer = await self._admit(keys=self.keys(tenant), args=args)
         except (RedisError, OSError) as exc:
             self._went_down(exc)
-            return self.local.acquire(lease_id, tenant, quota, tokens=tokens)
+            return self._acquire_local(lease_id, tenant, quota, tokens, ask)
         self._came_back()
-        kind = _KINDS.get(_text(status))
+        status, retry_ms, detail, available, room, hold = answer
+        status = _text(status)
+        if ask.need_uc > 0:
+            self.local_credits.learn(tenant, int(available), int(room))
+        kind = _KINDS.get(status)
         if kind is not None:
             raise refusal(kind, int(retry_ms) / 1000.0, quota, float(detail))
-        lease = Lease(id=lease_id, tenant=tenant, quota=quota, tokens=tokens, source="redis")
+        credit_kind = _CREDIT_KINDS.get(status)
+        if credit_kind is not None:
+            short = int(room) if credit_kind is CreditKind.BUDGET else int(available)
+            raise CreditRefusedError(credit_kind, needed_uc=ask.need_uc, available_uc=short)
+        lease = Lease(id=lease_id, tenant=tenant, quota=quota, tokens=tokens, source="redis",
+                      ask=ask, hold_uc=int(hold), overdraft=status == b"overdraft")  # fmt: skip
         self._active[lease_id] = lease
         return lease
 
-    def settle(self, lease: Lease, *, actual_tokens: int | None, served: bool) -> None:
-        """The request ended (no I/O here). ``served``: it reached an engine; ``actual_tokens``:
-        prompt + completion tokens from its usage, if known."""
+    def _acquire_local(
+        self, lease_id: str, tenant: str, quota: Quota, tokens: int, ask: CreditAsk
+    ) -> Lease:
+        hold, overdraft = self.local_credits.hold(tenant, ask)  # may refuse: before limits
+        lease = self.local.acquire(lease_id, tenant, quota, tokens=tokens)
+        lease.ask, lease.hold_uc, lease.overdraft = ask, hold, overdraft
+        return lease
+
+    def settle(
+        self,
+        lease: Lease,
+        *,
+        actual_tokens: int | None,
+        served: bool,
+        cost_uc: int = 0,
+        event: bytes = b"",
+    ) -> None:
+        """The request ended (no network I/O here). ``served``: it reached an engine;
+        ``actual_tokens``: prompt + completion tokens from its usage, if known; ``cost_uc``:
+        what its tokens cost (charged, released escrow aside); ``event``: its usage event."""
         if lease.settled:
             return
         lease.settled = True
         if lease.source == "local":
             self.local.settle(lease, actual_tokens=actual_tokens, served=served)
-            return
-        self._active.pop(lease.id, None)
-        if len(self._settles) < _MAX_PENDING_SETTLES:  # beyond: leases expire on their own
+            refund, drop = 0, False  # its limits were local: only the credits go to Redis
+            if cost_uc <= 0 and not event:
+                return
+        else:
+            self._active.pop(lease.id, None)
             refund = settle_refund(lease, actual_tokens=actual_tokens, served=served)
-            self._settles.append((lease, refund, served))
+            drop = not served
+        day, month = period_fields()
+        item = Settlement(tenant=lease.tenant, lease=lease.id, refund=refund, drop_rpm=drop,
+                          cost_uc=max(0, cost_uc), day=day, month=month,
+                          event=event.decode())  # fmt: skip
+        if self._spool is not None:
+            self._spool.append(_SPOOL_ENCODER.encode(item))
+        if len(self._settles) < _MAX_PENDING_SETTLES:  # beyond: the spool still has it
+            self._settles.append(item)
         self._wake.set()
 
     # -- background -----------------------------------------------------------------------
@@ -227,6 +403,8 @@ class RedisLimits:
         next_renew = self._clock() + renew_every
         while not self._stopping:
             timeout = max(0.0, next_renew - self._clock())
+            if self._settles and self._down:
+                timeout = min(timeout, self._retry_s)
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(timeout):
                     await self._wake.wait()
@@ -242,10 +420,11 @@ class RedisLimits:
         if not self._settles or self._client is None or self._clock() < self._down_until:
             return 0
         batch, self._settles = self._settles, []
-        calls = [
-            (self.keys(lease.tenant), [lease.id, refund, "0" if served else "1"])
-            for lease, refund, served in batch
-        ]
+        if self._spool is not None:
+            segment = self._spool.rotate()
+            if segment is not None:
+                self._segments.append(segment)
+        calls = [(self._settle_keys(item), self._settle_args(item)) for item in batch]
         try:
             await self._pipelined(self._settle, SETTLE_LUA, calls)
         except (RedisError, OSError) as exc:
@@ -253,7 +432,24 @@ class RedisLimits:
             self._settles = batch + self._settles
             return 0
         self._came_back()
+        if self._spool is not None:
+            for segment in self._segments:  # every settlement they hold is applied now
+                self._spool.discard(segment)
+            self._segments.clear()
         return len(batch)
+
+    def _settle_keys(self, item: Settlement) -> list[str]:
+        return [
+            *self.keys(item.tenant),
+            self._stream,
+            done_key(self._prefix, item.tenant, item.lease),
+        ]
+
+    @staticmethod
+    def _settle_args(item: Settlement) -> list[Any]:
+        drop = "1" if item.drop_rpm else "0"
+        return [item.lease, item.refund, drop, item.cost_uc, item.day, item.month, item.event,
+                DONE_TTL_S]  # fmt: skip
 
     async def renew(self) -> int:
         """Push the lease expiry of this router's running requests (one pipeline)."""

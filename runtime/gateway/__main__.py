@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 import uvicorn
 
+from runtime.gateway.http_protocol import BoundedHttpToolsProtocol
 from runtime.telemetry.logging import logging_config
 
 
@@ -40,7 +41,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         port=args.port,
         workers=args.workers,
         loop="uvloop",
-        http="httptools",
+        http=BoundedHttpToolsProtocol,  # httptools, with a bounded request head
         lifespan="on",
         access_log=False,
         log_config=logging_config(args.log_level.upper()),

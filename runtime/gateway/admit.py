@@ -1,16 +1,23 @@
-"""From a plan to an endpoint slot: tenant limits, then the pool queue; refusals as HTTP.
+"""From a plan to an endpoint slot: tenant limits and credits, then the pool queue; refusals
+as HTTP.
 
-1. :func:`admit_limits` — the tenant's RPM, TPM (debiting prompt + max_tokens) and
-   concurrency in Redis (one round trip): 429 ``rate_limit_exceeded`` /
-   ``tokens_per_minute_exceeded`` / ``concurrency_limit_exceeded`` with ``Retry-After``.
+1. :func:`admit_limits` — the tenant's RPM, TPM (debiting prompt + max_tokens), concurrency,
+   hard budget caps and credit escrow in Redis (one round trip): 429 ``rate_limit_exceeded``
+   / ``tokens_per_minute_exceeded`` / ``concurrency_limit_exceeded`` with ``Retry-After``;
+   402 ``budget_exceeded`` / ``insufficient_credits`` saying what the worst case needs and
+   what is available (``needed_credits``, ``available_credits`` in the error object). The
+   worst case is the estimated prompt + ``max_tokens`` priced for the version on the hardware
+   tier of the pool that serves it.
 2. :func:`acquire_slot` — the pool's dispatcher: 429 ``queue_full`` or
    ``wait_exceeds_deadline`` at the door (``Retry-After`` from the drain-rate estimate, and
    ``queue_position`` and ``estimated_wait_s`` in the error object), 429 ``shed`` when a more
    important request displaced it, 504 ``deadline_exceeded`` when its deadline passed in the
    queue, 503 ``no_healthy_endpoint`` when no endpoint of its version is usable.
 3. :func:`settle_limits` — after the response: concurrency released, TPM corrected with the
-   actual usage (batched, off the request path); a request that never reached an engine gives
-   its RPM entry and its whole TPM debit back.
+   actual usage, the tokens generated charged (a cancelled or broken stream too) and the
+   rest of the escrow released, one usage event appended (batched, off the request path); a
+   request that never reached an engine gives its RPM entry, its whole TPM debit and its
+   escrow back, costs nothing and leaves no usage event.
 
 Every refusal is counted in ``switchyard_rejections_total{reason}``.
 """
@@ -18,11 +25,19 @@ Every refusal is counted in ``switchyard_rejections_total{reason}``.
 from __future__ import annotations
 
 import math
+import time
+from dataclasses import dataclass
 
+import msgspec
+
+from runtime.admission.credits import NO_ASK, CreditAsk, CreditRefusedError
 from runtime.admission.limits import Lease, LimitExceededError, LimitKind, Quota
 from runtime.gateway.errors import ApiError, retry_after
 from runtime.gateway.plan import Plan
 from runtime.gateway.state import RouterState
+from runtime.metering.events import UsageEvent, encode_event
+from runtime.metering.keys import period_fields
+from runtime.metering.pricing import MICRO, Rate, to_credits
 from runtime.scheduling.grant import (
     Grant,
     NoEndpointError,
@@ -40,23 +55,107 @@ _LIMIT_CODES = {
 }
 
 
-async def admit_limits(state: RouterState, tenant: TenantSnap, plan: Plan) -> Lease:
+@dataclass(slots=True)
+class Admission:
+    """An admitted request's hold on its tenant's limits and credits, and its price."""
+
+    lease: Lease
+    rate: Rate | None  # None: the version has no price on its tier (free)
+    tier: str
+
+
+def _caps(cap: float | None) -> int:
+    return -1 if cap is None else round(cap * MICRO)
+
+
+def credit_ask(
+    snapshot: Snapshot, tenant: TenantSnap, plan: Plan, rate: Rate | None, *, now: float
+) -> CreditAsk:
+    """The worst case of ``plan`` (estimated prompt + max_tokens at ``rate``) and the
+    tenant's caps and overdraft setting; nothing to ask of a free request."""
+    if rate is None or rate.free:
+        return NO_ASK
+    settings = snapshot.credits.get(tenant.slug)
+    day, month = period_fields(now)
+    return CreditAsk(
+        need_uc=rate.cost(plan.prompt_tokens, plan.max_tokens),
+        day_field=day,
+        month_field=month,
+        day_cap_uc=_caps(settings.day_cap) if settings is not None else -1,
+        month_cap_uc=_caps(settings.month_cap) if settings is not None else -1,
+        overdraft_batch=settings is not None and settings.overdraft == "batch",
+    )
+
+
+def _rate_of(state: RouterState, snapshot: Snapshot, plan: Plan) -> tuple[Rate | None, str]:
+    pool = snapshot.pools.get(state.table.pool_of(snapshot, plan.version.id) or "")
+    if pool is None or state.prices is None:
+        return None, pool.hardware_tier if pool is not None else ""
+    return state.prices.rate(plan.version.id, pool.hardware_tier), pool.hardware_tier
+
+
+async def admit_limits(
+    state: RouterState, snapshot: Snapshot, tenant: TenantSnap, plan: Plan
+) -> Admission:
     limits = tenant.limits
     quota = Quota(rpm=limits.rpm, tpm=limits.tpm, concurrency=limits.max_concurrency)
+    rate, tier = _rate_of(state, snapshot, plan)
+    ask = credit_ask(snapshot, tenant, plan, rate, now=time.time())
     try:
-        return await state.limits.acquire(
-            tenant.slug, quota, tokens=plan.prompt_tokens + plan.max_tokens
+        lease = await state.limits.acquire(
+            tenant.slug, quota, tokens=plan.prompt_tokens + plan.max_tokens, ask=ask
         )
     except LimitExceededError as exc:
         code = _LIMIT_CODES[exc.kind]
         state.metrics.reject(code)
         raise ApiError.of(code, str(exc), headers=retry_after(exc.retry_after_header)) from None
+    except CreditRefusedError as exc:
+        code = str(exc.kind)
+        state.metrics.reject(code)
+        extra = {"needed_credits": to_credits(exc.needed_uc),
+                 "available_credits": to_credits(exc.available_uc)}  # fmt: skip
+        raise ApiError.of(code, str(exc), extra=extra) from None
+    return Admission(lease=lease, rate=rate, tier=tier)
+
+
+def fair_weight(tenant: TenantSnap, admission: Admission) -> float:
+    """The weight the fairness counters divide by: the plan's weight over the price of the
+    tokens (credits per 1k, blended as (input + output) / 3, exact for the usual output =
+    2 x input), so VTC counts credits rather than raw tokens; the plan's weight for a free
+    version."""
+    rate = admission.rate
+    if rate is None or rate.free:
+        return tenant.weight
+    per_1k = (rate.input_uc + rate.output_uc) / 3.0 * 1000.0 / MICRO
+    return tenant.weight / per_1k
 
 
 def settle_limits(
-    state: RouterState, lease: Lease, *, served: bool, actual_tokens: int | None
+    state: RouterState,
+    admission: Admission,
+    *,
+    served: bool,
+    tokens_in: int,
+    tokens_out: int,
+    usage_known: bool,
+    event: UsageEvent | None,
 ) -> None:
-    state.limits.settle(lease, actual_tokens=actual_tokens, served=served)
+    """Settle ``admission``: ``served`` (it reached an engine) bills ``tokens_in`` +
+    ``tokens_out`` (from the usage, else counted while streaming) and records ``event``."""
+    cost = 0
+    if served and admission.rate is not None:
+        cost = admission.rate.cost(tokens_in, tokens_out)
+    if event is not None and served:
+        event_bytes = encode_event(msgspec.structs.replace(event, cost_uc=cost))
+    else:
+        event_bytes = b""
+    state.limits.settle(
+        admission.lease,
+        actual_tokens=tokens_in + tokens_out if usage_known else None,
+        served=served,
+        cost_uc=cost,
+        event=event_bytes,
+    )
 
 
 def _no_endpoint(state: RouterState, plan: Plan) -> ApiError:
@@ -67,23 +166,33 @@ def _no_endpoint(state: RouterState, plan: Plan) -> ApiError:
     )
 
 
+def _lowest_band(state: RouterState, snapshot: Snapshot) -> int:
+    bands = [c.priority_band for c in snapshot.classes.values()]
+    return max([state.config.default_band, *bands])
+
+
 async def acquire_slot(
-    state: RouterState, snapshot: Snapshot, tenant: TenantSnap, plan: Plan
+    state: RouterState, snapshot: Snapshot, tenant: TenantSnap, plan: Plan, admission: Admission
 ) -> Grant:
-    """Wait in the pool queue for an endpoint with room (see the module docstring)."""
+    """Wait in the pool queue for an endpoint with room (see the module docstring); a request
+    admitted on overdraft waits in the lowest band and is shed first."""
     pool = state.table.pool_of(snapshot, plan.version.id)
     if pool is None:
         raise _no_endpoint(state, plan)
     klass = plan.klass
+    band = klass.priority_band if klass is not None else state.config.default_band
+    shed_order = klass.shed_order if klass is not None else state.config.default_band
+    if admission.lease.overdraft:
+        band, shed_order = _lowest_band(state, snapshot), -1
     ticket = Ticket(
         tenant=tenant.slug,
         version=plan.version.id,
         input_tokens=plan.prompt_tokens,
         max_output_tokens=plan.max_tokens,
-        band=klass.priority_band if klass is not None else state.config.default_band,
+        band=band,
         class_name=klass.name if klass is not None else "",
-        shed_order=klass.shed_order if klass is not None else state.config.default_band,
-        weight=tenant.weight,
+        shed_order=shed_order,
+        weight=fair_weight(tenant, admission),
         deadline=plan.deadline,
         affinity_key=plan.affinity_key,
     )

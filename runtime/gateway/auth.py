@@ -1,24 +1,23 @@
 """API-key authentication against the snapshot, and off-path recording of key use.
 
-A key is ``"sy_" + prefix (8 of [a-z0-9]) + "_" + secret (40 of [A-Za-z0-9])``; the snapshot
-holds its prefix and the sha256 hex digest of the whole key. The prefix finds the record; the
-digest is compared with :func:`hmac.compare_digest`. An unknown prefix is compared against a
-dummy digest, so both paths do the same work. Revoked keys are not in the snapshot and read as
-unknown. The tenant comes from the key record only.
+A key is ``"sy_" + prefix (8 of [a-z0-9]) + "_" + secret (40 of [A-Za-z0-9])``
+(:mod:`runtime.contract`); the snapshot holds its prefix and the sha256 hex digest of the
+whole key (:func:`runtime.contract.api_key_digest`, which the control plane stores too). The
+prefix finds the record; the digest is compared with :func:`hmac.compare_digest`. An unknown
+prefix is compared against a dummy digest, so both paths do the same work. Revoked keys are not
+in the snapshot and read as unknown. The tenant comes from the key record only.
 """
 
 from __future__ import annotations
 
-import hashlib
 import hmac
-import re
 
 import msgspec
 
+from runtime.contract import api_key_digest, api_key_prefix
 from runtime.gateway.errors import ApiError
 from runtime.snapshot import ApiKeySnap, Snapshot, TenantSnap
 
-KEY_RE = re.compile(r"sy_(?P<prefix>[a-z0-9]{8})_[A-Za-z0-9]{40}")
 INFERENCE_SCOPE = "inference"
 # sha256("switchyard: no such key"): compared against when the prefix is unknown.
 _DUMMY_DIGEST = "906289093200296f34abfe4123d8bc964ae14229f3c74df74ce5508c756dc6f7"
@@ -48,9 +47,9 @@ def bearer_token(authorization: bytes | None) -> str:
 
 def authenticate(snapshot: Snapshot, token: str, *, now: float) -> Principal:
     """The key's record and tenant, or ApiError 401/403. ``now`` is unix seconds."""
-    match = KEY_RE.fullmatch(token)
-    record = snapshot.api_keys.get(match.group("prefix")) if match else None
-    presented = hashlib.sha256(token.encode("utf-8", "surrogateescape")).hexdigest()
+    prefix = api_key_prefix(token)
+    record = snapshot.api_keys.get(prefix) if prefix is not None else None
+    presented = api_key_digest(token)
     expected = record.digest if record is not None else _DUMMY_DIGEST
     if not hmac.compare_digest(presented, expected) or record is None:
         raise ApiError.of("invalid_api_key", "Incorrect API key provided.")

@@ -46,52 +46,71 @@ async def generation_budget(
     requested_max_tokens: int | None,
     param: str,
     prompt_param: str,
+    sequences: int = 1,
 ) -> tuple[TokenCount, int]:
-    """The prompt count and the ``max_tokens`` to send upstream, or ApiError 400."""
+    """The prompt count and the per-sequence ``max_tokens`` to send upstream, or ApiError
+    400. ``sequences`` (n choices x prompts) share the tenant's output cap: with the client's
+    ``max_tokens`` their product must fit it; without, each gets an equal share."""
     max_output = tenant.limits.max_output_tokens
-    if requested_max_tokens is not None and requested_max_tokens > max_output:
+    if requested_max_tokens is not None and requested_max_tokens * sequences > max_output:
+        asked = requested_max_tokens * sequences
         raise ApiError.of(
             "max_tokens_exceeded",
-            f"{param} is {requested_max_tokens}, above this tenant's limit of {max_output}.",
             param=param,
+            requested=asked
+            if sequences == 1
+            else f"{asked} ({sequences} x {requested_max_tokens})",
+            cap=max_output,
+        )
+    if sequences > max_output:
+        raise ApiError.of(
+            "max_tokens_exceeded", param="n", requested=f"{sequences} sequences", cap=max_output
         )
     cap = context_cap(tenant, version)
-    wanted = requested_max_tokens or _default_max_tokens(tenant, version)
+    wanted = requested_max_tokens or max(1, _default_max_tokens(tenant, version) // sequences)
     prompt = await counter.count(version, texts, overheads, budget=cap - wanted)
     if requested_max_tokens is not None:
         if prompt.tokens + requested_max_tokens > cap:
             raise ApiError.of(
                 "context_length_exceeded",
-                f"This model's maximum context length for you is {cap} tokens; the prompt is "
-                f"{_how(prompt, version)} and {param} asks for {requested_max_tokens} more.",
                 param=prompt_param,
+                reason=f"This model's maximum context length for you is {cap} tokens; the "
+                f"prompt is {_how(prompt, version)} and {param} asks for "
+                f"{requested_max_tokens} more.",
             )
         return prompt, requested_max_tokens
     room = min(wanted, cap - prompt.tokens)
     if room < 1:
         raise ApiError.of(
             "context_length_exceeded",
-            f"This model's maximum context length for you is {cap} tokens; the prompt is "
-            f"{_how(prompt, version)}, leaving no room for a completion.",
             param=prompt_param,
+            reason=f"This model's maximum context length for you is {cap} tokens; the prompt "
+            f"is {_how(prompt, version)}, leaving no room for a completion.",
         )
     return prompt, room
 
 
 async def embedding_budget(
-    counter: TokenCounter, *, tenant: TenantSnap, version: VersionSnap, texts: Sequence[str]
+    counter: TokenCounter,
+    *,
+    tenant: TenantSnap,
+    version: VersionSnap,
+    texts: Sequence[str],
+    overheads: Sequence[int] | None = None,
 ) -> int:
-    """The total input count (bound or exact); ApiError 400 if one input is over the cap."""
+    """The total input count (bound or exact); ApiError 400 if one input is over the cap.
+    ``overheads`` carries a token array's length (its text is empty)."""
     cap = context_cap(tenant, version)
+    extras = overheads if overheads is not None else [0] * len(texts)
     total = 0
-    for index, text in enumerate(texts):
-        count = await counter.count(version, [text], [0], budget=cap)
+    for index, (text, extra) in enumerate(zip(texts, extras, strict=True)):
+        count = await counter.count(version, [text], [extra], budget=cap)
         if count.tokens > cap:
             raise ApiError.of(
                 "context_length_exceeded",
-                f"Input {index} is {_how(count, version)}; this model's maximum for you is "
-                f"{cap} tokens.",
                 param="input" if len(texts) == 1 else f"input[{index}]",
+                reason=f"Input {index} is {_how(count, version)}; this model's maximum for "
+                f"you is {cap} tokens.",
             )
         total += count.tokens
     return total

@@ -7,6 +7,7 @@
 | ``SWITCHYARD_VAR_DIR`` | ``./var`` | the snapshot's disk copy lives here |
 | ``SWITCHYARD_KEY_USAGE_HASH`` | ``switchyard:apikey:last_used`` | API-key last-use hash |
 | ``SWITCHYARD_MAX_BODY_BYTES`` | ``1048576`` | request body cap (413 above) |
+| ``SWITCHYARD_BODY_TIMEOUT_S`` | ``30`` | the whole body must arrive within this (408) |
 | ``SWITCHYARD_RETRY_ATTEMPTS`` | ``3`` | upstream attempts before the first byte |
 | ``SWITCHYARD_CONNECT_TIMEOUT_S`` | ``2`` | connect cap per attempt |
 | ``SWITCHYARD_TTFT_TIMEOUT_S`` | ``30`` | first-byte cap per attempt |
@@ -22,7 +23,8 @@
 
 The *namespace* is the snapshot prefix without a trailing ``:snapshot`` (``switchyard`` by
 default), so every deployment (and every test or benchmark run, which publish under a prefix
-of their own) keeps its limits and fairness counters apart.
+of their own) keeps its limits and fairness counters apart. The key layout is
+:mod:`runtime.contract`'s.
 """
 
 from __future__ import annotations
@@ -32,9 +34,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from runtime import contract
+
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
-DEFAULT_SNAPSHOT_PREFIX = "switchyard:snapshot"
-KEY_USAGE_HASH = "switchyard:apikey:last_used"
+DEFAULT_SNAPSHOT_PREFIX = contract.SNAPSHOT_PREFIX
+KEY_USAGE_HASH = contract.KEY_USAGE_HASH
 
 
 class ConfigError(ValueError):
@@ -62,6 +66,7 @@ class RouterConfig:
     key_usage_hash: str = KEY_USAGE_HASH
     key_usage_flush_s: float = 5.0
     max_body_bytes: int = 1 << 20
+    body_timeout_s: float = 30.0
     retry_attempts: int = 3
     retry_backoff_base_s: float = 0.025
     retry_backoff_cap_s: float = 0.5
@@ -91,7 +96,7 @@ class RouterConfig:
             raise ConfigError("max_body_bytes must be >= 1")
         if self.retry_attempts < 1:
             raise ConfigError("retry_attempts must be >= 1")
-        for name in ("connect_timeout_s", "ttft_timeout_s", "default_deadline_s"):
+        for name in ("connect_timeout_s", "ttft_timeout_s", "default_deadline_s", "body_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name} must be > 0")
         if self.max_deadline_s < self.default_deadline_s:
@@ -104,7 +109,7 @@ class RouterConfig:
 
     @property
     def namespace(self) -> str:
-        return self.snapshot_prefix.removesuffix(":snapshot")
+        return contract.namespace_of(self.snapshot_prefix)
 
     @property
     def limits_keys(self) -> str:
@@ -122,10 +127,11 @@ class RouterConfig:
         var_dir = Path(env.get("SWITCHYARD_VAR_DIR") or "var")
         return cls(
             redis_url=env.get("REDIS_URL") or DEFAULT_REDIS_URL,
-            snapshot_prefix=env.get("SWITCHYARD_SNAPSHOT_PREFIX") or DEFAULT_SNAPSHOT_PREFIX,
+            snapshot_prefix=env.get(contract.ENV_SNAPSHOT_PREFIX) or DEFAULT_SNAPSHOT_PREFIX,
             snapshot_cache_path=var_dir / "router-snapshot.json",
-            key_usage_hash=env.get("SWITCHYARD_KEY_USAGE_HASH") or KEY_USAGE_HASH,
+            key_usage_hash=env.get(contract.ENV_KEY_USAGE_HASH) or KEY_USAGE_HASH,
             max_body_bytes=int(_number(env, "SWITCHYARD_MAX_BODY_BYTES", 1 << 20, minimum=1)),
+            body_timeout_s=_number(env, "SWITCHYARD_BODY_TIMEOUT_S", 30.0, minimum=0.001),
             retry_attempts=int(_number(env, "SWITCHYARD_RETRY_ATTEMPTS", 3, minimum=1)),
             connect_timeout_s=_number(env, "SWITCHYARD_CONNECT_TIMEOUT_S", 2.0, minimum=0.001),
             ttft_timeout_s=_number(env, "SWITCHYARD_TTFT_TIMEOUT_S", 30.0, minimum=0.001),

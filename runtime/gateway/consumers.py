@@ -6,7 +6,8 @@ streams nobody reads the ASGI ``receive`` channel and ``http.disconnect`` is nev
 ``http_request`` returns; the receive loop then waits on the next message, which is
 ``http.disconnect`` — either the client going away (the task is cancelled at once, which
 aborts the upstream request) or uvicorn reporting the response complete (the task is
-already done). Either way the consumer then stops.
+already done). Either way the consumer then stops. A body still incomplete after the
+router's ``body_timeout_s`` is answered 408 ``request_timeout`` and its connection closed.
 
 Per request this consumer makes no channel-layer call and no database thread hop: it never
 builds a channel layer (whatever ``CHANNEL_LAYERS`` says) and it skips Channels'
@@ -41,6 +42,7 @@ Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 _REQUEST_ID_RE = re.compile(rb"[A-Za-z0-9._:\-]{1,128}")
 JSON_HEADERS: tuple[tuple[bytes, bytes], ...] = ((b"content-type", b"application/json"),)
+_CLOSE: tuple[tuple[bytes, bytes], ...] = ((b"connection", b"close"),)
 
 
 def header(scope: Scope, name: bytes) -> bytes | None:
@@ -83,8 +85,14 @@ class GatewayConsumer(AsyncHttpConsumer, metaclass=abc.ABCMeta):  # type: ignore
         if (early := self.early_error(scope)) is not None:
             await self.refuse(early)
             return
-        with contextlib.suppress(StopConsumer):
-            await await_many_dispatch([receive], self.dispatch)
+        timer = asyncio.get_running_loop().call_later(
+            self.state.config.body_timeout_s, self._body_timed_out
+        )
+        try:
+            with contextlib.suppress(StopConsumer):
+                await await_many_dispatch([receive], self.dispatch)
+        finally:
+            timer.cancel()
 
     async def dispatch(self, message: dict[str, Any]) -> None:
         # Channels' dispatch first runs close_old_connections in a thread; we hold no DB.
@@ -102,8 +110,7 @@ class GatewayConsumer(AsyncHttpConsumer, metaclass=abc.ABCMeta):  # type: ignore
         """Refusals decided from the request line and headers alone (before any body)."""
         if scope.get("method") not in self.methods:
             return ApiError.of(
-                "method_not_allowed",
-                f"{scope.get('method')} is not allowed here; use {', '.join(self.methods)}.",
+                "method_not_allowed", method=scope.get("method"), allowed=", ".join(self.methods)
             )
         length = header(scope, b"content-length")
         cap = self.state.config.max_body_bytes
@@ -111,9 +118,19 @@ class GatewayConsumer(AsyncHttpConsumer, metaclass=abc.ABCMeta):  # type: ignore
             return self.too_large(cap)
         return None
 
+    def _body_timed_out(self) -> None:
+        """The body is still incomplete after ``body_timeout_s``: 408, and the connection
+        closes (the rest of the body is never read)."""
+        if self._task is not None:
+            return  # the body is complete: the handler runs (or ran)
+        self.body.clear()
+        seconds = f"{self.state.config.body_timeout_s:g}"
+        error = ApiError.of("request_timeout", seconds=seconds, headers=_CLOSE)
+        self._start(self.refuse(error))
+
     @staticmethod
     def too_large(cap: int) -> ApiError:
-        return ApiError.of("request_too_large", f"The request body is over {cap} bytes.")
+        return ApiError.of("request_too_large", cap=cap)
 
     async def http_request(self, message: dict[str, Any]) -> None:
         if self._task is not None:
@@ -151,7 +168,7 @@ class GatewayConsumer(AsyncHttpConsumer, metaclass=abc.ABCMeta):  # type: ignore
             await self.send_error(exc)
         except Exception:
             logger.exception("request %s failed", self.request_id)
-            await self.send_error(ApiError.of("internal_error", "Internal error."))
+            await self.send_error(ApiError.of("internal_error"))
 
     @abc.abstractmethod
     async def respond(self, body: bytes) -> None:
@@ -182,7 +199,8 @@ class GatewayConsumer(AsyncHttpConsumer, metaclass=abc.ABCMeta):  # type: ignore
     async def send_json(
         self, status: int, body: bytes, headers: Iterable[tuple[bytes, bytes]] = ()
     ) -> None:
-        await self.start_response(status, [*JSON_HEADERS, *headers])
+        length = (b"content-length", str(len(body)).encode("ascii"))
+        await self.start_response(status, [*JSON_HEADERS, length, *headers])
         await self.send_chunk(body, last=True)
 
     async def send_error(self, error: ApiError) -> None:

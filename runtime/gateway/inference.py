@@ -15,9 +15,7 @@ import math
 import time
 from typing import Any, ClassVar
 
-import msgspec
-
-from runtime.gateway.admit import acquire_slot, admit_limits, settle_limits
+from runtime.gateway.admit import Admission, acquire_slot, admit_limits, settle_limits
 from runtime.gateway.auth import authenticate, bearer_token
 from runtime.gateway.consumers import GatewayConsumer, header
 from runtime.gateway.errors import ApiError
@@ -27,11 +25,12 @@ from runtime.gateway.schema import (
     ChatRequest,
     CompletionRequest,
     EmbeddingRequest,
-    InferenceRequest,
+    RequestDecoder,
     decode_request,
 )
 from runtime.gateway.state import RouterState
 from runtime.gateway.upstream_errors import dispatch_error
+from runtime.metering.events import UsageEvent
 from runtime.scheduling.grant import Grant
 from runtime.snapshot import EndpointSnap
 from runtime.telemetry.logging import RequestRecord, log_request
@@ -64,13 +63,21 @@ class _Attempts:
         return endpoint
 
 
+def _usage_outcome(outcome: str, usage: Usage | None) -> str:
+    """The ledger's outcome: "ok" (answered with usage), "cancelled" (the client went away),
+    else "error" (a broken stream, a deadline, an error after the engine was reached)."""
+    if outcome in ("", "ok", "client_disconnected") and usage is None:
+        return "cancelled"
+    return "ok" if outcome in ("", "ok") else "error"
+
+
 class InferenceConsumer(GatewayConsumer):
     methods: ClassVar[tuple[str, ...]] = ("POST",)
     route: ClassVar[str] = ""
     kind: ClassVar[str] = ""  # "chat" | "completion" | "embedding"
     upstream_path: ClassVar[str] = ""
     tasks: ClassVar[frozenset[str]] = GENERATIVE
-    decoder: ClassVar[msgspec.json.Decoder[Any]]
+    decoder: ClassVar[RequestDecoder[Any]]
 
     async def respond(self, body: bytes) -> None:
         state = self.state
@@ -117,7 +124,7 @@ class InferenceConsumer(GatewayConsumer):
     ) -> None:
         snapshot = state.snapshot
         if snapshot is None:
-            raise ApiError.of("not_ready", "The router has no configuration snapshot yet.")
+            raise ApiError.of("not_ready")
         started = time.perf_counter()
         try:
             principal = authenticate(
@@ -126,8 +133,10 @@ class InferenceConsumer(GatewayConsumer):
         finally:
             record.timing("auth", time.perf_counter() - started)
         record.tenant, record.api_key = principal.tenant.slug, principal.key.prefix
+        if 0 < principal.tenant.max_request_bytes < len(body):  # the tenant's own size cap
+            raise self.too_large(principal.tenant.max_request_bytes)
         state.key_usage.record(principal.key.prefix, time.time())
-        request: InferenceRequest = decode_request(body, self.decoder)
+        request = decode_request(body, self.decoder)
         plan = await plan_request(
             state,
             snapshot,
@@ -140,20 +149,55 @@ class InferenceConsumer(GatewayConsumer):
             record=record,
             labels=labels,
         )
-        lease = await admit_limits(state, principal.tenant, plan)
+        admission = await admit_limits(state, snapshot, principal.tenant, plan)
         attempts: _Attempts | None = None
         usage: Usage | None = None
         try:
-            grant = await acquire_slot(state, snapshot, principal.tenant, plan)
+            grant = await acquire_slot(state, snapshot, principal.tenant, plan, admission)
             attempts = _Attempts(grant)
             try:
                 usage = await self._dispatch(state, plan, attempts, record, labels)
             finally:
                 grant.release()
         finally:
-            actual = None if usage is None else usage.prompt_tokens + usage.completion_tokens
-            opened = attempts is not None and attempts.opened
-            settle_limits(state, lease, served=opened, actual_tokens=actual)
+            self._settle(state, admission, plan=plan, attempts=attempts, usage=usage, record=record)
+
+    @staticmethod
+    def _settle(
+        state: RouterState,
+        admission: Admission,
+        *,
+        plan: Plan,
+        attempts: _Attempts | None,
+        usage: Usage | None,
+        record: RequestRecord,
+    ) -> None:
+        """Bill what reached an engine: the usage, else the prompt estimate and the tokens
+        counted while streaming (a cancelled or broken stream); nothing otherwise."""
+        opened = attempts is not None and attempts.opened
+        if usage is not None:
+            tokens_in, tokens_out = usage.prompt_tokens, usage.completion_tokens
+        else:
+            tokens_in = plan.prompt_tokens if opened else 0
+            tokens_out = attempts.grant.charged_output if attempts is not None else 0
+        event = None
+        if opened:
+            timings = record.timings_ms
+            event = UsageEvent(
+                id=admission.lease.id, tenant=admission.lease.tenant, api_key=record.api_key,
+                version=plan.version.id,
+                endpoint=int(record.endpoint) if record.endpoint.isdigit() else None,
+                tier=admission.tier, request_class=plan.klass.name if plan.klass else "default",
+                tokens_in=tokens_in, tokens_out=tokens_out, cost_uc=0, cached=False,
+                outcome=_usage_outcome(record.outcome, usage),
+                occurred_at=time.time(), queue_ms=timings.get("queue"),
+                ttft_ms=timings.get("upstream_ttft"),
+                total_ms=round((time.monotonic() - record.started) * 1000.0, 3),
+                request_id=record.request_id,
+            )  # fmt: skip
+        settle_limits(state, admission, served=opened, tokens_in=tokens_in,
+                      tokens_out=tokens_out, usage_known=usage is not None,
+                      event=event)  # fmt: skip
 
     async def _dispatch(
         self,
@@ -218,7 +262,7 @@ class InferenceConsumer(GatewayConsumer):
         grant: Grant,
     ) -> RelayResult:
         if plan.streaming != upstream.is_stream:
-            raise ApiError.of("upstream_error", "The model server answered in the wrong framing.")
+            raise ApiError.of("upstream_error", reason="it answered in the wrong framing.")
         if plan.streaming:
             return await relay_stream(
                 self,
@@ -237,14 +281,14 @@ class ChatCompletionsConsumer(InferenceConsumer):
     route = "/v1/chat/completions"
     kind = "chat"
     upstream_path = "/v1/chat/completions"
-    decoder = msgspec.json.Decoder(ChatRequest)
+    decoder = RequestDecoder(ChatRequest)
 
 
 class CompletionsConsumer(InferenceConsumer):
     route = "/v1/completions"
     kind = "completion"
     upstream_path = "/v1/completions"
-    decoder = msgspec.json.Decoder(CompletionRequest)
+    decoder = RequestDecoder(CompletionRequest)
 
 
 class EmbeddingsConsumer(InferenceConsumer):
@@ -252,4 +296,4 @@ class EmbeddingsConsumer(InferenceConsumer):
     kind = "embedding"
     upstream_path = "/v1/embeddings"
     tasks = frozenset({"embedding"})
-    decoder = msgspec.json.Decoder(EmbeddingRequest)
+    decoder = RequestDecoder(EmbeddingRequest)

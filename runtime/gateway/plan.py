@@ -1,9 +1,18 @@
 """Planning a request before dispatch: model, class, deadline, version, caps, upstream body.
 
-The upstream body is the client's known fields, normalised: ``max_tokens`` always set (the
-client's, or the tenant's cap shrunk to fit the context), the version's default sampling
-where the client gave none, ``stream_options.include_usage`` always on for streams (the router
-meters), and the class's band as ``priority`` where the pool enables it.
+The upstream body is the client's JSON document as it came (every field the router does not
+read passes through; ``model`` is already the registry name the engine serves under), with
+only what the router must set: ``max_tokens`` always set (the
+client's, or the tenant's cap shrunk to fit the context; ``max_completion_tokens`` folded into
+it), the version's default sampling where the client gave none,
+``stream_options.include_usage`` on for streams (the router meters; the client's other stream
+options stay), and the class's band as ``priority`` where the pool enables it (a client's
+``priority`` is dropped: the band comes from the request class). A field the model's operator
+refused (``ModelSnap.refused_fields``) is a 400 ``unsupported_parameter``.
+
+``n`` choices (and a batch of prompts) multiply the output budget: ``Plan.max_tokens`` is the
+whole request's output budget (per-choice ``max_tokens`` x n x prompts), which admission,
+the tenant's output cap and the fairness charge count.
 """
 
 from __future__ import annotations
@@ -18,11 +27,17 @@ from runtime.gateway.auth import Principal
 from runtime.gateway.caps import embedding_budget, generation_budget
 from runtime.gateway.errors import ApiError
 from runtime.gateway.resolve import resolve_class, resolve_model, resolve_timeout
-from runtime.gateway.schema import ChatRequest, EmbeddingRequest, InferenceRequest, forwardable
+from runtime.gateway.schema import (
+    ChatRequest,
+    CompletionRequest,
+    Decoded,
+    EmbeddingRequest,
+    InferenceRequest,
+)
 from runtime.gateway.state import RouterState
 from runtime.gateway.tokens import text_overheads
 from runtime.routing.versions import NoVersionError, choose_version
-from runtime.snapshot import ModelSnap, RequestClassSnap, Snapshot, VersionSnap
+from runtime.snapshot import ModelSnap, RequestClassSnap, Snapshot, TenantSnap, VersionSnap
 from runtime.telemetry.logging import RequestRecord
 from runtime.telemetry.metrics import StageLabels
 
@@ -31,6 +46,7 @@ AFFINITY_PREFIX_CHARS = 256  # about four 16-token KV blocks at 4 characters per
 _SAMPLING_DEFAULTS = frozenset(
     {"temperature", "top_p", "stop", "presence_penalty", "frequency_penalty"}
 )
+_ENCODER = msgspec.json.Encoder()
 
 
 class Plan(msgspec.Struct, kw_only=True):
@@ -44,7 +60,7 @@ class Plan(msgspec.Struct, kw_only=True):
     include_usage: bool
     body: bytes
     prompt_tokens: int = 0  # counted (or estimated) before dispatch
-    max_tokens: int = 0  # the output budget sent upstream (0 for embeddings)
+    max_tokens: int = 0  # the whole output budget: per-choice max_tokens x n x prompts
     affinity_key: str | None = None  # hash of the prompt's first characters
 
 
@@ -53,7 +69,7 @@ async def plan_request(
     snapshot: Snapshot,
     *,
     principal: Principal,
-    request: InferenceRequest,
+    request: Decoded[Any],
     route: str,
     tasks: frozenset[str],
     class_header: bytes | None,
@@ -63,54 +79,46 @@ async def plan_request(
 ) -> Plan:
     """Everything decided before dispatch; raises ApiError for every refusal."""
     tenant = principal.tenant
-    model = resolve_model(snapshot, tenant, request.model, tasks=tasks, route=route)
+    view: InferenceRequest = request.request
+    document = request.document
+    model = resolve_model(snapshot, tenant, view.model, tasks=tasks, route=route)
     record.model = labels.model = model.name
+    for name in model.refused_fields:
+        if name in document:
+            raise ApiError.of("unsupported_parameter", param=name, model=model.name)
     klass = resolve_class(snapshot, tenant, class_header)
     record.klass = labels.klass = klass.name if klass is not None else ""
     timeout_s = resolve_timeout(klass, timeout_header, state.config)
     deadline = asyncio.get_running_loop().time() + timeout_s
     try:
-        version = choose_version(
-            snapshot, model, tenant=tenant.slug, user=request.user, rng=state.rng
-        )
+        version = choose_version(snapshot, model, tenant=tenant.slug, user=view.user, rng=state.rng)
     except NoVersionError as exc:
         raise ApiError.of("model_not_found", str(exc), param="model") from None
     record.version = labels.version = version.label
-    document = forwardable(request)
+    document.pop("priority", None)
     streaming = False
     include_usage = False
-    max_tokens = 0
-    if isinstance(request, EmbeddingRequest):
+    budget = 0
+    if isinstance(view, EmbeddingRequest):
+        texts, extras = view.inputs()
         record.prompt_tokens = await embedding_budget(
-            state.tokens, tenant=tenant, version=version, texts=request.texts()
+            state.tokens, tenant=tenant, version=version, texts=texts, overheads=extras
         )
     else:
-        streaming, include_usage = request.streaming, request.include_usage
+        streaming, include_usage = view.streaming, view.include_usage
         record.stream = streaming
-        is_chat = isinstance(request, ChatRequest)
-        roles = [m.role for m in request.messages] if isinstance(request, ChatRequest) else None
-        texts = request.texts()
-        prompt, max_tokens = await generation_budget(
-            state.tokens,
-            tenant=tenant,
-            version=version,
-            texts=texts,
-            overheads=text_overheads(texts, roles),
-            requested_max_tokens=request.requested_max_tokens(),
-            param="max_completion_tokens"
-            if is_chat and document.get("max_completion_tokens") is not None
-            else "max_tokens",
-            prompt_param="messages" if is_chat else "prompt",
+        budget = await _generation(
+            state, tenant=tenant, version=version, view=view, document=document, record=record
         )
-        record.prompt_tokens = prompt.tokens
-        document.pop("max_completion_tokens", None)
-        document["max_tokens"] = max_tokens
         for key, value in version.default_sampling.items():
             if key in _SAMPLING_DEFAULTS and key not in document and value is not None:
                 document[key] = list(value) if isinstance(value, tuple) else value
-        document["stream"] = streaming
         if streaming:
-            document["stream_options"] = {"include_usage": True}
+            options = document.get("stream_options")
+            document["stream_options"] = {
+                **(options if isinstance(options, dict) else {}),
+                "include_usage": True,
+            }
     _add_priority(snapshot, state, version, klass, document)
     return Plan(
         model=model,
@@ -119,11 +127,51 @@ async def plan_request(
         deadline=deadline,
         streaming=streaming,
         include_usage=include_usage,
-        body=msgspec.json.encode(document),
+        body=_ENCODER.encode(document),
         prompt_tokens=record.prompt_tokens or 0,
-        max_tokens=max_tokens,
-        affinity_key=affinity_key(request.texts()),
+        max_tokens=budget,
+        affinity_key=affinity_key(view.texts()),
     )
+
+
+async def _generation(
+    state: RouterState,
+    *,
+    tenant: TenantSnap,
+    version: VersionSnap,
+    view: ChatRequest | CompletionRequest,
+    document: dict[str, Any],
+    record: RequestRecord,
+) -> int:
+    """Check the caps, set ``max_tokens`` in ``document``; the whole output budget."""
+    is_chat = isinstance(view, ChatRequest)
+    if isinstance(view, ChatRequest):
+        texts = view.texts()
+        overheads = text_overheads(texts, [m.role for m in view.messages])
+        prompts = 1
+    else:
+        texts, overheads = view.inputs()
+        prompts = len(texts)
+        if prompts > 1:  # a batch: each prompt is its own sequence; cap the longest
+            longest = max(range(prompts), key=lambda i: len(texts[i]) * 4 + overheads[i])
+            texts, overheads = [texts[longest]], [overheads[longest]]
+    prompt, max_tokens = await generation_budget(
+        state.tokens,
+        tenant=tenant,
+        version=version,
+        texts=texts,
+        overheads=overheads,
+        requested_max_tokens=view.requested_max_tokens(),
+        sequences=view.choices * prompts,
+        param="max_completion_tokens"
+        if is_chat and document.get("max_completion_tokens") is not None
+        else "max_tokens",
+        prompt_param="messages" if is_chat else "prompt",
+    )
+    record.prompt_tokens = prompt.tokens * prompts
+    document.pop("max_completion_tokens", None)
+    document["max_tokens"] = max_tokens
+    return max_tokens * view.choices * prompts
 
 
 def affinity_key(texts: list[str], prefix_chars: int = AFFINITY_PREFIX_CHARS) -> str | None:

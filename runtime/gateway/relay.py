@@ -2,7 +2,9 @@
 
 Each upstream event goes out as ``data: <payload>\\n\\n`` the moment it arrives, bytes
 untouched, except the usage-only final chunk, which is dropped when the client did not ask
-for ``stream_options.include_usage`` (the router always asks upstream, to meter). The
+for ``stream_options.include_usage`` (the router always asks upstream, to meter); then the
+choices' final chunks carry the ``system_fingerprint`` that chunk had, as vLLM puts it there
+for a client that did not ask. The
 stream ends with ``data: [DONE]\\n\\n``. If the upstream breaks after the first byte, a
 terminal chunk with ``finish_reason: "error"`` and an ``error`` object goes out, then
 ``[DONE]``.
@@ -22,6 +24,7 @@ from typing import Protocol
 
 import msgspec
 
+from runtime.gateway.errors import ApiError
 from runtime.telemetry.metrics import RouterMetrics, StageLabels
 from runtime.upstream.errors import StreamBroken
 from runtime.upstream.response import UpstreamResponse
@@ -50,6 +53,7 @@ class Usage(msgspec.Struct):
 class _UsageProbe(msgspec.Struct):
     usage: Usage | None = None
     choices: list[msgspec.Raw] | None = None
+    system_fingerprint: str | None = None
 
 
 class _Meta(msgspec.Struct):
@@ -84,9 +88,30 @@ def _meta_of(payload: bytes) -> _Meta:
         return _Meta()
 
 
+def _is_final(payload: bytes) -> bool:
+    """A choice's last chunk (``finish_reason`` set), as vLLM writes JSON (no spaces)."""
+    return b'"finish_reason":' in payload and b'"finish_reason":null' not in payload
+
+
+def _stamped(payload: bytes, fingerprint: str | None) -> bytes:
+    """``payload`` with ``system_fingerprint`` added, as vLLM stamps a stream's final chunks
+    when the client did not ask for usage (it moves it to the usage chunk otherwise)."""
+    if fingerprint is None or b'"system_fingerprint"' in payload or not payload.endswith(b"}"):
+        return payload
+    return payload[:-1] + b',"system_fingerprint":' + msgspec.json.encode(fingerprint) + b"}"
+
+
+def _frames(payloads: list[bytes], fingerprint: str | None = None) -> bytes:
+    return b"".join(b"data: " + _stamped(p, fingerprint) + b"\n\n" for p in payloads)
+
+
 def terminal_error_chunk(kind: str, meta: _Meta, error: StreamBroken) -> bytes:
-    """The last chunk of a stream that broke after its first byte."""
-    deadline = error.reason == "deadline"
+    """The last chunk of a stream that broke after its first byte; its ``error`` object is
+    the table's ``deadline_exceeded`` or ``stream_broken``."""
+    if error.reason == "deadline":
+        failure = ApiError.of("deadline_exceeded", when="mid-stream")
+    else:
+        failure = ApiError.of("stream_broken")
     choice: dict[str, object] = {"index": 0, "finish_reason": "error"}
     if kind == "chat":
         choice["delta"] = {}
@@ -98,12 +123,7 @@ def terminal_error_chunk(kind: str, meta: _Meta, error: StreamBroken) -> bytes:
         "created": meta.created or int(time.time()),
         "model": meta.model,
         "choices": [choice],
-        "error": {
-            "message": "deadline exceeded mid-stream" if deadline else "upstream failed mid-stream",
-            "type": "timeout_error" if deadline else "upstream_error",
-            "param": None,
-            "code": "deadline_exceeded" if deadline else "stream_broken",
-        },
+        "error": failure.document(),
     }
     return msgspec.json.encode(document)
 
@@ -126,6 +146,10 @@ async def relay_stream(
     await sink.start_response(200, [*SSE_HEADERS, *headers])
     last = time.perf_counter()  # not loop.time(): uvloop's clock ticks in milliseconds
     unreported = 0
+    # The router asks upstream for usage even when the client did not; then each choice's
+    # final chunk waits for the usage chunk (dropped), which tells what vLLM would have put
+    # on it: the system fingerprint. The client sees what the engine alone would send.
+    held: list[bytes] = []
     try:
         # events() is an async generator; closing it at once releases the upstream socket.
         stream = upstream.events()
@@ -142,6 +166,9 @@ async def relay_stream(
                 if probe is not None and probe.usage is not None:
                     result.usage = probe.usage
                     if not probe.choices and not include_usage:
+                        if held:
+                            await sink.send_chunk(_frames(held, probe.system_fingerprint))
+                            held = []
                         continue
                 # A chat stream opens with a role-only chunk (no token); usage-only chunks
                 # carry none either.
@@ -151,16 +178,19 @@ async def relay_stream(
                     if unreported >= TOKEN_BATCH:
                         on_tokens(unreported)
                         unreported = 0
+                if not include_usage and _is_final(payload):
+                    held.append(payload)
+                    continue
                 await sink.send_chunk(b"data: " + payload + b"\n\n")
     except StreamBroken as exc:
         result.outcome = "deadline_exceeded" if exc.reason == "deadline" else "stream_broken"
         frame = terminal_error_chunk(kind, meta or _Meta(), exc)
-        await sink.send_chunk(b"data: " + frame + b"\n\n" + DONE_FRAME, last=True)
+        await sink.send_chunk(_frames(held) + b"data: " + frame + b"\n\n" + DONE_FRAME, last=True)
         return result
     finally:
         if on_tokens is not None and unreported:
             on_tokens(unreported)
-    await sink.send_chunk(DONE_FRAME, last=True)
+    await sink.send_chunk(_frames(held) + DONE_FRAME, last=True)
     return result
 
 
@@ -170,6 +200,7 @@ async def relay_unary(
     """Relay a whole JSON body as it came."""
     body = await upstream.read_json()
     probe = _usage_of(body)
-    await sink.start_response(200, [(b"content-type", b"application/json"), *headers])
+    length = (b"content-length", str(len(body)).encode("ascii"))
+    await sink.start_response(200, [(b"content-type", b"application/json"), length, *headers])
     await sink.send_chunk(body, last=True)
     return RelayResult(usage=probe.usage if probe is not None else None, events=1)

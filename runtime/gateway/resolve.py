@@ -11,6 +11,7 @@ from runtime.snapshot import ModelSnap, RequestClassSnap, Snapshot, TenantSnap
 
 CLASS_HEADER = "X-Switchyard-Class"
 TIMEOUT_HEADER = "X-Request-Timeout"
+MIN_TIMEOUT_S = 0.05  # below this no request can be served: a nonsensical header, a 400
 
 
 def resolve_model(
@@ -19,18 +20,12 @@ def resolve_model(
     """The model named in the body: 404 unknown, 403 not entitled, 400 wrong route."""
     model = snapshot.models.get(name)
     if model is None:
-        raise ApiError.of("model_not_found", f"The model '{name}' does not exist.", param="model")
+        raise ApiError.of("model_not_found", param="model", model=name)
     if tenant.models and name not in tenant.models:
-        raise ApiError.of(
-            "model_not_allowed",
-            f"Your tenant is not allowed to use the model '{name}'.",
-            param="model",
-        )
+        raise ApiError.of("model_not_allowed", param="model", model=name)
     if model.task not in tasks:
         raise ApiError.of(
-            "unsupported_model_task",
-            f"The model '{name}' is a {model.task} model; it is not served on {route}.",
-            param="model",
+            "unsupported_model_task", param="model", model=name, task=model.task, route=route
         )
     return model
 
@@ -42,11 +37,11 @@ def resolve_class(
     if requested is not None:
         name = requested.decode("latin-1").strip()
         if name not in tenant.classes or name not in snapshot.classes:
-            allowed = ", ".join(tenant.classes) or "none"
             raise ApiError.of(
                 "class_not_allowed",
-                f"Request class '{name}' is not available to your tenant (allowed: {allowed}).",
                 param=CLASS_HEADER,
+                klass=name,
+                allowed=", ".join(tenant.classes) or "none",
             )
         return snapshot.classes[name]
     if tenant.default_class:
@@ -64,11 +59,12 @@ def resolve_timeout(
             asked = float(requested.decode("latin-1").strip())
         except ValueError:
             asked = math.nan
-        if not (math.isfinite(asked) and asked > 0):
+        if not (math.isfinite(asked) and asked >= MIN_TIMEOUT_S):
             raise ApiError.of(
                 "invalid_header",
-                f"{TIMEOUT_HEADER} must be a positive number of seconds.",
                 param=TIMEOUT_HEADER,
+                header=TIMEOUT_HEADER,
+                reason=f"must be a number of seconds, at least {MIN_TIMEOUT_S}.",
             )
         budget = min(budget, asked)
     return min(budget, config.max_deadline_s)

@@ -16,7 +16,7 @@ class ModelsConsumer(GatewayConsumer):
     async def respond(self, body: bytes) -> None:
         snapshot = self.state.snapshot
         if snapshot is None:
-            raise ApiError.of("not_ready", "The router has no configuration snapshot yet.")
+            raise ApiError.of("not_ready")
         principal = authenticate(
             snapshot, bearer_token(header(self.scope, b"authorization")), now=time.time()
         )
@@ -36,7 +36,7 @@ class ModelsConsumer(GatewayConsumer):
             if entry["id"] == wanted:
                 await self.send_json(200, as_json(entry))
                 return
-        raise ApiError.of("model_not_found", f"The model '{wanted}' does not exist.", param="model")
+        raise ApiError.of("model_not_found", param="model", model=wanted)
 
 
 class HealthzConsumer(GatewayConsumer):
@@ -82,7 +82,7 @@ class NotFoundConsumer(GatewayConsumer):
     methods: ClassVar[tuple[str, ...]] = ("GET", "POST", "PUT", "PATCH", "DELETE", "HEAD")
 
     def early_error(self, scope: Scope) -> ApiError | None:
-        return ApiError.of("unknown_url", f"Unknown request URL: {scope.get('path', '')}.")
+        return ApiError.of("unknown_url", path=scope.get("path", ""))
 
     async def respond(self, body: bytes) -> None:  # pragma: no cover - early_error answers
-        raise ApiError.of("unknown_url", "Unknown request URL.")
+        raise ApiError.of("unknown_url", path=self.scope.get("path", ""))

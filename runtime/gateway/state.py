@@ -16,6 +16,8 @@ from runtime.admission.redis_limits import RedisLimits
 from runtime.gateway.config import RouterConfig
 from runtime.gateway.key_usage import KeyUsageRecorder
 from runtime.gateway.tokens import TokenCounter
+from runtime.metering.keys import usage_stream
+from runtime.metering.pricing import PriceBook
 from runtime.routing.inflight import InFlight
 from runtime.routing.signals import FleetSignals
 from runtime.routing.table import RoutingTable
@@ -54,6 +56,7 @@ class RouterState:
     limits: RedisLimits
     shared: SharedCounters
     dispatchers: Dispatchers
+    prices: PriceBook | None = None  # rebuilt on every snapshot swap (credits, issue #11)
     tracing: Tracing = field(default_factory=Tracing)  # off unless OTEL_EXPORTER_OTLP_* is set
     rng: random.Random = field(default_factory=random.Random)
     request_log: logging.Logger = field(default_factory=lambda: logging.getLogger(REQUEST_LOGGER))
@@ -71,6 +74,7 @@ class RouterState:
         self.health.set_endpoints(snapshot.endpoints.values())
         self.breakers.retain(snapshot.endpoints)
         self.dispatchers.on_snapshot(snapshot)
+        self.prices = PriceBook(snapshot)
 
     def pool_views(self) -> list[PoolView]:
         """What the dispatchers report to ``/metrics`` (read at scrape time)."""
@@ -216,6 +220,8 @@ def build_state(config: RouterConfig) -> RouterState:
         limits=RedisLimits(
             config.redis_url,
             prefix=config.limits_keys,
+            usage_stream=usage_stream(config.namespace),
+            spool_dir=config.snapshot_cache_path.parent / "usage-spool",
             replicas=config.assumed_replicas,
             lease_ttl_s=config.lease_ttl_s,
         ),

@@ -17,17 +17,11 @@ from runtime.upstream.errors import (
 def dispatch_error(error: UpstreamError, *, model: str) -> ApiError:
     """Map the failure :func:`open_with_retry` raised onto an OpenAI error answer."""
     if isinstance(error, DeadlineExceeded):
-        return ApiError.of(
-            "deadline_exceeded", "The request's deadline passed before the model answered."
-        )
+        return ApiError.of("deadline_exceeded", when="before the model answered")
     if isinstance(error, NoEndpointAvailable | ConnectFailed | ConnectionDropped):
-        return ApiError.of(
-            "no_healthy_endpoint", f"No healthy endpoint is available for the model '{model}'."
-        )
+        return ApiError.of("no_healthy_endpoint", model=model)
     if isinstance(error, FirstByteTimeout):
-        return ApiError.of(
-            "upstream_timeout", f"No endpoint of the model '{model}' answered in time."
-        )
+        return ApiError.of("upstream_timeout", model=model)
     if isinstance(error, UpstreamHTTPError):
         if error.status == 429:
             return ApiError.of(
@@ -35,4 +29,4 @@ def dispatch_error(error: UpstreamError, *, model: str) -> ApiError:
             )
         if error.status < 500:
             return upstream_refusal(error.status, error.body)
-    return ApiError.of("upstream_error", f"The model server failed: {error}")
+    return ApiError.of("upstream_error", reason=str(error))

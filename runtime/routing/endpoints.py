@@ -9,8 +9,10 @@ A pool's ``policies`` (from the snapshot) may name them:
   (rendezvous hash of the prompt prefix), ``cost_tier`` (the pool's replica cost);
 - ``"picker"``: one picker name (default ``max_score``).
 
-Unknown names raise :class:`UnknownPolicyError` when the selector is built. The registries are
-read-only mappings; a new policy is a class plus one entry there. Signals (breakers, health,
+Unknown names raise :class:`UnknownPolicyError` (the one scheduling uses too) when the selector
+is built. As in :mod:`runtime.scheduling.registry`, each interface has one tuple of classes
+with a ``name`` (:data:`FILTERS`, :data:`SCORERS`, :data:`PICKERS`) and :func:`registry` looks
+them up by name; a new policy is a class plus one entry there. Signals (breakers, health,
 in-flight counts, KV use) come from the caller through :class:`EndpointSignals`.
 """
 
@@ -19,17 +21,12 @@ from __future__ import annotations
 import hashlib
 import itertools
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from types import MappingProxyType
-from typing import Final, Protocol, TypeVar
+from typing import Any, Final, Literal, Protocol
 
+from runtime.policy_names import UnknownPolicyError, by_name, lookup
 from runtime.snapshot import EndpointSnap
-
-T = TypeVar("T")
-
-
-class UnknownPolicyError(ValueError):
-    """A pool's policies name a filter, scorer or picker that is not registered."""
 
 
 class EndpointSignals(Protocol):
@@ -164,33 +161,54 @@ class MaxScorePicker:
         return tied[next(self._turn) % len(tied)]
 
 
-FILTERS: Final[Mapping[str, Callable[[], EndpointFilter]]] = MappingProxyType(
-    {"ready": ReadyFilter, "circuit": CircuitFilter, "health": HealthFilter}
-)
-SCORERS: Final[Mapping[str, Callable[[], Scorer]]] = MappingProxyType(
-    {
-        "least_load": LeastLoadScorer,
-        "kv_use": KvUseScorer,
-        "prefix_affinity": PrefixAffinityScorer,
-        "cost_tier": CostTierScorer,
-    }
-)
-PICKERS: Final[Mapping[str, Callable[[], Picker]]] = MappingProxyType({"max_score": MaxScorePicker})
+FILTERS: Final = (ReadyFilter, CircuitFilter, HealthFilter)
+SCORERS: Final = (LeastLoadScorer, KvUseScorer, PrefixAffinityScorer, CostTierScorer)
+PICKERS: Final = (MaxScorePicker,)
 DEFAULT_FILTERS: Final = "ready,circuit,health"
 DEFAULT_SCORERS: Final = "least_load"
 DEFAULT_PICKER: Final = "max_score"
+
+Interface = Literal["filters", "scorers", "picker"]
+_IMPLEMENTATIONS: Final[Mapping[str, tuple[type[Any], ...]]] = MappingProxyType(
+    {"filters": FILTERS, "scorers": SCORERS, "picker": PICKERS}
+)
+_KIND: Final[Mapping[str, str]] = MappingProxyType(
+    {"filters": "filter", "scorers": "scorer", "picker": "picker"}
+)
+
+
+def registry(interface: Interface) -> Mapping[str, type[Any]]:
+    """The read-only name → class mapping of one routing interface (built from its tuple)."""
+    classes = _IMPLEMENTATIONS.get(interface)
+    if classes is None:
+        known = ", ".join(sorted(_IMPLEMENTATIONS))
+        raise UnknownPolicyError(f"unknown routing interface {interface!r} (known: {known})")
+    return by_name(_KIND[interface], classes)
+
+
+def names(interface: Interface) -> tuple[str, ...]:
+    """The registered implementation names of ``interface``, sorted."""
+    return tuple(sorted(registry(interface)))
 
 
 def _names(spec: str) -> list[str]:
     return [part.strip() for part in spec.split(",") if part.strip()]
 
 
-def _lookup(registry: Mapping[str, Callable[[], T]], kind: str, name: str) -> T:
-    factory = registry.get(name)
-    if factory is None:
-        known = ", ".join(sorted(registry))
-        raise UnknownPolicyError(f"unknown {kind} {name!r} (known: {known})")
-    return factory()
+def _new(interface: Interface, name: str) -> Any:
+    return lookup(_KIND[interface], registry(interface), name)()
+
+
+def parse_scorer(item: str) -> tuple[str, float]:
+    """``"name[:weight]"`` → (name, weight); a weight that is not a positive number raises."""
+    name, _, weight = item.partition(":")
+    try:
+        value = float(weight) if weight else 1.0
+    except ValueError:
+        raise UnknownPolicyError(f"bad scorer weight in {item!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise UnknownPolicyError(f"scorer weight must be a positive number in {item!r}")
+    return name.strip(), value
 
 
 class EndpointSelector:
@@ -213,19 +231,15 @@ class EndpointSelector:
 
     @classmethod
     def from_policies(cls, policies: Mapping[str, str]) -> EndpointSelector:
+        """The selector a pool's ``policies`` name; :class:`UnknownPolicyError` if any is bad."""
         filters = [
-            _lookup(FILTERS, "filter", name)
-            for name in _names(policies.get("filters", DEFAULT_FILTERS))
+            _new("filters", name) for name in _names(policies.get("filters", DEFAULT_FILTERS))
         ]
         scorers: list[tuple[Scorer, float]] = []
         for item in _names(policies.get("scorers", DEFAULT_SCORERS)):
-            name, _, weight = item.partition(":")
-            try:
-                value = float(weight) if weight else 1.0
-            except ValueError:
-                raise UnknownPolicyError(f"bad scorer weight in {item!r}") from None
-            scorers.append((_lookup(SCORERS, "scorer", name.strip()), value))
-        picker = _lookup(PICKERS, "picker", policies.get("picker", DEFAULT_PICKER).strip())
+            name, weight = parse_scorer(item)
+            scorers.append((_new("scorers", name), weight))
+        picker: Picker = _new("picker", policies.get("picker", DEFAULT_PICKER))
         return cls(filters=filters, scorers=scorers, picker=picker)
 
     def eligible(

@@ -2,7 +2,8 @@
 
 Rebuilt lazily when the snapshot object changes (snapshots are immutable, so identity is
 enough). Selectors are cached by their policy set across snapshots, so round-robin turns
-survive a publish.
+survive a publish. A pool whose policies name an unknown filter, scorer or picker routes
+with the defaults and is logged as an error once per policy set.
 """
 
 from __future__ import annotations
@@ -10,7 +11,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 
-from runtime.routing.endpoints import EndpointSelector, EndpointSignals, UnknownPolicyError
+from runtime.policy_names import UnknownPolicyError
+from runtime.routing.endpoints import EndpointSelector, EndpointSignals
 from runtime.snapshot import EndpointSnap, Snapshot
 
 logger = logging.getLogger(__name__)
@@ -59,8 +61,16 @@ class RoutingTable:
         if selector is None:
             try:
                 selector = EndpointSelector.from_policies(policies)
-            except UnknownPolicyError:
-                logger.exception("routing: bad pool policies %r; using the defaults", policies)
+            except UnknownPolicyError as exc:
+                # The control plane refuses such names (runtime.pool_policies); an old or
+                # hand-made snapshot may still carry one. Never take the pool down for it.
+                logger.error(  # noqa: TRY400 - the message is the point, not the stack
+                    "routing: pool %s has invalid policies %r (%s); it routes with the "
+                    "DEFAULT filters, scorers and picker until a snapshot fixes them",
+                    self._pool_of_version.get(version_id, "?"),
+                    policies,
+                    exc,
+                )
                 selector = EndpointSelector.from_policies({})
             self._selectors[key] = selector
         return selector

@@ -14,9 +14,9 @@ import asyncio
 import logging
 from collections.abc import Callable
 
+from runtime.policy_names import UnknownPolicyError
 from runtime.scheduling.dispatcher import PoolDispatcher
 from runtime.scheduling.ports import Placement
-from runtime.scheduling.registry import UnknownPolicyError
 from runtime.scheduling.settings import PoolSettings, SettingsError
 from runtime.scheduling.shared import SharedCounters
 from runtime.snapshot import Snapshot
@@ -54,8 +54,15 @@ class Dispatchers:
                 policies, classes, default_limit=self._default_limit
             )
             settings.policies()  # every name must be registered
-        except (SettingsError, UnknownPolicyError):
-            logger.exception("scheduling: bad policies %r of pool %s; defaults", policies, pool)
+        except (SettingsError, UnknownPolicyError) as exc:
+            # The control plane refuses these (runtime.pool_policies); an old snapshot may not.
+            logger.error(  # noqa: TRY400 - the message is the point, not the stack
+                "scheduling: pool %s has invalid policies %r (%s); it schedules with the "
+                "DEFAULT policies until a snapshot fixes them",
+                pool,
+                policies,
+                exc,
+            )
             settings = PoolSettings.from_policies({}, classes, default_limit=self._default_limit)
         return settings
 

@@ -5,7 +5,8 @@ plus one entry there. The name → class mappings are built from those tuples on
 (read-only, nothing is registered by importing a module). A pool's ``policies`` in the
 snapshot name the implementations it uses, e.g. ``{"fairness": "vtc", "ordering": "edf",
 "saturation": "vllm_metrics"}``; keys of other interfaces (routing's ``filters``, ...) are
-left to their owners.
+left to their owners. :class:`UnknownPolicyError` is the one shared with routing
+(:mod:`runtime.policy_names`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Final, Literal
 
+from runtime.policy_names import UnknownPolicyError, by_name, lookup
 from runtime.scheduling.fairness import FirstComeFirstServed, RoundRobin, VirtualTokenCounter
 from runtime.scheduling.interfaces import FairnessPolicy, OrderingPolicy, SaturationDetector
 from runtime.scheduling.ordering import ArrivalOrder, EarliestDeadlineFirst
@@ -29,10 +31,6 @@ SATURATION_DETECTORS: Final = (VllmMetrics, InflightOnly)
 DEFAULTS: Final[Mapping[Interface, str]] = MappingProxyType(
     {"fairness": "vtc", "ordering": "edf", "saturation": "vllm_metrics"}
 )
-
-
-class UnknownPolicyError(ValueError):
-    """A name (or interface) that is not registered; the message lists the known ones."""
 
 
 _IMPLEMENTATIONS: Final[Mapping[str, tuple[type[Any], ...]]] = MappingProxyType(
@@ -50,13 +48,7 @@ def registry(interface: Interface) -> Mapping[str, type[Any]]:
     if classes is None:
         known = ", ".join(sorted(_IMPLEMENTATIONS))
         raise UnknownPolicyError(f"unknown scheduling interface {interface!r} (known: {known})")
-    table: dict[str, type[Any]] = {}
-    for cls in classes:
-        name: str = cls.name
-        if name in table:
-            raise UnknownPolicyError(f"two {interface} policies are named {name!r}")
-        table[name] = cls
-    return MappingProxyType(table)
+    return by_name(interface, classes)
 
 
 def names(interface: Interface) -> tuple[str, ...]:
@@ -65,12 +57,7 @@ def names(interface: Interface) -> tuple[str, ...]:
 
 
 def _lookup(interface: Interface, name: str) -> Any:
-    table = registry(interface)
-    cls = table.get(name.strip())
-    if cls is None:
-        known = ", ".join(sorted(table))
-        raise UnknownPolicyError(f"unknown {interface} policy {name!r} (known: {known})")
-    return cls()
+    return lookup(f"{interface} policy", registry(interface), name)()
 
 
 def fairness_policy(name: str) -> FairnessPolicy[Any]:

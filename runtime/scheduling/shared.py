@@ -30,6 +30,7 @@ from typing import Protocol
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from runtime.contract import FAIRNESS_PREFIX, fairness_key
 from runtime.redis_conn import async_client
 
 logger = logging.getLogger(__name__)
@@ -52,7 +53,7 @@ class SharedCounters:
         self,
         redis_url: str,
         *,
-        prefix: str = "switchyard:fairness",
+        prefix: str = FAIRNESS_PREFIX,
         interval_s: float = 0.1,
         idle_interval_s: float = 1.0,
         ttl_s: int = 7 * 86400,
@@ -77,7 +78,7 @@ class SharedCounters:
         self.syncs = 0  # round trips made (for tests and the curious)
 
     def key(self, pool: str) -> str:
-        return f"{self._prefix}:{pool}"
+        return fairness_key(self._prefix, pool)
 
     def record(self, pool: str, band: int, tenant: str, amount: float) -> None:
         if amount > 0:

@@ -1,6 +1,7 @@
 """An endpoint's heartbeat: a Redis key with a TTL, refreshed while its worker lives.
 
-The key is ``switchyard:endpoint:<id>:heartbeat`` (:func:`endpoint_heartbeat_key`); its value is
+The key is ``switchyard:endpoint:<id>:heartbeat`` (:func:`runtime.contract.endpoint_heartbeat_key`,
+re-exported here); its value is
 a small JSON object (endpoint id, state, base URL, pid, unix time). The worker rewrites it every
 third of the TTL and at each state change, and deletes it when it has stopped the engine; if the
 worker dies, the key expires within one TTL. A Redis outage is logged, never fatal: the engine
@@ -19,16 +20,14 @@ from collections.abc import Mapping
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from runtime.contract import HEARTBEAT_KEY_PREFIX, endpoint_heartbeat_key
 from runtime.redis_conn import async_client
+
+__all__ = ["HEARTBEAT_KEY_PREFIX", "Heartbeat", "endpoint_heartbeat_key"]
 
 log = logging.getLogger("switchyard.worker")
 
-HEARTBEAT_KEY_PREFIX = "switchyard:endpoint:"
 _REDIS_TIMEOUT_S = 2.0
-
-
-def endpoint_heartbeat_key(endpoint_id: int) -> str:
-    return f"{HEARTBEAT_KEY_PREFIX}{endpoint_id}:heartbeat"
 
 
 class Heartbeat:

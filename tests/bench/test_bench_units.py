@@ -202,3 +202,25 @@ def test_cli_refuses_unknown_targets_and_bad_scenarios(tmp_path: Path) -> None:
     saved.write_text('{"phases": {}, "targets": {}}')
     with pytest.raises(SystemExit, match="holds no scenario"):
         main(["report", str(saved)])
+
+
+def test_the_switchyard_target_snapshot_is_what_the_router_accepts() -> None:
+    from bench.runner import new_key  # noqa: PLC0415
+    from bench.targets.switchyard import POOL, build_snapshot  # noqa: PLC0415
+    from runtime.gateway.auth import authenticate  # noqa: PLC0415
+    from runtime.snapshot import decode, encode  # noqa: PLC0415
+
+    scenario = load(SCENARIOS / "contention.toml")
+    keys = {t.name: new_key() for t in scenario.tenants}
+    urls = ["http://127.0.0.1:1", "http://127.0.0.1:2"]
+    snap = decode(encode(build_snapshot(scenario, urls, keys, {"fairness": "fcfs"})))
+    for tenant, key in keys.items():
+        principal = authenticate(snap, key, now=0.0)
+        assert principal.tenant.slug == tenant
+        assert principal.tenant.default_class == next(iter(scenario.classes))
+    assert [e.base_url for e in snap.endpoints.values()] == urls
+    assert snap.pools[POOL].policies == {"fairness": "fcfs"}
+    [model] = snap.models.values()
+    assert model.name == scenario.backends.model
+    assert snap.versions[model.versions[-1]].runtime in {"simulator", "vllm"}
+    assert set(snap.classes) == set(scenario.classes)

@@ -25,12 +25,14 @@ VERSION_FIELDS = (
     "memory_gb",
     "tensor_parallel_size",
 )
-MODEL_FIELDS = ("name", "task", "description")
+MODEL_FIELDS = ("name", "task", "description", "refused_fields")
 
 # --- models ---------------------------------------------------------------------------------
 
 
-def model_validate(*, name: str, task: str, exclude_pk: int | None = None) -> None:
+def model_validate(
+    *, name: str, task: str, refused_fields: object = (), exclude_pk: int | None = None
+) -> None:
     name_error = v.model_name_error(name)
     if name_error is None and exists_other(Model.objects.filter(name=name), exclude_pk):
         name_error = f"A model named {name!r} already exists."
@@ -40,18 +42,29 @@ def model_validate(*, name: str, task: str, exclude_pk: int | None = None) -> No
             "task": None
             if task in Model.Task.values
             else f"Task must be one of {Model.Task.values}.",
+            "refused_fields": v.refused_fields_error(
+                list(refused_fields) if isinstance(refused_fields, tuple) else refused_fields
+            ),
         }
     )
 
 
 def model_create(
-    *, actor: AbstractBaseUser | None, name: str, task: str, description: str = ""
+    *,
+    actor: AbstractBaseUser | None,
+    name: str,
+    task: str,
+    description: str = "",
+    refused_fields: list[str] | None = None,
 ) -> Model:
-    model_validate(name=name, task=task)
+    refused = list(refused_fields or [])
+    model_validate(name=name, task=task, refused_fields=refused)
     with transaction.atomic():
         try:
             with transaction.atomic():
-                model = Model.objects.create(name=name, task=task, description=description)
+                model = Model.objects.create(
+                    name=name, task=task, description=description, refused_fields=refused
+                )
         except IntegrityError as exc:
             raise ValidationError({"name": f"A model named {name!r} already exists."}) from exc
         audit_record(
@@ -64,7 +77,12 @@ def model_create(
 def model_update(*, actor: AbstractBaseUser | None, model: Model, **changes: Any) -> Model:
     refuse_unknown(changes, MODEL_FIELDS)
     merged = {**audit_state(model, MODEL_FIELDS), **changes}
-    model_validate(name=merged["name"], task=merged["task"], exclude_pk=model.pk)
+    model_validate(
+        name=merged["name"],
+        task=merged["task"],
+        refused_fields=merged["refused_fields"],
+        exclude_pk=model.pk,
+    )
     with transaction.atomic():
         before = audit_state(model, MODEL_FIELDS)
         for field, value in changes.items():

@@ -89,7 +89,7 @@ def pool_validate(
             "cost_per_replica_hour": v.decimal_error(
                 cost_per_replica_hour, max_digits=12, decimal_places=4
             ),
-            "policies": v.str_map_error(policies, "Policies"),
+            "policies": v.pool_policies_error(policies),
             **errors,
         }
     )

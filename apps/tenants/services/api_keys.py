@@ -1,10 +1,10 @@
-"""API keys: issued once in full, stored as a public prefix plus a sha256 digest."""
+"""API keys: issued once in full, stored as a public prefix plus a sha256 digest.
+
+The key format and digest are the router's too: both come from :mod:`runtime.contract`.
+"""
 
 from __future__ import annotations
 
-import hashlib
-import secrets
-import string
 from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
@@ -19,18 +19,15 @@ from apps.core.services import snapshot_publish_on_commit
 from apps.tenants.models import ApiKey, Tenant
 from apps.tenants.services.audit import audit_record
 from apps.tenants.services.checks import Errors, add_error, check_text
+from runtime import contract
 
 API_KEY_SCOPES = ("inference", "models:read", "usage:read")
-_PREFIX_ALPHABET = string.ascii_lowercase + string.digits
-_SECRET_ALPHABET = string.ascii_letters + string.digits
-_PREFIX_LENGTH = 8
-_SECRET_LENGTH = 40
 _PREFIX_ATTEMPTS = 5
 
 
 def api_key_digest(full_key: str) -> str:
-    """The stored form of a key: hex sha256 of the whole key string."""
-    return hashlib.sha256(full_key.encode()).hexdigest()
+    """The stored form of a key: hex sha256 of the whole key string (the router's too)."""
+    return contract.api_key_digest(full_key)
 
 
 def api_key_validate_values(values: Mapping[str, Any]) -> None:
@@ -66,7 +63,7 @@ def api_key_validate_values(values: Mapping[str, Any]) -> None:
 
 def _new_prefix() -> str:
     for _ in range(_PREFIX_ATTEMPTS):
-        prefix = "".join(secrets.choice(_PREFIX_ALPHABET) for _ in range(_PREFIX_LENGTH))
+        prefix = contract.api_key_new_prefix()
         if not ApiKey.objects.filter(prefix=prefix).exists():
             return prefix
     raise RuntimeError("could not find a free API-key prefix")  # 36**8 prefixes: not reached
@@ -85,9 +82,7 @@ def api_key_create(
     api_key_validate_values({"name": name, "scopes": scopes, "expires_at": expires_at})
     scope_list = list(dict.fromkeys(scopes))
     prefix = _new_prefix()
-    full_key = f"sy_{prefix}_" + "".join(
-        secrets.choice(_SECRET_ALPHABET) for _ in range(_SECRET_LENGTH)
-    )
+    full_key = contract.api_key_new(prefix)
     with transaction.atomic():
         api_key = ApiKey.objects.create(
             tenant=tenant,

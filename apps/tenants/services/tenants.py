@@ -42,12 +42,13 @@ TENANT_UPDATABLE_FIELDS = frozenset(
         "weight",
         "status",
         *TENANT_LIMIT_FIELDS,
+        "max_request_bytes",
         "allowed_classes",
         "default_class",
         "allowed_models",
     }
 )
-_SCALAR_FIELDS = ("name", "status", "weight", *TENANT_LIMIT_FIELDS)
+_SCALAR_FIELDS = ("name", "status", "weight", *TENANT_LIMIT_FIELDS, "max_request_bytes")
 
 ClassRef = RequestClass | str
 ModelRef = Model | str
@@ -78,6 +79,8 @@ def tenant_validate_values(values: Mapping[str, Any]) -> None:
     for field in TENANT_LIMIT_FIELDS:
         if field in values:
             check_int(errors, field, values[field], minimum=1, label=_LIMIT_LABELS[field])
+    if "max_request_bytes" in values:  # 0: no cap of the tenant's own
+        check_int(errors, "max_request_bytes", values["max_request_bytes"], minimum=0)
     default = values.get("default_class")
     if default is not None and "allowed_classes" in values:
         allowed = {request_class.pk for request_class in values["allowed_classes"]}
@@ -151,6 +154,7 @@ def tenant_create(
     max_concurrency: int,
     max_context_tokens: int,
     max_output_tokens: int,
+    max_request_bytes: int = 0,
     allowed_classes: Iterable[ClassRef] = (),
     default_class: ClassRef | None = None,
     allowed_models: Iterable[ModelRef] = (),
@@ -169,6 +173,7 @@ def tenant_create(
         "max_concurrency": max_concurrency,
         "max_context_tokens": max_context_tokens,
         "max_output_tokens": max_output_tokens,
+        "max_request_bytes": max_request_bytes,
         "allowed_classes": classes,
         "default_class": default,
         "allowed_models": models,

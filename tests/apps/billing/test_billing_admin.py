@@ -8,7 +8,7 @@ from decimal import Decimal
 import pytest
 from django.urls import reverse
 
-from apps.billing.models import Budget, CreditAccount, Price, UsageRecord
+from apps.billing.models import Budget, BudgetAlert, CreditAccount, Price, UsageRecord
 from apps.billing.services import credit_grant, usage_record_create
 from apps.tenants.models import AuditEvent
 
@@ -131,3 +131,30 @@ def test_usage_records_are_read_only(admin_client, tenant):
     delete = reverse("admin:billing_usagerecord_delete", args=[usage.pk])
     assert admin_client.post(delete, {"post": "yes"}).status_code == 403
     assert UsageRecord.objects.get().tokens_in == 1
+
+
+def test_overdraft_is_set_through_the_admin_without_a_grant(admin_client, tenant, publishes):
+    credit_grant(actor=None, tenant=tenant, amount=5, reason="seed")
+    account = CreditAccount.objects.get(tenant=tenant)
+    url = reverse("admin:billing_creditaccount_change", args=[account.pk])
+    response = admin_client.post(url, {"amount": "", "reason": "", "overdraft": "refuse"})
+    assert response.status_code == 200  # nothing to do: no amount, overdraft unchanged
+    assert "Give an amount" in response.content.decode()
+    publishes.reset()
+    response = admin_client.post(url, {"amount": "", "reason": "", "overdraft": "batch"})
+    assert response.status_code == 302
+    account.refresh_from_db()
+    assert (account.overdraft, account.balance) == ("batch", Decimal(5))
+    assert AuditEvent.objects.filter(action="credit.overdraft").exists()
+    assert publishes.pending
+
+
+def test_budget_alerts_are_listed_read_only(admin_client, tenant):
+    budget = Budget.objects.create(tenant=tenant, period="day", soft_alert_pct=50, hard_cap=10)
+    BudgetAlert.objects.create(
+        budget=budget, period_start="2026-11-22", spent=Decimal(6), threshold=Decimal(5)
+    )
+    response = admin_client.get(reverse("admin:billing_budgetalert_changelist"))
+    assert response.status_code == 200
+    assert "2026" in response.content.decode()
+    assert admin_client.get(reverse("admin:billing_budgetalert_add")).status_code == 403

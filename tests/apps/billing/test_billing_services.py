@@ -160,7 +160,12 @@ def test_budget_set_creates_then_replaces(tenant, admin_user):
     assert Budget.objects.filter(tenant=tenant).count() == 2
     events = AuditEvent.objects.filter(action="budget.set").order_by("id")
     assert events[0].before is None
-    assert events[1].before == {"period": "month", "soft_alert_pct": 80, "hard_cap": "1000.000000"}
+    assert events[1].before == {
+        "period": "month",
+        "soft_alert_pct": 80,
+        "hard_cap": "1000.000000",
+        "webhook_url": "",
+    }
 
 
 @pytest.mark.parametrize(

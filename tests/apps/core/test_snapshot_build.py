@@ -61,7 +61,9 @@ def world() -> dict[str, Any]:
     interactive = request_class("interactive", 0)
     standard = request_class("standard", 1)
     batch = request_class("batch", 2)
-    acme = Tenant.objects.create(slug="acme", name="Acme", weight=2.0, **LIMITS)
+    acme = Tenant.objects.create(
+        slug="acme", name="Acme", weight=2.0, max_request_bytes=65_536, **LIMITS
+    )
     acme.allowed_classes.set([batch, interactive])
     acme.default_class = interactive
     acme.save()
@@ -144,8 +146,10 @@ def test_tenants_classes_and_keys(world: dict[str, Any]) -> None:
     assert acme.classes == ("interactive", "batch")  # most urgent first
     assert acme.default_class == "interactive"
     assert acme.models == ("emb", "tiny")
+    assert acme.max_request_bytes == 65_536
     idle = snapshot.tenants["idle"]
     assert (idle.status, idle.classes, idle.default_class) == ("suspended", (), "")
+    assert idle.max_request_bytes == 0  # no cap of its own
     assert idle.models == ()  # no entitlement rows: every model
 
     assert set(snapshot.api_keys) == {"live0001", "expd0001"}  # revoked keys are left out
@@ -226,7 +230,7 @@ def test_query_count_does_not_grow_with_rows(
         Endpoint.objects.create(pool=cpu, version=mv, base_url=f"http://10.0.0.{i}:8000")
         Price.objects.create(version=mv, hardware_tier="cpu", input_per_1k=1, output_per_1k=1)
         Pool.objects.create(name=f"pool-{i}", hardware_tier="cpu")
-    with django_assert_max_num_queries(11):
+    with django_assert_max_num_queries(12):  # + 1: credit settings (issue #11)
         snapshot = snapshot_build()
     assert len(snapshot.tenants) == 17
     assert len(snapshot.models["tiny"].versions) == 17

@@ -122,6 +122,23 @@ def test_pool_add_refuses_warm_above_max(admin_client):
     assert AuditEvent.objects.filter(action="pool.create").exists()
 
 
+def test_pool_add_shows_an_unknown_policy_as_a_field_error(admin_client):
+    form = {
+        "name": "gpu-a",
+        "hardware_tier": "h100",
+        "cost_per_replica_hour": "2",
+        "min_replicas": "0",
+        "max_replicas": "1",
+        "warm_replicas": "0",
+        "policies": '{"fairness": "vtcc"}',
+    }
+    response = admin_client.post(reverse("admin:registry_pool_add"), form)
+    assert response.status_code == 200
+    errors = response.context["adminform"].form.errors
+    assert "unknown fairness policy" in " ".join(errors["policies"])
+    assert not Pool.objects.exists()
+
+
 def test_endpoint_bad_transition_is_a_form_error(admin_client, pool, published):
     endpoint = endpoint_register(
         actor=None, pool=pool, version=published, base_url="http://w:1", capacity=2

@@ -32,7 +32,12 @@ def test_model_create_audits_and_publishes(admin_user, publishes):
     event = AuditEvent.objects.get(action="model.create")
     assert event.actor_label == admin_user.username
     assert event.target_type == "registry.model"
-    assert event.after == {"name": "org/Llama-3.2-1B", "task": "chat", "description": ""}
+    assert event.after == {
+        "name": "org/Llama-3.2-1B",
+        "task": "chat",
+        "description": "",
+        "refused_fields": [],
+    }
     assert publishes.pending
 
 

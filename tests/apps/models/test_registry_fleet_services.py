@@ -66,6 +66,17 @@ def test_pool_create_defaults(db):
         ({"policies": ["vtc"]}, "policies"),
         ({"policies": {"fairness": 1}}, "policies"),
         ({"policies": {"": "vtc"}}, "policies"),
+        ({"policies": {"fairness": "vtcc"}}, "policies"),
+        ({"policies": {"fairnes": "vtc"}}, "policies"),
+        ({"policies": {"ordering": "lifo"}}, "policies"),
+        ({"policies": {"saturation": "vibes"}}, "policies"),
+        ({"policies": {"headroom": "1.5"}}, "policies"),
+        ({"policies": {"max_queue": "0"}}, "policies"),
+        ({"policies": {"band_shares": "1:0.9,2:0.2"}}, "policies"),
+        ({"policies": {"filters": "ready,teleport"}}, "policies"),
+        ({"policies": {"scorers": "least_load:-1"}}, "policies"),
+        ({"policies": {"picker": "coin_flip"}}, "policies"),
+        ({"policies": {"upstream_priority": "yes"}}, "policies"),
     ],
 )
 def test_pool_create_refuses_bad_values(db, overrides, field):
@@ -73,6 +84,32 @@ def test_pool_create_refuses_bad_values(db, overrides, field):
         pool_create(actor=None, **{**POOL, **overrides})
     assert field in errors_of(excinfo)
     assert not Pool.objects.exists()
+
+
+def test_pool_policy_error_names_the_bad_value_and_the_known_ones(db):
+    with pytest.raises(ValidationError) as excinfo:
+        pool_create(actor=None, **POOL, policies={"fairness": "vtcc"})
+    [message] = errors_of(excinfo)["policies"]
+    assert "unknown fairness policy 'vtcc'" in message
+    assert "known: fcfs, round_robin, vtc" in message
+
+
+def test_pool_accepts_every_registered_name_and_parameter(db):
+    policies = {
+        "fairness": "fcfs", "ordering": "fcfs", "saturation": "inflight_only",
+        "headroom": "0.1", "max_queue": "50", "band_shares": "1:0.2",
+        "filters": "ready,health", "scorers": "least_load:2,kv_use", "picker": "max_score",
+        "upstream_priority": "on",
+    }  # fmt: skip
+    assert pool_create(actor=None, **POOL, policies=policies).policies == policies
+
+
+def test_pool_update_refuses_an_unknown_policy(pool):
+    with pytest.raises(ValidationError) as excinfo:
+        pool_update(actor=None, pool=pool, policies={"fairness": "drr"})
+    assert "policies" in errors_of(excinfo)
+    pool.refresh_from_db()
+    assert pool.policies == {"fairness": "vtc"}
 
 
 def test_pool_create_refuses_duplicate_name(pool):

@@ -25,6 +25,7 @@ def tenant_form(classes, limits):
         "status": "active",
         "weight": "1.5",
         **{field: str(value) for field, value in limits.items()},
+        "max_request_bytes": "0",
         "allowed_classes": [classes["interactive"].pk, classes["standard"].pk],
         "default_class": classes["standard"].pk,
     }
@@ -80,6 +81,25 @@ def test_admin_refuses_negative_limit(admin_client, tenant_form):
         "Tokens-per-minute limit must be a positive whole number (got -5)."
     ]
     assert not Tenant.objects.exists()
+
+
+def test_admin_sets_and_refuses_the_request_size_cap(admin_client, tenant_form):
+    url = reverse("admin:tenants_tenant_add")
+    response = admin_client.post(url, {**tenant_form, "max_request_bytes": "-1"})
+    assert response.status_code == 200
+    assert "max_request_bytes" in _errors(response)
+    assert not Tenant.objects.exists()
+
+    response = admin_client.post(url, {**tenant_form, "max_request_bytes": "65536"})
+    assert response.status_code == 302
+    assert Tenant.objects.get(slug="acme").max_request_bytes == 65536
+
+
+def test_admin_reads_a_blank_request_size_cap_as_no_cap(admin_client, tenant_form):
+    form = {k: v for k, v in tenant_form.items() if k != "max_request_bytes"}
+    response = admin_client.post(reverse("admin:tenants_tenant_add"), form)
+    assert response.status_code == 302
+    assert Tenant.objects.get(slug="acme").max_request_bytes == 0
 
 
 def test_admin_refuses_default_class_outside_allowed(admin_client, tenant_form, classes):

@@ -51,6 +51,7 @@ def test_create_stores_audits_and_publishes(admin_user, classes, publishes, limi
         "status": "active",
         "weight": 2.0,
         **limits,
+        "max_request_bytes": 0,
         "allowed_classes": ["batch", "interactive"],
         "default_class": "interactive",
         "allowed_models": [],
@@ -101,6 +102,23 @@ def test_create_refuses_limit_out_of_range_or_not_int(value, message, create):
         create(rpm_limit=value)
 
     assert message in excinfo.value.message_dict["rpm_limit"][0]
+
+
+@pytest.mark.parametrize(("value", "message"), [(-1, "at least 0"), (1.5, "whole number")])
+def test_the_request_size_cap_must_be_a_whole_number_not_below_zero(value, message, create):
+    with pytest.raises(ValidationError) as excinfo:
+        create(max_request_bytes=value)
+    assert message in excinfo.value.message_dict["max_request_bytes"][0]
+    assert not Tenant.objects.exists()
+
+    tenant = create(max_request_bytes=4096)
+    assert tenant.max_request_bytes == 4096
+    with pytest.raises(ValidationError) as excinfo:
+        tenant_update(actor=None, tenant=tenant, max_request_bytes=-5)
+    assert "max_request_bytes" in excinfo.value.message_dict
+    tenant_update(actor=None, tenant=tenant, max_request_bytes=0)  # 0: the router's cap only
+    tenant.refresh_from_db()
+    assert tenant.max_request_bytes == 0
 
 
 def test_create_reports_every_bad_field_at_once(create):

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+import msgspec
 import openai
 import pytest
 from gateway_fleet import (
@@ -59,23 +60,23 @@ UNKNOWN_KEY = new_key()[0]
 ROWS = [
     Row("malformed_json", 400, "invalid_request_error", "invalid_json", body=b'{"model": '),
     Row("not_utf8", 400, "invalid_request_error", "invalid_json", body=b"\xff\xfe{}"),
-    Row("missing_field", 422, "invalid_request_error", "invalid_value",
+    Row("bad_utf8_in_a_string", 400, "invalid_request_error", "invalid_json",
+        body=b'{"model": "sim-chat", "messages": [{"role": "user", "content": "\xc3\x28"}]}'),
+    Row("missing_field", 400, "invalid_request_error", "invalid_value",
         body={"model": CHAT_MODEL}, param="messages"),
-    Row("wrong_type", 422, "invalid_request_error", "invalid_value",
+    Row("wrong_type", 400, "invalid_request_error", "invalid_value",
         body=chat(max_tokens="ten"), param="max_tokens"),
-    Row("out_of_range", 422, "invalid_request_error", "invalid_value",
-        body=chat(temperature=3.5), param="temperature"),
-    Row("unknown_field", 422, "invalid_request_error", "invalid_value",
-        body=chat(tools=[]), param="tools"),
-    Row("n_above_one", 422, "invalid_request_error", "invalid_value", body=chat(n=2), param="n"),
-    Row("bad_role", 422, "invalid_request_error", "invalid_value",
-        body={"model": CHAT_MODEL, "messages": [{"role": "robot", "content": "x"}]},
-        param="messages[0].role"),
-    Row("empty_messages", 422, "invalid_request_error", "invalid_value",
+    Row("out_of_range", 400, "invalid_request_error", "invalid_value",
+        body=chat(temperature=-0.5), param="temperature"),
+    Row("n_out_of_range", 400, "invalid_request_error", "invalid_value", body=chat(n=0),
+        param="n"),
+    Row("missing_role", 400, "invalid_request_error", "invalid_value",
+        body={"model": CHAT_MODEL, "messages": [{"content": "x"}]}, param="messages[0].role"),
+    Row("empty_messages", 400, "invalid_request_error", "invalid_value",
         body={"model": CHAT_MODEL, "messages": []}, param="messages"),
-    Row("two_prompts", 422, "invalid_request_error", "invalid_value", path=COMPLETIONS,
-        body={"model": CHAT_MODEL, "prompt": ["a", "b"]}, param="prompt"),
-    Row("not_an_object", 422, "invalid_request_error", "invalid_value", body=b"[1, 2]"),
+    Row("mixed_prompt_batch", 400, "invalid_request_error", "invalid_value", path=COMPLETIONS,
+        body={"model": CHAT_MODEL, "prompt": ["a", [1, 2]]}, param="prompt"),
+    Row("not_an_object", 400, "invalid_request_error", "invalid_value", body=b"[1, 2]"),
     Row("missing_key", 401, "authentication_error", "missing_api_key", body=chat(), key=None),
     Row("not_bearer", 401, "authentication_error", "missing_api_key", body=chat(), key=None,
         headers={"Authorization": "Basic dXNlcjpwYXNz"}),
@@ -107,6 +108,8 @@ ROWS = [
         body=b"{" + b" " * (MiB + 1) + b"}"),
     Row("max_tokens_over_cap", 400, "invalid_request_error", "max_tokens_exceeded",
         body=chat(max_tokens=17), key="tiny", param="max_tokens"),
+    Row("n_times_max_tokens_over_cap", 400, "invalid_request_error", "max_tokens_exceeded",
+        body=chat(max_tokens=9, n=2), key="tiny", param="max_tokens"),
     Row("max_completion_tokens_over_cap", 400, "invalid_request_error", "max_tokens_exceeded",
         body=chat(max_completion_tokens=17), key="tiny", param="max_completion_tokens"),
     Row("context_over_cap", 400, "invalid_request_error", "context_length_exceeded",
@@ -121,6 +124,10 @@ ROWS = [
         param="input[1]"),
     Row("bad_timeout_header", 400, "invalid_request_error", "invalid_header", body=chat(),
         headers={"X-Request-Timeout": "soon"}, param="X-Request-Timeout"),
+    Row("tiny_timeout_header", 400, "invalid_request_error", "invalid_header", body=chat(),
+        headers={"X-Request-Timeout": "0.0001"}, param="X-Request-Timeout"),
+    Row("engine_refuses_n", 400, "invalid_request_error", "upstream_rejected",
+        body=chat(n=2), param="n", reaches_upstream=True),
     Row("no_healthy_endpoint_closed_port", 503, "server_error", "no_healthy_endpoint",
         body={"model": GHOST_MODEL, "messages": MESSAGES}),
     Row("no_endpoint_at_all", 503, "server_error", "no_healthy_endpoint",
@@ -245,7 +252,8 @@ def test_a_revoked_key_stops_working_on_the_next_snapshot(fleet: Fleet) -> None:
         ("frozen", CHAT_MODEL, {}, openai.PermissionDeniedError, "tenant_suspended"),
         ("good", "no-such-model", {}, openai.NotFoundError, "model_not_found"),
         ("tiny", CHAT_MODEL, {"max_tokens": 99}, openai.BadRequestError, "max_tokens_exceeded"),
-        ("good", CHAT_MODEL, {"n": 3}, openai.UnprocessableEntityError, "invalid_value"),
+        ("good", CHAT_MODEL, {"n": 0}, openai.BadRequestError, "invalid_value"),
+        ("good", CHAT_MODEL, {"temperature": -1}, openai.BadRequestError, "invalid_value"),
         ("good", GHOST_MODEL, {}, openai.InternalServerError, "no_healthy_endpoint"),
     ],
 )
@@ -256,3 +264,33 @@ def test_the_openai_client_raises_the_matching_error(
     with pytest.raises(exc) as info:
         client.chat.completions.create(model=model, messages=MESSAGES, **extra)  # type: ignore[call-overload]
     assert getattr(info.value, "code", None) == code
+
+
+def test_an_operator_refused_field_is_400_unsupported_parameter(fleet: Fleet) -> None:
+    """``Model.refused_fields`` reaches the router in the snapshot; other fields still pass."""
+    original = fleet.world.models[CHAT_MODEL]
+    fleet.world.models[CHAT_MODEL] = msgspec.structs.replace(
+        original, refused_fields=("logit_bias", "top_k")
+    )
+    fleet.republish()
+    headers = {"Authorization": f"Bearer {fleet.key('good')}"}
+    try:
+        before = work_done(fleet)
+        for field, value in (("logit_bias", {"1": -100}), ("top_k", 5)):
+            resp = httpx.post(
+                f"{fleet.base_url}{CHAT}", json=chat(**{field: value}), headers=headers, timeout=30
+            )
+            error = assert_openai_error(resp, 400, "invalid_request_error", "unsupported_parameter")
+            assert error["param"] == field
+            assert field in error["message"]
+        assert work_done(fleet) == before
+        ok = httpx.post(
+            f"{fleet.base_url}{CHAT}",
+            json=chat(max_tokens=2, min_p=0.1, tools=[]),
+            headers=headers,
+            timeout=30,
+        )
+        assert ok.status_code == 200, ok.text
+    finally:
+        fleet.world.models[CHAT_MODEL] = original
+        fleet.republish()

@@ -39,6 +39,8 @@ CHANNEL_LAYER_COMMANDS = {"bzpopmin", "zcount", "zpopmin"}
 LIMITS_SCRIPT_BODY = {
     "time", "zremrangebyscore", "zcard", "zrange", "hmget", "hset", "pexpire", "zadd", "zrem",
     "exists", "hincrbyfloat",
+    # credits (issue #11): escrow, the settled-once marker, the charge, the usage event
+    "set", "hget", "hdel", "hincrby", "zrangebyscore", "xadd",
 }  # fmt: skip
 
 

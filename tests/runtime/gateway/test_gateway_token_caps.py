@@ -141,6 +141,33 @@ async def test_generation_budget_caps() -> None:
 
 
 @pytest.mark.asyncio
+async def test_n_sequences_share_the_output_cap() -> None:
+    counter = TokenCounter()
+    version = make_version(max_context=100)
+    tenant = make_tenant(max_context=1000, max_output=30)
+    common = {"tenant": tenant, "version": version, "param": "max_tokens", "prompt_param": "prompt"}
+    _, each = await generation_budget(
+        counter, texts=["x"], overheads=[0], requested_max_tokens=15, sequences=2, **common
+    )
+    assert each == 15  # 2 x 15 fits the cap of 30
+    with pytest.raises(ApiError) as over:
+        await generation_budget(
+            counter, texts=["x"], overheads=[0], requested_max_tokens=16, sequences=2, **common
+        )
+    assert (over.value.code, over.value.param) == ("max_tokens_exceeded", "max_tokens")
+    assert "32 (2 x 16)" in over.value.message
+    _, default = await generation_budget(
+        counter, texts=["x"], overheads=[0], requested_max_tokens=None, sequences=3, **common
+    )
+    assert default == 10  # the default output budget split over three choices
+    with pytest.raises(ApiError) as too_many:
+        await generation_budget(
+            counter, texts=["x"], overheads=[0], requested_max_tokens=None, sequences=31, **common
+        )
+    assert (too_many.value.code, too_many.value.param) == ("max_tokens_exceeded", "n")
+
+
+@pytest.mark.asyncio
 async def test_an_exact_count_admits_what_the_bound_would_refuse(tmp_path: Path) -> None:
     counter = TokenCounter()
     version = make_version(tokenizer=str(write_tokenizer(tmp_path)), max_context=64)
@@ -172,3 +199,12 @@ async def test_embedding_budget() -> None:
     with pytest.raises(ApiError) as info:
         await embedding_budget(counter, tenant=tenant, version=version, texts=["y" * 30])
     assert (info.value.code, info.value.param) == ("context_length_exceeded", "input")
+    tokens = await embedding_budget(
+        counter, tenant=tenant, version=version, texts=["", ""], overheads=[3, 4]
+    )
+    assert tokens == 2 * REQUEST_OVERHEAD + 7  # token arrays count one token per id
+    with pytest.raises(ApiError) as long_array:
+        await embedding_budget(
+            counter, tenant=tenant, version=version, texts=["", ""], overheads=[1, 30]
+        )
+    assert long_array.value.param == "input[1]"

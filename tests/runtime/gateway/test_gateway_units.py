@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 from gateway_fleet import World
 
+from runtime.gateway.admit import _LIMIT_CODES
 from runtime.gateway.config import ConfigError, RouterConfig
 from runtime.gateway.errors import ERROR_KINDS, ApiError, error_body, upstream_refusal
 from runtime.gateway.relay import _Meta, terminal_error_chunk
 from runtime.gateway.resolve import resolve_class, resolve_model, resolve_timeout
 from runtime.gateway.upstream_errors import dispatch_error
+from runtime.scheduling.interfaces import DropReason
 from runtime.upstream.errors import (
     ConnectFailed,
     DeadlineExceeded,
@@ -65,11 +69,22 @@ def test_bad_config_is_refused(env: dict[str, str]) -> None:
 
 def test_every_error_kind_renders_the_openai_shape() -> None:
     for code, kind in ERROR_KINDS.items():
-        error = ApiError.of(code, "msg", param="p")
-        assert error.status == kind.status
+        fields: dict[str, Any] = {name: f"<{name}>" for name in kind.fields()}
+        if "status" in fields:  # the engine's status, passed back (upstream_rejected)
+            fields["status"] = 418
+        error = ApiError.of(code, **fields)
+        assert error.status == (418 if kind.passthrough_status else kind.status)
+        assert "{" not in error.message
         assert json.loads(error.body()) == {
-            "error": {"message": "msg", "type": kind.type, "param": "p", "code": code}
+            "error": {
+                "message": kind.template.format_map(fields),
+                "type": kind.type,
+                "param": fields.get("param"),
+                "code": code,
+            }
         }
+        override = ApiError.of(code, "msg", param="p")
+        assert (override.message, override.param, override.status) == ("msg", "p", kind.status)
     assert json.loads(error_body("m", type="t", code=None)) == {
         "error": {"message": "m", "type": "t", "param": None, "code": None}
     }
@@ -82,8 +97,9 @@ def test_every_error_kind_renders_the_openai_shape() -> None:
          "too long", None),
         (b'{"error": {"message": "nope", "type": "x", "param": "max_tokens", "code": "c"}}',
          "nope", "max_tokens"),
-        (b"not json", "the model server refused the request (HTTP 400)", None),
-        (b'["odd"]', "the model server refused the request (HTTP 400)", None),
+        (b"not json", "The model server refused the request (HTTP 400).", None),
+        (b'["odd"]', "The model server refused the request (HTTP 400).", None),
+        (b'{"message": "\xff"}', "The model server refused the request (HTTP 400).", None),
     ],
 )  # fmt: skip
 def test_upstream_refusals_keep_their_message(body: bytes, message: str, param: str | None) -> None:
@@ -144,7 +160,8 @@ def test_resolve_timeout(world: World) -> None:
     assert resolve_timeout(interactive, b"60", config) == 2.0
     assert resolve_timeout(None, None, config) == config.default_deadline_s
     assert resolve_timeout(None, b"100000", config) == config.default_deadline_s
-    for bad in (b"0", b"-1", b"nan", b"inf", b"soon"):
+    assert resolve_timeout(interactive, b"0.05", config) == 0.05
+    for bad in (b"0", b"0.0001", b"0.049", b"-1", b"nan", b"inf", b"-inf", b"soon", b"", b"1e"):
         with pytest.raises(ApiError) as info:
             resolve_timeout(interactive, bad, config)
         assert info.value.code == "invalid_header"
@@ -187,3 +204,36 @@ def test_terminal_error_chunk(
     assert chunk["object"] == ("chat.completion.chunk" if kind == "chat" else "text_completion")
     assert chunk["choices"] == [expected_choice]
     assert chunk["error"]["code"] == code
+    kind = ERROR_KINDS[code]
+    assert chunk["error"]["type"] == kind.type
+    assert set(chunk["error"]) == {"message", "type", "param", "code"}
+
+
+GATEWAY = Path(__file__).resolve().parents[3] / "runtime" / "gateway"
+_NAMED_CODE = re.compile(r"""ApiError\.of\(\s*["']([a-z_]+)["']|\bcode=["']([a-z_]+)["']""")
+_DIRECT = re.compile(r"(?<![.\w])ApiError\(")
+
+
+def test_every_code_the_gateway_can_emit_is_in_the_table() -> None:
+    """Codes named in the source, the limits' and the queue's codes (raised by variable),
+    and no error built around the table (``ApiError(...)`` outside errors.py)."""
+    named: set[str] = set()
+    for source in sorted(GATEWAY.glob("*.py")):
+        text = source.read_text()
+        named |= {a or b for a, b in _NAMED_CODE.findall(text)}
+        if source.name != "errors.py":
+            assert not _DIRECT.search(text), f"{source.name} builds an ApiError by hand"
+    assert len(named) > 20  # the scan found the raises
+    dynamic = set(_LIMIT_CODES.values()) | {
+        str(DropReason.QUEUE_FULL),
+        str(DropReason.WAIT_EXCEEDS_DEADLINE),
+        str(DropReason.SHED),
+    }
+    assert named | dynamic <= set(ERROR_KINDS), (named | dynamic) - set(ERROR_KINDS)
+    assert {"stream_broken", "upstream_rejected", "unsupported_parameter"} <= named
+    assert 422 not in {kind.status for kind in ERROR_KINDS.values()}  # OpenAI uses 400
+
+
+def test_an_unknown_code_fails_at_the_raise() -> None:
+    with pytest.raises(KeyError):
+        ApiError.of("no_such_code")

@@ -27,6 +27,10 @@ pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
 Seen = list[tuple[dict[str, Any], dict[str, str]]]
 
 
+def compact(document: dict[str, Any]) -> bytes:
+    return json.dumps(document, separators=(",", ":")).encode()  # as vLLM (pydantic) writes
+
+
 def recording_app(seen: Seen) -> web.Application:
     async def chat(request: web.Request) -> web.StreamResponse:
         body = await request.json()
@@ -36,11 +40,12 @@ def recording_app(seen: Seen) -> web.Application:
             response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
             await response.prepare(request)
             delta = {**chunk, "choices": [{"index": 0, "delta": {"content": "hi"}}]}
-            await response.write(b"data: " + json.dumps(delta).encode() + b"\n\n")
+            await response.write(b"data: " + compact(delta) + b"\n\n")
+            final = {**chunk, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
+            await response.write(b"data: " + compact(final) + b"\n\n")
             usage = {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}
-            await response.write(
-                b"data: " + json.dumps({**chunk, "choices": [], "usage": usage}).encode() + b"\n\n"
-            )
+            last = {**chunk, "choices": [], "usage": usage, "system_fingerprint": "fp_1"}
+            await response.write(b"data: " + compact(last) + b"\n\n")
             await response.write(b"data: [DONE]\n\n")
             await response.write_eof()
             return response
@@ -114,13 +119,14 @@ async def test_upstream_body_is_normalised(setup: tuple[str, World, Seen, Publis
             },
         )
         assert stream.status_code == 200
-    (first, first_headers), (second, _) = seen
+        rich = await http.post("/v1/chat/completions", json=RICH)
+        assert rich.status_code == 200
+    (first, first_headers), (second, _), (third, _) = seen
     assert first == {
         "model": "m",
         "messages": [{"role": "user", "content": "x"}],
         "max_tokens": 512,  # the tenant's cap when the client gives none
-        "temperature": 0.25,  # the version's default; top_k is not a field we forward
-        "stream": False,
+        "temperature": 0.25,  # the version's default; top_k is not a default we set
     }
     assert first_headers["x-request-id"] == "rid-1"
     assert second["stream_options"] == {"include_usage": True}  # always, to meter
@@ -129,9 +135,69 @@ async def test_upstream_body_is_normalised(setup: tuple[str, World, Seen, Publis
     assert "max_completion_tokens" not in second
     assert "priority" not in first
     assert "priority" not in second
-    # The client did not ask for usage: the usage-only chunk is not relayed.
+    # The client did not ask for usage: the usage-only chunk is not relayed, and its
+    # fingerprint goes on the final chunk, where vLLM puts it for such a client.
     assert '"usage"' not in stream.text
     assert stream.text.endswith("data: [DONE]\n\n")
+    events = [json.loads(line[6:]) for line in stream.text.splitlines() if line[6:7] == "{"]
+    assert [e.get("system_fingerprint") for e in events] == [None, "fp_1"]
+    assert events[-1]["choices"][0]["finish_reason"] == "stop"
+    # Everything the router does not read goes upstream verbatim; it sets only max_tokens
+    # (n x 6 counted against the caps) and include_usage (keeping the client's other options).
+    expected = {**RICH, "max_tokens": 6}
+    expected["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
+    del expected["priority"]
+    assert third == expected
+
+
+RICH: dict[str, Any] = {
+    "model": "m",
+    "messages": [
+        {"role": "developer", "content": "be brief", "name": "ops"},
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "what is this?"},
+                {
+                    "type": "image_url",
+                    "image_url": {"url": "data:image/png;base64,AA", "detail": "low"},
+                },
+            ],
+        },
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": "42"},
+    ],
+    "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
+    "tool_choice": {"type": "function", "function": {"name": "f"}},
+    "parallel_tool_calls": False,
+    "response_format": {"type": "json_object"},
+    "logprobs": True,
+    "top_logprobs": 3,
+    "logit_bias": {"50256": -100},
+    "metadata": {"team": "x"},
+    "store": False,
+    "reasoning_effort": "low",
+    "top_k": 5,
+    "min_p": 0.1,
+    "repetition_penalty": 1.1,
+    "ignore_eos": True,
+    "guided_json": {"type": "object"},
+    "n": 2,
+    "seed": 7,
+    "stop": ["\n\n"],
+    "temperature": 0.0,
+    "max_tokens": 6,
+    "user": "u-1",
+    "priority": -5,
+    "stream": True,
+    "stream_options": {"continuous_usage_stats": True},
+}
 
 
 async def test_priority_band_goes_upstream_only_where_the_pool_says_so(

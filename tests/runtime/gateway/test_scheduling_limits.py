@@ -6,6 +6,7 @@ can kill it while the router runs.
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import time
@@ -25,6 +26,7 @@ from fixtures.router import (
     start_router,
     wait_ready,
 )
+from fixtures.wait import eventually
 from gateway_fleet import start_simulator
 
 from runtime.gateway.config import ConfigError, RouterConfig
@@ -139,6 +141,39 @@ def test_tokens_per_minute_debit_prompt_plus_max_tokens(
         while (fits := post(router, world, "thrifty", max_tokens=8)).status_code != 200:
             assert time.monotonic() < give_up, fits.text  # 22 + 8 <= 32 once settled
             time.sleep(0.05)
+    finally:
+        router.stop()
+        publisher.cleanup()
+
+
+def test_n_choices_debit_n_times_max_tokens(
+    engine: Process, private_redis: tuple[str, subprocess.Popen[bytes]], tmp_path: Path
+) -> None:
+    url, _ = private_redis
+    world = world_for(engine)
+    publisher = Publisher(f"switchyard:test:gw-limits:{uuid.uuid4().hex[:8]}", url)
+    router = start_router(publisher.prefix, tmp_path, REDIS_URL=url)
+    headers = {"Authorization": f"Bearer {world.secrets['thrifty']}"}
+
+    def two_choices_available() -> int | None:
+        """Ask for n=2 x 8 (22 + 16 = 38 tokens); the refusal says what is available."""
+        resp = httpx.post(
+            f"{router.base_url}/v1/chat/completions",
+            json={**chat(max_tokens=8), "n": 2}, headers=headers, timeout=30,
+        )  # fmt: skip
+        assert resp.status_code == 429, resp.text
+        assert resp.json()["error"]["code"] == "tokens_per_minute_exceeded"
+        found = re.search(r"\((\d+) available now\)", resp.json()["error"]["message"])
+        assert found is not None
+        available = int(found.group(1))
+        return available if available >= 30 else None  # settled: one choice would fit
+
+    try:
+        wait_ready(router, publisher.publish(world.snapshot()))
+        assert post(router, world, "thrifty", max_tokens=60).status_code == 200  # 32 left
+        available = eventually(two_choices_available, timeout=2.5, what="settlement")
+        assert available < 38  # refused for n x max_tokens, not for max_tokens
+        assert post(router, world, "thrifty", max_tokens=8).status_code == 200  # 22 + 8 fits
     finally:
         router.stop()
         publisher.cleanup()

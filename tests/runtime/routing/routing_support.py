@@ -2,40 +2,23 @@
 
 from __future__ import annotations
 
-from runtime.snapshot import (
-    EndpointSnap,
-    ModelSnap,
-    PoolSnap,
-    RouteSnap,
-    RouteSplit,
-    Snapshot,
-    VersionSnap,
-)
+from runtime.snapshot import EndpointSnap, PoolSnap, Snapshot, VersionSnap
+from runtime.testing.snapshots import SnapshotBuilder, endpoint_snap, pool_snap, version_snap
 
 
 def version(version_id: int, model: str = "m") -> VersionSnap:
-    return VersionSnap(
-        id=version_id, model=model, label=f"v{version_id}", artifact_uri="", digest="0" * 64,
-        runtime="simulator", max_context=0, tokenizer="", default_sampling={}, memory_gb=1.0,
-        tensor_parallel_size=1,
-    )  # fmt: skip
+    return version_snap(version_id, model)
 
 
 def endpoint(
     endpoint_id: int, version_id: int = 1, *, state: str = "ready", capacity: int = 4,
     pool: str = "p",
 ) -> EndpointSnap:  # fmt: skip
-    return EndpointSnap(
-        id=endpoint_id, pool=pool, version=version_id, base_url=f"http://h{endpoint_id}",
-        state=state, capacity=capacity,
-    )  # fmt: skip
+    return endpoint_snap(endpoint_id, version_id, state=state, capacity=capacity, pool=pool)
 
 
 def pool(name: str = "p", **policies: str) -> PoolSnap:
-    return PoolSnap(
-        name=name, hardware_tier="cpu", cost_per_replica_hour=0.0, min_replicas=0,
-        max_replicas=1, warm_replicas=0, policies=dict(policies),
-    )  # fmt: skip
+    return pool_snap(name, max_replicas=1, policies=dict(policies))
 
 
 def snapshot(
@@ -46,22 +29,15 @@ def snapshot(
     endpoints: tuple[EndpointSnap, ...] = (),
     pools: tuple[PoolSnap, ...] = (),
 ) -> Snapshot:
-    routes = {}
+    world = SnapshotBuilder()
+    world.add_model("m", versions[0])
+    for v in versions[1:]:
+        world.add_version("m", v)
     if splits is not None:
-        routes["m"] = RouteSnap(
-            model="m",
-            splits=tuple(RouteSplit(version=v, weight=w) for v, w in splits),
-            sticky_key=sticky_key,
-        )
-    return Snapshot(
-        version=1,
-        created_at=0.0,
-        models={"m": ModelSnap(name="m", task="chat", versions=versions)},
-        versions={v: version(v) for v in versions},
-        routes=routes,
-        endpoints={e.id: e for e in endpoints},
-        pools={p.name: p for p in pools} or {"p": pool()},
-    )
+        world.add_route("m", splits, sticky_key=sticky_key)
+    world.endpoints.update({e.id: e for e in endpoints})
+    world.pools.update({p.name: p for p in pools} or {"p": pool()})
+    return world.snapshot(version=1, created_at=0.0)
 
 
 class Signals:

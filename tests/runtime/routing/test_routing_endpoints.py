@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 
 import pytest
 from routing_support import Signals, endpoint, pool, snapshot
 
-from runtime.routing.endpoints import (
-    FILTERS,
-    PICKERS,
-    SCORERS,
-    EndpointSelector,
-    UnknownPolicyError,
-)
+from runtime.policy_names import UnknownPolicyError
+from runtime.routing.endpoints import EndpointSelector, names, registry
 from runtime.routing.inflight import InFlight
 from runtime.routing.table import RoutingTable
 
@@ -34,27 +30,27 @@ SIGNAL_CASES = [
 ]
 
 
-@pytest.mark.parametrize("name", sorted(FILTERS))
+@pytest.mark.parametrize("name", names("filters"))
 @pytest.mark.parametrize("signals", SIGNAL_CASES)
 def test_filter_conformance(name: str, signals: Signals) -> None:
-    flt = FILTERS[name]()
+    flt = registry("filters")[name]()
     assert flt.name == name
     for ep in ENDPOINTS:
         assert isinstance(flt.keep(ep, signals), bool)
 
 
-@pytest.mark.parametrize("name", sorted(SCORERS))
+@pytest.mark.parametrize("name", names("scorers"))
 @pytest.mark.parametrize("signals", SIGNAL_CASES)
 def test_scorer_conformance(name: str, signals: Signals) -> None:
-    scorer = SCORERS[name]()
+    scorer = registry("scorers")[name]()
     assert scorer.name == name
     for ep in ENDPOINTS:
         assert 0.0 <= scorer.score(ep, signals) <= 1.0
 
 
-@pytest.mark.parametrize("name", sorted(PICKERS))
+@pytest.mark.parametrize("name", names("picker"))
 def test_picker_conformance(name: str) -> None:
-    picker = PICKERS[name]()
+    picker = registry("picker")[name]()
     assert picker.name == name
     scored = [(ep, 1.0 / ep.id) for ep in ENDPOINTS]
     for _ in range(5):
@@ -100,6 +96,7 @@ def test_policies_choose_by_name_and_weights() -> None:
         {"scorers": "vibes"},
         {"scorers": "least_load:lots"},
         {"scorers": "least_load:0"},
+        {"scorers": "least_load:nan"},
         {"picker": "coin_flip"},
     ],
 )
@@ -108,7 +105,9 @@ def test_unknown_or_bad_policies_are_refused(policies: dict[str, str]) -> None:
         EndpointSelector.from_policies(policies)
 
 
-def test_routing_table_indexes_endpoints_by_version_and_falls_back_on_bad_policies() -> None:
+def test_routing_table_indexes_endpoints_by_version_and_falls_back_on_bad_policies(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     snap = snapshot(
         versions=(1, 2),
         endpoints=(endpoint(1, 1), endpoint(2, 2), endpoint(3, 1, state="starting")),
@@ -118,9 +117,12 @@ def test_routing_table_indexes_endpoints_by_version_and_falls_back_on_bad_polici
     assert [e.id for e in table.endpoints(snap, 1)] == [1, 3]
     assert table.endpoints(snap, 99) == ()
     assert table.pick(snap, 99, Signals()) is None
-    picked = table.pick(snap, 1, Signals())
+    with caplog.at_level(logging.ERROR, logger="runtime.routing.table"):
+        picked = table.pick(snap, 1, Signals())
     assert picked is not None
     assert picked.id == 1
+    assert "pool p has invalid policies" in caplog.text
+    assert "unknown scorer 'nonsense'" in caplog.text
     assert table.pick(snap, 1, Signals(), exclude=frozenset({1})) is None
     assert table.policies(snap, 2) == {"scorers": "nonsense"}
 
@@ -140,3 +142,18 @@ def test_inflight_counts() -> None:
     inflight.acquire(7)
     inflight.retain([1])
     assert inflight.snapshot() == {}
+
+
+def test_routing_and_scheduling_share_one_unknown_policy_error() -> None:
+    from runtime.scheduling import registry as scheduling  # noqa: PLC0415
+
+    assert UnknownPolicyError is scheduling.UnknownPolicyError
+    with pytest.raises(UnknownPolicyError, match="known: filters, picker, scorers"):
+        registry("sorters")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("interface", ["filters", "scorers", "picker"])
+def test_each_registered_class_is_found_by_its_own_name(interface: str) -> None:
+    table = registry(interface)  # type: ignore[arg-type]
+    assert table
+    assert all(cls.name == name for name, cls in table.items())

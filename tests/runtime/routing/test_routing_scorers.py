@@ -8,7 +8,7 @@ from collections import Counter
 import pytest
 from routing_support import Signals, endpoint
 
-from runtime.routing.endpoints import SCORERS, EndpointSelector
+from runtime.routing.endpoints import EndpointSelector, names, registry
 from runtime.snapshot import EndpointSnap
 
 pytestmark = pytest.mark.unit
@@ -21,17 +21,17 @@ RICH = [
 ]
 
 
-@pytest.mark.parametrize("name", sorted(SCORERS))
+@pytest.mark.parametrize("name", names("scorers"))
 @pytest.mark.parametrize("signals", RICH)
 def test_every_scorer_stays_in_the_unit_interval(name: str, signals: Signals) -> None:
-    scorer = SCORERS[name]()
+    scorer = registry("scorers")[name]()
     assert scorer.name == name
     for ep in ENDPOINTS:
         assert 0.0 <= scorer.score(ep, signals) <= 1.0
 
 
 def test_kv_use_prefers_the_emptier_cache_and_is_neutral_when_unknown() -> None:
-    scorer = SCORERS["kv_use"]()
+    scorer = registry("scorers")["kv_use"]()
     signals = Signals(kv={1: 0.1, 2: 0.8})
     assert scorer.score(ENDPOINTS[0], signals) == pytest.approx(0.9)
     assert scorer.score(ENDPOINTS[1], signals) == pytest.approx(0.2)
@@ -39,7 +39,7 @@ def test_kv_use_prefers_the_emptier_cache_and_is_neutral_when_unknown() -> None:
 
 
 def test_cost_tier_prefers_the_cheaper_pool() -> None:
-    scorer = SCORERS["cost_tier"]()
+    scorer = registry("scorers")["cost_tier"]()
     signals = Signals(costs={"cheap": 1.0, "dear": 3.0})
     assert scorer.score(ENDPOINTS[0], signals) == 0.5
     assert scorer.score(ENDPOINTS[1], signals) == 0.25
@@ -66,7 +66,7 @@ def test_prefix_affinity_is_consistent_spread_and_moves_only_the_lost_keys() -> 
     for key, endpoint_id in placed.items():
         if endpoint_id != 2:
             assert winner(first, key, without_two) == endpoint_id  # nobody else moved
-    assert SCORERS["prefix_affinity"]().score(ENDPOINTS[0], Signals()) == 0.5
+    assert registry("scorers")["prefix_affinity"]().score(ENDPOINTS[0], Signals()) == 0.5
 
 
 def test_affinity_yields_to_load_by_weight() -> None:

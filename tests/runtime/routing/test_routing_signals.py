@@ -8,7 +8,7 @@ import pytest
 
 from runtime.routing.inflight import InFlight
 from runtime.routing.signals import FleetSignals
-from runtime.snapshot import EndpointSnap
+from runtime.testing.snapshots import endpoint_snap
 from runtime.upstream.breaker import BreakerBook, BreakerConfig
 from runtime.upstream.client import UpstreamClient
 from runtime.upstream.health import HealthConfig, HealthMonitor
@@ -28,10 +28,7 @@ async def test_signals_follow_breakers_health_and_inflight() -> None:
     health = HealthMonitor(client, HealthConfig(unhealthy_after=1, probe_timeout_s=0.5))
     inflight = InFlight()
     signals = FleetSignals(breakers=breakers, health=health, inflight=inflight)
-    ep = EndpointSnap(
-        id=1, pool="p", version=1, base_url=f"http://127.0.0.1:{closed_port()}", state="ready",
-        capacity=1,
-    )  # fmt: skip
+    ep = endpoint_snap(1, 1, f"http://127.0.0.1:{closed_port()}", pool="p", capacity=1)
     try:
         assert signals.healthy(1)  # unknown to the monitor
         health.set_endpoints([ep])

@@ -12,6 +12,7 @@ from runtime.scheduling.grant import Grant, Ticket
 from runtime.scheduling.interfaces import EndpointLoad
 from runtime.scheduling.settings import PoolSettings
 from runtime.snapshot import EndpointSnap
+from runtime.testing.snapshots import endpoint_snap
 
 
 class HandFleet:
@@ -24,10 +25,7 @@ class HandFleet:
         self.down: set[int] = set()
 
     def add(self, endpoint_id: int, *, version: int = 1, capacity: int = 1) -> EndpointSnap:
-        endpoint = EndpointSnap(
-            id=endpoint_id, pool="p", version=version, base_url=f"http://h{endpoint_id}",
-            state="ready", capacity=capacity,
-        )  # fmt: skip
+        endpoint = endpoint_snap(endpoint_id, version, pool="p", capacity=capacity)
         self.endpoints[endpoint_id] = endpoint
         return endpoint
 

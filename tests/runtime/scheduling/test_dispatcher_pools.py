@@ -87,7 +87,8 @@ async def test_dispatchers_follow_the_snapshot(caplog: pytest.LogCaptureFixture)
         with caplog.at_level(logging.ERROR, logger="runtime.scheduling.pools"):
             dispatchers.on_snapshot(snapshot(world, fairness="no-such-policy"))
         assert d.settings.fairness == "vtc"  # the default, and the mistake logged
-        assert "bad policies" in caplog.text
+        assert "pool p has invalid policies" in caplog.text
+        assert "no-such-policy" in caplog.text
         assert len(d) == 1  # the queued request survived the swap
         world.pools.clear()
         world.endpoints.clear()

@@ -13,20 +13,14 @@ from fixtures.net import free_port
 from fixtures.router import Process, spawn, wait_until_up
 
 from runtime.snapshot import EndpointSnap
+from runtime.testing.snapshots import endpoint_snap
 from runtime.upstream import UpstreamResponse
 
 SIM_MODEL = "sim-model"
 
 
 def endpoint(endpoint_id: int, base_url: str, *, capacity: int = 8) -> EndpointSnap:
-    return EndpointSnap(
-        id=endpoint_id,
-        pool="pool",
-        version=1,
-        base_url=base_url,
-        state="ready",
-        capacity=capacity,
-    )
+    return endpoint_snap(endpoint_id, 1, base_url, pool="pool", capacity=capacity)
 
 
 async def drain(resp: UpstreamResponse, sink: list[bytes]) -> None:

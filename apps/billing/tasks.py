@@ -1,0 +1,42 @@
+"""Celery tasks of billing: fetch, call a service, nothing else."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+from celery import shared_task
+
+from apps.billing import ledger, services
+from apps.billing.models import BudgetAlert
+
+
+@shared_task(name="apps.billing.tasks.usage_consume", ignore_result=True)
+def usage_consume(batches: int = 20, claim_idle_ms: int = 30_000) -> int:
+    """Move usage events from the routers' stream into the ledger (beat: every second).
+
+    Up to ``batches`` batches per run, each written in one transaction and acked after its
+    commit; returns how many entries were handled.
+    """
+    consumer = f"ledger-{socket.gethostname()}-{os.getpid()}"
+    handled = 0
+    for _ in range(batches):
+        done = ledger.usage_consume(consumer=consumer, block_ms=None, claim_idle_ms=claim_idle_ms)
+        handled += done
+        if not done:
+            break
+    return handled
+
+
+@shared_task(name="apps.billing.tasks.credit_reconcile", ignore_result=True)
+def credit_reconcile() -> int:
+    """Compare the Redis balances with the ledger and repair drift (audited); returns how many
+    tenants were repaired (beat: every 30 s; also seeds Redis after a restart)."""
+    return len(ledger.credit_reconcile())
+
+
+@shared_task(name="apps.billing.tasks.budget_alert_deliver", ignore_result=True)
+def budget_alert_deliver(alert_id: int) -> str:
+    """POST one soft budget alert to its webhook."""
+    alert = BudgetAlert.objects.select_related("budget__tenant").get(pk=alert_id)
+    return services.budget_alert_deliver(alert=alert)

@@ -1,0 +1,136 @@
+"""What the control plane (Django) and the data plane (routers, workers) agree on, in one place.
+
+Both halves import this module; it imports nothing but the standard library and msgspec.
+
+Redis key layout. Every name lives under a *namespace* (``switchyard`` by default; a test or
+benchmark run publishes under a namespace of its own, so runs never share state):
+
+======================================  =========================================================
+key                                     what
+======================================  =========================================================
+``{ns}:snapshot:seq``                   counter; each snapshot publish takes the next number
+``{ns}:snapshot:v:{n}``                 the JSON document of snapshot version ``n``
+``{ns}:snapshot:latest``                the number of the latest snapshot version
+``{ns}:snapshot:announce``              pub/sub channel; each message is a version number
+``{ns}:snapshot:confirmed``             ``"<version>:<unix time>"``: version checked current then
+``{ns}:apikey:last_used``               hash: API-key prefix -> unix time of its last use
+``{ns}:limits:{<tenant>}:rpm|tpm|conc``  a tenant's global RPM / TPM / concurrency (admission)
+``{ns}:fairness:{pool}``                hash: ``"<band>|<tenant>"`` -> shared fairness counter
+``{ns}:endpoint:{id}:heartbeat``        a worker's heartbeat (TTL; JSON value)
+======================================  =========================================================
+
+The snapshot prefix and the last-use hash can be moved with :data:`ENV_SNAPSHOT_PREFIX` and
+:data:`ENV_KEY_USAGE_HASH` (both halves read the same variables); the router derives its limits
+and fairness prefixes from the snapshot prefix's namespace (:func:`namespace_of`).
+
+API keys are ``"sy_" + prefix + "_" + secret``: an 8-character public prefix of ``[a-z0-9]``
+(the snapshot's lookup key) and a 40-character secret of ``[A-Za-z0-9]``. Only the prefix and
+:func:`api_key_digest` (hex sha256 of the whole key) are stored.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import secrets
+import string
+from typing import Final
+
+import msgspec
+
+NAMESPACE: Final = "switchyard"
+SNAPSHOT_PREFIX: Final = f"{NAMESPACE}:snapshot"
+KEY_USAGE_HASH: Final = f"{NAMESPACE}:apikey:last_used"
+LIMITS_PREFIX: Final = f"{NAMESPACE}:limits"
+FAIRNESS_PREFIX: Final = f"{NAMESPACE}:fairness"
+HEARTBEAT_KEY_PREFIX: Final = f"{NAMESPACE}:endpoint:"
+
+ENV_SNAPSHOT_PREFIX: Final = "SWITCHYARD_SNAPSHOT_PREFIX"
+ENV_KEY_USAGE_HASH: Final = "SWITCHYARD_KEY_USAGE_HASH"
+
+
+def namespace_of(snapshot_prefix: str) -> str:
+    """The namespace of a snapshot prefix: ``"x:snapshot"`` -> ``"x"``."""
+    return snapshot_prefix.removesuffix(":snapshot")
+
+
+class SnapshotKeys(msgspec.Struct, frozen=True):
+    """The Redis names of the snapshot under one prefix (see the module table)."""
+
+    prefix: str = SNAPSHOT_PREFIX
+
+    @property
+    def seq(self) -> str:
+        return f"{self.prefix}:seq"
+
+    @property
+    def latest(self) -> str:
+        return f"{self.prefix}:latest"
+
+    @property
+    def channel(self) -> str:
+        return f"{self.prefix}:announce"
+
+    @property
+    def confirmed(self) -> str:
+        return f"{self.prefix}:confirmed"
+
+    @property
+    def version_prefix(self) -> str:
+        return f"{self.prefix}:v:"
+
+    def version(self, n: int) -> str:
+        return f"{self.version_prefix}{n}"
+
+
+def endpoint_heartbeat_key(endpoint_id: int) -> str:
+    """The heartbeat key of an endpoint's worker."""
+    return f"{HEARTBEAT_KEY_PREFIX}{endpoint_id}:heartbeat"
+
+
+def limits_keys(prefix: str, tenant: str) -> tuple[str, str, str]:
+    """A tenant's RPM, TPM and concurrency keys (``{tenant}`` is a cluster hash tag)."""
+    base = f"{prefix}:{{{tenant}}}"
+    return f"{base}:rpm", f"{base}:tpm", f"{base}:conc"
+
+
+def fairness_key(prefix: str, pool: str) -> str:
+    """The hash of a pool's shared fairness counters."""
+    return f"{prefix}:{pool}"
+
+
+# -- API keys ---------------------------------------------------------------------------------
+
+API_KEY_PREFIX_LENGTH: Final = 8
+API_KEY_SECRET_LENGTH: Final = 40
+API_KEY_PREFIX_ALPHABET: Final = string.ascii_lowercase + string.digits
+API_KEY_SECRET_ALPHABET: Final = string.ascii_letters + string.digits
+API_KEY_RE: Final = re.compile(
+    rf"sy_(?P<prefix>[a-z0-9]{{{API_KEY_PREFIX_LENGTH}}})_[A-Za-z0-9]{{{API_KEY_SECRET_LENGTH}}}"
+)
+
+
+def api_key_digest(full_key: str) -> str:
+    """The stored form of a key: hex sha256 of the whole key string (any string hashes)."""
+    return hashlib.sha256(full_key.encode("utf-8", "surrogateescape")).hexdigest()
+
+
+def api_key_prefix(full_key: str) -> str | None:
+    """The public prefix of a well-formed key; None for anything else."""
+    match = API_KEY_RE.fullmatch(full_key)
+    return match.group("prefix") if match else None
+
+
+def api_key_new_prefix() -> str:
+    """A random public prefix (the caller checks it is free)."""
+    return "".join(secrets.choice(API_KEY_PREFIX_ALPHABET) for _ in range(API_KEY_PREFIX_LENGTH))
+
+
+def api_key_new(prefix: str | None = None) -> str:
+    """A new full key with ``prefix`` (random when None) and a random secret."""
+    prefix = api_key_new_prefix() if prefix is None else prefix
+    secret = "".join(secrets.choice(API_KEY_SECRET_ALPHABET) for _ in range(API_KEY_SECRET_LENGTH))
+    key = f"sy_{prefix}_{secret}"
+    if api_key_prefix(key) != prefix:
+        raise ValueError(f"not a valid API-key prefix: {prefix!r}")
+    return key

@@ -1,0 +1,148 @@
+"""uvicorn's httptools protocol with a bound on the request head and OpenAI-shaped refusals.
+
+uvicorn buffers a request's URL and headers without limit, and without a time limit, under
+httptools. Here the request line plus headers may hold :data:`MAX_HEAD_BYTES`; past that the
+client gets a 431 ``headers_too_large`` and the connection closes, before any of it reaches
+the app. A head still incomplete after the router's ``body_timeout_s`` (a slow-loris client)
+gets a 408 ``request_timeout`` and the connection closes (the body's own bound is the
+consumer's). A request the parser cannot read (a malformed request line, bad chunked framing)
+gets uvicorn's 400, but as an OpenAI error document (``bad_http_request``), not plain text.
+
+Used by ``python -m runtime.gateway`` (``http=BoundedHttpToolsProtocol``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import httptools
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+
+from runtime.gateway.errors import ApiError
+from runtime.gateway.state import STATE_KEY
+
+MAX_HEAD_BYTES = 64 * 1024  # request line + headers; nginx allows 32 KiB, Go 1 MiB
+DEFAULT_HEAD_TIMEOUT_S = 30.0  # when the app's state (and its config) is not there
+
+
+class HeadTooLargeError(Exception):
+    """Raised inside a parser callback; the parser wraps it in HttpParserCallbackError."""
+
+
+def _status_line(status: int) -> bytes:
+    line = STATUS_LINE.get(status)
+    if line is not None:
+        return line
+    return f"HTTP/1.1 {status} Request Header Fields Too Large\r\n".encode("ascii")
+
+
+class BoundedHttpToolsProtocol(HttpToolsProtocol):
+    """See the module docstring."""
+
+    max_head_bytes = MAX_HEAD_BYTES
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._head_bytes = 0
+        self._head_too_large = False
+        self._head_timer: asyncio.TimerHandle | None = None
+
+    def _head_timeout_s(self) -> float:
+        state = self.app_state.get(STATE_KEY)
+        config = getattr(state, "config", None)
+        return float(getattr(config, "body_timeout_s", DEFAULT_HEAD_TIMEOUT_S))
+
+    def _arm_head_timer(self) -> None:
+        self._disarm_head_timer()
+        self._head_timer = self.loop.call_later(self._head_timeout_s(), self._head_timed_out)
+
+    def _disarm_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_timed_out(self) -> None:
+        self._head_timer = None
+        if not self.transport.is_closing():
+            seconds = f"{self._head_timeout_s():g}"
+            self._refuse(ApiError.of("request_timeout", seconds=seconds))
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm_head_timer()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm_head_timer()
+        super().connection_lost(exc)
+
+    def on_message_begin(self) -> None:
+        self._head_bytes = 0
+        if self._head_timer is None:
+            self._arm_head_timer()
+        super().on_message_begin()
+
+    def on_headers_complete(self) -> None:
+        self._disarm_head_timer()
+        super().on_headers_complete()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._disarm_head_timer()  # idle between requests: uvicorn's keep-alive timeout rules
+
+    def _count(self, size: int) -> None:
+        self._head_bytes += size
+        if self._head_bytes > self.max_head_bytes:
+            self._head_too_large = True
+            raise HeadTooLargeError
+
+    def on_url(self, url: bytes) -> None:
+        self._count(len(url))
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._count(len(name) + len(value) + 4)
+        super().on_header(name, value)
+
+    def data_received(self, data: bytes) -> None:
+        if self._head_too_large:
+            return  # the refusal is out and the connection closing
+        self._unset_keepalive_if_required()
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            if self._should_upgrade():
+                self.handle_websocket_upgrade()
+            else:
+                self._unsupported_upgrade_warning()
+        except httptools.HttpParserError as exc:
+            if self._head_too_large:
+                self._refuse(ApiError.of("headers_too_large", cap=self.max_head_bytes))
+            else:
+                self.logger.warning("Invalid HTTP request received.")
+                self._refuse(ApiError.of("bad_http_request", reason=str(exc) or "unparseable"))
+
+    def send_400_response(self, msg: str) -> None:
+        self._refuse(ApiError.of("bad_http_request", reason=msg.rstrip(".")))
+
+    def _refuse(self, error: ApiError) -> None:
+        """Write the error document and close, outside the ASGI app (like uvicorn's 400)."""
+        cycle = self.cycle
+        if cycle is not None and cycle.response_started and not cycle.response_complete:
+            self.transport.close()  # mid-response (pipelined garbage): just end
+            return
+        body = error.body()
+        content = [_status_line(error.status)]
+        for name, value in self.server_state.default_headers:
+            content.extend([name, b": ", value, b"\r\n"])
+        content.extend(
+            [
+                b"content-type: application/json\r\n",
+                b"content-length: " + str(len(body)).encode("ascii") + b"\r\n",
+                b"connection: close\r\n",
+                b"\r\n",
+                body,
+            ]
+        )
+        self.transport.write(b"".join(content))
+        self.transport.close()

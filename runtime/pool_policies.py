@@ -1,0 +1,50 @@
+"""Check a pool's ``policies`` against the runtime's registries, where they are written.
+
+A pool's ``policies`` (``PoolSnap.policies``) is a string → string map read by two owners:
+scheduling (:mod:`runtime.scheduling.settings`: ``fairness``, ``ordering``, ``saturation``,
+``headroom``, ``max_queue``, ``band_shares``) and routing (:mod:`runtime.routing.endpoints`:
+``filters``, ``scorers``, ``picker``; :mod:`runtime.gateway.plan`: ``upstream_priority``).
+The router falls back to the defaults on a bad value (a typo must not take a pool down), so
+the control plane calls :func:`pool_policy_errors` before it stores one. A key of a new policy
+is one entry in :data:`POOL_POLICY_KEYS`. No Django here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Final
+
+from runtime.policy_names import UnknownPolicyError
+from runtime.routing.endpoints import EndpointSelector
+from runtime.scheduling.settings import PoolSettings, SettingsError
+
+SCHEDULING_KEYS: Final = ("fairness", "ordering", "saturation", "headroom", "max_queue",
+                          "band_shares")  # fmt: skip
+ROUTING_KEYS: Final = ("filters", "scorers", "picker")
+UPSTREAM_PRIORITY_VALUES: Final = ("on", "off")
+POOL_POLICY_KEYS: Final = (*SCHEDULING_KEYS, *ROUTING_KEYS, "upstream_priority")
+
+
+def pool_policy_errors(policies: Mapping[str, str]) -> list[str]:
+    """What is wrong with ``policies`` (unknown keys, unregistered names, bad parameters);
+    an empty list when the router would use them as written."""
+    errors: list[str] = []
+    unknown = sorted(set(policies) - set(POOL_POLICY_KEYS))
+    if unknown:
+        errors.append(
+            f"Unknown policy key(s): {', '.join(unknown)}. Known: {', '.join(POOL_POLICY_KEYS)}."
+        )
+    scheduling = {k: v for k, v in policies.items() if k in SCHEDULING_KEYS}
+    try:
+        PoolSettings.from_policies(scheduling, ()).policies()
+    except (SettingsError, UnknownPolicyError) as exc:
+        errors.append(f"Scheduling: {exc}.")
+    routing = {k: v for k, v in policies.items() if k in ROUTING_KEYS}
+    try:
+        EndpointSelector.from_policies(routing)
+    except UnknownPolicyError as exc:
+        errors.append(f"Routing: {exc}.")
+    priority = policies.get("upstream_priority")
+    if priority is not None and priority not in UPSTREAM_PRIORITY_VALUES:
+        errors.append(f"upstream_priority must be 'on' or 'off', got {priority!r}.")
+    return errors

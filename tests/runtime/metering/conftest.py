@@ -1,0 +1,3 @@
+from escrow_support import bank
+
+__all__ = ["bank"]
