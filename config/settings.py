@@ -106,6 +106,11 @@ CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BEAT_SCHEDULE = {
+    "drain-snapshot-outbox": {  # retries failed publishes (revocations, suspensions, ...)
+        "task": "apps.core.tasks.snapshot_outbox_drain",
+        "schedule": float(os.environ.get("SWITCHYARD_SNAPSHOT_OUTBOX_RETRY_S", "2")),
+        "options": {"expires": 10.0},
+    },
     "republish-snapshot-if-changed": {
         "task": "apps.core.tasks.snapshot_refresh",
         "schedule": 30.0,

@@ -12,6 +12,7 @@ key                                     what
 ``{ns}:snapshot:v:{n}``                 the JSON document of snapshot version ``n``
 ``{ns}:snapshot:latest``                the number of the latest snapshot version
 ``{ns}:snapshot:announce``              pub/sub channel; each message is a version number
+``{ns}:snapshot:confirmed``             ``"<version>:<unix time>"``: version checked current then
 ``{ns}:apikey:last_used``               hash: API-key prefix -> unix time of its last use
 ``{ns}:limits:{<tenant>}:rpm|tpm|conc``  a tenant's global RPM / TPM / concurrency (admission)
 ``{ns}:fairness:{pool}``                hash: ``"<band>|<tenant>"`` -> shared fairness counter
@@ -69,6 +70,10 @@ class SnapshotKeys(msgspec.Struct, frozen=True):
     @property
     def channel(self) -> str:
         return f"{self.prefix}:announce"
+
+    @property
+    def confirmed(self) -> str:
+        return f"{self.prefix}:confirmed"
 
     @property
     def version_prefix(self) -> str:

@@ -14,6 +14,11 @@ Rules:
 - When the connection drops the follower reconnects with capped exponential backoff and, once
   subscribed again, re-reads the latest pointer, so versions announced while it was away are
   not missed.
+- Staleness: the snapshot in force is *fresh as of* its build time, or the later time the
+  control plane confirmed that version still matches the database (``{prefix}:confirmed``,
+  read every ``confirm_poll_s`` while following). Older than ``stale_after_s`` it is *stale*:
+  the router keeps serving it (nothing better exists) but says so in ``/metrics``
+  (``switchyard_snapshot_age_seconds``, ``switchyard_snapshot_stale``) and ``/readyz``.
 """
 
 from __future__ import annotations
@@ -23,19 +28,23 @@ import contextlib
 import logging
 import os
 import random
-import socket
 import tempfile
+import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import msgspec
 import redis.asyncio as aioredis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
+from runtime.redis_conn import async_client
 from runtime.snapshot import SCHEMA_VERSION, Snapshot, decode
-from runtime.snapshot_store import DEFAULT_PREFIX, SnapshotKeys, parse_version
+from runtime.snapshot_store import (
+    DEFAULT_PREFIX,
+    SnapshotKeys,
+    parse_confirmation,
+    parse_version,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -68,12 +77,6 @@ def _parse(raw: bytes | str, *, expect_version: int | None) -> Snapshot:
     return snapshot
 
 
-def _keepalive_options() -> dict[int, int | bytes]:
-    """TCP keepalive so a silently dead connection is noticed in about 25 s, not minutes."""
-    wanted = {"TCP_KEEPIDLE": 10, "TCP_KEEPINTVL": 5, "TCP_KEEPCNT": 3}
-    return {getattr(socket, name): value for name, value in wanted.items() if hasattr(socket, name)}
-
-
 def _write_atomically(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -100,11 +103,16 @@ class SnapshotLoader:
         *,
         connect_timeout_s: float = 1.0,
         backoff_initial_s: float = 0.2,
-        backoff_max_s: float = 5.0,
+        backoff_max_s: float = 1.0,  # a refused reconnect is cheap; a late one delays revocations
         health_check_interval_s: int = 15,
         client_name: str = "switchyard-snapshot-loader",
         on_swap: Iterable[SwapCallback] = (),
+        stale_after_s: float = 120.0,
+        confirm_poll_s: float = 5.0,
+        clock: Callable[[], float] = time.time,
     ) -> None:
+        if not stale_after_s > 0:
+            raise ValueError(f"stale_after_s must be > 0, got {stale_after_s}")
         self._redis_url = redis_url
         self._cache_path = Path(cache_path)
         self._keys = SnapshotKeys(prefix)
@@ -119,6 +127,11 @@ class SnapshotLoader:
         self._client: aioredis.Redis[bytes] | None = None
         self._task: asyncio.Task[None] | None = None
         self.source: str | None = None  # "redis" or "disk": where the first snapshot came from
+        self.stale_after_s = stale_after_s
+        self._confirm_poll_s = confirm_poll_s
+        self._clock = clock
+        self._fresh_as_of = 0.0  # unix time the current snapshot was last known to be current
+        self._warned_stale = False
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -132,6 +145,38 @@ class SnapshotLoader:
     @property
     def version(self) -> int | None:
         return None if self._current is None else self._current.version
+
+    @property
+    def fresh_as_of(self) -> float | None:
+        """Unix time the snapshot in force was last known to match the database."""
+        return None if self._current is None else self._fresh_as_of
+
+    def age_s(self) -> float | None:
+        """Seconds since :attr:`fresh_as_of` (None before a snapshot is loaded)."""
+        if self._current is None:
+            return None
+        return max(0.0, self._clock() - self._fresh_as_of)
+
+    @property
+    def stale(self) -> bool:
+        """True when the snapshot in force is older than ``stale_after_s`` (or missing)."""
+        age = self.age_s()
+        return age is None or age > self.stale_after_s
+
+    def _note_staleness(self) -> None:
+        """Log once when the snapshot turns stale, and once when it is fresh again."""
+        stale = self.stale
+        if stale != self._warned_stale and self._current is not None:
+            if stale:
+                logger.warning(
+                    "snapshot: version %s is stale (%.0fs since last known current; bound %.0fs)",
+                    self.version,
+                    self.age_s() or 0.0,
+                    self.stale_after_s,
+                )
+            else:
+                logger.warning("snapshot: version %s is current again", self.version)
+            self._warned_stale = stale
 
     def add_swap_callback(self, callback: SwapCallback) -> None:
         """Call ``callback(snapshot)`` after every swap (on the event loop; keep it quick)."""
@@ -157,17 +202,15 @@ class SnapshotLoader:
         """
         if self._task is not None:
             raise RuntimeError("SnapshotLoader already started")
-        self._client = aioredis.Redis.from_url(
+        # retries=0: a dropped pub/sub connection must surface here, so the follower re-reads
+        # the latest pointer and cannot miss an announcement.
+        self._client = async_client(
             self._redis_url,
-            socket_connect_timeout=self._connect_timeout_s,
-            socket_timeout=max(self._connect_timeout_s, 5.0),
-            health_check_interval=self._health_check_interval_s,
-            client_name=self._client_name,
-            socket_keepalive=True,
-            socket_keepalive_options=_keepalive_options(),
-            # No silent reconnects: a dropped pub/sub connection must surface here, so the
-            # follower re-reads the latest pointer and cannot miss an announcement.
-            retry=Retry(NoBackoff(), 0),
+            name=self._client_name,
+            timeout_s=max(self._connect_timeout_s, 5.0),
+            connect_timeout_s=self._connect_timeout_s,
+            retries=0,
+            health_check_interval_s=self._health_check_interval_s,
         )
         redis_problem: str
         try:
@@ -261,6 +304,7 @@ class SnapshotLoader:
     async def _swap(self, snapshot: Snapshot, *, raw: bytes | None) -> None:
         async with self._changed:
             self._current = snapshot
+            self._fresh_as_of = snapshot.created_at
             self._changed.notify_all()
         logger.info("snapshot: now at version %d", snapshot.version)
         for callback in self._callbacks:
@@ -287,6 +331,11 @@ class SnapshotLoader:
             except Exception:
                 # Never stop following: a router on a frozen snapshot is worse than a noisy log.
                 logger.exception("snapshot: follower failed; restarting in ~%.1fs", backoff)
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                # redis-py may turn a cancellation mid-read into a connection error: stop anyway.
+                raise asyncio.CancelledError
+            self._note_staleness()
             if synced.is_set():
                 backoff = self._backoff_initial_s
             await asyncio.sleep(backoff * random.uniform(0.8, 1.2))  # noqa: S311 - jitter
@@ -302,8 +351,14 @@ class SnapshotLoader:
             await pubsub.subscribe(self._keys.channel)
             await self._catch_up(client)
             synced.set()
+            loop = asyncio.get_running_loop()
+            next_confirm = loop.time()
             while True:
-                message = await pubsub.get_message(timeout=5.0)
+                if loop.time() >= next_confirm:
+                    await self._read_confirmation(client)
+                    self._note_staleness()
+                    next_confirm = loop.time() + self._confirm_poll_s
+                message = await pubsub.get_message(timeout=min(5.0, self._confirm_poll_s))
                 if message is None or message.get("type") != "message":
                     continue
                 announced = parse_version(message.get("data"))
@@ -316,6 +371,11 @@ class SnapshotLoader:
         finally:
             with contextlib.suppress(*_CONNECTION_ERRORS):
                 await pubsub.aclose()  # type: ignore[attr-defined]
+
+    async def _read_confirmation(self, client: aioredis.Redis[bytes]) -> None:
+        confirmed = parse_confirmation(await client.get(self._keys.confirmed))
+        if confirmed is not None and confirmed.version == self.version:
+            self._fresh_as_of = max(self._fresh_as_of, confirmed.at)
 
     async def _catch_up(self, client: aioredis.Redis[bytes]) -> None:
         latest = parse_version(await client.get(self._keys.latest))

@@ -9,7 +9,11 @@ Key layout (all under one prefix, ``switchyard:snapshot`` by default; the names 
   old versions are pruned; the latest never expires;
 - ``{prefix}:latest`` — the number of the latest version. It only moves forward: when two
   publishers race, the one holding the lower number loses and its document is dropped;
-- ``{prefix}:announce`` — pub/sub channel; each message is a version number (ASCII).
+- ``{prefix}:announce`` — pub/sub channel; each message is a version number (ASCII);
+- ``{prefix}:confirmed`` — ``"{version}:{unix time}"``: the control plane checked at that time
+  that version ``version`` still says what the database says (the periodic refresh writes it
+  when there was nothing to publish). Routers read it to tell an old-but-current snapshot from
+  a stale one (:attr:`runtime.snapshot_loader.SnapshotLoader.age_s`).
 
 Publishing is one Lua script, so the document, the pointer and the announcement change
 together. The control plane publishes with the sync client (:func:`publish`); routers read
@@ -81,6 +85,34 @@ def parse_version(raw: bytes | str | int | None) -> int | None:
     except (TypeError, ValueError):
         return None
     return value if value > 0 else None
+
+
+class Confirmation(msgspec.Struct, frozen=True):
+    version: int
+    at: float  # unix seconds
+
+
+def parse_confirmation(raw: bytes | str | None) -> Confirmation | None:
+    """The ``{prefix}:confirmed`` value, or None when absent or junk."""
+    if raw is None:
+        return None
+    text = raw.decode("ascii", "replace") if isinstance(raw, bytes) else raw
+    version_text, _, at_text = text.partition(":")
+    version = parse_version(version_text)
+    try:
+        at = float(at_text)
+    except ValueError:
+        return None
+    if version is None or not at > 0:
+        return None
+    return Confirmation(version=version, at=at)
+
+
+def confirm(
+    client: redis.Redis[bytes], *, version: int, at: float, prefix: str = DEFAULT_PREFIX
+) -> None:
+    """Record that ``version`` was checked against the database at ``at`` (unix seconds)."""
+    client.set(SnapshotKeys(prefix).confirmed, f"{version}:{at:.3f}")
 
 
 def publish_versioned(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections.abc import Iterator
 
 import msgspec
@@ -19,6 +20,7 @@ from django.db import connection
 
 from apps.core.selectors import snapshot_build
 from runtime import snapshot_store
+from runtime.redis_conn import sync_client
 from runtime.snapshot import Snapshot, content_digest
 
 logger = logging.getLogger(__name__)
@@ -30,8 +32,8 @@ def snapshot_prefix() -> str:
 
 @contextlib.contextmanager
 def _redis_client() -> Iterator[redis.Redis[bytes]]:
-    client: redis.Redis[bytes] = redis.Redis.from_url(
-        settings.REDIS_URL, socket_connect_timeout=2.0, socket_timeout=5.0
+    client = sync_client(
+        settings.REDIS_URL, name="switchyard-publisher", timeout_s=5.0, connect_timeout_s=2.0
     )
     try:
         client.ping()  # fail fast, before taking the publish lock, when Redis is down
@@ -54,14 +56,16 @@ def _publish_lock(prefix: str) -> Iterator[None]:
             )
 
 
-def _is_published(client: redis.Redis[bytes], prefix: str, snapshot: Snapshot) -> bool:
-    """True when the latest published snapshot says the same as ``snapshot``."""
+def _published_twin(client: redis.Redis[bytes], prefix: str, snapshot: Snapshot) -> int | None:
+    """The latest published version when it says the same as ``snapshot``, else None."""
     try:
         published = snapshot_store.read_latest(client, prefix=prefix)
     except (msgspec.ValidationError, msgspec.DecodeError):
         logger.warning("snapshot: the latest published document is unreadable; republishing")
-        return False
-    return published is not None and content_digest(published) == content_digest(snapshot)
+        return None
+    if published is None or content_digest(published) != content_digest(snapshot):
+        return None
+    return published.version
 
 
 def _publish(client: redis.Redis[bytes], prefix: str, snapshot: Snapshot) -> int:
@@ -90,11 +94,15 @@ def publish_current() -> int:
 def publish_if_changed() -> int | None:
     """Publish only if what the database says differs from the latest published snapshot.
 
-    Returns the new version, or None when the published one is already current.
+    Returns the new version, or None when the published one is already current; then that
+    version is confirmed current as of the database read (routers measure staleness by it).
     """
     prefix = snapshot_prefix()
     with _redis_client() as client, _publish_lock(prefix):
+        read_at = time.time()
         snapshot = snapshot_build()
-        if _is_published(client, prefix, snapshot):
+        twin = _published_twin(client, prefix, snapshot)
+        if twin is not None:
+            snapshot_store.confirm(client, version=twin, at=read_at, prefix=prefix)
             return None
         return _publish(client, prefix, snapshot)

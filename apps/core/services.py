@@ -1,12 +1,36 @@
-"""Platform-wide services: publishing the runtime snapshot after a change commits."""
+"""Platform-wide services: publishing the runtime snapshot after a change commits.
+
+Every change the data plane must know writes a :class:`~apps.core.models.SnapshotOutbox` row
+in its own transaction (:func:`snapshot_publish_on_commit`). After the commit the outbox is
+drained at once; when that publish fails (Redis down), the rows stay, and the beat task
+``snapshot_outbox_drain`` retries every ``SWITCHYARD_SNAPSHOT_OUTBOX_RETRY_S`` seconds until a
+snapshot built after the change is in Redis. A revocation is thus enforced by routers within one retry
+interval of Redis coming back, not at the next periodic refresh.
+"""
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+from redis.exceptions import RedisError
+
+from apps.core.models import SnapshotOutbox
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxDrain:
+    """What one drain did: ``delivered`` entries published as ``version``, or ``error``."""
+
+    delivered: int = 0
+    pending: int = 0
+    version: int | None = None
+    error: str = ""
 
 
 def snapshot_publish() -> int:
@@ -22,31 +46,66 @@ def snapshot_publish() -> int:
 def snapshot_refresh() -> int | None:
     """Republish the snapshot if the database says something the published one does not.
 
-    The periodic safety net behind :func:`snapshot_publish_on_commit` (a publish can fail after
-    its commit, e.g. while Redis is down). Returns the new version, or None when unchanged.
+    The periodic safety net behind the outbox (a change written around it, by hand or by a
+    tool). When nothing changed it confirms the published version as current, which keeps
+    routers from reporting it stale. Returns the new version, or None when unchanged.
     """
     from apps.core.publisher import publish_if_changed  # noqa: PLC0415 - see snapshot_publish
 
     return publish_if_changed()
 
 
+def snapshot_outbox_drain() -> OutboxDrain:
+    """Publish one snapshot covering every waiting outbox entry; delete them once it landed.
+
+    Entries are locked (``SKIP LOCKED``) before the snapshot is built, so a publish covers
+    exactly the changes committed before it; a concurrent drain takes only the others. A
+    Redis failure is recorded on the entries (attempts, last error) and logged, not raised.
+    """
+    from apps.core.publisher import publish_current  # noqa: PLC0415 - see snapshot_publish
+
+    with transaction.atomic():
+        ids = list(
+            SnapshotOutbox.objects.select_for_update(skip_locked=True).values_list("pk", flat=True)
+        )
+        if not ids:
+            return OutboxDrain()
+        try:
+            version = publish_current()
+        except (RedisError, OSError) as exc:
+            error = f"{type(exc).__name__}: {exc}"[:2000]
+            SnapshotOutbox.objects.filter(pk__in=ids).update(
+                attempts=F("attempts") + 1, last_attempt_at=timezone.now(), last_error=error
+            )
+            logger.warning(
+                "snapshot publish failed (%s); %d change(s) wait in the outbox and are retried",
+                error,
+                len(ids),
+            )
+            return OutboxDrain(pending=len(ids), error=error)
+        SnapshotOutbox.objects.filter(pk__in=ids).delete()
+    return OutboxDrain(delivered=len(ids), version=version)
+
+
 def _publish_after_commit() -> None:
     try:
-        snapshot_publish()
+        snapshot_outbox_drain()
     except Exception:
-        # The change is committed; the beat task `snapshot_refresh` republishes within 30 s.
-        logger.exception("snapshot publish after commit failed; the periodic refresh will retry")
+        # The change and its outbox entry are committed; the beat task drains it later.
+        logger.exception("snapshot publish after commit failed; the outbox drain will retry")
 
 
-def snapshot_publish_on_commit() -> None:
-    """Publish a new snapshot once the current transaction commits (once per transaction).
+def snapshot_publish_on_commit(*, reason: str = "") -> None:
+    """Make the data plane learn about this transaction's changes, even if Redis is down.
 
-    Every service that changes something the data plane holds ends with this call.
-    Outside a transaction (autocommit) it publishes at once.
+    Writes one outbox entry in the current transaction and publishes once it commits (once per
+    transaction). Outside a transaction (autocommit) it does both at once. Every service that
+    changes something the data plane holds ends with this call.
     """
     connection = transaction.get_connection()
     if connection.in_atomic_block and any(
         func is _publish_after_commit for _sids, func, _robust in connection.run_on_commit
     ):
         return
+    SnapshotOutbox.objects.create(reason=reason[:200])
     transaction.on_commit(_publish_after_commit)

@@ -15,3 +15,12 @@ def snapshot_refresh() -> int | None:
     or None when the published snapshot is current.
     """
     return services.snapshot_refresh()
+
+
+@shared_task(name="apps.core.tasks.snapshot_outbox_drain")
+def snapshot_outbox_drain() -> int | None:
+    """Retry the snapshot publishes that failed (every ``SNAPSHOT_OUTBOX_RETRY_S`` on beat).
+
+    Returns the version published, or None when nothing waited or Redis is still down.
+    """
+    return services.snapshot_outbox_drain().version

@@ -38,8 +38,6 @@ from typing import Any
 
 import msgspec
 import redis.asyncio as aioredis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
 from redis.exceptions import NoScriptError, RedisError
 
 from runtime.admission.credits import (
@@ -61,6 +59,7 @@ from runtime.admission.limits import (
 from runtime.contract import LIMITS_PREFIX, NAMESPACE, limits_keys
 from runtime.metering.keys import credit_key, done_key, escrow_key, period_fields, usage_stream
 from runtime.metering.spool import Spool
+from runtime.redis_conn import async_client
 
 logger = logging.getLogger(__name__)
 
@@ -278,12 +277,8 @@ class RedisLimits:
     async def start(self) -> None:
         if self._task is not None:
             raise RuntimeError("RedisLimits already started")
-        self._client = aioredis.Redis.from_url(
-            self._redis_url,
-            socket_connect_timeout=self._timeout_s,
-            socket_timeout=self._timeout_s,
-            retry=Retry(NoBackoff(), 0),
-            client_name="switchyard-limits",
+        self._client = async_client(
+            self._redis_url, name="switchyard-limits", timeout_s=self._timeout_s
         )
         self._admit = self._client.register_script(ADMIT_LUA)
         self._settle = self._client.register_script(SETTLE_LUA)

@@ -19,6 +19,8 @@
 | ``SWITCHYARD_QUEUE_LIMIT`` | ``1000`` | queue bound of a band no class names |
 | ``SWITCHYARD_DEFAULT_BAND`` | ``1`` | priority band of a request without a class |
 | ``SWITCHYARD_COALESCE_WINDOW_MS`` | ``2`` | unary (torch) requests coalesce this long; 0: off |
+| ``SWITCHYARD_SNAPSHOT_STALE_AFTER_S`` | ``120`` | snapshot older than this is reported stale |
+| ``SWITCHYARD_SNAPSHOT_CONFIRM_POLL_S`` | ``5`` | how often to read the freshness confirmation |
 
 The *namespace* is the snapshot prefix without a trailing ``:snapshot`` (``switchyard`` by
 default), so every deployment (and every test or benchmark run, which publish under a prefix
@@ -88,6 +90,8 @@ class RouterConfig:
     fairness_sync_s: float = 0.1
     headroom_window_s: float = 10.0
     coalesce_window_s: float = 0.002  # runtime/batching: 0 turns router-side coalescing off
+    snapshot_stale_after_s: float = 120.0
+    snapshot_confirm_poll_s: float = 5.0
 
     def __post_init__(self) -> None:
         if self.max_body_bytes < 1:
@@ -141,4 +145,10 @@ class RouterConfig:
             default_queue_limit=int(_number(env, "SWITCHYARD_QUEUE_LIMIT", 1000, minimum=1)),
             default_band=int(_number(env, "SWITCHYARD_DEFAULT_BAND", 1, minimum=0)),
             coalesce_window_s=_number(env, "SWITCHYARD_COALESCE_WINDOW_MS", 2.0, minimum=0) / 1000,
+            snapshot_stale_after_s=_number(
+                env, "SWITCHYARD_SNAPSHOT_STALE_AFTER_S", 120.0, minimum=0.001
+            ),
+            snapshot_confirm_poll_s=_number(
+                env, "SWITCHYARD_SNAPSHOT_CONFIRM_POLL_S", 5.0, minimum=0.01
+            ),
         )

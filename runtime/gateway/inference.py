@@ -83,6 +83,8 @@ class InferenceConsumer(GatewayConsumer):
     async def respond(self, body: bytes) -> None:
         state = self.state
         record = RequestRecord(request_id=self.request_id, route=self.route)
+        if state.tracing.enabled:
+            state.tracing.begin(record, header(self.scope, b"traceparent"))
         labels = StageLabels()
         try:
             await self._serve(state, body, record, labels)
@@ -114,6 +116,8 @@ class InferenceConsumer(GatewayConsumer):
         state.metrics.count(
             model=labels.model, klass=labels.klass, outcome=record.outcome, tenant=record.tenant
         )
+        state.metrics.observe_slis(record, state.snapshot)
+        state.tracing.finish(record)
         log_request(state.request_log, record)
 
     async def _serve(
@@ -219,7 +223,7 @@ class InferenceConsumer(GatewayConsumer):
                 max_attempts=state.config.retry_attempts,
                 backoff_base=state.config.retry_backoff_base_s,
                 backoff_cap=state.config.retry_backoff_cap_s,
-                headers={"X-Request-Id": self.request_id},
+                headers={"X-Request-Id": self.request_id, **state.tracing.upstream_headers(record)},
                 first_byte_cap=None if plan.streaming else math.inf,
             )
         except UpstreamError as exc:

@@ -15,6 +15,8 @@ import logging
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from runtime.redis_conn import async_client
+
 logger = logging.getLogger(__name__)
 
 # KEYS[1] the hash; ARGV: prefix1, time1, prefix2, time2, ... Keeps the max per field.
@@ -53,8 +55,8 @@ class KeyUsageRecorder:
     async def start(self) -> None:
         if self._task is not None:
             raise RuntimeError("KeyUsageRecorder already started")
-        self._client = aioredis.Redis.from_url(
-            self._redis_url, socket_connect_timeout=1.0, socket_timeout=5.0
+        self._client = async_client(
+            self._redis_url, name="switchyard-key-usage", timeout_s=5.0, connect_timeout_s=1.0
         )
         self._stopping.clear()
         self._task = asyncio.create_task(self._run(), name="key-usage-flusher")

@@ -47,7 +47,8 @@ class HealthzConsumer(GatewayConsumer):
 
 
 class ReadyzConsumer(GatewayConsumer):
-    """Readiness: only with a snapshot loaded."""
+    """Readiness: only with a snapshot loaded. A stale snapshot is reported, not refused:
+    every router would be equally stale, and serving from it beats serving nothing."""
 
     async def respond(self, body: bytes) -> None:
         snapshot = self.state.snapshot
@@ -61,6 +62,8 @@ class ReadyzConsumer(GatewayConsumer):
                     "status": "ready",
                     "snapshot_version": snapshot.version,
                     "snapshot_source": self.state.loader.source,
+                    "snapshot_age_s": round(self.state.loader.age_s() or 0.0, 3),
+                    "snapshot_stale": self.state.loader.stale,
                 }
             ),
         )

@@ -27,9 +27,11 @@ from runtime.scheduling.pools import Dispatchers
 from runtime.scheduling.shared import SharedCounters
 from runtime.snapshot import Snapshot
 from runtime.snapshot_loader import SnapshotLoader, SnapshotUnavailableError
+from runtime.telemetry.collectors import EndpointView
 from runtime.telemetry.logging import REQUEST_LOGGER
 from runtime.telemetry.metrics import PoolView, RouterMetrics
-from runtime.upstream.breaker import BreakerBook
+from runtime.telemetry.tracing import Tracing
+from runtime.upstream.breaker import BreakerBook, BreakerState
 from runtime.upstream.client import ClientConfig, UpstreamClient
 from runtime.upstream.health import HealthConfig, HealthMonitor
 from runtime.upstream.timeouts import TimeoutPolicy
@@ -56,6 +58,7 @@ class RouterState:
     shared: SharedCounters
     dispatchers: Dispatchers
     prices: PriceBook | None = None  # rebuilt on every snapshot swap (credits, issue #11)
+    tracing: Tracing = field(default_factory=Tracing)  # off unless OTEL_EXPORTER_OTLP_* is set
     rng: random.Random = field(default_factory=random.Random)
     request_log: logging.Logger = field(default_factory=lambda: logging.getLogger(REQUEST_LOGGER))
     snapshot_task: asyncio.Task[None] | None = None
@@ -93,6 +96,27 @@ class RouterState:
                     entitled_share=fairness.entitled_share,
                     counters=dispatcher.counters(),
                     jain=fairness.jain,
+                )
+            )
+        return views
+
+    def endpoint_views(self) -> list[EndpointView]:
+        """What health checks and breakers say of each endpoint (``/metrics``, scrape time)."""
+        snapshot = self.snapshot
+        if snapshot is None:
+            return []
+        breakers = self.breakers.states()
+        views: list[EndpointView] = []
+        for endpoint in snapshot.endpoints.values():
+            status = self.health.status(endpoint.id)
+            views.append(
+                EndpointView(
+                    endpoint=endpoint.id,
+                    pool=endpoint.pool,
+                    up=self.signals.healthy(endpoint.id),
+                    breaker_open=breakers.get(endpoint.id) is BreakerState.OPEN,
+                    kv_usage=None if status is None else status.kv_usage,
+                    waiting=None if status is None else status.waiting,
                 )
             )
         return views
@@ -138,6 +162,7 @@ class RouterState:
         await self.limits.stop()
         await self.key_usage.stop()
         await self.client.close()
+        self.tracing.shutdown()
 
 
 def build_state(config: RouterConfig) -> RouterState:
@@ -153,7 +178,11 @@ def build_state(config: RouterConfig) -> RouterState:
     health = HealthMonitor(client, HealthConfig(interval_s=config.health_interval_s))
     inflight = InFlight()
     loader = SnapshotLoader(
-        config.redis_url, config.snapshot_cache_path, prefix=config.snapshot_prefix
+        config.redis_url,
+        config.snapshot_cache_path,
+        prefix=config.snapshot_prefix,
+        stale_after_s=config.snapshot_stale_after_s,
+        confirm_poll_s=config.snapshot_confirm_poll_s,
     )
     table = RoutingTable()
     signals = FleetSignals(breakers=breakers, health=health, inflight=inflight)
@@ -212,9 +241,12 @@ def build_state(config: RouterConfig) -> RouterState:
             interval_s=config.key_usage_flush_s,
         ),
         tokens=TokenCounter(cache_size=config.tokenizer_cache_size),
+        tracing=Tracing.from_env(),
     )
     state.loader.add_swap_callback(state.on_snapshot)
     metrics.attach_scheduling(state.pool_views)
+    metrics.attach_snapshot(loader)
+    metrics.attach_fleet(state.endpoint_views)
     return state
 
 

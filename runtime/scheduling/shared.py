@@ -28,11 +28,10 @@ from collections.abc import Callable
 from typing import Protocol
 
 import redis.asyncio as aioredis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 from runtime.contract import FAIRNESS_PREFIX, fairness_key
+from runtime.redis_conn import async_client
 
 logger = logging.getLogger(__name__)
 
@@ -96,12 +95,8 @@ class SharedCounters:
     async def start(self) -> None:
         if self._task is not None:
             raise RuntimeError("SharedCounters already started")
-        self._client = aioredis.Redis.from_url(
-            self._redis_url,
-            socket_connect_timeout=self._timeout_s,
-            socket_timeout=self._timeout_s,
-            retry=Retry(NoBackoff(), 0),
-            client_name="switchyard-fairness",
+        self._client = async_client(
+            self._redis_url, name="switchyard-fairness", timeout_s=self._timeout_s
         )
         self._task = asyncio.create_task(self._run(), name="fairness-sync")
 

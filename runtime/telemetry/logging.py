@@ -64,13 +64,27 @@ class RequestRecord(msgspec.Struct, kw_only=True):
     completion_tokens: int | None = None
     timings_ms: dict[str, float] = {}
     started: float = msgspec.field(default_factory=time.monotonic)
+    # Tracing (runtime/telemetry/tracing.py); all empty while tracing is off.
+    trace_id: str = ""
+    span_id: str = ""
+    parent_span_id: str = ""
+    upstream_span_id: str = ""
+    sampled: bool = False
+    marks: dict[str, float] = {}  # stage -> monotonic time it ended (only while traced)
 
     def timing(self, stage: str, seconds: float) -> None:
         self.timings_ms[stage] = round(seconds * 1000.0, 3)
+        if self.trace_id:
+            self.marks[stage] = time.monotonic()
 
     def fields(self) -> dict[str, Any]:
         document = msgspec.to_builtins(self)
         document.pop("started", None)
+        for name in ("marks", "parent_span_id", "upstream_span_id", "sampled"):
+            document.pop(name, None)
+        if not self.trace_id:
+            document.pop("trace_id", None)
+            document.pop("span_id", None)
         document["class"] = document.pop("klass")
         return document  # type: ignore[no-any-return]
 

@@ -20,7 +20,17 @@
   (kind ``served`` / ``entitled``: the recent share of service of the contending tenants next
   to the share their weights entitle them to), ``switchyard_fairness_jain_index{pool}`` (Jain's
   index over their weight-normalised service) and ``switchyard_fairness_counter{pool, band,
-  tenant}`` (the fairness policy's counters, shared across replicas).
+  tenant}`` (the fairness policy's counters, shared across replicas);
+- read from the snapshot loader at scrape time (:meth:`RouterMetrics.attach_snapshot`):
+  ``switchyard_snapshot_version``, ``switchyard_snapshot_age_seconds`` (since the snapshot in
+  force was last known to match the database), ``switchyard_snapshot_stale`` (1 when that age
+  is over the router's bound, ``switchyard_snapshot_stale_after_seconds``);
+- read from health checks and breakers at scrape time (:meth:`RouterMetrics.attach_fleet`):
+  ``switchyard_endpoint_up{endpoint, pool}``, ``switchyard_endpoint_breaker_open{endpoint,
+  pool}``, ``switchyard_endpoint_kv_cache_usage{endpoint, pool}`` (0..1) and
+  ``switchyard_endpoint_requests_waiting{endpoint, pool}`` (the engine's own queue);
+- ``switchyard_sli_events_total`` / ``switchyard_sli_good_total{sli, class, model}``: the
+  SLI counters (:mod:`runtime.telemetry.slis`).
 
 Label values come from the snapshot (or a fixed vocabulary), never from raw client input, so
 series stay bounded; the tenant label keeps the first ``max_tenant_labels`` tenants seen and
@@ -37,6 +47,16 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
+
+from runtime.snapshot import Snapshot
+from runtime.telemetry.collectors import (
+    EndpointViews,
+    FleetCollector,
+    SnapshotCollector,
+    SnapshotStatus,
+)
+from runtime.telemetry.logging import RequestRecord
+from runtime.telemetry.slis import SliCounters
 
 STAGES: Final = ("auth", "queue", "upstream_ttft", "inter_token", "e2e")
 # Millisecond-scale resolution at the low end (auth, queue), seconds at the top (e2e).
@@ -219,6 +239,7 @@ class RouterMetrics:
             registry=self.registry,
         )
         self._scheduling: _SchedulingCollector | None = None
+        self.slis = SliCounters(self.registry)
 
     def attach_scheduling(self, views: PoolViews) -> None:
         """Export the dispatchers' state, read from ``views()`` at every scrape."""
@@ -226,6 +247,18 @@ class RouterMetrics:
             self.registry.unregister(self._scheduling)
         self._scheduling = _SchedulingCollector(views, self.tenant_label)
         self.registry.register(self._scheduling)
+
+    def attach_snapshot(self, status: SnapshotStatus) -> None:
+        """Export the snapshot's version, age and staleness, read at every scrape."""
+        self.registry.register(SnapshotCollector(status))
+
+    def attach_fleet(self, views: EndpointViews) -> None:
+        """Export each endpoint's health, breaker and engine gauges, read at every scrape."""
+        self.registry.register(FleetCollector(views))
+
+    def observe_slis(self, record: RequestRecord, snapshot: Snapshot | None) -> None:
+        """Count one finished request toward the SLIs (:mod:`runtime.telemetry.slis`)."""
+        self.slis.observe(record, snapshot)
 
     def reject(self, reason: str) -> None:
         self.rejections_total.labels(reason).inc()

@@ -21,6 +21,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from runtime.contract import HEARTBEAT_KEY_PREFIX, endpoint_heartbeat_key
+from runtime.redis_conn import async_client
 
 __all__ = ["HEARTBEAT_KEY_PREFIX", "Heartbeat", "endpoint_heartbeat_key"]
 
@@ -42,8 +43,8 @@ class Heartbeat:
         self._interval_s = ttl_s / 3
         self._fields = dict(fields)
         self._state = "starting"
-        self._client: aioredis.Redis[bytes] = aioredis.Redis.from_url(
-            redis_url, socket_timeout=_REDIS_TIMEOUT_S, socket_connect_timeout=_REDIS_TIMEOUT_S
+        self._client: aioredis.Redis[bytes] = async_client(
+            redis_url, name="switchyard-heartbeat", timeout_s=_REDIS_TIMEOUT_S
         )
         self._task: asyncio.Task[None] | None = None
         self._failing = False

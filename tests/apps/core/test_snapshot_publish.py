@@ -24,6 +24,7 @@ from django.db import connection, transaction
 from django.test import Client
 
 from apps.core import services
+from apps.core.models import SnapshotOutbox
 from apps.core.publisher import publish_current, publish_if_changed
 from apps.core.tasks import snapshot_refresh
 from apps.tenants.models import RequestClass, Tenant
@@ -228,7 +229,10 @@ def test_failed_publish_after_commit_keeps_the_change_and_logs(
     settings.REDIS_URL = f"redis://127.0.0.1:{closed}/0"
     tenant_update(actor=None, tenant=tenant, rpm_limit=77)  # does not raise
     assert Tenant.objects.get(pk=tenant.pk).rpm_limit == 77
-    assert "the periodic refresh will retry" in caplog.text
+    assert "wait in the outbox and are retried" in caplog.text
+    (entry,) = SnapshotOutbox.objects.all()
+    assert entry.attempts == 1
+    assert entry.last_error.startswith("ConnectionError"), entry.last_error
 
 
 @pytest.mark.django_db(transaction=True)

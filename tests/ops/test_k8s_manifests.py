@@ -1,0 +1,92 @@
+"""platform/k8s: every manifest validates (strict) against the Kubernetes schemas offline, and
+the deployment has what running on many machines needs: probes, PDBs, requests, one beat."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+K8S = Path(__file__).resolve().parents[2] / "platform" / "k8s"
+KUBERNETES_VERSION = "1.37.0"
+MANIFESTS = sorted(path for path in K8S.glob("*.yaml") if path.name != "kustomization.yaml")
+
+
+def documents(path: Path) -> Iterator[dict[str, Any]]:
+    for document in yaml.safe_load_all(path.read_text()):
+        if document:
+            yield document
+
+
+def resources() -> list[dict[str, Any]]:
+    listed = yaml.safe_load((K8S / "kustomization.yaml").read_text())["resources"]
+    return [document for name in listed for document in documents(K8S / name)]
+
+
+def by_kind(kind: str) -> dict[str, dict[str, Any]]:
+    return {r["metadata"]["name"]: r for r in resources() if r["kind"] == kind}
+
+
+def matches(selector: dict[str, str], labels: dict[str, str]) -> bool:
+    return all(labels.get(key) == value for key, value in selector.items())
+
+
+@pytest.mark.parametrize("path", MANIFESTS, ids=lambda path: path.name)
+def test_manifest_validates_strictly(path: Path) -> None:
+    for document in documents(path):
+        kubernetes_validate.validate(document, KUBERNETES_VERSION, strict=True)
+
+
+def test_strict_validation_rejects_a_typo() -> None:
+    router = by_kind("Deployment")["switchyard-router"]
+    broken = yaml.safe_load(yaml.safe_dump(router))
+    broken["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]["httpGett"] = {}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(broken, KUBERNETES_VERSION, strict=True)
+
+
+def test_kustomization_lists_every_manifest_but_the_secret_example() -> None:
+    listed = set(yaml.safe_load((K8S / "kustomization.yaml").read_text())["resources"])
+    assert listed == {path.name for path in MANIFESTS} - {"secret.example.yaml"}
+
+
+def test_routers_behind_a_service_with_probes_on_readyz_and_healthz() -> None:
+    router = by_kind("Deployment")["switchyard-router"]
+    assert router["spec"]["replicas"] >= 3
+    pod = router["spec"]["template"]
+    (container,) = pod["spec"]["containers"]
+    assert container["command"][:3] == ["python", "-m", "runtime.gateway"]
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    service = by_kind("Service")["switchyard-router"]
+    assert matches(service["spec"]["selector"], pod["metadata"]["labels"])
+
+
+def test_every_deployment_requests_resources_and_uses_the_shared_settings() -> None:
+    for name, deployment in by_kind("Deployment").items():
+        for container in deployment["spec"]["template"]["spec"]["containers"]:
+            requests = container["resources"]["requests"]
+            assert {"cpu", "memory"} <= set(requests), name
+            sources = {next(iter(ref.values()))["name"] for ref in container["envFrom"]}
+            assert sources == {"switchyard-config", "switchyard-secrets"}, name
+
+
+def test_replicated_deployments_have_a_disruption_budget() -> None:
+    budgets = list(by_kind("PodDisruptionBudget").values())
+    for name, deployment in by_kind("Deployment").items():
+        if deployment["spec"]["replicas"] < 2:
+            continue
+        labels = deployment["spec"]["template"]["metadata"]["labels"]
+        assert any(matches(b["spec"]["selector"]["matchLabels"], labels) for b in budgets), name
+
+
+def test_exactly_one_celery_beat() -> None:
+    beat = by_kind("Deployment")["switchyard-celery-beat"]
+    assert beat["spec"]["replicas"] == 1
+    assert beat["spec"]["strategy"]["type"] == "Recreate"
+    (container,) = beat["spec"]["template"]["spec"]["containers"]
+    assert container["command"][:4] == ["celery", "-A", "config", "beat"]
