@@ -21,7 +21,7 @@ import redis
 from runtime.admission.credits import NO_ASK, CreditAsk
 from runtime.admission.limits import Quota
 from runtime.admission.redis_limits import RedisLimits
-from runtime.metering.keys import credit_key, period_fields
+from runtime.contract import credit_key, period_fields
 
 QUOTA = Quota(rpm=10**9, tpm=10**12, concurrency=10**6)
 

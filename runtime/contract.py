@@ -15,6 +15,11 @@ key                                     what
 ``{ns}:snapshot:confirmed``             ``"<version>:<unix time>"``: version checked current then
 ``{ns}:apikey:last_used``               hash: API-key prefix -> unix time of its last use
 ``{ns}:limits:{<tenant>}:rpm|tpm|conc``  a tenant's global RPM / TPM / concurrency (admission)
+``{ns}:limits:{<tenant>}:credit``        hash: balance, escrow (micro-credits), day:/month: spend
+``{ns}:limits:{<tenant>}:escrow``        hash: lease id -> micro-credits held by that request
+``{ns}:limits:{<tenant>}:done:{lease}``  set once a lease is settled (replays are no-ops), 1 h TTL
+``{ns}:usage``                          stream of usage events (consumer group ``ledger``)
+``{ns}:ledger-lock``                    held while the ledger consumer/reconciler move balances
 ``{ns}:fairness:{pool}``                hash: ``"<band>|<tenant>"`` -> shared fairness counter
 ``{ns}:endpoint:{id}:heartbeat``        a worker's heartbeat (TTL; JSON value)
 ======================================  =========================================================
@@ -34,6 +39,7 @@ import hashlib
 import re
 import secrets
 import string
+import time
 from typing import Final
 
 import msgspec
@@ -92,6 +98,45 @@ def limits_keys(prefix: str, tenant: str) -> tuple[str, str, str]:
     """A tenant's RPM, TPM and concurrency keys (``{tenant}`` is a cluster hash tag)."""
     base = f"{prefix}:{{{tenant}}}"
     return f"{base}:rpm", f"{base}:tpm", f"{base}:conc"
+
+
+# -- credits (see runtime/admission/credits.py and apps/billing/ledger.py) ---------------------
+# ``available = balance - escrow``. ``balance`` is the ledger's balance minus the charges still on
+# their way to it (usage events not yet written); ``day:``/``month:`` fields are the credits
+# charged in that UTC period (budgets).
+
+USAGE_GROUP: Final = "ledger"
+"""The consumer group of the Celery consumer on the usage stream."""
+
+
+def credit_key(prefix: str, tenant: str) -> str:
+    return f"{prefix}:{{{tenant}}}:credit"
+
+
+def escrow_key(prefix: str, tenant: str) -> str:
+    return f"{prefix}:{{{tenant}}}:escrow"
+
+
+def done_key(prefix: str, tenant: str, lease_id: str) -> str:
+    return f"{prefix}:{{{tenant}}}:done:{lease_id}"
+
+
+def usage_stream(namespace: str) -> str:
+    return f"{namespace}:usage"
+
+
+def ledger_lock(namespace: str) -> str:
+    """Held by the ledger consumer, the reconciler and grants while they change balances."""
+    return f"{namespace}:ledger-lock"
+
+
+def period_fields(now: float | None = None) -> tuple[str, str]:
+    """The budget fields of the UTC day and month containing ``now`` (unix seconds)."""
+    t = time.gmtime(time.time() if now is None else now)
+    return (
+        f"day:{t.tm_year:04d}{t.tm_mon:02d}{t.tm_mday:02d}",
+        f"month:{t.tm_year:04d}{t.tm_mon:02d}",
+    )
 
 
 def fairness_key(prefix: str, pool: str) -> str:

@@ -1,6 +1,6 @@
 """Services between the routers' Redis balances and the PostgreSQL ledger (DESIGN §4.4).
 
-The model (amounts in Redis are integer micro-credits, see :mod:`runtime.metering.keys`):
+The model (amounts in Redis are integer micro-credits, see :mod:`runtime.contract`):
 
 - PostgreSQL is the truth: ``CreditAccount.balance`` = grants - charges written to the ledger.
 - Redis holds, per tenant, ``balance`` = the ledger balance - the charges still on their way
@@ -38,8 +38,8 @@ from apps.billing.models import CreditAccount, UsageRecord
 from apps.models.models import Endpoint, ModelVersion
 from apps.tenants.models import ApiKey, Tenant
 from apps.tenants.services import audit_record
+from runtime.contract import USAGE_GROUP, credit_key, ledger_lock, period_fields, usage_stream
 from runtime.metering.events import UsageEvent, decode_event
-from runtime.metering.keys import USAGE_GROUP, credit_key, ledger_lock, period_fields, usage_stream
 from runtime.metering.pricing import MICRO
 
 logger = logging.getLogger(__name__)

@@ -9,7 +9,7 @@ Keys, per tenant (the ``{tenant}`` hash tag keeps them in one cluster slot)::
     {prefix}:{<tenant>}:rpm    sorted set: lease id -> admission time (ms)
     {prefix}:{<tenant>}:tpm    hash: tokens, ts (ms)
     {prefix}:{<tenant>}:conc   sorted set: lease id -> lease expiry (ms)
-    {prefix}:{<tenant>}:credit / :escrow   see :mod:`runtime.metering.keys`
+    {prefix}:{<tenant>}:credit / :escrow   see :mod:`runtime.contract`
 
 Settlement (concurrency release, TPM correction, RPM give-back, the credit charge and the
 usage event) is queued by :meth:`settle` without network I/O — it is written to the local
@@ -56,8 +56,16 @@ from runtime.admission.limits import (
     refusal,
     settle_refund,
 )
-from runtime.contract import LIMITS_PREFIX, NAMESPACE, limits_keys
-from runtime.metering.keys import credit_key, done_key, escrow_key, period_fields, usage_stream
+from runtime.contract import (
+    LIMITS_PREFIX,
+    NAMESPACE,
+    credit_key,
+    done_key,
+    escrow_key,
+    limits_keys,
+    period_fields,
+    usage_stream,
+)
 from runtime.metering.spool import Spool
 from runtime.redis_conn import async_client
 

@@ -32,11 +32,11 @@ import msgspec
 
 from runtime.admission.credits import NO_ASK, CreditAsk, CreditRefusedError
 from runtime.admission.limits import Lease, LimitExceededError, LimitKind, Quota
+from runtime.contract import period_fields
 from runtime.gateway.errors import ApiError, retry_after
 from runtime.gateway.plan import Plan
 from runtime.gateway.state import RouterState
 from runtime.metering.events import UsageEvent, encode_event
-from runtime.metering.keys import period_fields
 from runtime.metering.pricing import MICRO, Rate, to_credits
 from runtime.scheduling.grant import (
     Grant,

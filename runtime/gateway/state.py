@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 
 from runtime.admission.redis_limits import RedisLimits
 from runtime.batching.coalescer import Coalescer
+from runtime.contract import usage_stream
 from runtime.gateway.config import RouterConfig
 from runtime.gateway.key_usage import KeyUsageRecorder
 from runtime.gateway.tokens import TokenCounter
-from runtime.metering.keys import usage_stream
 from runtime.metering.pricing import PriceBook
 from runtime.routing.inflight import InFlight
 from runtime.routing.signals import FleetSignals

@@ -17,8 +17,8 @@ from fixtures.router import Process, World, redis_url, wait_ready
 from fixtures.wait import eventually
 from integration_support import routers, start_simulator, tenant_limits
 
+from runtime.contract import credit_key
 from runtime.metering.events import decode_event
-from runtime.metering.keys import credit_key
 from runtime.snapshot import CreditSnap, PriceSnap, Snapshot
 
 pytestmark = pytest.mark.integration

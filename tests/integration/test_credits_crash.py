@@ -36,8 +36,8 @@ from apps.billing.tasks import usage_consume
 from apps.tenants.models import Tenant
 from apps.tenants.services import tenant_create
 from config.celery import app as celery_app
+from runtime.contract import USAGE_GROUP, credit_key
 from runtime.metering.events import decode_event
-from runtime.metering.keys import USAGE_GROUP, credit_key
 
 assert celery_app  # the tasks below are sent through the project's Celery app (Redis broker)
 

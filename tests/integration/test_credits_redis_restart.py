@@ -28,8 +28,8 @@ from apps.billing.models import UsageRecord
 from apps.billing.services import credit_grant
 from apps.tenants.models import Tenant
 from apps.tenants.services import tenant_create
+from runtime.contract import credit_key
 from runtime.metering.events import decode_event
-from runtime.metering.keys import credit_key
 
 pytestmark = [pytest.mark.integration, pytest.mark.timing]
 

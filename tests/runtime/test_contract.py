@@ -86,9 +86,14 @@ def test_the_redis_layout() -> None:
         "ns:limits:{acme}:conc",
     )
     assert contract.fairness_key("ns:fairness", "gpu") == "ns:fairness:gpu"
-    assert RedisLimits("redis://x").keys("acme") == list(
-        contract.limits_keys(contract.LIMITS_PREFIX, "acme")
-    )
+    assert contract.credit_key("ns:limits", "acme") == "ns:limits:{acme}:credit"
+    assert contract.escrow_key("ns:limits", "acme") == "ns:limits:{acme}:escrow"
+    assert contract.usage_stream("ns") == "ns:usage"
+    assert RedisLimits("redis://x").keys("acme") == [
+        *contract.limits_keys(contract.LIMITS_PREFIX, "acme"),
+        contract.credit_key(contract.LIMITS_PREFIX, "acme"),
+        contract.escrow_key(contract.LIMITS_PREFIX, "acme"),
+    ]
     assert SharedCounters("redis://x").key("gpu") == "switchyard:fairness:gpu"
 
 

@@ -14,7 +14,7 @@ import redis
 from runtime.admission.credits import CreditAsk
 from runtime.admission.limits import Quota
 from runtime.admission.redis_limits import RedisLimits
-from runtime.metering.keys import credit_key, escrow_key, period_fields
+from runtime.contract import credit_key, escrow_key, period_fields
 
 QUOTA = Quota(rpm=100_000, tpm=1_000_000_000, concurrency=10_000)
 

@@ -25,7 +25,7 @@ from hypothesis.stateful import (
 )
 
 from runtime.admission.redis_limits import ADMIT_LUA, DONE_TTL_S, SETTLE_LUA
-from runtime.metering.keys import credit_key, done_key, escrow_key, period_fields
+from runtime.contract import credit_key, done_key, escrow_key, period_fields
 
 pytestmark = pytest.mark.integration
 
