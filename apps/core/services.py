@@ -4,8 +4,8 @@ Every change the data plane must know writes a :class:`~apps.core.models.Snapsho
 in its own transaction (:func:`snapshot_publish_on_commit`). After the commit the outbox is
 drained at once; when that publish fails (Redis down), the rows stay, and the beat task
 ``snapshot_outbox_drain`` retries every ``SWITCHYARD_SNAPSHOT_OUTBOX_RETRY_S`` seconds until a
-snapshot built after the change is in Redis. A revocation is thus enforced by routers within one retry
-interval of Redis coming back, not at the next periodic refresh.
+snapshot built after the change is in Redis. A revocation is thus enforced by routers within
+one retry interval of Redis coming back, not at the next periodic refresh.
 """
 
 from __future__ import annotations
