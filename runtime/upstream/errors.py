@@ -70,7 +70,8 @@ class StreamBroken(UpstreamError):  # noqa: N818 (names of the upstream contract
 
     ``reason`` is one of ``"disconnected"`` (reset, EOF or a malformed body),
     ``"truncated"`` (the stream ended without ``[DONE]``), ``"stalled"`` (no bytes for the
-    idle cap) or ``"deadline"`` (the request's deadline passed; not the endpoint's fault).
+    idle cap), ``"engine_error"`` (the engine sent an error event in the stream) or
+    ``"deadline"`` (the request's deadline passed; not the endpoint's fault).
     """
 
     def __init__(self, message: str, *, reason: str, endpoint_id: int | None = None) -> None:

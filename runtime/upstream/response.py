@@ -21,6 +21,10 @@ import aiohttp
 from runtime.upstream.errors import StreamBroken
 from runtime.upstream.sse import DONE, SSEDecoder
 
+# An engine's in-stream error event: vLLM writes ``{"error": {...}}`` (json.dumps spacing);
+# older servers ``{"object": "error", ...}``.
+_ERROR_EVENT_STARTS = (b'{"error"', b'{"object": "error"', b'{"object":"error"')
+
 BrokenListener = Callable[[StreamBroken], None]
 
 
@@ -90,6 +94,14 @@ class UpstreamResponse:
                     if payload == DONE:
                         self._finish()
                         return
+                    if payload.startswith(_ERROR_EVENT_STARTS):
+                        # vLLM reports a failure inside the stream (its engine core died, a
+                        # generation error): classified like any other break, so the client
+                        # hears our terminal event rather than the engine's own shape.
+                        raise self._broken(
+                            f"the engine reported an error mid-stream: {payload[:300]!r}",
+                            "engine_error",
+                        )
                     yield payload
                 pending = decoder.feed(await self._read_chunk())
         finally:

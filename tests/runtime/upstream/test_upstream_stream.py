@@ -285,3 +285,38 @@ async def test_stream_ending_without_done_is_truncated(
             await drain(resp, got)
     assert got == [b'{"n": 1}']
     assert info.value.reason == "truncated"
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        # vLLM 0.32's create_streaming_error_response (json.dumps spacing), e.g. engine core dead
+        b'{"error": {"message": "EngineCore encountered an issue.", "type": "InternalServerError",'
+        b' "param": null, "code": 500}}',
+        b'{"object":"error","message":"engine dead","type":"InternalServerError","code":500}',
+    ],
+)
+async def test_an_error_event_from_the_engine_breaks_the_stream(
+    serve: Callable[[Handler], Awaitable[str]], client: UpstreamClient, event: bytes
+) -> None:
+    async def error_then_done(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(b'data: {"n": 1}\n\n')
+        await resp.write(b"data: " + event + b"\n\ndata: [DONE]\n\n")
+        return resp
+
+    base = await serve(error_then_done)
+    async with asyncio.timeout(10):
+        resp = await client.open_stream(
+            endpoint(4, base), "/v1/chat/completions", b"{}", deadline=deadline_in(5)
+        )
+        broken: list[StreamBroken] = []
+        resp.set_broken_listener(broken.append)
+        got: list[bytes] = []
+        with pytest.raises(StreamBroken) as info:
+            await drain(resp, got)
+    assert got == [b'{"n": 1}']  # the engine's error event itself is not relayed
+    assert info.value.reason == "engine_error"
+    assert info.value.endpoint_fault
+    assert broken == [info.value]
