@@ -117,6 +117,10 @@ CELERY_BEAT_SCHEDULE = {
         "task": "apps.models.tasks.endpoints_reap_stale",
         "schedule": 15.0,
     },
+    "evaluate-rollout-gates": {
+        "task": "apps.rollouts.tasks.rollouts_evaluate",
+        "schedule": 2.0,
+    },
 }
 
 # Routers record API-key last use in this Redis hash (prefix -> unix time); beat copies it.

@@ -107,6 +107,7 @@ class InferenceConsumer(GatewayConsumer):
             model=labels.model, klass=labels.klass, outcome=record.outcome, tenant=record.tenant
         )
         log_request(state.request_log, record)
+        state.version_stats.record_request(record)  # per-version telemetry for rollout gates
 
     async def _serve(
         self, state: RouterState, body: bytes, record: RequestRecord, labels: StageLabels

@@ -26,6 +26,7 @@ from runtime.snapshot import Snapshot
 from runtime.snapshot_loader import SnapshotLoader, SnapshotUnavailableError
 from runtime.telemetry.logging import REQUEST_LOGGER
 from runtime.telemetry.metrics import PoolView, RouterMetrics
+from runtime.telemetry.versions import VersionStats
 from runtime.upstream.breaker import BreakerBook
 from runtime.upstream.client import ClientConfig, UpstreamClient
 from runtime.upstream.health import HealthConfig, HealthMonitor
@@ -52,6 +53,7 @@ class RouterState:
     limits: RedisLimits
     shared: SharedCounters
     dispatchers: Dispatchers
+    version_stats: VersionStats
     rng: random.Random = field(default_factory=random.Random)
     request_log: logging.Logger = field(default_factory=lambda: logging.getLogger(REQUEST_LOGGER))
     snapshot_task: asyncio.Task[None] | None = None
@@ -94,6 +96,7 @@ class RouterState:
     async def start(self) -> None:
         """Start the background work; a missing snapshot is retried, not fatal (not ready)."""
         await self.key_usage.start()
+        await self.version_stats.start()
         await self.limits.start()
         await self.shared.start()
         await self.health.start()
@@ -131,6 +134,7 @@ class RouterState:
         await self.shared.stop()
         await self.limits.stop()
         await self.key_usage.stop()
+        await self.version_stats.stop()
         await self.client.close()
 
 
@@ -204,6 +208,7 @@ def build_state(config: RouterConfig) -> RouterState:
             interval_s=config.key_usage_flush_s,
         ),
         tokens=TokenCounter(cache_size=config.tokenizer_cache_size),
+        version_stats=VersionStats(config.redis_url, namespace=config.namespace),
     )
     state.loader.add_swap_callback(state.on_snapshot)
     metrics.attach_scheduling(state.pool_views)
