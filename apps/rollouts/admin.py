@@ -217,7 +217,9 @@ class RolloutAdmin(_RolloutAdmin):
             send=tasks.rollout_resume.delay,
         )  # fmt: skip
 
-    @admin.action(description="Promote selected rollouts (candidate 100 %%)", permissions=["change"])
+    @admin.action(
+        description="Promote selected rollouts (candidate 100 %%)", permissions=["change"]
+    )
     def promote_selected(self, request: HttpRequest, queryset: QuerySet[Rollout]) -> None:
         reason = f"Promoted in the admin by {request.user}."
         self._enqueue(

@@ -25,7 +25,6 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
-from apps.core.services import snapshot_publish_on_commit
 from apps.models.models import Endpoint, Route
 from apps.models.services.routes import route_set
 from apps.rollouts.models import Rollout
@@ -106,8 +105,8 @@ def _enter_step(rollout: Rollout, *, actor: AbstractBaseUser | None, step: int) 
     rollout.current_step = step
     rollout.step_started_at = timezone.now()
     if rollout.mode == Rollout.Mode.SHADOW:
-        snapshot_publish_on_commit()  # the shadow fields come from the rollout itself
-        return {"shadow_share": int(rollout.steps[0])}
+        # All served traffic stays on stable; the shadow fields come from the rollout itself.
+        return {**_route_to(rollout, actor=actor, share=0), "shadow_share": int(rollout.steps[0])}
     return _route_to(rollout, actor=actor, share=candidate_share(rollout))
 
 
@@ -263,9 +262,6 @@ def rollout_rollback(
 
     def change(locked: Rollout) -> dict[str, Any]:
         locked.state = Rollout.State.ROLLED_BACK
-        if locked.mode == Rollout.Mode.SHADOW:
-            snapshot_publish_on_commit()
-            return {"candidate_share": 0}
         return _route_to(locked, actor=actor, share=0)
 
     return _transition(
