@@ -90,7 +90,7 @@ def _blast_radius_error(mode: str, steps: object, max_step_increase: object) -> 
         return None
     shares = [0, *list(steps)[:-1]]  # type: ignore[call-overload]
     jumps = [later - earlier for earlier, later in pairwise(shares)]
-    if any(jump > max_step_increase for jump in jumps):  # type: ignore[operator]
+    if any(jump > max_step_increase for jump in jumps):
         return (
             f"A step raises the candidate's share by more than {max_step_increase} points "
             "before the final promotion; add intermediate steps."

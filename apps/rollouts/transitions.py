@@ -55,14 +55,15 @@ def _transition(
                 f"Rollout #{locked.pk} is {locked.state}; {action} needs it to be "
                 f"{' or '.join(allowed)}."
             )
-        before = {"state": locked.state, "current_step": locked.current_step}
+        from_state = locked.state
+        before = {"state": from_state, "current_step": locked.current_step}
         extra = change(locked) or {}
         locked.save()
         _event(
             locked,
             actor=actor,
             kind=action,
-            from_state=before["state"],
+            from_state=from_state,
             reason=reason,
             data={**(data or {}), **extra},
         )
