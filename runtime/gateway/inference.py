@@ -140,6 +140,7 @@ class InferenceConsumer(GatewayConsumer):
             labels=labels,
         )
         lease = await admit_limits(state, principal.tenant, plan)
+        state.shadow.offer(snapshot, plan.model, plan.version, self.upstream_path, plan.body)
         attempts: _Attempts | None = None
         usage: Usage | None = None
         try:

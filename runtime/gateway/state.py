@@ -17,6 +17,7 @@ from runtime.gateway.config import RouterConfig
 from runtime.gateway.key_usage import KeyUsageRecorder
 from runtime.gateway.tokens import TokenCounter
 from runtime.routing.inflight import InFlight
+from runtime.routing.shadow import ShadowMirror
 from runtime.routing.signals import FleetSignals
 from runtime.routing.table import RoutingTable
 from runtime.scheduling.placement import FleetPlacement
@@ -54,6 +55,7 @@ class RouterState:
     shared: SharedCounters
     dispatchers: Dispatchers
     version_stats: VersionStats
+    shadow: ShadowMirror
     rng: random.Random = field(default_factory=random.Random)
     request_log: logging.Logger = field(default_factory=lambda: logging.getLogger(REQUEST_LOGGER))
     snapshot_task: asyncio.Task[None] | None = None
@@ -97,6 +99,7 @@ class RouterState:
         """Start the background work; a missing snapshot is retried, not fatal (not ready)."""
         await self.key_usage.start()
         await self.version_stats.start()
+        await self.shadow.start()
         await self.limits.start()
         await self.shared.start()
         await self.health.start()
@@ -134,6 +137,7 @@ class RouterState:
         await self.shared.stop()
         await self.limits.stop()
         await self.key_usage.stop()
+        await self.shadow.stop()
         await self.version_stats.stop()
         await self.client.close()
 
@@ -178,6 +182,7 @@ def build_state(config: RouterConfig) -> RouterState:
             on_slot=on_slot,
         )
 
+    version_stats = VersionStats(config.redis_url, namespace=config.namespace)
     state = RouterState(
         config=config,
         loader=loader,
@@ -208,7 +213,8 @@ def build_state(config: RouterConfig) -> RouterState:
             interval_s=config.key_usage_flush_s,
         ),
         tokens=TokenCounter(cache_size=config.tokenizer_cache_size),
-        version_stats=VersionStats(config.redis_url, namespace=config.namespace),
+        version_stats=version_stats,
+        shadow=ShadowMirror(stats=version_stats),
     )
     state.loader.add_swap_callback(state.on_snapshot)
     metrics.attach_scheduling(state.pool_views)

@@ -21,7 +21,15 @@ import aiohttp
 import pytest
 import redis
 from django.db import connections
-from fixtures.router import Process, redis_url, spawn, start_router, wait_ready, wait_until_up
+from fixtures.router import (
+    Process,
+    http_get,
+    redis_url,
+    spawn,
+    start_router,
+    wait_ready,
+    wait_until_up,
+)
 from fixtures.wait import eventually
 
 from apps.models.services import (
@@ -78,6 +86,7 @@ class Stage:
     keys: dict[str, str]
     rollout: Rollout
     client: redis.Redis[bytes]
+    candidate_sim: Process
 
     def latest(self) -> int:
         version = snapshot_store.latest_version(self.client, prefix=self.prefix)
@@ -87,7 +96,7 @@ class Stage:
 
 @pytest.fixture
 def stage(settings: Any, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Stage]:
-    error_rate = getattr(request, "param", "0")
+    error_rate, mode, steps = getattr(request, "param", ("0", "canary", [25, 50, 100]))
     namespace = f"switchyard:test:rollout:{uuid.uuid4().hex[:10]}"
     prefix = f"{namespace}:snapshot"
     settings.SNAPSHOT_REDIS_PREFIX = prefix
@@ -124,12 +133,12 @@ def stage(settings: Any, tmp_path: Path, request: pytest.FixtureRequest) -> Iter
             keys[slug] = api_key_create(actor=None, tenant=tenant, name="k")[1]
         rollout = rollout_create(
             actor=None, model=model, stable_version=versions[0], candidate_version=versions[1],
-            mode="canary", steps=[25, 50, 100], min_samples=15, step_window_s=1,
+            mode=mode, steps=steps, min_samples=15, step_window_s=1,
             excluded_tenants=[EXCLUDED],
         )  # fmt: skip
         router = start_router(prefix, tmp_path / "router")
         started.append(router)
-        stage = Stage(prefix, router, keys, rollout, client)
+        stage = Stage(prefix, router, keys, rollout, client, candidate_sim)
         wait_ready(router, stage.latest())
         yield stage
     finally:
@@ -206,7 +215,7 @@ def start(stage: Stage) -> None:
     wait_ready(stage.router, stage.latest())
 
 
-@pytest.mark.parametrize("stage", ["0.5"], indirect=True)
+@pytest.mark.parametrize("stage", [("0.5", "canary", [25, 50, 100])], indirect=True)
 def test_an_erroring_candidate_is_rolled_back_fast_and_others_never_see_it(stage: Stage) -> None:
     start(stage)
     snapshot = snapshot_store.read_latest(stage.client, prefix=stage.prefix)
@@ -269,3 +278,30 @@ async def _each_tenant(stage: Stage) -> list[Sent]:
 async def _one_version(stage: Stage) -> str:
     async with aiohttp.ClientSession() as http:
         return (await send_one(http, stage, TENANTS[0])).version
+
+
+def _candidate_served(stage: Stage) -> float:
+    status, body = http_get(f"{stage.candidate_sim.base_url}/metrics")
+    assert status == 200
+    total = 0.0
+    for line in body.decode().splitlines():
+        if line.startswith("vllm:request_success_total"):
+            total += float(line.rpartition(" ")[2])
+    return total
+
+
+@pytest.mark.parametrize("stage", [("0", "shadow", [50])], indirect=True)
+def test_shadow_mirrors_to_the_candidate_and_users_see_only_stable(stage: Stage) -> None:
+    start(stage)
+
+    async def burst() -> list[Sent]:
+        async with aiohttp.ClientSession() as http:
+            return [await send_one(http, stage, t) for t in TENANTS * 5]
+
+    sent = asyncio.run(burst())
+
+    assert {(s.status, s.version) for s in sent} == {(200, "v1")}
+    eventually(lambda: _candidate_served(stage) >= 10, timeout=10, what="mirrored requests")
+    mirrored = _candidate_served(stage)
+    assert 15 <= mirrored <= 45  # about half of 60 (binomial, p = 0.5), one copy per request
+    print(f"shadow: {len(sent)} requests, {mirrored:.0f} mirrored to the candidate")
