@@ -6,10 +6,11 @@ For a running rollout (canary or A/B), the window is the current step so far, at
 
 - ``fail`` → :func:`rollout_rollback` (one snapshot publish), the evidence in the event;
 - ``pass`` and the step has run ``step_window_s`` → :func:`rollout_advance` (a canary's last
-  step promotes; an A/B rollout stays at its split until an operator promotes it);
+  step promotes; an A/B or shadow rollout stays as it is until an operator promotes it);
 - otherwise nothing changes and nothing is written.
 
-Shadow rollouts are not gated here (their mirrored traffic is not recorded per version yet).
+A shadow rollout's candidate numbers are the mirrored copies (the router records them under
+the candidate's label, without tokens, so its cost gate reads "unpriced or no tokens").
 """
 
 from __future__ import annotations
@@ -113,7 +114,7 @@ def rollout_evaluate(
 ) -> Evaluation:
     """Evaluate one rollout's gates and act on the decision (see the module docstring)."""
     now = time.time() if now is None else now
-    if rollout.state != Rollout.State.RUNNING or rollout.mode == Rollout.Mode.SHADOW:
+    if rollout.state != Rollout.State.RUNNING:
         return Evaluation("wait", "none", {})
     totals = _window(rollout, client, now)
     stable = totals[rollout.stable_version.label]
@@ -136,7 +137,7 @@ def rollout_evaluate(
         return Evaluation(decision, "rollback", evidence)
     elapsed = now - rollout.step_started_at.timestamp() if rollout.step_started_at else 0.0
     if decision == "pass" and elapsed >= rollout.step_window_s:
-        if rollout.mode == Rollout.Mode.AB:
+        if rollout.mode != Rollout.Mode.CANARY:
             return Evaluation(decision, "none", evidence)
         rollout_advance(
             actor=None,

@@ -166,3 +166,23 @@ def test_a_paused_rollout_is_not_evaluated(namespace, client, rollout):
     send(namespace, "v1", n=200)
     send(namespace, "v2", n=60, errors=60)
     assert rollouts_evaluate_running() == {}
+
+
+def test_a_failing_shadow_candidate_is_rolled_back_and_a_passing_one_waits(
+    namespace, client, llm, stable, candidate, ready_endpoints
+):
+    ready_endpoints()
+    shadow = rollout_create(
+        actor=None, model=llm, stable_version=stable, candidate_version=candidate,
+        mode="shadow", steps=[20], min_samples=50, step_window_s=60,
+    )  # fmt: skip
+    rollout_start(actor=None, rollout=shadow)
+    rollout_warmup(actor=None, rollout=shadow)
+    send(namespace, "v1", n=200)
+    send(namespace, "v2", n=60)
+    age_step(shadow, 61)
+    assert rollout_evaluate(rollout=shadow, client=client).action == "none"  # promote by hand
+    send(namespace, "v2", n=60, errors=60)
+    assert rollout_evaluate(rollout=shadow, client=client).action == "rollback"
+    shadow.refresh_from_db()
+    assert shadow.state == "rolled_back"

@@ -11,7 +11,7 @@ from runtime.workers.simulator.config import SimulatorConfig
 from runtime.workers.simulator.server import create_app
 from runtime.workers.simulator.timing import TimingModel
 
-pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
+pytestmark = [pytest.mark.integration]
 
 
 async def statuses(error_rate: float, count: int) -> list[int]:
@@ -37,12 +37,14 @@ async def statuses(error_rate: float, count: int) -> list[int]:
     return found
 
 
+@pytest.mark.asyncio
 async def test_a_share_of_generations_fail_with_500() -> None:
     found = await statuses(0.5, 200)
     assert set(found) == {200, 500}
     assert 60 < found.count(500) < 140
 
 
+@pytest.mark.asyncio
 async def test_zero_and_one_are_exact() -> None:
     assert set(await statuses(0.0, 20)) == {200}
     assert set(await statuses(1.0, 20)) == {500}
