@@ -125,6 +125,10 @@ CELERY_BEAT_SCHEDULE = {
     },
     "usage-stream-to-ledger": {"task": "apps.billing.tasks.usage_consume", "schedule": 1.0},
     "reconcile-credit-balances": {"task": "apps.billing.tasks.credit_reconcile", "schedule": 30.0},
+    "evaluate-rollout-gates": {
+        "task": "apps.rollouts.tasks.rollouts_evaluate",
+        "schedule": 2.0,
+    },
 }
 
 # Routers record API-key last use in this Redis hash (prefix -> unix time); beat copies it.

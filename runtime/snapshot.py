@@ -135,6 +135,9 @@ class RouteSnap(msgspec.Struct, frozen=True, kw_only=True):
     sticky_key: str = "tenant"  # "tenant" | "user" | "none"
     shadow_version: int | None = None
     shadow_share: float = 0.0
+    # A running rollout's blast-radius limit: these tenants always get ``stable_version``.
+    stable_version: int | None = None
+    exclude_tenants: tuple[str, ...] = ()
 
 
 class PriceSnap(msgspec.Struct, frozen=True, kw_only=True):

@@ -36,6 +36,7 @@ from django.db.models import Prefetch, Q
 
 from apps.billing.models import Price
 from apps.models.models import Endpoint, Model, ModelVersion, Pool, Route, RouteSplit
+from apps.rollouts.models import TRAFFIC_STATES, Rollout
 from apps.tenants.models import ApiKey, RequestClass, Tenant
 from runtime.snapshot import (
     ApiKeySnap,
@@ -243,6 +244,7 @@ def _routes(versions: Mapping[int, VersionSnap]) -> dict[str, RouteSnap]:
         .prefetch_related(Prefetch("splits", queryset=RouteSplit.objects.order_by("version_id")))
         .order_by("model__name")
     )
+    rollouts = {r.model_id: r for r in Rollout.objects.filter(state__in=TRAFFIC_STATES)}
     routes: dict[str, RouteSnap] = {}
     for route in queryset:
         splits = tuple(
@@ -254,9 +256,28 @@ def _routes(versions: Mapping[int, VersionSnap]) -> dict[str, RouteSnap]:
             # Nothing routable: the router falls back to the newest published version.
             continue
         routes[route.model.name] = RouteSnap(
-            model=route.model.name, splits=splits, sticky_key=route.sticky_key
+            model=route.model.name,
+            splits=splits,
+            sticky_key=route.sticky_key,
+            **_rollout_route_fields(rollouts.get(route.model_id), versions),
         )
     return routes
+
+
+def _rollout_route_fields(
+    rollout: Rollout | None, versions: Mapping[int, VersionSnap]
+) -> dict[str, Any]:
+    """A running or paused rollout's route fields: exclusions, and the shadow share."""
+    if rollout is None or rollout.stable_version_id not in versions:
+        return {}
+    fields: dict[str, Any] = {
+        "stable_version": rollout.stable_version_id,
+        "exclude_tenants": tuple(sorted(rollout.excluded_tenants)),
+    }
+    if rollout.mode == Rollout.Mode.SHADOW and rollout.candidate_version_id in versions:
+        fields["shadow_version"] = rollout.candidate_version_id
+        fields["shadow_share"] = int(rollout.steps[0]) / 100.0
+    return fields
 
 
 def _prices(versions: Mapping[int, VersionSnap]) -> tuple[PriceSnap, ...]:

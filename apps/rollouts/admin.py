@@ -1,6 +1,8 @@
 """Admin for rollouts. Rollouts are created through apps.rollouts.services (the form runs the
-service's validator, so a second active rollout for a model is a form error) and cancelled with
-an action; they are never edited. Their events are read-only.
+service's validator, so a second active rollout for a model is a form error); they are never
+edited. The buttons (actions: start, advance, pause, resume, promote, roll back) enqueue the
+Celery tasks of apps.rollouts.tasks and return at once; cancel (a draft) runs inline. Events
+are read-only.
 """
 
 from __future__ import annotations
@@ -15,8 +17,15 @@ from django.http import HttpRequest
 
 from apps.core.admin_support import actor_of, adopt, run_validator
 from apps.models.models import ModelVersion
-from apps.rollouts.models import ACTIVE_STATES, Rollout, RolloutEvent
-from apps.rollouts.services import DEFAULT_STEPS, rollout_cancel, rollout_create, rollout_validate
+from apps.rollouts import tasks
+from apps.rollouts.models import Rollout, RolloutEvent
+from apps.rollouts.services import (
+    CANCELLABLE_STATES,
+    DEFAULT_STEPS,
+    rollout_cancel,
+    rollout_create,
+    rollout_validate,
+)
 
 if TYPE_CHECKING:  # generic in django-stubs only; not subscriptable at runtime
     _RolloutForm = forms.ModelForm[Rollout]
@@ -38,6 +47,9 @@ CREATE_FIELDS = (
     "max_ttft_p95_ratio",
     "max_cost_ratio",
     "step_window_s",
+    "min_samples",
+    "max_step_increase",
+    "excluded_tenants",
 )
 EVENT_FIELDS = (
     "created_at",
@@ -94,9 +106,24 @@ class RolloutAdmin(_RolloutAdmin):
     add_form = RolloutCreateForm
     list_display = ("__str__", "mode", "steps", "current_step", "state", "created_by", "created_at")
     list_filter = ("state", "mode", "model")
-    readonly_fields = (*CREATE_FIELDS, "state", "current_step", "created_by", "created_at")
+    readonly_fields = (
+        *CREATE_FIELDS,
+        "state",
+        "current_step",
+        "step_started_at",
+        "created_by",
+        "created_at",
+    )
     inlines = (RolloutEventInline,)
-    actions = ("cancel_selected",)
+    actions = (
+        "start_selected",
+        "advance_selected",
+        "pause_selected",
+        "resume_selected",
+        "promote_selected",
+        "rollback_selected",
+        "cancel_selected",
+    )
 
     def get_form(
         self, request: HttpRequest, obj: Rollout | None = None, change: bool = False, **kwargs: Any
@@ -130,13 +157,83 @@ class RolloutAdmin(_RolloutAdmin):
     @admin.action(description="Cancel selected rollouts", permissions=["change"])
     def cancel_selected(self, request: HttpRequest, queryset: QuerySet[Rollout]) -> None:
         reason = f"Cancelled in the admin by {request.user}."
-        for rollout in queryset.filter(state__in=ACTIVE_STATES):
+        for rollout in queryset.filter(state__in=CANCELLABLE_STATES):
             try:
                 rollout_cancel(actor=actor_of(request), rollout=rollout, reason=reason)
             except ValidationError as error:
                 messages.error(request, f"Rollout #{rollout.pk}: {'; '.join(error.messages)}")
             else:
                 messages.success(request, f"Cancelled rollout #{rollout.pk}.")
+
+    def _enqueue(
+        self,
+        request: HttpRequest,
+        queryset: QuerySet[Rollout],
+        *,
+        states: tuple[str, ...],
+        what: str,
+        send: Any,
+    ) -> None:
+        actor = actor_of(request)
+        actor_id = actor.pk if actor is not None else None
+        for rollout in queryset:
+            if rollout.state not in states:
+                messages.error(
+                    request, f"Rollout #{rollout.pk} is {rollout.state}; it cannot be {what}."
+                )
+                continue
+            send(rollout.pk, actor_id)
+            messages.success(request, f"Rollout #{rollout.pk}: {what} requested.")
+
+    @admin.action(
+        description="Start selected rollouts (warm up, then step 1)", permissions=["change"]
+    )
+    def start_selected(self, request: HttpRequest, queryset: QuerySet[Rollout]) -> None:
+        self._enqueue(
+            request, queryset, states=("pending",), what="started",
+            send=tasks.rollout_start.delay,
+        )  # fmt: skip
+
+    @admin.action(description="Advance selected rollouts one step", permissions=["change"])
+    def advance_selected(self, request: HttpRequest, queryset: QuerySet[Rollout]) -> None:
+        reason = f"Advanced in the admin by {request.user}."
+        self._enqueue(
+            request, queryset, states=("running",), what="advanced",
+            send=lambda pk, actor: tasks.rollout_advance.delay(pk, actor, reason),
+        )  # fmt: skip
+
+    @admin.action(description="Pause selected rollouts", permissions=["change"])
+    def pause_selected(self, request: HttpRequest, queryset: QuerySet[Rollout]) -> None:
+        reason = f"Paused in the admin by {request.user}."
+        self._enqueue(
+            request, queryset, states=("running",), what="paused",
+            send=lambda pk, actor: tasks.rollout_pause.delay(pk, actor, reason),
+        )  # fmt: skip
+
+    @admin.action(description="Resume selected rollouts", permissions=["change"])
+    def resume_selected(self, request: HttpRequest, queryset: QuerySet[Rollout]) -> None:
+        self._enqueue(
+            request, queryset, states=("paused",), what="resumed",
+            send=tasks.rollout_resume.delay,
+        )  # fmt: skip
+
+    @admin.action(
+        description="Promote selected rollouts (candidate 100 %%)", permissions=["change"]
+    )
+    def promote_selected(self, request: HttpRequest, queryset: QuerySet[Rollout]) -> None:
+        reason = f"Promoted in the admin by {request.user}."
+        self._enqueue(
+            request, queryset, states=("running", "paused"), what="promoted",
+            send=lambda pk, actor: tasks.rollout_promote.delay(pk, actor, reason),
+        )  # fmt: skip
+
+    @admin.action(description="Roll back selected rollouts (stable 100 %%)", permissions=["change"])
+    def rollback_selected(self, request: HttpRequest, queryset: QuerySet[Rollout]) -> None:
+        reason = f"Rolled back in the admin by {request.user}."
+        self._enqueue(
+            request, queryset, states=("warming", "running", "paused"), what="rolled back",
+            send=lambda pk, actor: tasks.rollout_rollback.delay(pk, reason, actor),
+        )  # fmt: skip
 
 
 @admin.register(RolloutEvent)

@@ -9,7 +9,9 @@ from django.db import models
 
 from apps.models.models import Model, ModelVersion
 
-ACTIVE_STATES = ("pending", "running", "paused")
+ACTIVE_STATES = ("pending", "warming", "running", "paused")
+# States in which the candidate may hold traffic (the snapshot carries the rollout's exclusions).
+TRAFFIC_STATES = ("running", "paused")
 
 
 class Rollout(models.Model):
@@ -19,11 +21,13 @@ class Rollout(models.Model):
         SHADOW = "shadow", "Shadow"
 
     class State(models.TextChoices):
-        PENDING = "pending", "Pending"
+        PENDING = "pending", "Draft"
+        WARMING = "warming", "Warming"
         RUNNING = "running", "Running"
         PAUSED = "paused", "Paused"
         PROMOTED = "promoted", "Promoted"
         ROLLED_BACK = "rolled_back", "Rolled back"
+        ABORTED = "aborted", "Aborted"
         CANCELLED = "cancelled", "Cancelled"
 
     model = models.ForeignKey(Model, on_delete=models.PROTECT, related_name="rollouts")
@@ -40,7 +44,20 @@ class Rollout(models.Model):
     )
     max_ttft_p95_ratio = models.FloatField(default=1.2)
     max_cost_ratio = models.FloatField(default=1.1)
-    step_window_s = models.PositiveIntegerField(default=300)
+    step_window_s = models.PositiveIntegerField(
+        default=300, help_text="Minimum seconds per step; also the gates' comparison window."
+    )
+    min_samples = models.PositiveIntegerField(
+        default=200, help_text="Requests each version needs in the window before a gate decides."
+    )
+    max_step_increase = models.PositiveSmallIntegerField(
+        default=100,
+        help_text="Blast radius: a step may raise the candidate's share by at most this.",
+    )
+    excluded_tenants = models.JSONField(
+        default=list, blank=True, help_text="Tenant slugs that always get the stable version."
+    )
+    step_started_at = models.DateTimeField(null=True, blank=True)
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
     )

@@ -1,6 +1,7 @@
-"""Writes to rollouts: create one (canary, A/B or shadow) and cancel it.
+"""Writes to rollouts: create one (canary, A/B or shadow) and cancel a draft.
 
-Data only for now: a rollout does not move traffic yet, so nothing here republishes the snapshot.
+The transitions that move traffic (start, advance, pause, resume, promote, roll back) live in
+``apps.rollouts.transitions``; the gates' evaluation in ``apps.rollouts.evaluate``.
 Every change writes a ``RolloutEvent`` (who and why) and an audit event.
 """
 
@@ -33,8 +34,12 @@ ROLLOUT_FIELDS = (
     "max_ttft_p95_ratio",
     "max_cost_ratio",
     "step_window_s",
+    "min_samples",
+    "max_step_increase",
+    "excluded_tenants",
 )
 SYSTEM_LABEL = "system"
+CANCELLABLE_STATES = ("pending", "warming")
 
 
 def actor_label(actor: AbstractBaseUser | None) -> str:
@@ -78,6 +83,29 @@ def _mode_steps_error(mode: str, steps: list[int]) -> str | None:
     return None
 
 
+def _blast_radius_error(mode: str, steps: object, max_step_increase: object) -> str | None:
+    if not is_int(max_step_increase) or not 1 <= max_step_increase <= 100:  # type: ignore[operator]
+        return "The largest step increase must be an integer percentage from 1 to 100."
+    if mode != Rollout.Mode.CANARY or steps_error(mode, steps) is not None:
+        return None
+    shares = [0, *list(steps)[:-1]]  # type: ignore[call-overload]
+    jumps = [later - earlier for earlier, later in pairwise(shares)]
+    if any(jump > max_step_increase for jump in jumps):
+        return (
+            f"A step raises the candidate's share by more than {max_step_increase} points "
+            "before the final promotion; add intermediate steps."
+        )
+    return None
+
+
+def _tenants_error(excluded_tenants: object) -> str | None:
+    if not isinstance(excluded_tenants, list | tuple) or not all(
+        isinstance(slug, str) and slug for slug in excluded_tenants
+    ):
+        return "Excluded tenants must be a list of tenant slugs."
+    return None
+
+
 def _version_error(model: Model, version: ModelVersion | None, what: str) -> str | None:
     if version is None:
         return f"Choose the {what} version."
@@ -99,6 +127,9 @@ def rollout_validate(
     max_ttft_p95_ratio: float = 1.2,
     max_cost_ratio: float = 1.1,
     step_window_s: int = 300,
+    min_samples: int = 200,
+    max_step_increase: int = 100,
+    excluded_tenants: Sequence[str] = (),
 ) -> None:
     """Every rule of :func:`rollout_create`, the one-active-rollout-per-model rule included."""
     errors: dict[str, Any] = {
@@ -113,8 +144,13 @@ def rollout_validate(
         "max_ttft_p95_ratio": float_error(max_ttft_p95_ratio, minimum=0.0, strict=True),
         "max_cost_ratio": float_error(max_cost_ratio, minimum=0.0, strict=True),
         "step_window_s": None
-        if is_int(step_window_s) and 10 <= step_window_s <= 86_400
-        else "Step window must be a whole number of seconds from 10 to 86400.",
+        if is_int(step_window_s) and 1 <= step_window_s <= 86_400
+        else "Step window must be a whole number of seconds from 1 to 86400.",
+        "min_samples": None
+        if is_int(min_samples) and min_samples >= 1
+        else "Minimum samples must be a positive whole number.",
+        "max_step_increase": _blast_radius_error(mode, steps, max_step_increase),
+        "excluded_tenants": _tenants_error(excluded_tenants),
     }
     if (
         stable_version is not None
@@ -160,11 +196,17 @@ def rollout_create(
     max_ttft_p95_ratio: float = 1.2,
     max_cost_ratio: float = 1.1,
     step_window_s: int = 300,
+    min_samples: int = 200,
+    max_step_increase: int = 100,
+    excluded_tenants: Sequence[str] = (),
 ) -> Rollout:
-    """Plan a rollout of ``candidate_version`` against ``stable_version`` (state ``pending``).
+    """Plan a rollout of ``candidate_version`` against ``stable_version`` (state ``pending``,
+    shown as *Draft*; :func:`apps.rollouts.transitions.rollout_start` starts it).
 
     ``steps`` are the candidate's traffic percentages: canary, strictly increasing to 100;
     A/B, one share below 100; shadow, one mirrored share. At most one active rollout per model.
+    ``max_step_increase`` bounds each canary step's jump (the blast radius); tenants in
+    ``excluded_tenants`` always get the stable version; ``min_samples`` is the gates' minimum.
     """
     config: dict[str, Any] = {
         "mode": mode,
@@ -172,6 +214,9 @@ def rollout_create(
         "max_ttft_p95_ratio": max_ttft_p95_ratio,
         "max_cost_ratio": max_cost_ratio,
         "step_window_s": step_window_s,
+        "min_samples": min_samples,
+        "max_step_increase": max_step_increase,
+        "excluded_tenants": list(excluded_tenants),
     }
     rollout_validate(
         model=model,
@@ -208,15 +253,18 @@ def rollout_create(
 
 
 def rollout_cancel(*, actor: AbstractBaseUser | None, rollout: Rollout, reason: str) -> Rollout:
-    """Stop an active rollout for good (state ``cancelled``). ``rollout`` is refreshed in place."""
+    """Stop a rollout that has moved no traffic (draft or warming) for good (``cancelled``).
+
+    A running or paused rollout is rolled back instead (``rollout_rollback``), which also moves
+    its traffic back to stable. ``rollout`` is refreshed in place."""
     if not isinstance(reason, str) or not reason.strip():
         raise ValidationError({"reason": "Say why the rollout is cancelled."})
     with transaction.atomic():
         locked = Rollout.objects.select_for_update().get(pk=rollout.pk)
-        if locked.state not in ACTIVE_STATES:
+        if locked.state not in CANCELLABLE_STATES:
             raise ValidationError(
-                f"Rollout #{locked.pk} is {locked.state}; only a pending, running or paused "
-                "rollout can be cancelled."
+                f"Rollout #{locked.pk} is {locked.state}; only a draft or warming rollout can "
+                "be cancelled (roll back a running or paused one)."
             )
         before = locked.state
         locked.state = Rollout.State.CANCELLED

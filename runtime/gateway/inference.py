@@ -119,6 +119,7 @@ class InferenceConsumer(GatewayConsumer):
         state.metrics.observe_slis(record, state.snapshot)
         state.tracing.finish(record)
         log_request(state.request_log, record)
+        state.version_stats.record_request(record)  # per-version telemetry for rollout gates
 
     async def _serve(
         self, state: RouterState, body: bytes, record: RequestRecord, labels: StageLabels
@@ -151,6 +152,7 @@ class InferenceConsumer(GatewayConsumer):
             labels=labels,
         )
         admission = await admit_limits(state, snapshot, principal.tenant, plan)
+        state.shadow.offer(snapshot, plan.model, plan.version, self.upstream_path, plan.body)
         attempts: _Attempts | None = None
         usage: Usage | None = None
         try:

@@ -20,6 +20,7 @@ from runtime.gateway.key_usage import KeyUsageRecorder
 from runtime.gateway.tokens import TokenCounter
 from runtime.metering.pricing import PriceBook
 from runtime.routing.inflight import InFlight
+from runtime.routing.shadow import ShadowMirror
 from runtime.routing.signals import FleetSignals
 from runtime.routing.table import RoutingTable
 from runtime.scheduling.placement import FleetPlacement
@@ -31,6 +32,7 @@ from runtime.telemetry.collectors import EndpointView
 from runtime.telemetry.logging import REQUEST_LOGGER
 from runtime.telemetry.metrics import PoolView, RouterMetrics
 from runtime.telemetry.tracing import Tracing
+from runtime.telemetry.versions import VersionStats
 from runtime.upstream.breaker import BreakerBook, BreakerState
 from runtime.upstream.client import ClientConfig, UpstreamClient
 from runtime.upstream.health import HealthConfig, HealthMonitor
@@ -57,6 +59,8 @@ class RouterState:
     limits: RedisLimits
     shared: SharedCounters
     dispatchers: Dispatchers
+    version_stats: VersionStats
+    shadow: ShadowMirror
     prices: PriceBook | None = None  # rebuilt on every snapshot swap (credits, issue #11)
     tracing: Tracing = field(default_factory=Tracing)  # off unless OTEL_EXPORTER_OTLP_* is set
     rng: random.Random = field(default_factory=random.Random)
@@ -124,6 +128,8 @@ class RouterState:
     async def start(self) -> None:
         """Start the background work; a missing snapshot is retried, not fatal (not ready)."""
         await self.key_usage.start()
+        await self.version_stats.start()
+        await self.shadow.start()
         await self.limits.start()
         await self.shared.start()
         await self.health.start()
@@ -161,6 +167,8 @@ class RouterState:
         await self.shared.stop()
         await self.limits.stop()
         await self.key_usage.stop()
+        await self.shadow.stop()
+        await self.version_stats.stop()
         await self.client.close()
         self.tracing.shutdown()
 
@@ -209,6 +217,7 @@ def build_state(config: RouterConfig) -> RouterState:
             on_slot=on_slot,
         )
 
+    version_stats = VersionStats(config.redis_url, namespace=config.namespace)
     state = RouterState(
         config=config,
         loader=loader,
@@ -242,6 +251,8 @@ def build_state(config: RouterConfig) -> RouterState:
         ),
         tokens=TokenCounter(cache_size=config.tokenizer_cache_size),
         tracing=Tracing.from_env(),
+        version_stats=version_stats,
+        shadow=ShadowMirror(stats=version_stats),
     )
     state.loader.add_swap_callback(state.on_snapshot)
     metrics.attach_scheduling(state.pool_views)

@@ -5,6 +5,9 @@ per process), so every router replica sends a tenant (or user) to the same versi
 point in ``[0, total)`` depends only on the key and the total weight, so with weights that
 keep their sum (percentages), growing the last split's share (a canary step) only moves keys
 onto it, never between the others.
+
+A running rollout's blast-radius limit rides on the route: tenants in ``exclude_tenants``
+always get ``stable_version`` (when the snapshot knows it), whatever the split says.
 """
 
 from __future__ import annotations
@@ -46,11 +49,16 @@ def choose_version(
 ) -> VersionSnap:
     """The version that serves this request.
 
-    With a route: its splits with positive weight over versions the snapshot knows, picked by
-    the sticky point (or ``rng`` when the route is not sticky). Without one (or when no split
-    is usable): the model's newest published version (``ModelSnap.versions[-1]``).
+    A tenant the route excludes (a rollout's blast-radius limit) gets the route's stable
+    version. With a route: its splits with positive weight over versions the snapshot knows,
+    picked by the sticky point (or ``rng`` when the route is not sticky). Without one (or when
+    no split is usable): the model's newest published version (``ModelSnap.versions[-1]``).
     """
     route = snapshot.routes.get(model.name)
+    if route is not None and route.exclude_tenants and tenant in route.exclude_tenants:
+        stable = snapshot.versions.get(route.stable_version or -1)
+        if stable is not None:
+            return stable
     if route is not None:
         splits = [
             (s.version, s.weight)

@@ -47,6 +47,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="fault injection: cut the connection of every generation after N tokens",
     )
+    add(
+        "--error-rate",
+        type=float,
+        default=0.0,
+        metavar="P",
+        help="fault injection: answer this fraction of generations with HTTP 500 (default: 0)",
+    )
     add("--log-level", default="INFO", help="logging level (default: %(default)s)")
     return parser
 
@@ -65,6 +72,7 @@ def config_from_args(args: argparse.Namespace) -> SimulatorConfig:
         max_model_len=args.max_model_len,
         seed=args.seed,
         fail_after_tokens=args.fail_after_tokens,
+        error_rate=args.error_rate,
         embedding_dim=args.embedding_dim,
     )
 

@@ -17,6 +17,7 @@ class SimulatorConfig:
     max_model_len: int = 4096
     seed: int = 0
     fail_after_tokens: int | None = None
+    error_rate: float = 0.0  # fault injection: this fraction of generations answer HTTP 500
     embedding_dim: int = 384
 
     def __post_init__(self) -> None:
@@ -32,5 +33,7 @@ class SimulatorConfig:
             )
         if self.fail_after_tokens is not None and self.fail_after_tokens < 0:
             raise ValueError("fail_after_tokens must be >= 0")
+        if not 0.0 <= self.error_rate <= 1.0:
+            raise ValueError(f"error_rate must be in [0, 1], got {self.error_rate}")
         if self.embedding_dim < 1:
             raise ValueError("embedding_dim must be >= 1")

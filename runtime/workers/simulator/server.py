@@ -8,6 +8,7 @@ which aborts its sequence, so the slot and its KV reservation are freed at once.
 
 from __future__ import annotations
 
+import random
 from collections.abc import AsyncIterator
 from typing import Literal
 
@@ -32,6 +33,7 @@ from runtime.workers.simulator.text import WordStream, embedding_vector
 CONFIG = web.AppKey("config", SimulatorConfig)
 ENGINE = web.AppKey("engine", Engine)
 METRICS = web.AppKey("metrics", SimulatorMetrics)
+FAULTS = web.AppKey("faults", random.Random)
 MAX_BODY_BYTES = 64 * 1024 * 1024
 
 
@@ -48,6 +50,7 @@ def create_app(config: SimulatorConfig) -> web.Application:
     app[CONFIG] = config
     app[ENGINE] = engine
     app[METRICS] = metrics
+    app[FAULTS] = random.Random(config.seed)  # noqa: S311 (fault injection, not security)
     app.cleanup_ctx.append(_engine_lifecycle)
     app.router.add_get("/health", _health)
     app.router.add_get("/metrics", _metrics)
@@ -107,6 +110,10 @@ async def _generate(
     config, engine = request.app[CONFIG], request.app[ENGINE]
     body = parse_body(await request.read())
     check_model(body, config)
+    if config.error_rate and request.app[FAULTS].random() < config.error_rate:
+        raise ApiError(
+            "injected failure (--error-rate)", err_type="InternalServerError", status=500
+        )
     gen = parse_chat(body, config) if kind == "chat" else parse_completion(body, config)
     rid = wire.request_id(request.headers.get("X-Request-Id"))
     framer = wire.Framer(chat=kind == "chat", rid=rid, model=config.model)

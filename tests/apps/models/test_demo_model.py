@@ -324,7 +324,7 @@ def test_command_refuses_a_taken_label_for_another_artifact(
     other = Path(shutil.copytree(generated.other_seed.path, tmp_path / "seed1"))
 
     with pytest.raises(CommandError, match="already registered with digest"):
-        _run("--out", str(other), "--seed", "1")
+        _run("--out", str(other), "--seed", "1", "--label", "v1")
     moved = Path(shutil.copytree(copy_of_seed0, tmp_path / "moved"))
     with pytest.raises(CommandError, match="already registered at"):
         _run("--out", str(moved))

@@ -7,8 +7,15 @@ from typing import Any
 
 import pytest
 
-from apps.models.models import Model, ModelVersion
-from apps.models.services import model_create, model_version_create, model_version_publish
+from apps.models.models import Endpoint, Model, ModelVersion
+from apps.models.services import (
+    endpoint_register,
+    endpoint_set_state,
+    model_create,
+    model_version_create,
+    model_version_publish,
+    pool_create,
+)
 from runtime.artifacts import manifest_digest
 
 MANIFEST = {
@@ -49,3 +56,26 @@ def stable(llm: Model, make_version: Callable[..., ModelVersion]) -> ModelVersio
 @pytest.fixture
 def candidate(llm: Model, make_version: Callable[..., ModelVersion]) -> ModelVersion:
     return make_version(llm, "v2")
+
+
+@pytest.fixture
+def ready_endpoints(
+    llm: Model, stable: ModelVersion, candidate: ModelVersion
+) -> Callable[..., list[Any]]:
+    """Register a ready endpoint for each given version (the warmup's precondition)."""
+    pool = pool_create(actor=None, name="cpu", hardware_tier="cpu", cost_per_replica_hour="1")
+
+    def make(*versions: ModelVersion) -> list[Endpoint]:
+        made = []
+        for index, version in enumerate(versions or (stable, candidate)):
+            endpoint = endpoint_register(
+                actor=None,
+                pool=pool,
+                version=version,
+                base_url=f"http://127.0.0.1:{9000 + version.pk * 10 + index}",
+                capacity=4,
+            )
+            made.append(endpoint_set_state(actor=None, endpoint=endpoint, state="ready"))
+        return made
+
+    return make

@@ -26,6 +26,9 @@ def form(llm, stable, candidate):
         "max_ttft_p95_ratio": "1.2",
         "max_cost_ratio": "1.1",
         "step_window_s": "300",
+        "min_samples": "200",
+        "max_step_increase": "100",
+        "excluded_tenants": "[]",
     }
 
 

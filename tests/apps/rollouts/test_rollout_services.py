@@ -199,9 +199,9 @@ def test_cancel_needs_a_reason(create):
     assert rollout.state == "pending"
 
 
-@pytest.mark.parametrize("state", ["cancelled", "promoted", "rolled_back"])
+@pytest.mark.parametrize("state", ["cancelled", "promoted", "rolled_back", "aborted", "running"])
 def test_cancel_refuses_a_finished_rollout(create, state):
     rollout = create()
     Rollout.objects.filter(pk=rollout.pk).update(state=state)
-    with pytest.raises(ValidationError, match=f"is {state}; only a pending, running or paused"):
+    with pytest.raises(ValidationError, match=f"is {state}; only a draft or warming"):
         rollout_cancel(actor=None, rollout=rollout, reason="again")

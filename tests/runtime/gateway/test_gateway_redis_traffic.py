@@ -45,6 +45,8 @@ LIMITS_SCRIPT_BODY = {
 # What redis-py sends on a new connection (Redis 6.2, the embedded one, counts the CLIENT
 # SETINFO it refuses; Redis 7.0 does not).
 CONNECTION_SETUP = {"client", "hello"}
+# What the per-version counters' flush sends (runtime/telemetry/versions.py), once a second.
+VERSION_STATS_FLUSH = {"hincrby", "expire"}
 
 
 @pytest.fixture
@@ -117,8 +119,14 @@ def test_requests_do_not_touch_redis_for_a_channel_layer(
             if k != "evalsha"
             and k not in LIMITS_SCRIPT_BODY
             and k.split("|")[0] not in CONNECTION_SETUP
+            and k not in VERSION_STATS_FLUSH
         )
         assert others <= 12 + 4 * (busy_s / 5.0) + 2 * busy_s, busy
+        # The per-version counters (rollout gates): one pipelined batch a second, one EXPIRE
+        # per 2 s bucket touched and one HINCRBY per counter in it; not per request.
+        flushes = busy_s / 1.0 + 2
+        assert busy.get("expire", 0) <= 2 * flushes, busy
+        assert busy.get("hincrby", 0) <= 25 * busy.get("expire", 0), busy
 
         # The batched key-usage flush lands within its 5 s period (off the request path).
         prefix = key.split("_")[1]

@@ -8,6 +8,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+import msgspec
 import pytest
 from routing_support import snapshot
 
@@ -90,3 +91,24 @@ def test_sticky_point_is_the_same_in_another_process() -> None:
         env={"PYTHONHASHSEED": "12345", "PATH": ""}, cwd=REPO_ROOT,
     ).stdout  # fmt: skip
     assert there.strip() == str(here)
+
+
+def test_excluded_tenants_always_get_the_stable_version() -> None:
+
+    base = snapshot(versions=(1, 2), splits=((1, 1), (2, 99)))
+    route = msgspec.structs.replace(
+        base.routes["m"], stable_version=1, exclude_tenants=("vip", "bank")
+    )
+    snap = msgspec.structs.replace(base, routes={"m": route})
+    model = snap.models["m"]
+    assert {choose_version(snap, model, tenant=t).id for t in ("vip", "bank")} == {1}
+    others = Counter(choose_version(snap, model, tenant=f"t{i}").id for i in range(200))
+    assert others[2] > 180  # everyone else follows the 99 % split
+
+
+def test_an_exclusion_with_an_unknown_stable_version_follows_the_split() -> None:
+
+    base = snapshot(versions=(1, 2), splits=((2, 100),))
+    route = msgspec.structs.replace(base.routes["m"], stable_version=42, exclude_tenants=("vip",))
+    snap = msgspec.structs.replace(base, routes={"m": route})
+    assert choose_version(snap, snap.models["m"], tenant="vip").id == 2

@@ -36,15 +36,24 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--seed", type=int, default=0, help="Generation seed (default 0).")
+        parser.add_argument(
+            "--seed",
+            type=int,
+            default=0,
+            help="Generation seed (default 0). Another seed makes another version of the demo "
+            "model (label v<seed+1>, its own folder), e.g. a rollout's candidate.",
+        )
         parser.add_argument(
             "--out",
             type=Path,
             default=None,
-            help="Output folder (default: <VAR_DIR>/models/<model name>).",
+            help="Output folder (default: <VAR_DIR>/models/<model name>, plus -seed<N> for a "
+            "seed other than 0).",
         )
         parser.add_argument("--model-name", default=DEMO_MODEL_NAME, help="Registry model name.")
-        parser.add_argument("--label", default=DEMO_LABEL, help="Version label (default v1).")
+        parser.add_argument(
+            "--label", default=None, help="Version label (default v1; v<seed+1> for --seed)."
+        )
         parser.add_argument(
             "--publish",
             action=argparse.BooleanOptionalAction,
@@ -56,10 +65,13 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        out = options["out"] or Path(settings.VAR_DIR) / "models" / options["model_name"]
+        seed = options["seed"]
+        folder = options["model_name"] if seed == 0 else f"{options['model_name']}-seed{seed}"
+        out = options["out"] or Path(settings.VAR_DIR) / "models" / folder
         out = Path(out).expanduser().absolute()
+        label = options["label"] or (DEMO_LABEL if seed == 0 else f"v{seed + 1}")
         try:
-            artifact, generated = ensure_demo_model(out, seed=options["seed"])
+            artifact, generated = ensure_demo_model(out, seed=seed)
         except (FileExistsError, ValueError, OSError) as exc:
             raise CommandError(f"could not generate the demo model: {exc}") from exc
         try:
@@ -67,7 +79,7 @@ class Command(BaseCommand):
                 actor=None,
                 artifact=artifact,
                 model_name=options["model_name"],
-                label=options["label"],
+                label=label,
                 publish=options["publish"],
             )
         except ValidationError as exc:

@@ -1,0 +1,276 @@
+"""The rollout state machine: start, warm up, advance, pause, resume, promote, roll back.
+
+::
+
+    pending (draft) ─start→ warming ─warmup ok→ running(step 0) ─advance→ running(step k) …
+         │                     └─warmup failed→ aborted
+         running ⇄ paused (pause / resume; the candidate keeps its current share while paused)
+         running | paused ─promote→ promoted   (route: candidate 100 %)
+         running | paused ─roll back→ rolled_back (route: stable 100 %, one snapshot publish)
+
+Every transition locks the row, checks the state it starts from, writes a ``RolloutEvent``
+(who, why, evidence) and an audit event, and changes the model's route in the same
+transaction; the snapshot is published once on commit (``route_set``). Canary and A/B move
+traffic through the route's weights; a shadow rollout keeps the route on stable and puts the
+candidate in the snapshot's shadow fields (``apps.core.selectors``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from django.contrib.auth.base_user import AbstractBaseUser
+from django.core.exceptions import ValidationError
+from django.db import transaction
+from django.utils import timezone
+
+from apps.models.models import Endpoint, Route
+from apps.models.services.routes import route_set
+from apps.rollouts.models import Rollout
+from apps.rollouts.services import _event
+from apps.tenants.services import audit_record
+
+
+def _transition(
+    rollout: Rollout,
+    *,
+    actor: AbstractBaseUser | None,
+    action: str,
+    allowed: Iterable[str],
+    change: Callable[[Rollout], dict[str, Any] | None],
+    reason: str = "",
+    data: dict[str, Any] | None = None,
+) -> Rollout:
+    """Lock ``rollout``, check it is in one of ``allowed``, apply ``change``, record it.
+
+    ``change`` mutates the locked row (state, step) and may return extra event data. The row
+    passed in is refreshed in place and returned.
+    """
+    allowed = tuple(allowed)
+    with transaction.atomic():
+        locked = Rollout.objects.select_for_update().get(pk=rollout.pk)
+        if locked.state not in allowed:
+            raise ValidationError(
+                f"Rollout #{locked.pk} is {locked.state}; {action} needs it to be "
+                f"{' or '.join(allowed)}."
+            )
+        from_state = locked.state
+        before = {"state": from_state, "current_step": locked.current_step}
+        extra = change(locked) or {}
+        locked.save()
+        _event(
+            locked,
+            actor=actor,
+            kind=action,
+            from_state=from_state,
+            reason=reason,
+            data={**(data or {}), **extra},
+        )
+        audit_record(
+            actor=actor,
+            action=f"rollout.{action}",
+            target=locked,
+            before=before,
+            after={"state": locked.state, "current_step": locked.current_step, "reason": reason},
+        )
+    rollout.refresh_from_db()
+    return rollout
+
+
+def candidate_share(rollout: Rollout) -> int:
+    """The candidate's traffic percentage at the rollout's current step (0 for shadow)."""
+    if rollout.mode == Rollout.Mode.SHADOW:
+        return 0
+    return int(rollout.steps[rollout.current_step])
+
+
+def _route_to(rollout: Rollout, *, actor: AbstractBaseUser | None, share: int) -> dict[str, Any]:
+    """Set the model's route so the candidate gets ``share`` percent (0..100)."""
+    sticky = Route.objects.filter(model=rollout.model).values_list("sticky_key", flat=True).first()
+    splits = []
+    if share < 100:
+        splits.append((rollout.stable_version, 100 - share))
+    if share > 0:
+        splits.append((rollout.candidate_version, share))
+    route_set(
+        actor=actor,
+        model=rollout.model,
+        splits=splits,
+        sticky_key=sticky or Route.StickyKey.TENANT,
+    )
+    return {"candidate_share": share}
+
+
+def _enter_step(rollout: Rollout, *, actor: AbstractBaseUser | None, step: int) -> dict[str, Any]:
+    rollout.current_step = step
+    rollout.step_started_at = timezone.now()
+    if rollout.mode == Rollout.Mode.SHADOW:
+        # All served traffic stays on stable; the shadow fields come from the rollout itself.
+        return {**_route_to(rollout, actor=actor, share=0), "shadow_share": int(rollout.steps[0])}
+    return _route_to(rollout, actor=actor, share=candidate_share(rollout))
+
+
+def warmup_error(rollout: Rollout) -> str | None:
+    """Why the rollout's versions cannot take traffic yet, or None when both have ready
+    endpoints in the registry (starting engines is the supervisor's job, not this one's)."""
+    for version, what in (
+        (rollout.candidate_version, "candidate"),
+        (rollout.stable_version, "stable"),
+    ):
+        if not Endpoint.objects.filter(version=version, state=Endpoint.State.READY).exists():
+            return f"The {what} version {version.label} has no ready endpoint."
+    return None
+
+
+def rollout_start(*, actor: AbstractBaseUser | None, rollout: Rollout) -> Rollout:
+    """Draft → warming. The warmup (:func:`rollout_warmup`) then runs, as a task."""
+
+    def change(locked: Rollout) -> None:
+        locked.state = Rollout.State.WARMING
+
+    return _transition(
+        rollout, actor=actor, action="start", allowed=[Rollout.State.PENDING], change=change
+    )
+
+
+def rollout_warmup(*, actor: AbstractBaseUser | None, rollout: Rollout) -> Rollout:
+    """Warming → running at step 0 when the versions are ready; → aborted with the reason."""
+    rollout.refresh_from_db()
+    error = warmup_error(rollout)
+    if error is not None:
+
+        def abort(locked: Rollout) -> None:
+            locked.state = Rollout.State.ABORTED
+
+        return _transition(
+            rollout,
+            actor=actor,
+            action="abort",
+            allowed=[Rollout.State.WARMING],
+            change=abort,
+            reason=f"Warmup failed: {error}",
+        )
+
+    def run(locked: Rollout) -> dict[str, Any]:
+        locked.state = Rollout.State.RUNNING
+        return _enter_step(locked, actor=actor, step=0)
+
+    return _transition(
+        rollout, actor=actor, action="warmed", allowed=[Rollout.State.WARMING], change=run
+    )
+
+
+def rollout_advance(
+    *,
+    actor: AbstractBaseUser | None,
+    rollout: Rollout,
+    reason: str = "",
+    evidence: dict[str, Any] | None = None,
+) -> Rollout:
+    """Running step k → step k+1; advancing past (or onto) a canary's 100 % step promotes."""
+    rollout.refresh_from_db()
+    last = len(rollout.steps) - 1
+    if rollout.mode != Rollout.Mode.CANARY or rollout.current_step + 1 >= last:
+        if rollout.mode == Rollout.Mode.CANARY:
+            return rollout_promote(actor=actor, rollout=rollout, reason=reason, evidence=evidence)
+        raise ValidationError(
+            f"Rollout #{rollout.pk} is a {rollout.mode} rollout at its only step; promote or "
+            "roll it back instead."
+        )
+
+    def change(locked: Rollout) -> dict[str, Any]:
+        return _enter_step(locked, actor=actor, step=locked.current_step + 1)
+
+    return _transition(
+        rollout,
+        actor=actor,
+        action="advance",
+        allowed=[Rollout.State.RUNNING],
+        change=change,
+        reason=reason,
+        data={"evidence": evidence} if evidence else None,
+    )
+
+
+def rollout_pause(*, actor: AbstractBaseUser | None, rollout: Rollout, reason: str = "") -> Rollout:
+    """Running → paused: the gates stop deciding; the candidate keeps its current share."""
+
+    def change(locked: Rollout) -> None:
+        locked.state = Rollout.State.PAUSED
+
+    return _transition(
+        rollout,
+        actor=actor,
+        action="pause",
+        allowed=[Rollout.State.RUNNING],
+        change=change,
+        reason=reason,
+    )
+
+
+def rollout_resume(*, actor: AbstractBaseUser | None, rollout: Rollout) -> Rollout:
+    """Paused → running; the step's clock restarts so its window holds only fresh traffic."""
+
+    def change(locked: Rollout) -> None:
+        locked.state = Rollout.State.RUNNING
+        locked.step_started_at = timezone.now()
+
+    return _transition(
+        rollout, actor=actor, action="resume", allowed=[Rollout.State.PAUSED], change=change
+    )
+
+
+def rollout_promote(
+    *,
+    actor: AbstractBaseUser | None,
+    rollout: Rollout,
+    reason: str = "",
+    evidence: dict[str, Any] | None = None,
+) -> Rollout:
+    """Running or paused → promoted: all traffic to the candidate (one publish)."""
+
+    def change(locked: Rollout) -> dict[str, Any]:
+        locked.state = Rollout.State.PROMOTED
+        locked.current_step = len(locked.steps) - 1
+        locked.step_started_at = timezone.now()
+        return _route_to(locked, actor=actor, share=100)
+
+    return _transition(
+        rollout,
+        actor=actor,
+        action="promote",
+        allowed=[Rollout.State.RUNNING, Rollout.State.PAUSED],
+        change=change,
+        reason=reason,
+        data={"evidence": evidence} if evidence else None,
+    )
+
+
+def rollout_rollback(
+    *,
+    actor: AbstractBaseUser | None,
+    rollout: Rollout,
+    reason: str,
+    evidence: dict[str, Any] | None = None,
+) -> Rollout:
+    """Warming, running or paused → rolled_back: all traffic to stable in one publish.
+
+    The stable version's endpoints were never drained, so it takes the traffic back at once.
+    """
+    if not isinstance(reason, str) or not reason.strip():
+        raise ValidationError({"reason": "Say why the rollout is rolled back."})
+
+    def change(locked: Rollout) -> dict[str, Any]:
+        locked.state = Rollout.State.ROLLED_BACK
+        return _route_to(locked, actor=actor, share=0)
+
+    return _transition(
+        rollout,
+        actor=actor,
+        action="rollback",
+        allowed=[Rollout.State.WARMING, Rollout.State.RUNNING, Rollout.State.PAUSED],
+        change=change,
+        reason=reason.strip(),
+        data={"evidence": evidence} if evidence else None,
+    )

@@ -1,0 +1,117 @@
+"""Shadow traffic: mirror a share of a model's requests to a rollout's candidate, discard the
+answer.
+
+The route in the snapshot names the candidate (``shadow_version``) and the share
+(``shadow_share``, 0..1). After a request is planned, :meth:`ShadowMirror.offer` draws once; on
+a hit it starts a fire-and-forget task that POSTs the same body to a ready endpoint of the
+candidate and reads the answer to the end, then drops it. The user's request never waits for
+it: ``offer`` does no I/O, and when the mirror's own slot cap (``max_inflight``) is used up the
+copy is dropped rather than queued, so shadow traffic is always the first to go (the lowest
+band of all). The mirror is never billed: it never reaches admission, limits or metering.
+What the candidate did is counted in the per-version telemetry (requests, errors, TTFT to
+the response headers), under the candidate's label.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+
+import aiohttp
+
+from runtime.snapshot import ModelSnap, Snapshot, VersionSnap
+from runtime.telemetry.versions import VersionStats
+
+logger = logging.getLogger(__name__)
+
+
+class ShadowMirror:
+    def __init__(
+        self,
+        *,
+        stats: VersionStats | None = None,
+        max_inflight: int = 4,
+        timeout_s: float = 60.0,
+        rng: random.Random | None = None,
+    ) -> None:
+        self._stats = stats
+        self._max_inflight = max_inflight
+        self._timeout_s = timeout_s
+        self._rng = rng or random.Random()  # noqa: S311 (sampling, not security)
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._session: aiohttp.ClientSession | None = None
+        self.sent = 0
+        self.dropped = 0
+
+    async def start(self) -> None:
+        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self._timeout_s))
+
+    async def stop(self) -> None:
+        """Cancel the copies in flight and close the session."""
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        session, self._session = self._session, None
+        if session is not None:
+            await session.close()
+
+    @property
+    def inflight(self) -> int:
+        return len(self._tasks)
+
+    def offer(
+        self, snapshot: Snapshot, model: ModelSnap, served: VersionSnap, path: str, body: bytes
+    ) -> bool:
+        """Maybe mirror this request (no I/O here); True when a copy was started."""
+        route = snapshot.routes.get(model.name)
+        if route is None or route.shadow_version is None or route.shadow_share <= 0:
+            return False
+        if served.id == route.shadow_version or self._session is None:
+            return False
+        if self._rng.random() >= route.shadow_share:
+            return False
+        candidate = snapshot.versions.get(route.shadow_version)
+        endpoints = [
+            e.base_url
+            for e in snapshot.endpoints.values()
+            if e.version == route.shadow_version and e.state == "ready"
+        ]
+        if candidate is None or not endpoints:
+            return False
+        if len(self._tasks) >= self._max_inflight:
+            self.dropped += 1
+            return False
+        url = self._rng.choice(endpoints) + path
+        task = asyncio.create_task(self._send(model.name, candidate.label, url, body))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        self.sent += 1
+        return True
+
+    async def _send(self, model: str, version: str, url: str, body: bytes) -> None:
+        assert self._session is not None
+        started = time.perf_counter()
+        status, ttft_ms = 0, None
+        try:
+            async with self._session.post(
+                url, data=body, headers={"Content-Type": "application/json"}
+            ) as resp:
+                status = resp.status
+                ttft_ms = (time.perf_counter() - started) * 1000.0
+                async for _chunk in resp.content.iter_any():
+                    pass  # read to the end, keep nothing
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            logger.debug("shadow: copy to %s failed: %r", url, exc)
+        finally:
+            if self._stats is not None:
+                with contextlib.suppress(Exception):
+                    self._stats.record(
+                        model=model, version=version, status=status,
+                        outcome="ok" if 200 <= status < 300 else "shadow_error",
+                        ttft_ms=ttft_ms if status == 200 else None,
+                        prompt_tokens=None, completion_tokens=None,
+                    )  # fmt: skip

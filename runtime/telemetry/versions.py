@@ -1,0 +1,227 @@
+"""Per-version request telemetry for rollout gates, aggregated in the router, flushed to Redis.
+
+The request path calls :meth:`VersionStats.record` once per accounted request (a few dict
+increments, no I/O). A background task flushes the pending counts every ``interval_s`` with one
+pipelined ``HINCRBY`` batch into time buckets::
+
+    {ns}:vstats:{model}|{version label}:{bucket}   hash, bucket = unix time // BUCKET_S
+
+Fields: ``n`` requests, ``err`` server-side failures (status >= 500), ``err:<outcome>`` the
+same by kind, ``pt``/``ct`` prompt/completion tokens, ``ttft:<i>`` the TTFT histogram (bucket
+``i`` of :data:`TTFT_BOUNDS_MS`, the last one open). Every router replica adds into the same
+hashes; the rollout evaluator reads the same window for stable and candidate with
+:func:`read_window`. Buckets expire after :data:`TTL_S`. A failed flush keeps the counts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import contextlib
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from runtime.telemetry.logging import RequestRecord
+
+logger = logging.getLogger(__name__)
+
+BUCKET_S = 2
+TTL_S = 6 * 3600
+TTFT_BOUNDS_MS: tuple[float, ...] = (
+    5, 10, 20, 35, 50, 75, 100, 150, 200, 300, 450, 700, 1000, 1500, 2500, 4000, 7000, 12000,
+)  # fmt: skip
+
+
+def stats_key(namespace: str, model: str, version: str, bucket: int) -> str:
+    return f"{namespace}:vstats:{model}|{version}:{bucket}"
+
+
+def ttft_bucket(ms: float) -> int:
+    return bisect.bisect_left(TTFT_BOUNDS_MS, ms)
+
+
+class VersionStats:
+    """The router's pending per-version counts and their flusher."""
+
+    def __init__(
+        self,
+        redis_url: str,
+        *,
+        namespace: str,
+        interval_s: float = 1.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._redis_url = redis_url
+        self._namespace = namespace
+        self._interval_s = interval_s
+        self._clock = clock
+        self._pending: dict[str, Counter[str]] = {}
+        self._client: aioredis.Redis[bytes] | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._stopping = asyncio.Event()
+
+    def record(
+        self,
+        *,
+        model: str,
+        version: str,
+        status: int,
+        outcome: str,
+        ttft_ms: float | None,
+        prompt_tokens: int | None,
+        completion_tokens: int | None,
+    ) -> None:
+        """Count one request that was routed to ``version`` (no I/O)."""
+        if not model or not version:
+            return  # refused before a version was chosen: nothing to compare
+        key = stats_key(self._namespace, model, version, int(self._clock()) // BUCKET_S)
+        counts = self._pending.get(key)
+        if counts is None:
+            counts = self._pending[key] = Counter()
+        counts["n"] += 1
+        if status >= 500 or status == 0:
+            counts["err"] += 1
+            counts[f"err:{outcome or 'error'}"] += 1
+        if ttft_ms is not None:
+            counts[f"ttft:{ttft_bucket(ttft_ms)}"] += 1
+        if prompt_tokens:
+            counts["pt"] += prompt_tokens
+        if completion_tokens:
+            counts["ct"] += completion_tokens
+
+    def record_request(self, record: RequestRecord) -> None:
+        """:meth:`record` from the gateway's finished request record."""
+        self.record(
+            model=record.model,
+            version=record.version,
+            status=record.status,
+            outcome=record.outcome,
+            ttft_ms=record.timings_ms.get("upstream_ttft"),
+            prompt_tokens=record.prompt_tokens,
+            completion_tokens=record.completion_tokens,
+        )
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+    async def start(self) -> None:
+        if self._task is not None:
+            raise RuntimeError("VersionStats already started")
+        self._client = aioredis.Redis.from_url(
+            self._redis_url, socket_connect_timeout=1.0, socket_timeout=5.0
+        )
+        self._stopping.clear()
+        self._task = asyncio.create_task(self._run(), name="version-stats-flusher")
+
+    async def stop(self) -> None:
+        """Stop the timer, flush once more, close the connection."""
+        self._stopping.set()
+        task, self._task = self._task, None
+        if task is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await self.flush()
+        client, self._client = self._client, None
+        if client is not None:
+            with contextlib.suppress(RedisError, OSError):
+                await client.aclose()  # type: ignore[attr-defined]
+
+    async def flush(self) -> int:
+        """Write the pending counts; returns how many buckets were written (0 on failure)."""
+        if not self._pending or self._client is None:
+            return 0
+        batch, self._pending = self._pending, {}
+        try:
+            async with self._client.pipeline(transaction=False) as pipe:
+                for key, counts in batch.items():
+                    for name, value in counts.items():
+                        pipe.hincrby(key, name, value)
+                    pipe.expire(key, TTL_S)
+                await pipe.execute()
+        except (RedisError, OSError) as exc:
+            logger.warning("version stats: flush of %d buckets failed (%r)", len(batch), exc)
+            for key, counts in batch.items():
+                self._pending.setdefault(key, Counter()).update(counts)
+            return 0
+        return len(batch)
+
+    async def _run(self) -> None:
+        while not self._stopping.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), timeout=self._interval_s)
+            if not self._stopping.is_set():
+                await self.flush()
+
+
+@dataclass(slots=True)
+class WindowStats:
+    """One version's totals over a window (what the gates compare)."""
+
+    requests: int = 0
+    errors: int = 0
+    errors_by_kind: dict[str, int] = field(default_factory=dict)
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    ttft_counts: list[int] = field(default_factory=lambda: [0] * (len(TTFT_BOUNDS_MS) + 1))
+
+    def add(self, fields: Mapping[bytes, bytes]) -> None:
+        for raw_name, raw_value in fields.items():
+            name, value = raw_name.decode(), int(raw_value)
+            if name == "n":
+                self.requests += value
+            elif name == "err":
+                self.errors += value
+            elif name.startswith("err:"):
+                kind = name[4:]
+                self.errors_by_kind[kind] = self.errors_by_kind.get(kind, 0) + value
+            elif name == "pt":
+                self.prompt_tokens += value
+            elif name == "ct":
+                self.completion_tokens += value
+            elif name.startswith("ttft:"):
+                index = int(name[5:])
+                if 0 <= index < len(self.ttft_counts):
+                    self.ttft_counts[index] += value
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "requests": self.requests,
+            "errors": self.errors,
+            "errors_by_kind": dict(self.errors_by_kind),
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+        }
+
+
+def read_window(
+    client: redis.Redis[bytes],
+    *,
+    namespace: str,
+    model: str,
+    versions: Iterable[str],
+    since: float,
+    until: float,
+) -> dict[str, WindowStats]:
+    """Totals per version over the buckets that start in ``[since, until]`` (unix seconds)."""
+    labels = list(versions)
+    first, last = int(since) // BUCKET_S, int(until) // BUCKET_S
+    pipe = client.pipeline(transaction=False)
+    order: list[str] = []
+    for label in labels:
+        for bucket in range(first, last + 1):
+            pipe.hgetall(stats_key(namespace, model, label, bucket))
+            order.append(label)
+    totals = {label: WindowStats() for label in labels}
+    for label, fields in zip(order, pipe.execute(), strict=True):
+        if fields:
+            totals[label].add(fields)
+    return totals

@@ -1,0 +1,78 @@
+"""The shadow mirror: when it copies a request, where to, and that it drops instead of queueing
+once its own slot cap is used up (copies go to a real in-process HTTP server)."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import msgspec
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+from routing_support import endpoint, snapshot
+
+from runtime.routing.shadow import ShadowMirror
+from runtime.snapshot import Snapshot
+
+pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
+
+
+def shadow_world(base_url: str, share: float = 1.0) -> Snapshot:
+    base = snapshot(
+        versions=(1, 2),
+        splits=((1, 100),),
+        endpoints=(endpoint(10, 1), msgspec.structs.replace(endpoint(20, 2), base_url=base_url)),
+    )
+    route = msgspec.structs.replace(base.routes["m"], shadow_version=2, shadow_share=share)
+    return msgspec.structs.replace(base, routes={"m": route})
+
+
+async def test_copies_go_to_the_candidate_and_drop_past_the_cap() -> None:
+    seen: list[bytes] = []
+    release = asyncio.Event()
+
+    async def handler(request: web.Request) -> web.Response:
+        seen.append(await request.read())
+        await release.wait()
+        return web.json_response({"ok": True})
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", handler)
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    mirror = ShadowMirror(max_inflight=2, rng=random.Random(0))
+    await mirror.start()
+    try:
+        snap = shadow_world(f"http://127.0.0.1:{server.port}")
+        model, stable, candidate = snap.models["m"], snap.versions[1], snap.versions[2]
+        path = "/v1/chat/completions"
+        assert not mirror.offer(snap, model, candidate, path, b"{}")  # served by the candidate
+        offers = [mirror.offer(snap, model, stable, path, b'{"n": %d}' % i) for i in range(5)]
+        assert offers == [True, True, False, False, False]  # cap 2: the rest are dropped
+        assert (mirror.sent, mirror.dropped, mirror.inflight) == (2, 3, 2)
+        async with asyncio.timeout(5):
+            while len(seen) < 2:  # noqa: ASYNC110 - polls the server's record
+                await asyncio.sleep(0.01)
+        assert sorted(seen) == [b'{"n": 0}', b'{"n": 1}']
+        release.set()
+        async with asyncio.timeout(5):
+            while mirror.inflight:  # noqa: ASYNC110 - polls the mirror's tasks
+                await asyncio.sleep(0.01)
+    finally:
+        release.set()
+        await mirror.stop()
+        await server.close()
+
+
+async def test_no_shadow_route_or_zero_share_copies_nothing() -> None:
+    mirror = ShadowMirror(rng=random.Random(0))
+    await mirror.start()
+    try:
+        plain = snapshot(versions=(1, 2), splits=((1, 100),))
+        zero = shadow_world("http://127.0.0.1:9", share=0.0)
+        for snap in (plain, zero):
+            assert not mirror.offer(snap, snap.models["m"], snap.versions[1], "/x", b"{}")
+        assert mirror.sent == 0
+    finally:
+        await mirror.stop()
