@@ -10,9 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import subprocess
-import sys
-import tempfile
 import threading
 import uuid
 from collections.abc import Iterator
@@ -23,7 +20,7 @@ from typing import Any
 import httpx
 import pytest
 import redis
-from django.db import connection
+from fixtures.celery_worker import Worker, database_url
 from fixtures.router import REPO_ROOT, Process, redis_url, start_router, wait_ready
 from fixtures.wait import eventually
 from integration_support import routers, start_simulator
@@ -49,39 +46,6 @@ def engine() -> Iterator[Process]:
     sim = start_simulator(MODEL, "--decode-a-ms", "20")
     yield sim
     sim.stop()
-
-
-class Worker:
-    """A Celery worker process (solo pool) on a private queue, logging to a file."""
-
-    def __init__(self, queue: str, env: dict[str, str]) -> None:
-        fd, name = tempfile.mkstemp(prefix="switchyard-celery-", suffix=".log")
-        os.close(fd)
-        self.log = Path(name)
-        with self.log.open("wb") as out:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "celery", "-A", "config", "worker", "--pool", "solo",
-                 "-Q", queue, "-n", f"{queue}-{uuid.uuid4().hex[:6]}@%h", "--without-gossip",
-                 "--without-mingle", "--without-heartbeat", "-l", "info"],
-                cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT, env=env,
-            )  # fmt: skip
-
-    def output(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(timeout=10)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.kill()
-        self.log.unlink(missing_ok=True)
 
 
 def _traffic(pair: list[Process], key: str, answers: list[httpx.Response | None]) -> None:
@@ -147,7 +111,7 @@ def test_crashes_lose_and_double_nothing(
             assert len(set(in_stream.values())) == len(in_stream)  # no request twice
 
             # -- the consumer: kill -9 it mid-batch, then a fresh one finishes ----------------
-            env = {**os.environ, "DATABASE_URL": _database_url(),
+            env = {**os.environ, "DATABASE_URL": database_url(),
                    "SWITCHYARD_SNAPSHOT_PREFIX": f"{publisher.prefix}:snapshot",
                    "PYTHONPATH": str(REPO_ROOT)}  # fmt: skip
             first = Worker(queue, env)
@@ -183,9 +147,3 @@ def test_crashes_lose_and_double_nothing(
                                         "balance") or 0)  # fmt: skip
         assert Decimal(redis_balance) / 1_000_000 == tenant.credit_account.balance
     client.close()
-
-
-def _database_url() -> str:
-    params = connection.settings_dict
-    return (f"postgres://{params['USER']}@{params['HOST'] or '127.0.0.1'}:"
-            f"{params['PORT'] or 5432}/{params['NAME']}")  # fmt: skip
