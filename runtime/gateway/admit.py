@@ -139,12 +139,13 @@ def settle_limits(
     tokens_out: int,
     usage_known: bool,
     event: UsageEvent | None,
+    cached: bool = False,
 ) -> None:
     """Settle ``admission``: ``served`` (it reached an engine) bills ``tokens_in`` +
     ``tokens_out`` (from the usage, else counted while streaming) and records ``event``."""
     cost = 0
     if served and admission.rate is not None:
-        cost = admission.rate.cost(tokens_in, tokens_out)
+        cost = admission.rate.cost(tokens_in, tokens_out, cached=cached)
     if event is not None and served:
         event_bytes = encode_event(msgspec.structs.replace(event, cost_uc=cost))
     else:
