@@ -29,6 +29,7 @@ from fixtures.router import (
 )
 from fixtures.wait import eventually
 
+from runtime.cache.purge import cache_purge
 from runtime.metering.events import decode_event
 
 MODEL = "cache-chat"
@@ -161,8 +162,10 @@ def test_streaming_hit_replays_the_same_text_and_usage(fleet: CacheFleet) -> Non
         return raw.headers["x-switchyard-cache"], text, finish, usage
 
     miss, hit = run(), run()
-    assert miss[0] == "miss" and hit[0] == "hit"
-    assert miss[1:] == hit[1:] and miss[1]
+    assert miss[0] == "miss"
+    assert hit[0] == "hit"
+    assert miss[1:] == hit[1:]
+    assert miss[1]
     assert upstream_count(fleet.sim) == before + 1
     # the stream's entry answers a unary request too (stream is not part of the key)
     unary = client.chat.completions.with_raw_response.create(
@@ -289,7 +292,8 @@ def test_idempotency_key_replays_and_refuses_reuse(fleet: CacheFleet) -> None:
     bad = httpx.post(
         url, json=body, headers=fleet.headers(**{"Idempotency-Key": "x" * 300}), timeout=10
     )
-    assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_header"
+    assert bad.status_code == 400
+    assert bad.json()["error"]["code"] == "invalid_header"
 
 
 def test_idempotent_retry_after_a_client_timeout_gets_the_first_result_billed_once(
@@ -328,8 +332,6 @@ def test_idempotent_retry_after_a_client_timeout_gets_the_first_result_billed_on
 
 
 def test_purge_drops_a_tenants_entries(fleet: CacheFleet) -> None:
-    from runtime.cache.purge import cache_purge
-
     body = {"model": MODEL, "messages": prompt(), "max_tokens": 4, "temperature": 0}
     url, headers = f"{fleet.url}/v1/chat/completions", fleet.headers()
     httpx.post(url, json=body, headers=headers, timeout=10)
