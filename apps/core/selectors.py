@@ -39,6 +39,7 @@ from apps.models.models import Endpoint, Model, ModelVersion, Pool, Route, Route
 from apps.tenants.models import ApiKey, RequestClass, Tenant
 from runtime.snapshot import (
     ApiKeySnap,
+    CachePolicySnap,
     CreditSnap,
     EndpointSnap,
     ModelSnap,
@@ -142,6 +143,7 @@ def _tenants() -> dict[str, TenantSnap]:
             default_class=t.default_class.name if t.default_class is not None else "",
             models=tuple(m.name for m in t.allowed_models.all()),
             max_request_bytes=t.max_request_bytes,
+            result_cache=t.result_cache,
         )
         for t in queryset
     }
@@ -174,6 +176,7 @@ def _models_and_versions() -> tuple[dict[str, ModelSnap], dict[int, VersionSnap]
     per_model: dict[str, list[int]] = {}
     tasks: dict[str, str] = {}
     refused: dict[str, tuple[str, ...]] = {}
+    caches: dict[str, CachePolicySnap] = {}
     for mv in queryset:
         manifest = mv.manifest if isinstance(mv.manifest, Mapping) else {}
         where = f"version {mv.model.name}:{mv.label}"
@@ -193,10 +196,18 @@ def _models_and_versions() -> tuple[dict[str, ModelSnap], dict[int, VersionSnap]
         per_model.setdefault(mv.model.name, []).append(mv.pk)
         tasks[mv.model.name] = mv.model.task
         refused[mv.model.name] = tuple(mv.model.refused_fields or ())
+        caches[mv.model.name] = CachePolicySnap(
+            enabled=mv.model.cache_enabled, shared=mv.model.cache_shared,
+            ttl_s=mv.model.cache_ttl_s,
+        )  # fmt: skip
     models = {
         name: ModelSnap(
-            name=name, task=tasks[name], versions=tuple(ids), refused_fields=refused[name]
-        )
+            name=name,
+            task=tasks[name],
+            versions=tuple(ids),
+            refused_fields=refused[name],
+            cache=caches[name],
+        )  # fmt: skip
         for name, ids in per_model.items()
     }
     return models, versions
