@@ -207,7 +207,7 @@ def _models_and_versions() -> tuple[dict[str, ModelSnap], dict[int, VersionSnap]
             versions=tuple(ids),
             refused_fields=refused[name],
             cache=caches[name],
-        )  # fmt: skip
+        )
         for name, ids in per_model.items()
     }
     return models, versions

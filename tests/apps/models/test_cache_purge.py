@@ -37,8 +37,10 @@ def _manifest(files: dict[str, str]) -> dict[str, Any]:
 
 
 def _tenant(slug: str) -> Tenant:
-    return tenant_create(actor=None, slug=slug, name=slug.title(), rpm_limit=10, tpm_limit=1000,
-                         max_concurrency=2, max_context_tokens=100, max_output_tokens=10)  # fmt: skip
+    return tenant_create(
+        actor=None, slug=slug, name=slug.title(), rpm_limit=10, tpm_limit=1000,
+        max_concurrency=2, max_context_tokens=100, max_output_tokens=10,
+    )  # fmt: skip
 
 
 @pytest.mark.db
