@@ -72,8 +72,10 @@ def test_operator_switches_and_routes() -> None:
     assert not cacheable(zero, route="/v1/embeddings", model=MODEL, version=VLLM, tenant=TENANT)
     default_zero = version_snap(1, "m", runtime="vllm", default_sampling={"temperature": 0.0})
     assert cacheable(doc(), route=CHAT, model=MODEL, version=default_zero, tenant=TENANT)
-    assert no_store(b"no-store") and no_store(b"max-age=0, No-Store")
-    assert not no_store(None) and not no_store(b"max-age=60")
+    assert no_store(b"no-store")
+    assert no_store(b"max-age=0, No-Store")
+    assert not no_store(None)
+    assert not no_store(b"max-age=60")
 
 
 @pytest.mark.unit
@@ -112,7 +114,8 @@ def test_stream_capture_round_trips_to_sse_and_json() -> None:
     assert replay[0]["choices"][0]["delta"]["role"] == "assistant"
     assert "".join(c["choices"][0]["delta"].get("content") or "" for c in replay[:-1]) == "Hello"
     assert replay[-2]["choices"][0]["finish_reason"] == "stop"
-    assert replay[-1]["choices"] == [] and replay[-1]["usage"]["total_tokens"] == 5
+    assert replay[-1]["choices"] == []
+    assert replay[-1]["usage"]["total_tokens"] == 5
     assert len(parse_sse(b"".join(sse_frames(entry, include_usage=False)))) == 4
     body = msgspec.json.decode(unary_body(entry))
     assert body["choices"][0]["message"]["content"] == "Hello"
@@ -161,11 +164,13 @@ async def test_l2_quota_evicts_only_within_the_tenant(client: aioredis.Redis[byt
         present = [
             await client.exists(cache_entry_key(ns, "acme", "v", f"a{i}")) for i in range(10)
         ]
-        assert sum(present) < 10 and present[-1] == 1  # the newest stays, the oldest went
+        assert sum(present) < 10
+        assert present[-1] == 1
         assert await client.exists(cache_entry_key(ns, "beta", "v", "b0")) == 1
         assert metrics.evictions.labels("l2")._value.get() >= 1
         hit = await store.get("acme", "v", "a9")
-        assert hit is not None and hit.chunks == ("a" * 300,)
+        assert hit is not None
+        assert hit.chunks == ("a" * 300,)
     finally:
         keys = [k async for k in client.scan_iter(match=f"{ns}:*")]
         if keys:
@@ -192,7 +197,8 @@ async def test_single_flight_across_routers_and_a_dead_leaders_lease(
         local = asyncio.create_task(one.join("k", lookup=lookup, deadline=loop.time() + 5))
         remote = asyncio.create_task(two.join("k", lookup=lookup, deadline=loop.time() + 5))
         await asyncio.sleep(0.05)
-        assert not local.done() and not remote.done()
+        assert not local.done()
+        assert not remote.done()
         stored.append(_entry("answer"))
         await lead.finish(stored[0])
         assert await local == stored[0]
