@@ -3,7 +3,9 @@
 
 ``theine`` bounds a cache by entry count, so L1 turns its byte budget into a count: entries
 larger than ``max_entry_bytes`` stay out of L1 (they live in L2 only) and the count is
-``budget_bytes // max_entry_bytes``; L1 never holds more than its budget. L1 entries live at
+``budget_bytes // max_entry_bytes``; L1 never holds more than its budget. (``slot_bytes``
+sets a smaller slot, e.g. the mean entry size: more entries fit, and the budget holds on
+average rather than strictly.) L1 entries live at
 most ``l1_ttl_s`` (a purge elsewhere also drops them at once, see :mod:`.purge`).
 
 L2 keeps each entry under ``{ns}:cache:{scope}:{version}:{key}`` with the model's TTL, and a
@@ -56,6 +58,7 @@ return evicted
 class StoreConfig:
     l1_bytes: int = 64 * 1024 * 1024
     max_entry_bytes: int = 64 * 1024
+    slot_bytes: int = 0  # bytes per L1 slot; 0 = max_entry_bytes (a strict byte bound)
     l1_ttl_s: float = 300.0
     tenant_quota_bytes: int = 256 * 1024 * 1024
 
@@ -70,7 +73,8 @@ class L1:
     inserts: int = 0
 
     def __post_init__(self) -> None:
-        slots = max(1, self.config.l1_bytes // self.config.max_entry_bytes)
+        slot = self.config.slot_bytes or self.config.max_entry_bytes
+        slots = max(1, self.config.l1_bytes // slot)
         self._cache = Cache(slots)
         self.metrics.l1_capacity(slots, lambda: len(self._cache))
 
