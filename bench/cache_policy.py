@@ -21,6 +21,7 @@ import random
 import statistics
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 
 import numpy as np
 from prometheus_client import CollectorRegistry
@@ -60,8 +61,9 @@ def lru(trace: np.ndarray, sizes: np.ndarray, budget: int, *, slots: int | None)
 
 
 def entry(key: int, size: int) -> Entry:
+    usage = CachedUsage(10, size // 4, 10 + size // 4)
     return Entry(kind="chat", id=f"c{key}", created=0, model="m", chunks=("x" * size,),
-                 finish_reason="stop", usage=CachedUsage(10, size // 4, 10 + size // 4))  # fmt: skip
+                 finish_reason="stop", usage=usage)  # fmt: skip
 
 
 def wtinylfu(trace: np.ndarray, sizes: np.ndarray, budget: int, slot_bytes: int = 0) -> float:
@@ -89,9 +91,16 @@ def hit_latency(samples: int) -> dict[str, float]:
                    finish_reason="stop", usage=CachedUsage(10, 64, 74))  # fmt: skip
     l1.put("k", stream, 2048)
     out: dict[str, float] = {}
-    for name, render in (("unary", lambda e: unary_body(e)),
-                         ("sse", lambda e: b"".join(sse_frames(e, include_usage=True)))):  # fmt: skip
-        times = []
+
+    def sse(e: Entry) -> bytes:
+        return b"".join(sse_frames(e, include_usage=True))
+
+    renders: tuple[tuple[str, Callable[[Entry], bytes]], ...] = (
+        ("unary", unary_body),
+        ("sse", sse),
+    )
+    for name, render in renders:
+        times: list[float] = []
         for _ in range(samples):
             started = time.perf_counter()
             got = l1.get("k")
