@@ -17,7 +17,13 @@ from typing import Any, ClassVar
 
 from runtime.cache.entry import Entry
 from runtime.cache.gateway import HIT_HEADER, CacheJob, cache_front, send_entry
-from runtime.gateway.admit import Admission, acquire_slot, admit_limits, settle_limits
+from runtime.gateway.admit import (
+    Admission,
+    acquire_slot,
+    admit_limits,
+    charge_hit,
+    settle_limits,
+)
 from runtime.gateway.auth import authenticate, bearer_token
 from runtime.gateway.consumers import GatewayConsumer, header
 from runtime.gateway.errors import ApiError
@@ -183,6 +189,9 @@ class InferenceConsumer(GatewayConsumer):
                     await self._send_stored(hit, plan, record, b"hit")
                     usage = Usage(hit.usage.prompt_tokens, hit.usage.completion_tokens,
                                   hit.usage.total_tokens)  # fmt: skip
+                    charge_hit(state, snapshot, tenant, plan, admission,
+                               tokens_in=usage.prompt_tokens,
+                               tokens_out=usage.completion_tokens)  # fmt: skip
                 else:
                     grant = await acquire_slot(state, snapshot, tenant, plan, admission)
                     attempts = _Attempts(grant)

@@ -119,12 +119,23 @@ def prompt() -> list[dict[str, str]]:
     return [{"role": "user", "content": f"tell me about {uuid.uuid4().hex[:10]}"}]
 
 
+def served_tokens(fleet: CacheFleet, tenant: str) -> float:
+    """The router's served-token count (input + output) of ``tenant`` (fairness accounting)."""
+    _, body = http_get(f"{fleet.url}/metrics")
+    total = 0.0
+    for line in body.decode().splitlines():
+        if line.startswith("switchyard_served_tokens_total{") and f'tenant="{tenant}"' in line:
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
 def test_unary_hit_is_identical_and_reaches_no_engine(fleet: CacheFleet) -> None:
     client, messages = fleet.client(), prompt()
     before = upstream_count(fleet.sim)
     first = client.chat.completions.with_raw_response.create(
         model=MODEL, messages=messages, temperature=0, max_tokens=12
     )  # type: ignore[arg-type]
+    served = served_tokens(fleet, "acme")
     second = client.chat.completions.with_raw_response.create(
         model=MODEL, messages=messages, temperature=0, max_tokens=12
     )  # type: ignore[arg-type]
@@ -132,6 +143,10 @@ def test_unary_hit_is_identical_and_reaches_no_engine(fleet: CacheFleet) -> None
     assert second.headers["x-switchyard-cache"] == "hit"
     assert first.parse().model_dump() == second.parse().model_dump()
     assert upstream_count(fleet.sim) == before + 1
+    usage = second.parse().usage
+    assert usage is not None
+    # a hit is charged to the fairness counters (at full weight: this version is free)
+    assert served_tokens(fleet, "acme") == served + usage.prompt_tokens + usage.completion_tokens
     # a hit is billed (at the cache-hit price) and flagged cached
     ids = {first.headers["x-request-id"], second.headers["x-request-id"]}
     eventually(lambda: len(fleet.usage_events(ids)) == 2, timeout=10, what="two usage events")
