@@ -7,6 +7,7 @@ billing in the router's usage stream in Redis.
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -364,3 +365,38 @@ def test_purge_drops_a_tenants_entries(fleet: CacheFleet) -> None:
         httpx.post(url, json=body, headers=headers, timeout=10).headers["x-switchyard-cache"]
         == "miss"
     )
+
+
+@pytest.mark.timing
+def test_router_side_latency_of_a_hit(fleet: CacheFleet) -> None:
+    """Router-side e2e (request received -> response finished, from the router's request log)
+    of unary L1 hits; printed for the README, bounded loosely (shared CI box)."""
+    body = {"model": MODEL, "messages": prompt(), "max_tokens": 16, "temperature": 0}
+    url = f"{fleet.url}/v1/chat/completions"
+    ids: set[str] = set()
+    with httpx.Client(headers=fleet.headers(), timeout=10) as client:
+        assert client.post(url, json=body).status_code == 200
+        for _ in range(300):
+            response = client.post(url, json=body)
+            assert response.headers["x-switchyard-cache"] == "hit"
+            ids.add(response.headers["x-request-id"])
+
+    def logged() -> list[float]:
+        out = []
+        for line in fleet.router.output().splitlines():
+            start = line.find("{")
+            if start < 0 or '"request_id"' not in line:
+                continue
+            try:
+                record = json.loads(line[start:])
+            except ValueError:
+                continue
+            if record.get("request_id") in ids:
+                out.append(float(record["timings_ms"]["e2e"]))
+        return out
+
+    eventually(lambda: len(logged()) == len(ids), timeout=10, what="the hits' log lines")
+    timings = sorted(logged())
+    p50, p99 = timings[len(timings) // 2], timings[int(len(timings) * 0.99)]
+    print(f"router-side hit e2e: p50 {p50:.3f} ms, p99 {p99:.3f} ms over {len(timings)}")
+    assert p50 < 25.0
