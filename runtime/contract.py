@@ -22,6 +22,11 @@ key                                     what
 ``{ns}:ledger-lock``                    held while the ledger consumer/reconciler move balances
 ``{ns}:fairness:{pool}``                hash: ``"<band>|<tenant>"`` -> shared fairness counter
 ``{ns}:endpoint:{id}:heartbeat``        a worker's heartbeat (TTL; JSON value)
+``{ns}:cache:e:{scope}:{ver}:{key}``    a cached result (msgpack :class:`Entry`; TTL)
+``{ns}:cache:idx:{scope}`` / ``:sz:``   a scope's entries by expiry / their sizes (byte quota)
+``{ns}:cache:lease:{key}``              single-flight lease of the router fetching ``key``
+``{ns}:cache:purge``                    pub/sub channel; routers drop L1 on a message
+``{ns}:idem:{tenant}:{key digest}``     an ``Idempotency-Key``'s request digest and result (24 h)
 ======================================  =========================================================
 
 The snapshot prefix and the last-use hash can be moved with :data:`ENV_SNAPSHOT_PREFIX` and
@@ -142,6 +147,33 @@ def period_fields(now: float | None = None) -> tuple[str, str]:
 def fairness_key(prefix: str, pool: str) -> str:
     """The hash of a pool's shared fairness counters."""
     return f"{prefix}:{pool}"
+
+
+def cache_entry_key(namespace: str, scope: str, version: str, key: str) -> str:
+    """A cached result (scope: a tenant slug or ``*``; version: the version's digest tag)."""
+    return f"{namespace}:cache:e:{scope}:{version}:{key}"
+
+
+def cache_entry_pattern(namespace: str, scope: str = "*", version: str = "*") -> str:
+    """A SCAN pattern of the cached results of a scope and/or a version."""
+    return f"{namespace}:cache:e:{scope}:{version}:*"
+
+
+def cache_index_keys(namespace: str, scope: str) -> tuple[str, str]:
+    """A scope's entry index (sorted set by expiry) and size hash (with ``__total``)."""
+    return f"{namespace}:cache:idx:{scope}", f"{namespace}:cache:sz:{scope}"
+
+
+def cache_lease_key(namespace: str, key: str) -> str:
+    return f"{namespace}:cache:lease:{key}"
+
+
+def cache_purge_channel(namespace: str) -> str:
+    return f"{namespace}:cache:purge"
+
+
+def idempotency_key(namespace: str, tenant: str, digest: str) -> str:
+    return f"{namespace}:idem:{tenant}:{digest}"
 
 
 # -- API keys ---------------------------------------------------------------------------------

@@ -51,6 +51,7 @@ class TenantSnap(msgspec.Struct, frozen=True, kw_only=True):
     default_class: str = ""  # "" when the tenant has none
     models: tuple[str, ...] = ()  # model names the tenant may use; empty = every model
     max_request_bytes: int = 0  # request body cap; 0 = only the router's own cap
+    result_cache: bool = True  # False: the tenant opted out of the result cache
 
 
 class ApiKeySnap(msgspec.Struct, frozen=True, kw_only=True):

@@ -40,6 +40,7 @@ from apps.rollouts.models import TRAFFIC_STATES, Rollout
 from apps.tenants.models import ApiKey, RequestClass, Tenant
 from runtime.snapshot import (
     ApiKeySnap,
+    CachePolicySnap,
     CreditSnap,
     EndpointSnap,
     ModelSnap,
@@ -143,6 +144,7 @@ def _tenants() -> dict[str, TenantSnap]:
             default_class=t.default_class.name if t.default_class is not None else "",
             models=tuple(m.name for m in t.allowed_models.all()),
             max_request_bytes=t.max_request_bytes,
+            result_cache=t.result_cache,
         )
         for t in queryset
     }
@@ -175,6 +177,7 @@ def _models_and_versions() -> tuple[dict[str, ModelSnap], dict[int, VersionSnap]
     per_model: dict[str, list[int]] = {}
     tasks: dict[str, str] = {}
     refused: dict[str, tuple[str, ...]] = {}
+    caches: dict[str, CachePolicySnap] = {}
     for mv in queryset:
         manifest = mv.manifest if isinstance(mv.manifest, Mapping) else {}
         where = f"version {mv.model.name}:{mv.label}"
@@ -194,9 +197,17 @@ def _models_and_versions() -> tuple[dict[str, ModelSnap], dict[int, VersionSnap]
         per_model.setdefault(mv.model.name, []).append(mv.pk)
         tasks[mv.model.name] = mv.model.task
         refused[mv.model.name] = tuple(mv.model.refused_fields or ())
+        caches[mv.model.name] = CachePolicySnap(
+            enabled=mv.model.cache_enabled, shared=mv.model.cache_shared,
+            ttl_s=mv.model.cache_ttl_s,
+        )  # fmt: skip
     models = {
         name: ModelSnap(
-            name=name, task=tasks[name], versions=tuple(ids), refused_fields=refused[name]
+            name=name,
+            task=tasks[name],
+            versions=tuple(ids),
+            refused_fields=refused[name],
+            cache=caches[name],
         )
         for name, ids in per_model.items()
     }

@@ -28,6 +28,16 @@ class Model(models.Model):
         help_text="Request fields the router refuses for this model with a 400 "
         'unsupported_parameter, e.g. ["logit_bias", "guided_json"]. Empty: forward all.',
     )
+    cache_enabled = models.BooleanField(
+        default=True, help_text="Serve deterministic requests from the result cache."
+    )
+    cache_shared = models.BooleanField(
+        default=False,
+        help_text="Share cached results across tenants (off: each tenant has its own).",
+    )
+    cache_ttl_s = models.PositiveIntegerField(
+        default=3600, help_text="How long a cached result is kept, in seconds."
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

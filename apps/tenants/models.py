@@ -59,6 +59,9 @@ class Tenant(models.Model):
     max_request_bytes = models.PositiveIntegerField(
         default=0, help_text="Largest request body in bytes; 0 = only the router's own cap."
     )
+    result_cache = models.BooleanField(
+        default=True, help_text="Serve this tenant's deterministic requests from the cache."
+    )
     allowed_classes = models.ManyToManyField(RequestClass, related_name="tenants", blank=True)
     allowed_models = models.ManyToManyField(
         "registry.Model",

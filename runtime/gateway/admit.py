@@ -130,6 +130,32 @@ def fair_weight(tenant: TenantSnap, admission: Admission) -> float:
     return tenant.weight / per_1k
 
 
+def charge_hit(
+    state: RouterState,
+    snapshot: Snapshot,
+    tenant: TenantSnap,
+    plan: Plan,
+    admission: Admission,
+    *,
+    tokens_in: int,
+    tokens_out: int,
+) -> None:
+    """Charge a cache hit to the tenant's fairness counters at the hit price: the weight is
+    the usual one over (1 - the price's cache-hit discount); nothing for a free hit."""
+    pool = state.table.pool_of(snapshot, plan.version.id)
+    if pool is None:
+        return
+    discount = admission.rate.cache_hit_discount if admission.rate is not None else 0.0
+    if discount >= 1.0:
+        return
+    klass = plan.klass
+    band = klass.priority_band if klass is not None else state.config.default_band
+    state.dispatchers.get(snapshot, pool).charge_bypass(
+        tenant=tenant.slug, band=band, weight=fair_weight(tenant, admission) / (1.0 - discount),
+        input_tokens=tokens_in, output_tokens=tokens_out,
+    )  # fmt: skip
+
+
 def settle_limits(
     state: RouterState,
     admission: Admission,
@@ -139,12 +165,13 @@ def settle_limits(
     tokens_out: int,
     usage_known: bool,
     event: UsageEvent | None,
+    cached: bool = False,
 ) -> None:
     """Settle ``admission``: ``served`` (it reached an engine) bills ``tokens_in`` +
     ``tokens_out`` (from the usage, else counted while streaming) and records ``event``."""
     cost = 0
     if served and admission.rate is not None:
-        cost = admission.rate.cost(tokens_in, tokens_out)
+        cost = admission.rate.cost(tokens_in, tokens_out, cached=cached)
     if event is not None and served:
         event_bytes = encode_event(msgspec.structs.replace(event, cost_uc=cost))
     else:

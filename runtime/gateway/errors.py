@@ -51,6 +51,16 @@ ERROR_KINDS: Final[Mapping[str, ErrorKind]] = MappingProxyType(
         ),
         "invalid_header": ErrorKind(400, INVALID_REQUEST, "{header} {reason}"),
         "bad_http_request": ErrorKind(400, INVALID_REQUEST, "Invalid HTTP request: {reason}."),
+        "idempotency_key_reused": ErrorKind(
+            400,
+            INVALID_REQUEST,
+            "This Idempotency-Key was already used with a different request.",
+        ),
+        "idempotency_key_in_progress": ErrorKind(
+            409,
+            INVALID_REQUEST,
+            "A request with this Idempotency-Key is still running; retry later.",
+        ),
         "max_tokens_exceeded": ErrorKind(
             400,
             INVALID_REQUEST,

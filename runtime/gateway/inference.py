@@ -15,12 +15,20 @@ import math
 import time
 from typing import Any, ClassVar
 
-from runtime.gateway.admit import Admission, acquire_slot, admit_limits, settle_limits
+from runtime.cache.entry import Entry
+from runtime.cache.gateway import HIT_HEADER, CacheJob, cache_front, send_entry
+from runtime.gateway.admit import (
+    Admission,
+    acquire_slot,
+    admit_limits,
+    charge_hit,
+    settle_limits,
+)
 from runtime.gateway.auth import authenticate, bearer_token
 from runtime.gateway.consumers import GatewayConsumer, header
 from runtime.gateway.errors import ApiError
 from runtime.gateway.plan import GENERATIVE, Plan, plan_request
-from runtime.gateway.relay import RelayResult, Usage, relay_stream, relay_unary
+from runtime.gateway.relay import RelayResult, ResponseSink, Usage, relay_stream, relay_unary
 from runtime.gateway.schema import (
     ChatRequest,
     CompletionRequest,
@@ -33,7 +41,7 @@ from runtime.gateway.unary import CoalescedDispatch
 from runtime.gateway.upstream_errors import dispatch_error
 from runtime.metering.events import UsageEvent
 from runtime.scheduling.grant import Grant
-from runtime.snapshot import EndpointSnap
+from runtime.snapshot import EndpointSnap, Snapshot, TenantSnap
 from runtime.telemetry.logging import RequestRecord, log_request
 from runtime.telemetry.metrics import StageLabels
 from runtime.upstream.dispatch import open_with_retry
@@ -79,6 +87,7 @@ class InferenceConsumer(GatewayConsumer):
     upstream_path: ClassVar[str] = ""
     tasks: ClassVar[frozenset[str]] = GENERATIVE
     decoder: ClassVar[RequestDecoder[Any]]
+    relay_sink: ResponseSink | None = None  # a capturing sink when the answer is cached
 
     async def respond(self, body: bytes) -> None:
         state = self.state
@@ -151,19 +160,69 @@ class InferenceConsumer(GatewayConsumer):
             record=record,
             labels=labels,
         )
-        admission = await admit_limits(state, snapshot, principal.tenant, plan)
-        state.shadow.offer(snapshot, plan.model, plan.version, self.upstream_path, plan.body)
-        attempts: _Attempts | None = None
+        cache = cache_front(state)
+        job = await cache.begin(
+            route=self.route, document=request.document, model=plan.model,
+            version=plan.version, tenant=principal.tenant,
+            cache_control=header(self.scope, b"cache-control"),
+            idempotency=header(self.scope, b"idempotency-key"), deadline=plan.deadline,
+        )  # fmt: skip
+        if job.replay is not None:  # an Idempotency-Key's stored answer: served, not billed
+            await self._send_stored(job.replay, plan, record, b"idempotent-replay")
+            return
+        work = self._serve_planned(
+            state, snapshot, principal.tenant, plan, job=job, record=record, labels=labels
+        )
+        if job.hold is None:
+            await work
+        else:  # the first request of an Idempotency-Key runs to its end without its client
+            await asyncio.shield(asyncio.ensure_future(work))
+
+    async def _serve_planned(
+        self, state: RouterState, snapshot: Snapshot, tenant: TenantSnap, plan: Plan, *,
+        job: CacheJob, record: RequestRecord, labels: StageLabels,
+    ) -> None:  # fmt: skip
+        cache = cache_front(state)
         usage: Usage | None = None
         try:
-            grant = await acquire_slot(state, snapshot, principal.tenant, plan, admission)
-            attempts = _Attempts(grant)
+            admission = await admit_limits(state, snapshot, tenant, plan)
+            state.shadow.offer(snapshot, plan.model, plan.version, self.upstream_path, plan.body)
+            attempts: _Attempts | None = None
+            hit: Entry | None = None
             try:
-                usage = await self._dispatch(state, plan, attempts, record, labels)
+                hit = await cache.lookup(job, deadline=plan.deadline)
+                if hit is not None:  # skips the pool queue; billed at the cache-hit price
+                    await self._send_stored(hit, plan, record, b"hit")
+                    usage = Usage(hit.usage.prompt_tokens, hit.usage.completion_tokens,
+                                  hit.usage.total_tokens)  # fmt: skip
+                    charge_hit(state, snapshot, tenant, plan, admission,
+                               tokens_in=usage.prompt_tokens,
+                               tokens_out=usage.completion_tokens)  # fmt: skip
+                else:
+                    grant = await acquire_slot(state, snapshot, tenant, plan, admission)
+                    attempts = _Attempts(grant)
+                    self.relay_sink = cache.sink_for(job, self)
+                    try:
+                        usage = await self._dispatch(state, plan, attempts, record, labels)
+                    finally:
+                        grant.release()
             finally:
-                grant.release()
+                self._settle(state, admission, plan=plan, attempts=attempts, usage=usage,
+                             record=record, cached=hit is not None)  # fmt: skip
         finally:
-            self._settle(state, admission, plan=plan, attempts=attempts, usage=usage, record=record)
+            await cache.finish(job, kind=self.kind, streaming=plan.streaming,
+                               outcome=record.outcome, usage=usage)  # fmt: skip
+
+    async def _send_stored(
+        self, entry: Entry, plan: Plan, record: RequestRecord, how: bytes
+    ) -> None:
+        record.status, record.outcome = 200, "ok"
+        record.prompt_tokens = entry.usage.prompt_tokens
+        record.completion_tokens = entry.usage.completion_tokens
+        headers = [(b"x-switchyard-version", plan.version.label.encode("latin-1")),
+                   (HIT_HEADER, how)]  # fmt: skip
+        await send_entry(self, entry, streaming=plan.streaming,
+                         include_usage=plan.include_usage, headers=headers)  # fmt: skip
 
     @staticmethod
     def _settle(
@@ -174,10 +233,12 @@ class InferenceConsumer(GatewayConsumer):
         attempts: _Attempts | None,
         usage: Usage | None,
         record: RequestRecord,
+        cached: bool = False,
     ) -> None:
         """Bill what reached an engine: the usage, else the prompt estimate and the tokens
-        counted while streaming (a cancelled or broken stream); nothing otherwise."""
-        opened = attempts is not None and attempts.opened
+        counted while streaming (a cancelled or broken stream); nothing otherwise. A cache
+        hit is billed its stored usage at the cache-hit price."""
+        opened = cached or (attempts is not None and attempts.opened)
         if usage is not None:
             tokens_in, tokens_out = usage.prompt_tokens, usage.completion_tokens
         else:
@@ -191,7 +252,7 @@ class InferenceConsumer(GatewayConsumer):
                 version=plan.version.id,
                 endpoint=int(record.endpoint) if record.endpoint.isdigit() else None,
                 tier=admission.tier, request_class=plan.klass.name if plan.klass else "default",
-                tokens_in=tokens_in, tokens_out=tokens_out, cost_uc=0, cached=False,
+                tokens_in=tokens_in, tokens_out=tokens_out, cost_uc=0, cached=cached,
                 outcome=_usage_outcome(record.outcome, usage),
                 occurred_at=time.time(), queue_ms=timings.get("queue"),
                 ttft_ms=timings.get("upstream_ttft"),
@@ -200,7 +261,7 @@ class InferenceConsumer(GatewayConsumer):
             )  # fmt: skip
         settle_limits(state, admission, served=opened, tokens_in=tokens_in,
                       tokens_out=tokens_out, usage_known=usage is not None,
-                      event=event)  # fmt: skip
+                      event=event, cached=cached)  # fmt: skip
 
     async def _dispatch(
         self,
@@ -266,9 +327,10 @@ class InferenceConsumer(GatewayConsumer):
     ) -> RelayResult:
         if plan.streaming != upstream.is_stream:
             raise ApiError.of("upstream_error", reason="it answered in the wrong framing.")
+        sink = self.relay_sink or self
         if plan.streaming:
             return await relay_stream(
-                self,
+                sink,
                 upstream,
                 kind=self.kind,
                 include_usage=plan.include_usage,
@@ -277,7 +339,7 @@ class InferenceConsumer(GatewayConsumer):
                 labels=labels,
                 on_tokens=grant.charge_output,
             )
-        return await relay_unary(self, upstream, headers=extra)
+        return await relay_unary(sink, upstream, headers=extra)
 
 
 class ChatCompletionsConsumer(InferenceConsumer):

@@ -11,6 +11,7 @@ import contextlib
 import logging
 import random
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from runtime.admission.redis_limits import RedisLimits
 from runtime.batching.coalescer import Coalescer
@@ -37,6 +38,9 @@ from runtime.upstream.breaker import BreakerBook, BreakerState
 from runtime.upstream.client import ClientConfig, UpstreamClient
 from runtime.upstream.health import HealthConfig, HealthMonitor
 from runtime.upstream.timeouts import TimeoutPolicy
+
+if TYPE_CHECKING:
+    from runtime.cache.gateway import CacheFront
 
 STATE_KEY = "switchyard"
 
@@ -67,6 +71,7 @@ class RouterState:
     request_log: logging.Logger = field(default_factory=lambda: logging.getLogger(REQUEST_LOGGER))
     snapshot_task: asyncio.Task[None] | None = None
     coalescer: Coalescer | None = None  # runtime/batching, made on the first unary torch request
+    cache: CacheFront | None = None  # runtime/cache, made on the first chat/completion request
 
     @property
     def snapshot(self) -> Snapshot | None:
@@ -169,6 +174,8 @@ class RouterState:
         await self.key_usage.stop()
         await self.shadow.stop()
         await self.version_stats.stop()
+        if self.cache is not None:
+            await self.cache.close()
         await self.client.close()
         self.tracing.shutdown()
 

@@ -262,20 +262,35 @@ class PoolDispatcher:
         self._queue.charge_output(req, tokens)
         self._charged(req, input_tokens=0, output_tokens=tokens, now=self._clock())
 
+    def charge_bypass(
+        self, *, tenant: str, band: int, weight: float, input_tokens: int, output_tokens: int
+    ) -> None:
+        """Charge service answered without the queue (a cache hit, at its cheaper weight) to
+        ``tenant``'s fairness counters, here and in the shared counters."""
+        self._queue.charge(band, tenant, weight=weight, input_tokens=input_tokens,
+                           output_tokens=output_tokens)  # fmt: skip
+        self._account(tenant, band, weight, input_tokens, output_tokens, self._clock())
+
     def _charged(
         self, req: QueuedRequest, *, input_tokens: int, output_tokens: int, now: float
     ) -> None:
-        self._known.add((req.band, req.tenant))
+        self._account(req.tenant, req.band, req.weight, input_tokens, output_tokens, now)
+
+    def _account(  # noqa: PLR0917 - private, positional by design
+        self, tenant: str, band: int, weight: float, input_tokens: int, output_tokens: int,
+        now: float,
+    ) -> None:  # fmt: skip
+        self._known.add((band, tenant))
         self.served.add(
-            req.tenant,
-            weight=req.weight,
+            tenant,
+            weight=weight,
             input_tokens=input_tokens,
             output_tokens=output_tokens,
             now=now,
         )
         if self._sink is not None:
-            amount = token_cost(input_tokens, output_tokens) / req.weight
-            self._sink.record(self.pool, req.band, req.tenant, amount)
+            amount = token_cost(input_tokens, output_tokens) / weight
+            self._sink.record(self.pool, band, tenant, amount)
 
     def lift(self, band: int, tenant: str, value: float) -> None:
         """Raise a fairness counter to the global value (shared counters' sync)."""

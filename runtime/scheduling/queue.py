@@ -241,6 +241,14 @@ class PoolQueue:
             band.state, req.tenant, weight=req.weight, output_tokens=output_tokens
         )
 
+    def charge(
+        self, band: int, tenant: str, *, weight: float, input_tokens: int, output_tokens: int
+    ) -> None:
+        """Charge service that bypassed the queue (a cache hit) to ``tenant`` in ``band``."""
+        self.lift_counter(band, tenant, 0.0)  # make sure the band exists
+        self._fairness.charge(self._bands[band].state, tenant, weight=weight,
+                              input_tokens=input_tokens, output_tokens=output_tokens)  # fmt: skip
+
     def lift_counter(self, band: int, tenant: str, value: float) -> None:
         """Raise ``tenant``'s fairness counter in ``band`` to at least ``value`` (never lowers
         it): how service counted elsewhere (other router replicas) reaches this queue."""

@@ -1,0 +1,252 @@
+"""The glue the inference route calls: idempotency, lookup with single flight, capture of a
+miss, replay of a hit. The route stays in charge of auth, limits, escrow and settling.
+
+Per request (chat and completions only; :meth:`CacheFront.begin`):
+
+1. an ``Idempotency-Key`` claims the key or returns the stored answer (served unbilled);
+2. a cacheable request (:mod:`.policy`) looks up L1 then L2; on a miss it joins the key's
+   flight (:mod:`.flight`): a follower gets the leader's entry, the leader goes upstream;
+3. the miss is relayed through a :class:`Capture` sink; once the response completed cleanly
+   its entry is stored (L1 + L2), handed to the followers and to the idempotency record.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import redis.asyncio as aioredis
+
+from runtime.cache.entry import (
+    CachedUsage,
+    Entry,
+    from_stream,
+    from_unary,
+    parse_sse,
+    sse_frames,
+    unary_body,
+)
+from runtime.cache.flight import Flights, Lead
+from runtime.cache.idempotency import Hold, IdempotencyStore, check_key
+from runtime.cache.metrics import CacheMetrics
+from runtime.cache.policy import (
+    CACHED_ROUTES,
+    cache_key,
+    cache_scope,
+    cacheable,
+    no_store,
+    request_digest,
+    version_tag,
+)
+from runtime.cache.store import ResultStore, StoreConfig
+from runtime.contract import cache_purge_channel
+from runtime.gateway.relay import SSE_HEADERS, ResponseSink, Usage
+from runtime.gateway.state import RouterState
+from runtime.snapshot import ModelSnap, TenantSnap, VersionSnap
+
+HIT_HEADER = b"x-switchyard-cache"
+logger = logging.getLogger(__name__)
+
+
+class Capture:
+    """A sink that forwards to the client and keeps a copy; after the first request with an
+    ``Idempotency-Key`` lost its client (``detached``), it only keeps the copy."""
+
+    def __init__(self, sink: ResponseSink, *, detachable: bool) -> None:
+        self.sink = sink
+        self.status = 0
+        self.chunks: list[bytes] = []
+        self.detachable = detachable
+        self.gone = False
+
+    async def start_response(self, status: int, headers: Iterable[tuple[bytes, bytes]]) -> None:
+        self.status = status
+        headers = [*headers, (HIT_HEADER, b"miss")]
+        await self._forward(self.sink.start_response(status, headers))
+
+    async def send_chunk(self, data: bytes, *, last: bool = False) -> None:
+        self.chunks.append(data)
+        await self._forward(self.sink.send_chunk(data, last=last))
+
+    async def _forward(self, sending: object) -> None:
+        if self.gone:
+            sending.close()  # type: ignore[attr-defined]
+            return
+        try:
+            await sending  # type: ignore[misc]
+        except Exception:
+            if not self.detachable:
+                raise
+            self.gone = True
+
+    def entry(
+        self, kind: str, *, streaming: bool, outcome: str, usage: Usage | None
+    ) -> Entry | None:
+        if self.status != 200 or outcome not in ("", "ok"):
+            return None
+        data = b"".join(self.chunks)
+        if not streaming:
+            return from_unary(kind, data)
+        known = CachedUsage(usage.prompt_tokens, usage.completion_tokens, usage.total_tokens) \
+            if usage is not None else None  # fmt: skip
+        return from_stream(kind, parse_sse(data), known)
+
+
+@dataclass(slots=True, kw_only=True)
+class CacheJob:
+    """One request's dealings with the cache."""
+
+    key: str = ""  # "" when the request is not cacheable
+    scope: str = ""
+    version: str = ""
+    ttl_s: int = 0
+    hold: Hold | None = None
+    replay: Entry | None = None  # the stored answer of an Idempotency-Key
+    lead: Lead | None = None
+    capture: Capture | None = None
+    served: Entry | None = None  # the entry a hit was answered with
+    finished: bool = field(default=False)
+
+    @property
+    def active(self) -> bool:
+        return bool(self.key) or self.hold is not None
+
+
+async def send_entry(
+    sink: ResponseSink, entry: Entry, *, streaming: bool, include_usage: bool,
+    headers: Iterable[tuple[bytes, bytes]],
+) -> None:  # fmt: skip
+    """A stored answer, as JSON or as SSE in OpenAI's framing."""
+    if not streaming:
+        body = unary_body(entry)
+        length = (b"content-length", str(len(body)).encode("ascii"))
+        await sink.start_response(200, [(b"content-type", b"application/json"), length, *headers])
+        await sink.send_chunk(body, last=True)
+        return
+    frames = sse_frames(entry, include_usage=include_usage)
+    await sink.start_response(200, [*SSE_HEADERS, *headers])
+    await sink.send_chunk(b"".join(frames), last=True)
+
+
+class CacheFront:
+    """The router's cache: one Redis client, the two levels, flights, idempotency records."""
+
+    def __init__(self, redis_url: str, *, namespace: str, metrics: CacheMetrics,
+                 config: StoreConfig | None = None) -> None:  # fmt: skip
+        self._redis: aioredis.Redis[bytes] = aioredis.Redis.from_url(redis_url)
+        self._ns = namespace
+        self.metrics = metrics
+        self.store = ResultStore(self._redis, namespace=namespace,
+                                 config=config or StoreConfig(), metrics=metrics)  # fmt: skip
+        self.flights = Flights(self._redis, namespace=namespace, metrics=metrics)
+        self.idempotency = IdempotencyStore(self._redis, namespace=namespace)
+        self._purges: asyncio.Task[None] | None = None
+
+    async def begin(
+        self, *, route: str, document: dict[str, object], model: ModelSnap,
+        version: VersionSnap, tenant: TenantSnap, cache_control: bytes | None,
+        idempotency: bytes | None, deadline: float,
+    ) -> CacheJob:  # fmt: skip
+        """The request's job; an ``Idempotency-Key`` is claimed (or its answer found) here."""
+        job = CacheJob()
+        if route not in CACHED_ROUTES:
+            return job
+        self._listen()
+        if idempotency is not None:
+            key = check_key(idempotency)
+            digest = request_digest(document, route=route, neutral=())
+            claim = await self.idempotency.begin(tenant.slug, key, digest, deadline=deadline)
+            if isinstance(claim, Entry):
+                self.metrics.replays.inc()
+                job.replay = claim
+                return job
+            job.hold = claim
+        if not no_store(cache_control) and cacheable(
+            document, route=route, model=model, version=version, tenant=tenant
+        ):
+            job.scope = cache_scope(model, tenant)
+            job.version = version_tag(version)
+            job.ttl_s = model.cache.ttl_s
+            job.key = cache_key(document, route=route, scope=job.scope, version=version)
+        return job
+
+    async def lookup(self, job: CacheJob, *, deadline: float) -> Entry | None:
+        """The entry of a cacheable request (stored, or fetched by a flight it joined); None
+        on a miss, and then ``job.lead`` may be set: this request fetches for the others."""
+        if not job.key:
+            return None
+        entry = await self.store.get(job.scope, job.version, job.key)
+        if entry is None:
+
+            async def again() -> Entry | None:
+                return await self.store.get(job.scope, job.version, job.key)
+
+            joined = await self.flights.join(job.key, lookup=again, deadline=deadline)
+            if isinstance(joined, Lead):
+                job.lead = joined
+                return None
+            entry = joined
+        job.served = entry
+        return entry
+
+    def sink_for(self, job: CacheJob, sink: ResponseSink) -> ResponseSink:
+        """The sink a miss relays through: a capturing one when the answer will be kept."""
+        if job.hold is None and job.lead is None and not job.key:
+            return sink
+        job.capture = Capture(sink, detachable=job.hold is not None)
+        return job.capture
+
+    async def finish(
+        self, job: CacheJob, *, kind: str, streaming: bool, outcome: str, usage: Usage | None
+    ) -> None:
+        """Store a clean miss's answer and hand it to the followers and the idempotency
+        record; release them with None otherwise. Safe to call more than once."""
+        if job.finished:
+            return
+        job.finished = True
+        entry = None
+        if job.capture is not None:
+            entry = job.capture.entry(kind, streaming=streaming, outcome=outcome, usage=usage)
+        try:
+            if entry is not None and job.key:
+                await self.store.put(job.scope, job.version, job.key, entry, ttl_s=job.ttl_s)
+        finally:
+            if job.lead is not None:
+                await job.lead.finish(entry)
+            if job.hold is not None:
+                await job.hold.finish(entry if entry is not None else job.served)
+
+    def _listen(self) -> None:
+        if self._purges is None:
+            self._purges = asyncio.create_task(self._purge_listener(), name="cache-purges")
+
+    async def _purge_listener(self) -> None:
+        pubsub = self._redis.pubsub()
+        await pubsub.subscribe(cache_purge_channel(self._ns))
+        try:
+            async for message in pubsub.listen():
+                if message.get("type") == "message":
+                    self.store.l1.clear()
+        finally:
+            with contextlib.suppress(Exception):
+                await pubsub.aclose()  # type: ignore[attr-defined]
+
+    async def close(self) -> None:
+        task, self._purges = self._purges, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        await self._redis.aclose()  # type: ignore[attr-defined]
+
+
+def cache_front(state: RouterState) -> CacheFront:
+    """The router's cache, made on first use."""
+    if state.cache is None:
+        config = state.config
+        state.cache = CacheFront(config.redis_url, namespace=config.namespace,
+                                 metrics=CacheMetrics(state.metrics.registry))  # fmt: skip
+    return state.cache
