@@ -51,6 +51,7 @@ INSTALLED_APPS = [
     "apps.models",
     "apps.rollouts",
     "apps.billing",
+    "apps.scaling",
 ]
 
 MIDDLEWARE = [
@@ -120,6 +121,7 @@ CELERY_BEAT_SCHEDULE = {
     },
     "usage-stream-to-ledger": {"task": "apps.billing.tasks.usage_consume", "schedule": 1.0},
     "reconcile-credit-balances": {"task": "apps.billing.tasks.credit_reconcile", "schedule": 30.0},
+    "autoscale-pools": {"task": "apps.scaling.tasks.autoscale_tick", "schedule": 5.0},
 }
 
 # Routers record API-key last use in this Redis hash (prefix -> unix time); beat copies it.

@@ -16,6 +16,9 @@ key                                     what
 ``{ns}:limits:{<tenant>}:rpm|tpm|conc``  a tenant's global RPM / TPM / concurrency (admission)
 ``{ns}:fairness:{pool}``                hash: ``"<band>|<tenant>"`` -> shared fairness counter
 ``{ns}:endpoint:{id}:heartbeat``        a worker's heartbeat (TTL; JSON value)
+``{ns}:scaling:signals:{pool}``         hash: router id -> JSON :class:`PoolSignals` (TTL)
+``{ns}:scaling:leader``                 the autoscaler's leader lock (TTL)
+``{ns}:scaling:local:{pool}``           hash: endpoint id -> pid (the local actuator)
 ======================================  =========================================================
 
 The snapshot prefix and the last-use hash can be moved with :data:`ENV_SNAPSHOT_PREFIX` and
@@ -81,6 +84,21 @@ class SnapshotKeys(msgspec.Struct, frozen=True):
 def endpoint_heartbeat_key(endpoint_id: int) -> str:
     """The heartbeat key of an endpoint's worker."""
     return f"{HEARTBEAT_KEY_PREFIX}{endpoint_id}:heartbeat"
+
+
+def scaling_signals_key(namespace: str, pool: str) -> str:
+    """The hash of a pool's scaling signals, one field per router."""
+    return f"{namespace}:scaling:signals:{pool}"
+
+
+def scaling_leader_key(namespace: str) -> str:
+    """The lock held by the one autoscaler tick that may act."""
+    return f"{namespace}:scaling:leader"
+
+
+def scaling_local_key(namespace: str, pool: str) -> str:
+    """The local actuator's replicas of a pool: endpoint id -> process id."""
+    return f"{namespace}:scaling:local:{pool}"
 
 
 def limits_keys(prefix: str, tenant: str) -> tuple[str, str, str]:

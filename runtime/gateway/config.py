@@ -88,6 +88,7 @@ class RouterConfig:
     fairness_sync_s: float = 0.1
     headroom_window_s: float = 10.0
     coalesce_window_s: float = 0.002  # runtime/batching: 0 turns router-side coalescing off
+    scaling_signals_s: float = 1.0  # runtime/scaling: per-pool signals written to Redis
 
     def __post_init__(self) -> None:
         if self.max_body_bytes < 1:
@@ -141,4 +142,5 @@ class RouterConfig:
             default_queue_limit=int(_number(env, "SWITCHYARD_QUEUE_LIMIT", 1000, minimum=1)),
             default_band=int(_number(env, "SWITCHYARD_DEFAULT_BAND", 1, minimum=0)),
             coalesce_window_s=_number(env, "SWITCHYARD_COALESCE_WINDOW_MS", 2.0, minimum=0) / 1000,
+            scaling_signals_s=_number(env, "SWITCHYARD_SCALING_SIGNALS_S", 1.0, minimum=0.05),
         )

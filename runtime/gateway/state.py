@@ -22,6 +22,8 @@ from runtime.metering.pricing import PriceBook
 from runtime.routing.inflight import InFlight
 from runtime.routing.signals import FleetSignals
 from runtime.routing.table import RoutingTable
+from runtime.scaling.fleet import SnapshotFleet
+from runtime.scaling.publisher import PoolMeter, SignalsPublisher
 from runtime.scheduling.placement import FleetPlacement
 from runtime.scheduling.pools import Dispatchers
 from runtime.scheduling.shared import SharedCounters
@@ -60,6 +62,7 @@ class RouterState:
     request_log: logging.Logger = field(default_factory=lambda: logging.getLogger(REQUEST_LOGGER))
     snapshot_task: asyncio.Task[None] | None = None
     coalescer: Coalescer | None = None  # runtime/batching, made on the first unary torch request
+    scaling: SignalsPublisher | None = None  # runtime/scaling: per-pool signals to Redis
 
     @property
     def snapshot(self) -> Snapshot | None:
@@ -103,6 +106,8 @@ class RouterState:
         await self.limits.start()
         await self.shared.start()
         await self.health.start()
+        if self.scaling is not None:
+            self.scaling.start()
         try:
             await self.loader.start()
         except SnapshotUnavailableError as exc:
@@ -132,6 +137,8 @@ class RouterState:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await self.loader.stop()
+        if self.scaling is not None:
+            await self.scaling.stop()
         await self.dispatchers.stop()
         await self.health.stop()
         await self.shared.stop()
@@ -212,6 +219,13 @@ def build_state(config: RouterConfig) -> RouterState:
             interval_s=config.key_usage_flush_s,
         ),
         tokens=TokenCounter(cache_size=config.tokenizer_cache_size),
+    )
+    state.scaling = SignalsPublisher(
+        config.redis_url,
+        namespace=config.namespace,
+        pools=state.dispatchers.all,
+        meter=PoolMeter(SnapshotFleet(current, signals)),
+        interval_s=config.scaling_signals_s,
     )
     state.loader.add_swap_callback(state.on_snapshot)
     metrics.attach_scheduling(state.pool_views)

@@ -35,7 +35,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable
 
 from runtime.scheduling.admission import Rejected, admit
@@ -109,6 +109,10 @@ class PoolDispatcher:
         self._known: set[tuple[int, str]] = set()
         self._drain = DrainRate()
         self.served = ServedTokens()
+        # What the autoscaler's signals read (runtime/scaling/signals.py): outcomes by
+        # reason (``dispatched`` and the DropReason values) and recent queue waits per band.
+        self.outcomes: Counter[str] = Counter()
+        self.waits: dict[int, deque[float]] = {}
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._closed = False
@@ -178,6 +182,7 @@ class PoolDispatcher:
         )
         decision = admit(self._queue, self._drain, req, now=now)
         if isinstance(decision, Rejected):
+            self.outcomes[str(decision.reason)] += 1
             raise QueueRejectedError(decision)
         for shed in decision.displaced:
             self._drop(shed, self._shed_error(), now)
@@ -334,9 +339,13 @@ class PoolDispatcher:
             endpoint = self.placement.choose(rooms[ticket.version], ticket.affinity_key)
             self.placement.acquire(endpoint.id)
             self._inflight[req.tenant] += 1
-            waiter.future.set_result(
-                Grant(self, ticket, req, endpoint, waited_s=max(now - req.arrived_at, 0.0))
-            )
+            waited = max(now - req.arrived_at, 0.0)
+            self.outcomes["dispatched"] += 1
+            band_waits = self.waits.get(req.band)
+            if band_waits is None:
+                band_waits = self.waits[req.band] = deque(maxlen=256)
+            band_waits.append(waited)
+            waiter.future.set_result(Grant(self, ticket, req, endpoint, waited_s=waited))
 
     def _forget(self, req: QueuedRequest) -> None:
         self._waiting.pop(req.id, None)
@@ -354,6 +363,8 @@ class PoolDispatcher:
             return
         self._forget(req)
         self._drain.observe(now=now, queued=len(self._queue))
+        if isinstance(error, QueueDropError):
+            self.outcomes[str(error.reason)] += 1
         if not waiter.future.done():
             waiter.future.set_exception(error)
 
