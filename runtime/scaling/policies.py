@@ -65,9 +65,11 @@ def _band_need(load: float, what: str, *, current: int, target: ScalingTarget) -
 
 
 def _demand_without_replicas(signals: PoolSignals, current: int) -> Need | None:
-    if current == 0 and signals.queued_total + signals.inflight > 0:
+    if current > 0:
+        return None
+    if signals.queued_total + signals.inflight > 0:
         return Need(1, f"{signals.queued_total} queued and no replica: scale from zero")
-    return None
+    return Need(0, "no replica serves and no demand")
 
 
 def _worst_wait(signals: PoolSignals) -> float:
