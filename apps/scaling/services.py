@@ -29,7 +29,12 @@ def scaling_namespace() -> str:
 
 
 def pool_signals_read(
-    *, client: redis.Redis, namespace: str, pool: str, now: float, stale_s: float = SIGNALS_STALE_S
+    *,
+    client: redis.Redis[bytes],
+    namespace: str,
+    pool: str,
+    now: float,
+    stale_s: float = SIGNALS_STALE_S,
 ) -> PoolSignals:
     """The pool's signals summed over the routers that published within ``stale_s``."""
     raw = client.hgetall(scaling_signals_key(namespace, pool))
@@ -104,8 +109,10 @@ def pool_autoscale(
         warm=replicas.warm, now=now,
     )  # fmt: skip
     actuation = actuator.apply(pool, plan)
-    history = plan.history if not actuation.error else History(
-        scaling.last_out_at, scaling.last_in_at, plan.history.idle_since
+    history = (
+        plan.history
+        if not actuation.error
+        else History(scaling.last_out_at, scaling.last_in_at, plan.history.idle_since)
     )
     PoolScaling.objects.filter(pk=scaling.pk).update(
         last_out_at=history.last_out_at, last_in_at=history.last_in_at,
@@ -119,7 +126,7 @@ def pool_autoscale(
 
 def autoscale_all(
     *,
-    client: redis.Redis,
+    client: redis.Redis[bytes],
     actuator: Actuator,
     namespace: str,
     lock_ttl_s: float = 30.0,

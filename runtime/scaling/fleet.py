@@ -12,9 +12,7 @@ class SnapshotFleet:
     """Implements :class:`runtime.scaling.publisher.PoolFleet` over the snapshot in force and the
     fleet signals: ready endpoints that are healthy with a closed breaker count."""
 
-    def __init__(
-        self, snapshot: Callable[[], Snapshot | None], signals: EndpointSignals
-    ) -> None:
+    def __init__(self, snapshot: Callable[[], Snapshot | None], signals: EndpointSignals) -> None:
         self._snapshot = snapshot
         self._signals = signals
 

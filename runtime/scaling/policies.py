@@ -111,5 +111,7 @@ class CpuPolicy:
         need = _band_need(load, "in-flight/capacity", current=current, target=target)
         wait = _worst_wait(signals)
         if (signals.shed_per_s > 0 or wait > target.wait_slo_s) and need.replicas <= current:
-            return Need(current + 1, f"queue building: p95 {wait:.2f}s, shed {signals.shed_per_s:.2f}/s")
+            return Need(
+                current + 1, f"queue building: p95 {wait:.2f}s, shed {signals.shed_per_s:.2f}/s"
+            )
         return need

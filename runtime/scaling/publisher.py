@@ -15,7 +15,7 @@ import logging
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Protocol
 
 import redis.asyncio as aioredis
@@ -31,13 +31,13 @@ SHED_REASONS = (str(DropReason.SHED), str(DropReason.QUEUE_FULL))
 
 
 class MeteredPool(Protocol):
-    """What the meter reads of a dispatcher (:class:`~runtime.scheduling.dispatcher.PoolDispatcher`)."""
+    """What the meter reads of a pool's dispatcher (``PoolDispatcher``)."""
 
     pool: str
     outcomes: Counter[str]
 
     @property
-    def waits(self) -> dict[int, Iterable[float]]: ...
+    def waits(self) -> Mapping[int, Sequence[float]]: ...
 
     def queue_lengths(self) -> dict[int, int]: ...
 
@@ -102,7 +102,7 @@ class SignalsPublisher:
         interval_s: float = 1.0,
         router_id: str | None = None,
     ) -> None:
-        self._redis: aioredis.Redis = aioredis.Redis.from_url(redis_url)
+        self._redis: aioredis.Redis[bytes] = aioredis.Redis.from_url(redis_url)
         self._namespace = namespace
         self._pools = pools
         self._meter = meter
@@ -134,9 +134,7 @@ class SignalsPublisher:
 
     def start(self) -> None:
         if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(
-                self._run(), name="scaling-signals"
-            )
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="scaling-signals")
 
     async def stop(self) -> None:
         task, self._task = self._task, None
@@ -144,12 +142,10 @@ class SignalsPublisher:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        await self._redis.aclose()
+        await self._redis.aclose()  # type: ignore[attr-defined]
 
 
-def parse_entries(
-    raw: dict[bytes, bytes], *, now: float, stale_s: float
-) -> list[PoolSignals]:
+def parse_entries(raw: dict[bytes, bytes], *, now: float, stale_s: float) -> list[PoolSignals]:
     """The routers' entries of one pool hash, leaving out those older than ``stale_s``."""
     out: list[PoolSignals] = []
     for value in raw.values():

@@ -28,7 +28,7 @@ class KubernetesActuator:
 
     @classmethod
     def from_kubeconfig(cls, path: str | None = None, **kwargs: Any) -> KubernetesActuator:
-        from kubernetes import client, config  # noqa: PLC0415 - only when a cluster is used
+        from kubernetes import client, config  # type: ignore[import-untyped]  # noqa: PLC0415
 
         config.load_kube_config(config_file=path)
         return cls(api=client.AppsV1Api(), **kwargs)
@@ -53,9 +53,7 @@ class KubernetesActuator:
             return Actuation()
         body = {"spec": {"replicas": plan.desired}}
         try:
-            self._apps().patch_namespaced_deployment_scale(
-                self._name(pool), self.namespace, body
-            )
+            self._apps().patch_namespaced_deployment_scale(self._name(pool), self.namespace, body)
         except Exception as exc:
             return Actuation(error=f"scaling {self.namespace}/{self._name(pool)}: {exc}")
         delta = plan.desired - plan.current

@@ -165,7 +165,9 @@ class LocalActuator:
         pids = self._pids(pool)
         live = self._live(pool)
         ready = [e for e in live if e.state == Endpoint.State.READY]
-        warm = [e for e in live if e.state == Endpoint.State.STARTING and pid_alive(pids.get(e.id, -1))]
+        warm = [
+            e for e in live if e.state == Endpoint.State.STARTING and pid_alive(pids.get(e.id, -1))
+        ]
         if plan.action == "out":
             for endpoint in warm[: plan.promote]:
                 done.starts.append(self.promote(endpoint))

@@ -56,10 +56,10 @@ def namespace(client: redis.Redis) -> Iterator[str]:
 def pool(db: Any) -> Pool:
     model = model_create(actor=None, name=MODEL, task="chat")
     files = {"model.safetensors": "cd" * 32}
+    manifest = {"files": files, "max_context": 2048, "tokenizer": "t", "default_sampling": {}}
     version = model_version_create(
         actor=None, model=model, label="v1", artifact_uri="file:///m", runtime="simulator",
-        digest=manifest_digest(files), manifest={"files": files, "max_context": 2048, "tokenizer": "t",
-                                               "default_sampling": {}},
+        digest=manifest_digest(files), manifest=manifest,
     )  # fmt: skip
     version = model_version_publish(actor=None, version=version)
     pool = pool_create(
@@ -113,14 +113,16 @@ def test_from_zero_out_with_warm_promotion_drained_in_and_back_to_zero(
 ) -> None:
     def tick() -> ScalingDecision:
         decisions = autoscale_all(client=client, actuator=actuator, namespace=namespace)
-        assert decisions is not None and len(decisions) == 1
+        assert decisions is not None
+        assert len(decisions) == 1
         return decisions[0]
 
     # 1. Demand on an empty pool: one replica starts cold, and one warm replica behind it.
     publish(client, namespace, queued={"1": 2})
     first = tick()
     assert (first.action, first.current, first.desired, first.started) == ("out", 0, 1, 1)
-    assert first.signals["queued"] == {"1": 2} and "scale from zero" in first.reason
+    assert first.signals["queued"] == {"1": 2}
+    assert "scale from zero" in first.reason
     assert len(ready(pool)) == 1
     assert actuator.observe(pool).warm == 1
 
@@ -137,10 +139,11 @@ def test_from_zero_out_with_warm_promotion_drained_in_and_back_to_zero(
     # 3. Load falls: scale in drains one replica while it still serves a request.
     a, b = ready(pool)
     results: dict[str, int] = {}
-    threads = [
-        threading.Thread(target=lambda e=e, n=n: results.__setitem__(e.base_url, stream(e.base_url, n)))
-        for e, n in ((a, 60), (b, 120))
-    ]  # fmt: skip
+
+    def serve(endpoint: Endpoint, tokens: int) -> None:
+        results[endpoint.base_url] = stream(endpoint.base_url, tokens)
+
+    threads = [threading.Thread(target=serve, args=(e, n)) for e, n in ((a, 60), (b, 120))]
     for t in threads:
         t.start()
     from fixtures.wait import eventually  # noqa: PLC0415
@@ -175,7 +178,8 @@ def test_one_leader_at_a_time(
     assert not ScalingDecision.objects.exists()
     client.delete(scaling_leader_key(namespace))
     decisions = autoscale_all(client=client, actuator=actuator, namespace=namespace)
-    assert decisions is not None and decisions[0].action == "hold"
+    assert decisions is not None
+    assert decisions[0].action == "hold"
     assert decisions[0].reason == "no replica serves and no demand"
 
 
@@ -189,5 +193,6 @@ def test_a_replica_that_cannot_start_is_recorded_as_an_error(
     publish(client, namespace, queued={"1": 1})
     decisions = autoscale_all(client=client, actuator=broken, namespace=namespace)
     assert decisions is not None
-    assert decisions[0].action == "out" and "did not start" in decisions[0].error
+    assert decisions[0].action == "out"
+    assert "did not start" in decisions[0].error
     assert pool_scaling_get_or_create(pool=pool).last_out_at is None  # retried next tick

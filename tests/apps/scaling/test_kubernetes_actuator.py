@@ -47,7 +47,8 @@ def test_scales_the_pool_deployment_on_a_real_api_server() -> None:  # pragma: n
         pool = Pool(name="sim-pool", hardware_tier="cpu")
         assert actuator.observe(pool).serving == 1
         done = actuator.apply(pool, Plan("out", 1, 3, "test"))
-        assert not done.error and done.started == 2
+        assert not done.error
+        assert done.started == 2
         assert actuator.observe(pool).serving == 3
     finally:
         apps.delete_namespaced_deployment(doc["metadata"]["name"], namespace)

@@ -25,11 +25,13 @@ def run(*args: str) -> str:
 
 def test_plans_the_example_and_names_the_binding_constraint() -> None:
     text = run("--demand", str(DEMAND), "--curves", str(CURVES), "--zones", "3")
-    assert "binding" in text and "decode" in text
+    assert "binding" in text
+    assert "decode" in text
     plans = json.loads(run("--demand", str(DEMAND), "--curves", str(CURVES), "--zones", "3",
                            "--json"))  # fmt: skip
     (sim,) = plans
-    assert sim["binding"] == "decode" and sim["batch"] == 16
+    assert sim["binding"] == "decode"
+    assert sim["batch"] == 16
     # ceil(decode load / 0.8) replicas, then 3 zones * ceil(base / 2).
     assert sim["replicas"] == 3 * -(-sim["base"] // 2)
 

@@ -27,7 +27,8 @@ def test_decode_bound_with_headroom_and_three_zones() -> None:
     # prefill 10*500/10000 = 0.5; decode at batch 32: 10*100/1600 = 0.625;
     # kv: latency 0.05 + 100*32/1600 = 2.05 s, 20.5 seqs * 600 tokens / 32768 = 0.3754
     p = plan_tier("t", CURVE, demand(10, 500, 100), headroom=0.2, zones=3)
-    assert p.batch == 32 and p.binding == "decode"
+    assert p.batch == 32
+    assert p.binding == "decode"
     assert p.load["prefill"] == pytest.approx(0.5)
     assert p.load["decode"] == pytest.approx(0.625)
     assert p.load["kv"] == pytest.approx(20.5 * 600 / 32768)
@@ -38,7 +39,8 @@ def test_decode_bound_with_headroom_and_three_zones() -> None:
 def test_prefill_bound_on_long_prompts() -> None:
     # prefill 10*4000/10000 = 4.0; kv limit 32768//4010 = 8 -> batch 8: decode 100/600
     p = plan_tier("t", CURVE, demand(10, 4000, 10), headroom=0.0, zones=1)
-    assert p.batch == 8 and p.binding == "prefill"
+    assert p.batch == 8
+    assert p.binding == "prefill"
     assert (p.base, p.replicas) == (4, 4)
 
 
@@ -47,13 +49,16 @@ def test_an_itl_slo_limits_the_batch_and_kv_can_bind() -> None:
     # kv: latency 3000/10000 + 50*1/100 = 0.8 s, 1.6 seqs * 3050 / 32768 = 0.1489
     p = plan_tier("t", CURVE, demand(2, 3000, 50, chat=ClassMix(share=1, max_itl_ms=10)),
                   headroom=0.5, zones=2)  # fmt: skip
-    assert p.batch == 1 and p.binding == "decode"
+    assert p.batch == 1
+    assert p.binding == "decode"
     assert p.load["decode"] == pytest.approx(1.0)
     assert (p.base, p.replicas) == (2, 4)  # ceil(1/0.5) = 2; 2 zones * ceil(2/1)
     small_kv = TierCurve(kv_tokens=1000, points=CURVE.points)
     kv = plan_tier("t", small_kv, demand(1, 900, 100), headroom=0, zones=1)
     # batch 1 (1000//1000); latency 0.09 + 1 = 1.09 s -> 1.09 * 1000 / 1000 = 1.09 > decode 1.0
-    assert kv.binding == "kv" and kv.load["kv"] == pytest.approx(1.09) and kv.base == 2
+    assert kv.binding == "kv"
+    assert kv.load["kv"] == pytest.approx(1.09)
+    assert kv.base == 2
 
 
 def test_bad_inputs_are_refused() -> None:

@@ -60,9 +60,11 @@ def test_inside_the_band_the_count_is_kept_and_outside_it_moves(name: str) -> No
     policy = scaling_policy(name)
     assert policy.need(sig(inflight=12, capacity=20), current=2, target=TARGET).replicas == 2
     high = policy.need(sig(inflight=19, capacity=20), current=2, target=TARGET)
-    assert high.replicas == 4 and "above" in high.why  # ceil(2 * 0.95 / 0.6)
+    assert high.replicas == 4
+    assert "above" in high.why
     low = policy.need(sig(inflight=1, capacity=40), current=4, target=TARGET)
-    assert low.replicas == 1 and "below" in low.why
+    assert low.replicas == 1
+    assert "below" in low.why
 
 
 def test_gpu_scales_on_kv_use_and_deadline_misses_cpu_does_not_see_kv() -> None:
@@ -84,7 +86,8 @@ def test_aggregate_sums_counts_and_takes_the_worst_wait() -> None:
     assert (total.routers, total.inflight, total.capacity) == (2, 8, 16)
     assert total.queued == {"0": 3, "1": 4}
     assert total.wait_p95_s == {"0": 1.5}
-    assert total.dispatched_per_s == 10 and total.kv_usage == 0.2
+    assert total.dispatched_per_s == 10
+    assert total.kv_usage == 0.2
     assert aggregate("p", []).idle
 
 
@@ -105,7 +108,8 @@ def test_out_fast_promoting_warm_first_then_out_cooldown() -> None:
     again = step(hot, 4, plan.history, now=102)
     assert again.action == "hold"  # at max
     held = step(hot, 2, plan.history, now=103)
-    assert held.action == "hold" and "out cooldown" in held.why
+    assert held.action == "hold"
+    assert "out cooldown" in held.why
     assert step(hot, 2, plan.history, now=105).action == "out"
 
 
@@ -121,7 +125,9 @@ def test_in_slowly_one_at_a_time_after_the_in_cooldown() -> None:
 def test_idle_pool_goes_to_zero_only_after_the_idle_time() -> None:
     idle = sig()
     first = step(idle, 1, History(), now=1000)
-    assert first.action == "hold" and first.desired == 1 and first.history.idle_since == 1000
+    assert first.action == "hold"
+    assert first.desired == 1
+    assert first.history.idle_since == 1000
     assert step(idle, 1, first.history, now=1059).action == "hold"
     zero = step(idle, 1, first.history, now=1060)
     assert (zero.action, zero.desired, zero.warm) == ("zero", 0, 0)

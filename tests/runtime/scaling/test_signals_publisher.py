@@ -69,8 +69,9 @@ async def test_publishes_rates_and_waits_and_reads_back_summed(ns: str) -> None:
     pool, clock = Pool(), Clock()
     meter = PoolMeter(Fleet(), clock=clock)
     pubs = [
-        SignalsPublisher(REDIS_URL, namespace=ns, pools=lambda: [pool], meter=meter,
-                         router_id=name)  # fmt: skip
+        SignalsPublisher(
+            REDIS_URL, namespace=ns, pools=lambda: [pool], meter=meter, router_id=name
+        )
         for name in ("r1", "r2")
     ]
     try:
@@ -85,14 +86,16 @@ async def test_publishes_rates_and_waits_and_reads_back_summed(ns: str) -> None:
         raw = await client.hgetall(scaling_signals_key(ns, "gpu-a"))
         ttl = await client.ttl(scaling_signals_key(ns, "gpu-a"))
         await client.aclose()
-        assert set(raw) == {b"r1", b"r2"} and 0 < ttl <= 5
+        assert set(raw) == {b"r1", b"r2"}
+        assert 0 < ttl <= 5
         entries = parse_entries(raw, now=clock.now, stale_s=10)
         total = aggregate("gpu-a", entries)
         assert total.routers == 2
         assert total.dispatched_per_s == pytest.approx(10.0)
         assert total.deadline_miss_per_s == pytest.approx(1.0)
         assert total.shed_per_s == pytest.approx(1.0)
-        assert total.queued == {"1": 3} and total.inflight == 6
+        assert total.queued == {"1": 3}
+        assert total.inflight == 6
         assert total.wait_p95_s == {"1": 0.1}  # nearest rank 19 of 20
         assert (total.capacity, total.ready, total.kv_usage) == (16, 2, 0.5)
         assert parse_entries(raw, now=clock.now + 100, stale_s=10) == []
@@ -105,7 +108,7 @@ async def test_publishes_rates_and_waits_and_reads_back_summed(ns: str) -> None:
 async def test_a_publisher_without_redis_keeps_running(ns: str) -> None:
     pub = SignalsPublisher("redis://127.0.0.1:1/0", namespace=ns, pools=lambda: [Pool()],
                            meter=PoolMeter(Fleet()), interval_s=0.05)  # fmt: skip
-    with pytest.raises(Exception, match="[Cc]onnect"):
+    with pytest.raises(Exception, match=r"[Cc]onnect"):
         await pub.publish_once()
     pub.start()
     from fixtures.wait import async_eventually  # noqa: PLC0415
