@@ -212,6 +212,7 @@ def build_state(config: RouterConfig) -> RouterState:
             default_queue_limit=config.default_queue_limit,
             headroom_window_s=config.headroom_window_s,
             shared=shared,
+            cold_start=lambda version: cold_start_s(current(), version),
         ),
         key_usage=KeyUsageRecorder(
             config.redis_url,
@@ -230,6 +231,14 @@ def build_state(config: RouterConfig) -> RouterState:
     state.loader.add_swap_callback(state.on_snapshot)
     metrics.attach_scheduling(state.pool_views)
     return state
+
+
+def cold_start_s(snapshot: Snapshot | None, version_id: int) -> float | None:
+    """The expected start time of a version that its pool scales from zero; None if not."""
+    version = None if snapshot is None else snapshot.versions.get(version_id)
+    if version is None or not version.scale_pool:
+        return None
+    return version.cold_start_s
 
 
 def _loop_time() -> float:

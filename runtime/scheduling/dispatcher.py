@@ -35,6 +35,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import math
 from collections import Counter, deque
 from collections.abc import Callable
 
@@ -92,6 +93,7 @@ class PoolDispatcher:
         tick_s: float = 0.05,
         sink: CounterSink | None = None,
         headroom_window_s: float = 10.0,
+        cold_start: Callable[[int], float | None] | None = None,
     ) -> None:
         if not tick_s > 0:
             raise ValueError(f"tick_s must be > 0, got {tick_s!r}")
@@ -101,6 +103,8 @@ class PoolDispatcher:
         self._tick_s = tick_s
         self._sink = sink
         self._headroom_window_s = headroom_window_s
+        # Scale from zero: version -> expected start seconds of a replica (None: cannot).
+        self._cold_start = cold_start
         self._seq = itertools.count(1)
         self._waiting: dict[str, _Waiter] = {}
         self._inflight: Counter[str] = Counter()
@@ -160,9 +164,9 @@ class PoolDispatcher:
         """Queue ``ticket`` and wait for an endpoint; see the module docstring."""
         if self._closed:
             raise NoEndpointError(f"the pool '{self.pool}' is not serving")
-        if not self.placement.candidates(ticket.version, frozenset()):
-            raise NoEndpointError(f"no usable endpoint serves the pool '{self.pool}' version")
         now = self._clock()
+        if not self.placement.candidates(ticket.version, frozenset()):
+            self._hold_or_refuse(ticket, now)
         self._pump(now)
         seq = next(self._seq)
         req = QueuedRequest(
@@ -200,6 +204,19 @@ class PoolDispatcher:
         except asyncio.CancelledError:
             self._cancelled(req.id, future)
             raise
+
+    def _hold_or_refuse(self, ticket: Ticket, now: float) -> None:
+        """No usable endpoint: wait in the queue while a replica starts (scale from zero) if
+        the deadline covers its start time; else :class:`NoEndpointError`."""
+        start_s = self._cold_start(ticket.version) if self._cold_start is not None else None
+        if start_s is None:
+            raise NoEndpointError(f"no usable endpoint serves the pool '{self.pool}' version")
+        if ticket.deadline - now < start_s:
+            raise NoEndpointError(
+                f"no replica of this version is ready and starting one takes about "
+                f"{start_s:.1f} s, longer than the request's deadline allows",
+                retry_after_s=max(1, math.ceil(start_s)),
+            )
 
     def _cancelled(self, req_id: str, future: asyncio.Future[Grant]) -> None:
         waiter = self._waiting.get(req_id)
@@ -371,7 +388,12 @@ class PoolDispatcher:
     def _strand(self) -> None:
         """Requests whose version lost every usable endpoint get 503 at once."""
         versions = {w.ticket.version for w in self._waiting.values()}
-        dead = {v for v in versions if not self.placement.candidates(v, frozenset())}
+        dead = {
+            v
+            for v in versions
+            if not self.placement.candidates(v, frozenset())
+            and (self._cold_start is None or self._cold_start(v) is None)
+        }
         if not dead:
             return
         now = self._clock()
