@@ -47,7 +47,8 @@ def test_deadline_shorter_than_the_cold_start_gets_503_with_retry_after(tmp_path
     assert resp.status_code == 503, resp.text
     assert resp.headers["retry-after"] == "8"
     error = resp.json()["error"]
-    assert error["code"] == "no_healthy_endpoint" and "about 8 s" in error["message"]
+    assert error["code"] == "no_healthy_endpoint"
+    assert "about 8 s" in error["message"]
 
 
 def test_held_while_a_replica_starts_then_served_and_signals_published(tmp_path: Path) -> None:
@@ -62,8 +63,9 @@ def test_held_while_a_replica_starts_then_served_and_signals_published(tmp_path:
             async def scenario() -> httpx.Response:
                 async with httpx.AsyncClient(timeout=30) as http:
                     request = asyncio.create_task(
-                        http.post(f"{router.base_url}/v1/chat/completions", json=chat(),
-                                  headers=headers)  # fmt: skip
+                        http.post(
+                            f"{router.base_url}/v1/chat/completions", json=chat(), headers=headers
+                        )
                     )
 
                     def queued() -> bool:
