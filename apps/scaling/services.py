@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 
@@ -22,6 +23,8 @@ from runtime.scaling.registry import policy_for_tier, scaling_policy
 from runtime.scaling.signals import PoolSignals, aggregate
 
 SIGNALS_STALE_S = 10.0
+
+logger = logging.getLogger(__name__)
 
 
 def scaling_namespace() -> str:
@@ -88,6 +91,12 @@ def scaling_decision_record(
             ReplicaStart(pool=pool, version_id=s.version_id, warm=s.warm, seconds=s.seconds)
             for s in actuation.starts
         )
+    starts = ", ".join(f"{'warm' if s.warm else 'cold'} {s.seconds:.3f}s" for s in actuation.starts)
+    logger.info(
+        "scaling %s: %s %d -> %d (%s)%s%s", pool.name, plan.action, plan.current, plan.desired,
+        plan.why, f"; starts: {starts}" if starts else "",
+        f"; error: {actuation.error}" if actuation.error else "",
+    )  # fmt: skip
     return decision
 
 
