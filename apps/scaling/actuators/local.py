@@ -5,8 +5,8 @@ A replica is started in its own process group (:func:`runtime.procs.spawn`), wai
 loaded, not routed) or ``ready`` (routed). Its process id is kept in Redis
 (``{ns}:scaling:local:{pool}``), so whichever Celery process runs the next tick can stop it.
 
-Scale-in drains the least loaded routed replica (its engine's running + waiting requests):
-endpoint -> ``draining`` (routers stop sending to it on the next snapshot), wait until the
+Scale-in drains the least loaded routed replica it started (by its engine's running + waiting
+requests; a replica someone else runs is never stopped): endpoint -> ``draining`` (routers stop sending to it on the next snapshot), wait until the
 engine has nothing in flight, stop the process, endpoint -> ``gone``. Nothing in flight is cut.
 """
 
@@ -178,7 +178,10 @@ class LocalActuator:
                 done.starts.append(took)
                 done.started += 1
         elif plan.action in ("in", "zero"):
-            victims = sorted(ready, key=lambda e: engine_load(e.base_url))
+            # Only replicas this actuator started are stopped (a worker someone else runs, such
+            # as a fixed `up` worker, is left alone).
+            ours = [e for e in ready if e.id in pids]
+            victims = sorted(ours, key=lambda e: engine_load(e.base_url))
             victims = victims[: max(len(ready) - plan.desired, 0)]
             if plan.action == "zero":
                 victims += warm

@@ -196,3 +196,19 @@ def test_a_replica_that_cannot_start_is_recorded_as_an_error(
     assert decisions[0].action == "out"
     assert "did not start" in decisions[0].error
     assert pool_scaling_get_or_create(pool=pool).last_out_at is None  # retried next tick
+
+
+def test_a_replica_it_did_not_start_is_never_stopped(
+    pool: Pool, actuator: LocalActuator, client: redis.Redis, namespace: str
+) -> None:
+    seed = Endpoint.objects.get(pool=pool)
+    foreign = endpoint_register(
+        actor=None, pool=pool, version=seed.version, base_url="http://127.0.0.1:10", capacity=8
+    )
+    endpoint_set_state(actor=None, endpoint=foreign, state=Endpoint.State.READY)
+    publish(client, namespace)  # idle, idle_to_zero_s = 0
+    decisions = autoscale_all(client=client, actuator=actuator, namespace=namespace)
+    assert decisions is not None
+    assert (decisions[0].action, decisions[0].stopped) == ("zero", 0)
+    foreign.refresh_from_db()
+    assert foreign.state == Endpoint.State.READY
