@@ -6,8 +6,9 @@ loaded, not routed) or ``ready`` (routed). Its process id is kept in Redis
 (``{ns}:scaling:local:{pool}``), so whichever Celery process runs the next tick can stop it.
 
 Scale-in drains the least loaded routed replica it started (by its engine's running + waiting
-requests; a replica someone else runs is never stopped): endpoint -> ``draining`` (routers stop sending to it on the next snapshot), wait until the
-engine has nothing in flight, stop the process, endpoint -> ``gone``. Nothing in flight is cut.
+requests; a replica someone else runs is never stopped): endpoint -> ``draining`` (routers stop
+sending to it on the next snapshot), wait until the engine has nothing in flight, stop the
+process, endpoint -> ``gone``. Nothing in flight is cut.
 """
 
 from __future__ import annotations
