@@ -51,6 +51,7 @@ INSTALLED_APPS = [
     "apps.models",
     "apps.rollouts",
     "apps.billing",
+    "apps.scaling",
 ]
 
 MIDDLEWARE = [
@@ -129,6 +130,7 @@ CELERY_BEAT_SCHEDULE = {
         "task": "apps.rollouts.tasks.rollouts_evaluate",
         "schedule": 2.0,
     },
+    "autoscale-pools": {"task": "apps.scaling.tasks.autoscale_tick", "schedule": 5.0},
 }
 
 # Routers record API-key last use in this Redis hash (prefix -> unix time); beat copies it.

@@ -27,6 +27,9 @@ key                                     what
 ``{ns}:cache:lease:{key}``              single-flight lease of the router fetching ``key``
 ``{ns}:cache:purge``                    pub/sub channel; routers drop L1 on a message
 ``{ns}:idem:{tenant}:{key digest}``     an ``Idempotency-Key``'s request digest and result (24 h)
+``{ns}:scaling:signals:{pool}``         hash: router id -> JSON :class:`PoolSignals` (TTL)
+``{ns}:scaling:leader``                 the autoscaler's leader lock (TTL)
+``{ns}:scaling:local:{pool}``           hash: endpoint id -> pid (the local actuator)
 ======================================  =========================================================
 
 The snapshot prefix and the last-use hash can be moved with :data:`ENV_SNAPSHOT_PREFIX` and
@@ -97,6 +100,21 @@ class SnapshotKeys(msgspec.Struct, frozen=True):
 def endpoint_heartbeat_key(endpoint_id: int) -> str:
     """The heartbeat key of an endpoint's worker."""
     return f"{HEARTBEAT_KEY_PREFIX}{endpoint_id}:heartbeat"
+
+
+def scaling_signals_key(namespace: str, pool: str) -> str:
+    """The hash of a pool's scaling signals, one field per router."""
+    return f"{namespace}:scaling:signals:{pool}"
+
+
+def scaling_leader_key(namespace: str) -> str:
+    """The lock held by the one autoscaler tick that may act."""
+    return f"{namespace}:scaling:leader"
+
+
+def scaling_local_key(namespace: str, pool: str) -> str:
+    """The local actuator's replicas of a pool: endpoint id -> process id."""
+    return f"{namespace}:scaling:local:{pool}"
 
 
 def limits_keys(prefix: str, tenant: str) -> tuple[str, str, str]:

@@ -88,6 +88,10 @@ class VersionSnap(msgspec.Struct, frozen=True, kw_only=True):
     default_sampling: dict[str, SamplingValue] = {}
     memory_gb: float = 0.0
     tensor_parallel_size: int = 1
+    # Scale from zero (apps/scaling): the pool that starts a replica of this version when none
+    # is ready ("" = none), and its measured start time in seconds.
+    scale_pool: str = ""
+    cold_start_s: float = 0.0
 
 
 class CachePolicySnap(msgspec.Struct, frozen=True, kw_only=True):

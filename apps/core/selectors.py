@@ -37,6 +37,7 @@ from django.db.models import Prefetch, Q
 from apps.billing.models import Price
 from apps.models.models import Endpoint, Model, ModelVersion, Pool, Route, RouteSplit
 from apps.rollouts.models import TRAFFIC_STATES, Rollout
+from apps.scaling.selectors import scale_from_zero_versions
 from apps.tenants.models import ApiKey, RequestClass, Tenant
 from runtime.snapshot import (
     ApiKeySnap,
@@ -178,6 +179,7 @@ def _models_and_versions() -> tuple[dict[str, ModelSnap], dict[int, VersionSnap]
     tasks: dict[str, str] = {}
     refused: dict[str, tuple[str, ...]] = {}
     caches: dict[str, CachePolicySnap] = {}
+    scalable = scale_from_zero_versions()  # apps/scaling
     for mv in queryset:
         manifest = mv.manifest if isinstance(mv.manifest, Mapping) else {}
         where = f"version {mv.model.name}:{mv.label}"
@@ -193,6 +195,8 @@ def _models_and_versions() -> tuple[dict[str, ModelSnap], dict[int, VersionSnap]
             default_sampling=_sampling(manifest.get("default_sampling"), where=where),
             memory_gb=float(mv.memory_gb),
             tensor_parallel_size=mv.tensor_parallel_size,
+            scale_pool=scalable.get(mv.pk, ("", 0.0))[0],
+            cold_start_s=scalable.get(mv.pk, ("", 0.0))[1],
         )
         per_model.setdefault(mv.model.name, []).append(mv.pk)
         tasks[mv.model.name] = mv.model.task

@@ -185,8 +185,15 @@ def settle_limits(
     )
 
 
-def _no_endpoint(state: RouterState, plan: Plan) -> ApiError:
+def _no_endpoint(state: RouterState, plan: Plan, retry_s: int | None = None) -> ApiError:
     state.metrics.reject("no_healthy_endpoint")
+    if retry_s is not None:  # scale from zero: a replica starts, the deadline cannot wait
+        return ApiError.of(
+            "no_healthy_endpoint",
+            f"No replica of the model '{plan.model.name}' is ready; one is starting and takes "
+            f"about {retry_s} s, longer than the request's deadline allows.",
+            headers=retry_after(retry_s),
+        )
     return ApiError.of(
         "no_healthy_endpoint",
         f"No healthy endpoint is available for the model '{plan.model.name}'.",
@@ -203,7 +210,7 @@ async def acquire_slot(
 ) -> Grant:
     """Wait in the pool queue for an endpoint with room (see the module docstring); a request
     admitted on overdraft waits in the lowest band and is shed first."""
-    pool = state.table.pool_of(snapshot, plan.version.id)
+    pool = state.table.pool_of(snapshot, plan.version.id) or plan.version.scale_pool or None
     if pool is None:
         raise _no_endpoint(state, plan)
     klass = plan.klass
@@ -252,7 +259,7 @@ async def acquire_slot(
         raise ApiError.of(
             "deadline_exceeded", f"The request's deadline passed while it was queued: {exc}."
         ) from None
-    except NoEndpointError:
-        raise _no_endpoint(state, plan) from None
+    except NoEndpointError as exc:
+        raise _no_endpoint(state, plan, exc.retry_after_s) from None
     state.metrics.queue_wait.labels(pool, str(ticket.band)).observe(grant.waited_s)
     return grant

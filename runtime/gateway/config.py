@@ -92,6 +92,7 @@ class RouterConfig:
     coalesce_window_s: float = 0.002  # runtime/batching: 0 turns router-side coalescing off
     snapshot_stale_after_s: float = 120.0
     snapshot_confirm_poll_s: float = 5.0
+    scaling_signals_s: float = 1.0  # runtime/scaling: per-pool signals written to Redis
 
     def __post_init__(self) -> None:
         if self.max_body_bytes < 1:
@@ -151,4 +152,5 @@ class RouterConfig:
             snapshot_confirm_poll_s=_number(
                 env, "SWITCHYARD_SNAPSHOT_CONFIRM_POLL_S", 5.0, minimum=0.01
             ),
+            scaling_signals_s=_number(env, "SWITCHYARD_SCALING_SIGNALS_S", 1.0, minimum=0.05),
         )

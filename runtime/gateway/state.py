@@ -24,6 +24,8 @@ from runtime.routing.inflight import InFlight
 from runtime.routing.shadow import ShadowMirror
 from runtime.routing.signals import FleetSignals
 from runtime.routing.table import RoutingTable
+from runtime.scaling.fleet import SnapshotFleet
+from runtime.scaling.publisher import PoolMeter, SignalsPublisher
 from runtime.scheduling.placement import FleetPlacement
 from runtime.scheduling.pools import Dispatchers
 from runtime.scheduling.shared import SharedCounters
@@ -72,6 +74,7 @@ class RouterState:
     snapshot_task: asyncio.Task[None] | None = None
     coalescer: Coalescer | None = None  # runtime/batching, made on the first unary torch request
     cache: CacheFront | None = None  # runtime/cache, made on the first chat/completion request
+    scaling: SignalsPublisher | None = None  # runtime/scaling: per-pool signals to Redis
 
     @property
     def snapshot(self) -> Snapshot | None:
@@ -138,6 +141,8 @@ class RouterState:
         await self.limits.start()
         await self.shared.start()
         await self.health.start()
+        if self.scaling is not None:
+            self.scaling.start()
         try:
             await self.loader.start()
         except SnapshotUnavailableError as exc:
@@ -167,6 +172,8 @@ class RouterState:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await self.loader.stop()
+        if self.scaling is not None:
+            await self.scaling.stop()
         await self.dispatchers.stop()
         await self.health.stop()
         await self.shared.stop()
@@ -250,6 +257,7 @@ def build_state(config: RouterConfig) -> RouterState:
             default_queue_limit=config.default_queue_limit,
             headroom_window_s=config.headroom_window_s,
             shared=shared,
+            cold_start=lambda version: cold_start_s(current(), version),
         ),
         key_usage=KeyUsageRecorder(
             config.redis_url,
@@ -261,11 +269,26 @@ def build_state(config: RouterConfig) -> RouterState:
         version_stats=version_stats,
         shadow=ShadowMirror(stats=version_stats),
     )
+    state.scaling = SignalsPublisher(
+        config.redis_url,
+        namespace=config.namespace,
+        pools=state.dispatchers.all,
+        meter=PoolMeter(SnapshotFleet(current, signals)),
+        interval_s=config.scaling_signals_s,
+    )
     state.loader.add_swap_callback(state.on_snapshot)
     metrics.attach_scheduling(state.pool_views)
     metrics.attach_snapshot(loader)
     metrics.attach_fleet(state.endpoint_views)
     return state
+
+
+def cold_start_s(snapshot: Snapshot | None, version_id: int) -> float | None:
+    """The expected start time of a version that its pool scales from zero; None if not."""
+    version = None if snapshot is None else snapshot.versions.get(version_id)
+    if version is None or not version.scale_pool:
+        return None
+    return version.cold_start_s
 
 
 def _loop_time() -> float:

@@ -35,7 +35,8 @@ import asyncio
 import contextlib
 import itertools
 import logging
-from collections import Counter
+import math
+from collections import Counter, deque
 from collections.abc import Callable
 
 from runtime.scheduling.admission import Rejected, admit
@@ -92,6 +93,7 @@ class PoolDispatcher:
         tick_s: float = 0.05,
         sink: CounterSink | None = None,
         headroom_window_s: float = 10.0,
+        cold_start: Callable[[int], float | None] | None = None,
     ) -> None:
         if not tick_s > 0:
             raise ValueError(f"tick_s must be > 0, got {tick_s!r}")
@@ -101,6 +103,8 @@ class PoolDispatcher:
         self._tick_s = tick_s
         self._sink = sink
         self._headroom_window_s = headroom_window_s
+        # Scale from zero: version -> expected start seconds of a replica (None: cannot).
+        self._cold_start = cold_start
         self._seq = itertools.count(1)
         self._waiting: dict[str, _Waiter] = {}
         self._inflight: Counter[str] = Counter()
@@ -109,6 +113,10 @@ class PoolDispatcher:
         self._known: set[tuple[int, str]] = set()
         self._drain = DrainRate()
         self.served = ServedTokens()
+        # What the autoscaler's signals read (runtime/scaling/signals.py): outcomes by
+        # reason (``dispatched`` and the DropReason values) and recent queue waits per band.
+        self.outcomes: Counter[str] = Counter()
+        self.waits: dict[int, deque[float]] = {}
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._closed = False
@@ -156,9 +164,9 @@ class PoolDispatcher:
         """Queue ``ticket`` and wait for an endpoint; see the module docstring."""
         if self._closed:
             raise NoEndpointError(f"the pool '{self.pool}' is not serving")
-        if not self.placement.candidates(ticket.version, frozenset()):
-            raise NoEndpointError(f"no usable endpoint serves the pool '{self.pool}' version")
         now = self._clock()
+        if not self.placement.candidates(ticket.version, frozenset()):
+            self._hold_or_refuse(ticket, now)
         self._pump(now)
         seq = next(self._seq)
         req = QueuedRequest(
@@ -178,6 +186,7 @@ class PoolDispatcher:
         )
         decision = admit(self._queue, self._drain, req, now=now)
         if isinstance(decision, Rejected):
+            self.outcomes[str(decision.reason)] += 1
             raise QueueRejectedError(decision)
         for shed in decision.displaced:
             self._drop(shed, self._shed_error(), now)
@@ -195,6 +204,19 @@ class PoolDispatcher:
         except asyncio.CancelledError:
             self._cancelled(req.id, future)
             raise
+
+    def _hold_or_refuse(self, ticket: Ticket, now: float) -> None:
+        """No usable endpoint: wait in the queue while a replica starts (scale from zero) if
+        the deadline covers its start time; else :class:`NoEndpointError`."""
+        start_s = self._cold_start(ticket.version) if self._cold_start is not None else None
+        if start_s is None:
+            raise NoEndpointError(f"no usable endpoint serves the pool '{self.pool}' version")
+        if ticket.deadline - now < start_s:
+            raise NoEndpointError(
+                f"no replica of this version is ready and starting one takes about "
+                f"{start_s:.1f} s, longer than the request's deadline allows",
+                retry_after_s=max(1, math.ceil(start_s)),
+            )
 
     def _cancelled(self, req_id: str, future: asyncio.Future[Grant]) -> None:
         waiter = self._waiting.get(req_id)
@@ -349,9 +371,13 @@ class PoolDispatcher:
             endpoint = self.placement.choose(rooms[ticket.version], ticket.affinity_key)
             self.placement.acquire(endpoint.id)
             self._inflight[req.tenant] += 1
-            waiter.future.set_result(
-                Grant(self, ticket, req, endpoint, waited_s=max(now - req.arrived_at, 0.0))
-            )
+            waited = max(now - req.arrived_at, 0.0)
+            self.outcomes["dispatched"] += 1
+            band_waits = self.waits.get(req.band)
+            if band_waits is None:
+                band_waits = self.waits[req.band] = deque(maxlen=256)
+            band_waits.append(waited)
+            waiter.future.set_result(Grant(self, ticket, req, endpoint, waited_s=waited))
 
     def _forget(self, req: QueuedRequest) -> None:
         self._waiting.pop(req.id, None)
@@ -369,13 +395,20 @@ class PoolDispatcher:
             return
         self._forget(req)
         self._drain.observe(now=now, queued=len(self._queue))
+        if isinstance(error, QueueDropError):
+            self.outcomes[str(error.reason)] += 1
         if not waiter.future.done():
             waiter.future.set_exception(error)
 
     def _strand(self) -> None:
         """Requests whose version lost every usable endpoint get 503 at once."""
         versions = {w.ticket.version for w in self._waiting.values()}
-        dead = {v for v in versions if not self.placement.candidates(v, frozenset())}
+        dead = {
+            v
+            for v in versions
+            if not self.placement.candidates(v, frozenset())
+            and (self._cold_start is None or self._cold_start(v) is None)
+        }
         if not dead:
             return
         now = self._clock()

@@ -54,7 +54,12 @@ class QueueDropError(SchedulingError):
 
 
 class NoEndpointError(SchedulingError):
-    """No endpoint of the request's version is usable at all (503)."""
+    """No endpoint of the request's version is usable at all (503); ``retry_after_s`` when a
+    replica is starting (scale from zero) and the request's deadline cannot wait for it."""
+
+    def __init__(self, message: str, *, retry_after_s: int | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class Grant:

@@ -33,8 +33,10 @@ class Dispatchers:
         default_queue_limit: int = 1000,
         headroom_window_s: float = 10.0,
         shared: SharedCounters | None = None,
+        cold_start: Callable[[int], float | None] | None = None,
     ) -> None:
         self._placement_for = placement_for
+        self._cold_start = cold_start
         self._tick_s = tick_s
         self._default_limit = default_queue_limit
         self._headroom_window_s = headroom_window_s
@@ -79,6 +81,7 @@ class Dispatchers:
                 tick_s=self._tick_s,
                 sink=self._shared,
                 headroom_window_s=self._headroom_window_s,
+                cold_start=self._cold_start,
             )
             self._pools[pool] = dispatcher
             if self._shared is not None:

@@ -1,0 +1,157 @@
+"""Autoscaling services: read a pool's signals, decide, record the decision, actuate."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+import msgspec
+import redis
+from django.conf import settings
+from django.db import transaction
+
+from apps.models.models import Pool
+from apps.scaling.actuators.base import Actuation, Actuator, ActuatorError
+from apps.scaling.models import PoolScaling, ReplicaStart, ScalingDecision
+from apps.scaling.selectors import autoscaled_pools
+from runtime.contract import namespace_of, scaling_leader_key, scaling_signals_key
+from runtime.scaling.controller import Bounds, Cooldowns, History, Plan, decide
+from runtime.scaling.policies import ScalingTarget
+from runtime.scaling.publisher import parse_entries
+from runtime.scaling.registry import policy_for_tier, scaling_policy
+from runtime.scaling.signals import PoolSignals, aggregate
+
+SIGNALS_STALE_S = 10.0
+
+logger = logging.getLogger(__name__)
+
+
+def scaling_namespace() -> str:
+    return namespace_of(settings.SNAPSHOT_REDIS_PREFIX)
+
+
+def pool_signals_read(
+    *,
+    client: redis.Redis[bytes],
+    namespace: str,
+    pool: str,
+    now: float,
+    stale_s: float = SIGNALS_STALE_S,
+) -> PoolSignals:
+    """The pool's signals summed over the routers that published within ``stale_s``."""
+    raw = client.hgetall(scaling_signals_key(namespace, pool))
+    return aggregate(pool, parse_entries(raw, now=now, stale_s=stale_s))
+
+
+def pool_scaling_get_or_create(*, pool: Pool) -> PoolScaling:
+    scaling, _ = PoolScaling.objects.get_or_create(pool=pool)
+    return scaling
+
+
+def pool_scaling_update(*, scaling: PoolScaling, **changes: object) -> PoolScaling:
+    for name, value in changes.items():
+        setattr(scaling, name, value)
+    scaling.full_clean()
+    scaling.save()
+    return scaling
+
+
+def pool_plan(
+    *, pool: Pool, scaling: PoolScaling, signals: PoolSignals, serving: int, warm: int, now: float
+) -> tuple[str, Plan]:
+    """The controller's plan for ``pool`` (pure; nothing is written)."""
+    name = scaling.policy or policy_for_tier(pool.hardware_tier)
+    plan = decide(
+        scaling_policy(name),
+        signals,
+        current=serving,
+        warm_ready=warm,
+        bounds=Bounds(pool.min_replicas, pool.max_replicas, pool.warm_replicas),
+        cooldowns=Cooldowns(scaling.out_cooldown_s, scaling.in_cooldown_s, scaling.idle_to_zero_s),
+        target=ScalingTarget(scaling.target_low, scaling.target_high, scaling.wait_slo_s),
+        history=History(scaling.last_out_at, scaling.last_in_at, scaling.idle_since),
+        now=now,
+    )
+    return name, plan
+
+
+def scaling_decision_record(
+    *, pool: Pool, policy: str, actuator: str, plan: Plan, signals: PoolSignals,
+    actuation: Actuation,
+) -> ScalingDecision:  # fmt: skip
+    with transaction.atomic():
+        decision = ScalingDecision.objects.create(
+            pool=pool, policy=policy, actuator=actuator, action=plan.action,
+            current=plan.current, desired=plan.desired, reason=plan.why,
+            signals=msgspec.to_builtins(signals), promoted=actuation.promoted,
+            started=actuation.started, stopped=actuation.stopped, error=actuation.error,
+        )  # fmt: skip
+        ReplicaStart.objects.bulk_create(
+            ReplicaStart(pool=pool, version_id=s.version_id, warm=s.warm, seconds=s.seconds)
+            for s in actuation.starts
+        )
+    starts = ", ".join(f"{'warm' if s.warm else 'cold'} {s.seconds:.3f}s" for s in actuation.starts)
+    logger.info(
+        "scaling %s: %s %d -> %d (%s)%s%s", pool.name, plan.action, plan.current, plan.desired,
+        plan.why, f"; starts: {starts}" if starts else "",
+        f"; error: {actuation.error}" if actuation.error else "",
+    )  # fmt: skip
+    return decision
+
+
+def pool_autoscale(
+    *, pool: Pool, actuator: Actuator, signals: PoolSignals, now: float
+) -> ScalingDecision:
+    """One controller step for ``pool``: plan, actuate, record the decision and the history."""
+    scaling = pool_scaling_get_or_create(pool=pool)
+    try:
+        replicas = actuator.observe(pool)
+    except ActuatorError as exc:
+        plan = Plan("hold", 0, 0, f"cannot observe replicas: {exc}")
+        return scaling_decision_record(
+            pool=pool, policy=scaling.policy, actuator=actuator.name, plan=plan, signals=signals,
+            actuation=Actuation(error=str(exc)),
+        )  # fmt: skip
+    policy, plan = pool_plan(
+        pool=pool, scaling=scaling, signals=signals, serving=replicas.serving,
+        warm=replicas.warm, now=now,
+    )  # fmt: skip
+    actuation = actuator.apply(pool, plan)
+    history = (
+        plan.history
+        if not actuation.error
+        else History(scaling.last_out_at, scaling.last_in_at, plan.history.idle_since)
+    )
+    PoolScaling.objects.filter(pk=scaling.pk).update(
+        last_out_at=history.last_out_at, last_in_at=history.last_in_at,
+        idle_since=history.idle_since,
+    )  # fmt: skip
+    return scaling_decision_record(
+        pool=pool, policy=policy, actuator=actuator.name, plan=plan, signals=signals,
+        actuation=actuation,
+    )  # fmt: skip
+
+
+def autoscale_all(
+    *,
+    client: redis.Redis[bytes],
+    actuator: Actuator,
+    namespace: str,
+    lock_ttl_s: float = 30.0,
+    clock: Callable[[], float] = time.time,
+) -> list[ScalingDecision] | None:
+    """One tick over every autoscaled pool, by the one leader (None: another tick holds the
+    lock). The lock expires after ``lock_ttl_s`` if its holder dies."""
+    lock = client.lock(scaling_leader_key(namespace), timeout=lock_ttl_s, blocking=False)
+    if not lock.acquire(blocking=False):
+        return None
+    try:
+        decisions = []
+        for pool in autoscaled_pools():
+            now = clock()
+            signals = pool_signals_read(client=client, namespace=namespace, pool=pool.name, now=now)
+            decisions.append(pool_autoscale(pool=pool, actuator=actuator, signals=signals, now=now))
+        return decisions
+    finally:
+        lock.release()

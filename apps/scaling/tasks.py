@@ -1,0 +1,50 @@
+"""Celery tasks of autoscaling: build the configured actuator, call the service."""
+
+from __future__ import annotations
+
+import os
+
+import redis
+from celery import shared_task
+from django.conf import settings
+
+from apps.scaling import services
+from apps.scaling.actuators.base import Actuator
+
+ENV_ACTUATOR = "SWITCHYARD_SCALING_ACTUATOR"  # "local" | "kubernetes"; unset: autoscaling off
+
+
+def actuator_from_env() -> Actuator | None:
+    kind = os.environ.get(ENV_ACTUATOR, "").strip()
+    if kind == "local":
+        from apps.scaling.actuators.local import LocalActuator  # noqa: PLC0415
+
+        return LocalActuator(
+            redis_url=settings.REDIS_URL,
+            namespace=services.scaling_namespace(),
+            log_dir=settings.VAR_DIR / "log" / "replicas",
+        )
+    if kind == "kubernetes":
+        from apps.scaling.actuators.kubernetes import KubernetesActuator  # noqa: PLC0415
+
+        return KubernetesActuator.from_kubeconfig(
+            os.environ.get("KUBECONFIG") or None,
+            namespace=os.environ.get("SWITCHYARD_K8S_NAMESPACE", "switchyard"),
+        )
+    return None
+
+
+@shared_task(name="apps.scaling.tasks.autoscale_tick", ignore_result=True)
+def autoscale_tick() -> int:
+    """One controller tick (``CELERY_BEAT_SCHEDULE``); the number of decisions recorded."""
+    actuator = actuator_from_env()
+    if actuator is None:
+        return 0
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    try:
+        decisions = services.autoscale_all(
+            client=client, actuator=actuator, namespace=services.scaling_namespace()
+        )
+    finally:
+        client.close()
+    return len(decisions or [])

@@ -1,0 +1,158 @@
+"""The router's side of the scaling signals: measure each pool once per interval and write one
+Redis hash field per pool (off the request path; one pipeline per interval).
+
+:class:`PoolMeter` turns a dispatcher's cumulative outcome counters into per-second rates by
+difference with its previous reading; :class:`SignalsPublisher` runs it on a timer and writes
+``{ns}:scaling:signals:{pool}`` field ``<router id>`` (the key expires after a few intervals,
+so a router that stops leaves no stale demand). :func:`read_pool_signals` is the reader's half.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Protocol
+
+import redis.asyncio as aioredis
+
+from runtime.contract import scaling_signals_key
+from runtime.scaling.signals import PoolSignals, decode, encode, p95
+from runtime.scheduling.interfaces import DropReason
+
+logger = logging.getLogger(__name__)
+
+MISS_REASONS = (str(DropReason.DEADLINE_EXPIRED), str(DropReason.WAIT_EXCEEDS_DEADLINE))
+SHED_REASONS = (str(DropReason.SHED), str(DropReason.QUEUE_FULL))
+
+
+class MeteredPool(Protocol):
+    """What the meter reads of a pool's dispatcher (``PoolDispatcher``)."""
+
+    pool: str
+    outcomes: Counter[str]
+
+    @property
+    def waits(self) -> Mapping[int, Sequence[float]]: ...
+
+    def queue_lengths(self) -> dict[int, int]: ...
+
+    def inflight(self) -> dict[str, int]: ...
+
+
+class PoolFleet(Protocol):
+    """What the meter reads of the fleet: the pool's usable capacity, ready endpoints, KV use."""
+
+    def capacity(self, pool: str) -> int: ...
+
+    def ready(self, pool: str) -> int: ...
+
+    def kv_usage(self, pool: str) -> float | None: ...
+
+
+class PoolMeter:
+    """Per-interval signals of the pools; keeps the previous counters to compute rates."""
+
+    def __init__(self, fleet: PoolFleet, *, clock: Callable[[], float] = time.time) -> None:
+        self._fleet = fleet
+        self._clock = clock
+        self._last: dict[str, tuple[float, Counter[str]]] = {}
+
+    def measure(self, pool: MeteredPool) -> PoolSignals:
+        now = self._clock()
+        outcomes = Counter(pool.outcomes)
+        then, before = self._last.get(pool.pool, (now, outcomes))
+        self._last[pool.pool] = (now, outcomes)
+        span = now - then
+        delta = outcomes - before
+
+        def rate(*reasons: str) -> float:
+            return sum(delta[r] for r in reasons) / span if span > 0 else 0.0
+
+        return PoolSignals(
+            pool=pool.pool,
+            at=now,
+            interval_s=span,
+            queued={str(b): n for b, n in pool.queue_lengths().items() if n},
+            wait_p95_s={str(b): p95(list(w)) for b, w in pool.waits.items() if w},
+            dispatched_per_s=rate("dispatched"),
+            deadline_miss_per_s=rate(*MISS_REASONS),
+            shed_per_s=rate(*SHED_REASONS),
+            inflight=sum(pool.inflight().values()),
+            capacity=self._fleet.capacity(pool.pool),
+            ready=self._fleet.ready(pool.pool),
+            kv_usage=self._fleet.kv_usage(pool.pool),
+        )
+
+
+class SignalsPublisher:
+    """Every ``interval_s``: measure every pool of ``pools()`` and write it to Redis."""
+
+    def __init__(
+        self,
+        redis_url: str,
+        *,
+        namespace: str,
+        pools: Callable[[], Iterable[MeteredPool]],
+        meter: PoolMeter,
+        interval_s: float = 1.0,
+        router_id: str | None = None,
+    ) -> None:
+        self._redis: aioredis.Redis[bytes] = aioredis.Redis.from_url(redis_url)
+        self._namespace = namespace
+        self._pools = pools
+        self._meter = meter
+        self.interval_s = interval_s
+        self.router_id = router_id or uuid.uuid4().hex[:12]
+        self._task: asyncio.Task[None] | None = None
+
+    async def publish_once(self) -> int:
+        """Measure and write every pool now; the number of pools written."""
+        measured = [self._meter.measure(p) for p in self._pools()]
+        if not measured:
+            return 0
+        ttl = max(1, round(self.interval_s * 5))
+        pipe = self._redis.pipeline(transaction=False)
+        for signals in measured:
+            key = scaling_signals_key(self._namespace, signals.pool)
+            pipe.hset(key, self.router_id, encode(signals))
+            pipe.expire(key, ttl)
+        await pipe.execute()
+        return len(measured)
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await self.publish_once()
+            except Exception as exc:  # Redis down: routing goes on, the signal goes stale
+                logger.warning("scaling signals: publish failed: %s", exc)
+            await asyncio.sleep(self.interval_s)
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="scaling-signals")
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await self._redis.aclose()  # type: ignore[attr-defined]
+
+
+def parse_entries(raw: dict[bytes, bytes], *, now: float, stale_s: float) -> list[PoolSignals]:
+    """The routers' entries of one pool hash, leaving out those older than ``stale_s``."""
+    out: list[PoolSignals] = []
+    for value in raw.values():
+        try:
+            signals = decode(value)
+        except ValueError:
+            continue
+        if now - signals.at <= stale_s:
+            out.append(signals)
+    return out
