@@ -9,6 +9,7 @@ from apps.billing import api_ops as billing_ops
 from apps.core import api as core_api
 from apps.models import api as models_api
 from apps.rollouts import api as rollouts_api
+from apps.rollouts import api_actions as rollout_actions
 from apps.tenants import api as tenants_api
 from apps.tenants import api_ops as tenants_ops
 
@@ -55,6 +56,12 @@ ops_urls = [
     path("rollouts/", rollouts_api.OpsRolloutListApi.as_view()),
     path("rollouts/<int:pk>/", rollouts_api.OpsRolloutDetailApi.as_view()),
     path("rollouts/<int:pk>/cancel/", rollouts_api.OpsRolloutCancelApi.as_view()),
+    path("rollouts/<int:pk>/start/", rollout_actions.OpsRolloutStartApi.as_view()),
+    path("rollouts/<int:pk>/advance/", rollout_actions.OpsRolloutAdvanceApi.as_view()),
+    path("rollouts/<int:pk>/pause/", rollout_actions.OpsRolloutPauseApi.as_view()),
+    path("rollouts/<int:pk>/resume/", rollout_actions.OpsRolloutResumeApi.as_view()),
+    path("rollouts/<int:pk>/promote/", rollout_actions.OpsRolloutPromoteApi.as_view()),
+    path("rollouts/<int:pk>/rollback/", rollout_actions.OpsRolloutRollbackApi.as_view()),
     path("snapshot/refresh/", core_api.OpsSnapshotRefreshApi.as_view()),
     path("tasks/<str:task_id>/", core_api.OpsTaskStatusApi.as_view()),
     path("audit/", tenants_ops.OpsAuditApi.as_view()),

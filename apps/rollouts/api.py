@@ -1,7 +1,7 @@
 """Operator REST API for rollouts: plan one, read it with its events, cancel it.
 
-Only the actions `apps.rollouts.services` has today exist here (create, cancel); start,
-advance, pause, resume, promote and roll back arrive with the rollout-actions issue.
+The state-machine actions (start, advance, pause, resume, promote, roll back) are queued as
+Celery tasks by ``apps.rollouts.api_actions``.
 """
 
 from __future__ import annotations

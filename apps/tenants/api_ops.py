@@ -54,7 +54,9 @@ class OpsTenantSerializer(serializers.ModelSerializer[Tenant]):
         slug_field="name", many=True, read_only=True
     )
     allowed_models: Any = serializers.SlugRelatedField(slug_field="name", many=True, read_only=True)
-    default_class: Any = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    default_class: Any = serializers.SlugRelatedField(
+        slug_field="name", read_only=True, allow_null=True
+    )
 
     class Meta:
         model = Tenant

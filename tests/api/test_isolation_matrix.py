@@ -148,7 +148,10 @@ def test_tenant_callers_never_reach_operator_endpoints(world: World, route: str)
 
 def test_the_matrix_covers_every_endpoint() -> None:
     assert len(_tenant_cases()) >= 18
-    assert len(_ops_cases()) >= 35
+    assert len(_ops_cases()) >= 48
+    actions = ("start", "advance", "pause", "resume", "promote", "rollback")
+    rollout_actions = {(f"rollouts/<int:pk>/{action}/", "post") for action in actions}
+    assert rollout_actions <= set(_ops_cases())
 
 
 def test_filters_naming_b_objects_return_nothing_of_b(world: World) -> None:
