@@ -106,6 +106,8 @@ class InferenceConsumer(GatewayConsumer):
         state.metrics.count(
             model=labels.model, klass=labels.klass, outcome=record.outcome, tenant=record.tenant
         )
+        if state.live is not None:
+            state.live.record(record)
         log_request(state.request_log, record)
 
     async def _serve(
@@ -192,6 +194,7 @@ class InferenceConsumer(GatewayConsumer):
         state.metrics.observe("upstream_ttft", ttft, labels)
         record.timing("queue", grant.waited_s)
         record.timing("upstream_ttft", ttft)
+        record.timing("ttft", time.monotonic() - record.started)  # client-side TTFT
         extra = [(b"x-switchyard-version", plan.version.label.encode("latin-1"))]
         record.status = 200
         try:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from runtime.admission.redis_limits import RedisLimits
 from runtime.gateway.config import RouterConfig
 from runtime.gateway.key_usage import KeyUsageRecorder
+from runtime.gateway.live_view import live_sources
 from runtime.gateway.tokens import TokenCounter
 from runtime.routing.inflight import InFlight
 from runtime.routing.signals import FleetSignals
@@ -24,6 +25,7 @@ from runtime.scheduling.pools import Dispatchers
 from runtime.scheduling.shared import SharedCounters
 from runtime.snapshot import Snapshot
 from runtime.snapshot_loader import SnapshotLoader, SnapshotUnavailableError
+from runtime.telemetry.live import LiveAggregator
 from runtime.telemetry.logging import REQUEST_LOGGER
 from runtime.telemetry.metrics import PoolView, RouterMetrics
 from runtime.upstream.breaker import BreakerBook
@@ -55,6 +57,7 @@ class RouterState:
     rng: random.Random = field(default_factory=random.Random)
     request_log: logging.Logger = field(default_factory=lambda: logging.getLogger(REQUEST_LOGGER))
     snapshot_task: asyncio.Task[None] | None = None
+    live: LiveAggregator | None = None  # per-second dashboard documents (telemetry.live)
 
     @property
     def snapshot(self) -> Snapshot | None:
@@ -97,6 +100,8 @@ class RouterState:
         await self.limits.start()
         await self.shared.start()
         await self.health.start()
+        if self.live is not None:
+            await self.live.start()
         try:
             await self.loader.start()
         except SnapshotUnavailableError as exc:
@@ -126,6 +131,8 @@ class RouterState:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await self.loader.stop()
+        if self.live is not None:
+            await self.live.stop()
         await self.dispatchers.stop()
         await self.health.stop()
         await self.shared.stop()
@@ -207,6 +214,7 @@ def build_state(config: RouterConfig) -> RouterState:
     )
     state.loader.add_swap_callback(state.on_snapshot)
     metrics.attach_scheduling(state.pool_views)
+    state.live = LiveAggregator(config.redis_url, config.namespace, live_sources(state))
     return state
 
 
