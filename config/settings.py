@@ -50,6 +50,7 @@ INSTALLED_APPS = [
     "apps.models",
     "apps.rollouts",
     "apps.billing",
+    "frontend",
 ]
 
 MIDDLEWARE = [
