@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import redis
 from django.contrib.auth.models import User
+from django.db import connections
 from fixtures.router import redis_url
 
 from apps.tenants.models import Membership, Tenant
@@ -18,6 +19,13 @@ from runtime.telemetry.live import live_backlog
 @pytest.fixture(autouse=True)
 def _fast_password_hasher(settings: Any) -> None:
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+@pytest.fixture(autouse=True)
+def _no_persistent_connections(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Consumers query from Channels' worker thread; a kept-open connection there would
+    block dropping the test database."""
+    monkeypatch.setitem(connections.settings["default"], "CONN_MAX_AGE", 0)
 
 
 @pytest.fixture
