@@ -1,8 +1,8 @@
 """The dashboard's websocket: live documents for the signed-in user, backfill on connect.
 
 ``/ws/live/`` (optionally ``?tenant=<slug>``). The Django session authenticates (Channels'
-``AuthMiddlewareStack``); anonymous users are refused (close 4401), and so is a request for
-a tenant the user may not watch (4403), whether in the query string or in a later
+``AuthMiddlewareStack``); anonymous users are refused (accepted, then closed with 4401 so
+the browser can tell), and so is a request for a tenant the user may not watch (4403), whether in the query string or in a later
 ``{"subscribe": "<slug>"}`` message. On accept the consumer sends ``{"type": "backfill",
 "docs": [...]}`` (the routers' recent documents from Redis, oldest first), then one
 ``{"type": "live", "doc": ...}`` per router per second, each cut down by
@@ -36,17 +36,23 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]
     async def connect(self) -> None:
         user = self.scope.get("user")
         if user is None or not user.is_authenticated:
-            await self.close(code=CLOSE_UNAUTHENTICATED)
+            await self._refuse(CLOSE_UNAUTHENTICATED)
             return
         self.visible = await database_sync_to_async(visible_tenants)(user)
         query = parse_qs(self.scope.get("query_string", b"").decode("latin-1"))
         self.tenant = (query.get("tenant") or [""])[0]
         if self.visible == frozenset() or (self.tenant and not may_watch(self.visible, self.tenant)):
-            await self.close(code=CLOSE_FORBIDDEN)
+            await self._refuse(CLOSE_FORBIDDEN)
             return
         await self.accept()
         await self.channel_layer.group_add(GROUP, self.channel_name)
         await self.send_json({"type": "backfill", "docs": await self._backfill()})
+
+    async def _refuse(self, code: int) -> None:
+        """Accept, then close with ``code``: a browser sees the code (a refused handshake
+        shows only 1006), and nothing is sent before the close."""
+        await self.accept()
+        await self.close(code=code)
 
     async def disconnect(self, code: int) -> None:
         if self.channel_layer is not None:

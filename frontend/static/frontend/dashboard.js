@@ -203,7 +203,11 @@
     }));
   }
 
-  window.switchyardDashboard = { points: () => docs.size };
+  // For tests and the console: how many documents are held, and whose rows they carry.
+  window.switchyardDashboard = {
+    documents: () => docs.size,
+    tenants: () => [...new Set([...docs.values()].flatMap((d) => d.rows.map((r) => r.tenant)))].sort(),
+  };
   connect();
   setInterval(render, 1000);
 })();
