@@ -25,6 +25,10 @@ class RolloutAction:
     perform: Perform | None  # None: not available yet (planned)
     needs_reason: bool = False
 
+    @property
+    def available(self) -> bool:  # templates call callables, so they test this, not perform
+        return self.perform is not None
+
 
 def _cancel(actor: AbstractBaseUser, rollout: Rollout, reason: str) -> object:
     return rollout_cancel(actor=actor, rollout=rollout, reason=reason)

@@ -81,10 +81,13 @@ def data_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Proce
 
 @pytest.fixture
 def platform(
-    data_plane: tuple[Process, World, str], transactional_db: Any, tmp_path: Path
+    data_plane: tuple[Process, World, str], transactional_db: Any, tmp_path: Path, settings: Any
 ) -> Iterator[Platform]:
     """The control plane (uvicorn, the ASGI app with websockets) on this test's database."""
     router, world, prefix = data_plane
+    # What this test writes to the database publishes snapshots; keep them away from the
+    # router's hand-built one (and under the prefix the publisher cleans up).
+    settings.SNAPSHOT_REDIS_PREFIX = f"{prefix}:db:snapshot"
     var_dir = tmp_path / "var"
     settings_db = connection.settings_dict
     env = {

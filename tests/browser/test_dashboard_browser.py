@@ -17,8 +17,13 @@ from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
+from fixtures.wait import eventually
 
+from apps.models.services import model_create, model_version_create, model_version_publish
+from apps.rollouts.models import Rollout
+from apps.rollouts.services import rollout_create
 from apps.tenants.models import Membership, Tenant
+from runtime.artifacts import manifest_digest
 
 from conftest import MODEL, Platform
 
@@ -96,13 +101,14 @@ def test_operator_watches_traffic_chart_move(
         # ... and within 2 s the chart has more points
         page.wait_for_function(f"({POINTS_JS})() > {before}", timeout=2_000)
         page.wait_for_function(
-            "() => Math.max(...document.getElementById('chart-rate').data[0].y) > 0",
+            "() => Math.max(0, ...(document.getElementById('chart-rate').data?.[0]?.y ?? [])) > 0",
             timeout=5_000)
         page.wait_for_function(  # TTFT per class, with its SLO line
-            "() => document.getElementById('chart-ttft').data.some(t => t.name.includes('SLO'))",
+            "() => (document.getElementById('chart-ttft').data ?? []).some(t => t.name.includes('SLO'))",
             timeout=5_000)
+        page.wait_for_function(  # an operator sees every tenant
+            "() => window.switchyardDashboard.tenants().join() === 'acme,globex'", timeout=5_000)
     assert statuses and set(statuses) == {200}
-    assert page.evaluate("window.switchyardDashboard.tenants()") == ["acme", "globex"]
     page.screenshot(path=str(tmp_path / "traffic.png"), full_page=True)
     page.goto(f"{platform.web_url}/dashboard/fleet/")
     page.wait_for_function(
@@ -121,9 +127,14 @@ def test_tenant_sees_only_their_tenant(
 ) -> None:
     page = _login(browser, platform, "alice", "alice-pass-1")
     assert page.url.endswith("/dashboard/t/acme/")
-    with traffic(platform, seconds=10.0):
+    with traffic(platform, seconds=10.0) as statuses:
         page.wait_for_function(
             "() => window.switchyardDashboard.tenants().length > 0", timeout=5_000)
+        eventually(lambda: len(statuses) >= 10, timeout=10.0, what="ten requests, half globex")
+        held = page.evaluate("window.switchyardDashboard.documents()")
+        # two more seconds of documents, so globex's requests have been published
+        page.wait_for_function(
+            f"() => window.switchyardDashboard.documents() >= {held + 2}", timeout=5_000)
     assert page.evaluate("window.switchyardDashboard.tenants()") == ["acme"]
     # the browser itself forges a subscription to globex: refused
     forged = page.evaluate("""() => new Promise((resolve) => {
@@ -132,7 +143,43 @@ def test_tenant_sees_only_their_tenant(
     })""")
     assert forged == 4403
     assert page.goto(f"{platform.web_url}/dashboard/t/globex/").status == 404
-    page.goto(f"{platform.web_url}/dashboard/t/acme/")
-    page.wait_for_selector("#live-status[data-state=live]", timeout=10_000)
+    page.goto(f"{platform.web_url}/dashboard/t/acme/")  # a reload backfills the chart
+    page.wait_for_function(
+        "() => Math.max(0, ...(document.getElementById('chart-usage').data?.[0]?.y ?? [])) > 0", timeout=5_000)
     page.screenshot(path=str(tmp_path / "tenant.png"), full_page=True)
+    page.close()
+
+
+def _rollout() -> Rollout:
+    files = {"model.safetensors": "cd" * 32}
+    model = model_create(actor=None, name="canary-chat", task="chat")
+    versions = [
+        model_version_publish(actor=None, version=model_version_create(
+            actor=None, model=model, label=label, artifact_uri=f"file:///m/{label}",
+            digest=manifest_digest(files), runtime="vllm",
+            manifest={"tokenizer": "t", "max_context": 2048, "default_sampling": {},
+                      "files": files}))
+        for label in ("v1", "v2")
+    ]
+    return rollout_create(actor=None, model=model, stable_version=versions[0],
+                          candidate_version=versions[1], mode="canary")
+
+
+def test_operator_cancels_a_rollout(
+    browser: Any, platform: Platform, users: dict[str, User], tmp_path: Path
+) -> None:
+    rollout = _rollout()
+    page = _login(browser, platform, "operator", "op-pass-1")
+    page.goto(f"{platform.web_url}/dashboard/rollouts/")
+    card = page.locator(f"#rollout-{rollout.pk}")
+    assert card.get_attribute("data-state") == "pending"
+    assert card.locator("button[value=rollback]").is_disabled()  # planned (#15)
+    card.locator("input[aria-label='reason for Cancel']").fill("bad canary")
+    card.locator("button[value=cancel]").click()
+    page.wait_for_selector(f"#rollout-{rollout.pk}[data-state=cancelled]", timeout=5_000)
+    assert "cancel done" in page.inner_text(".message")
+    rollout.refresh_from_db()
+    assert rollout.state == Rollout.State.CANCELLED
+    assert rollout.events.last().reason == "bad canary"  # type: ignore[union-attr]
+    page.screenshot(path=str(tmp_path / "rollouts.png"), full_page=True)
     page.close()

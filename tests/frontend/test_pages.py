@@ -94,6 +94,8 @@ def test_cancel_button_cancels_with_csrf(people: dict[str, User], rollout: Rollo
     staff = _client(people["staff"], csrf=True)
     page = staff.get("/dashboard/rollouts/")
     assert f'id="rollout-{rollout.pk}"'.encode() in page.content
+    assert b'value="cancel">Cancel</button>' in page.content  # wired: enabled
+    assert b'value="rollback" disabled title="planned (#15)">' in page.content
     url = f"/dashboard/rollouts/{rollout.pk}/cancel/"
     assert staff.post(url, {"reason": "x"}).status_code == 403  # no CSRF token
     token = staff.cookies["csrftoken"].value

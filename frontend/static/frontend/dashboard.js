@@ -6,7 +6,7 @@
   const body = document.body;
   const status = document.getElementById("live-status");
   const docs = new Map(); // "router|second" -> document
-  let dirty = false;
+  let dirty = true; // draw the (empty) axes at once
   let retry = 500;
 
   function setStatus(state, text) { status.dataset.state = state; status.textContent = text; }
@@ -29,7 +29,7 @@
     ws.onopen = () => { retry = 500; setStatus("live", "live"); };
     ws.onmessage = (event) => {
       const message = JSON.parse(event.data);
-      if (message.type === "backfill") { docs.clear(); message.docs.forEach(add); }
+      if (message.type === "backfill") { docs.clear(); message.docs.forEach(add); render(); }
       else if (message.type === "live") add(message.doc);
     };
     ws.onclose = (event) => {
@@ -180,7 +180,8 @@
       if (!queues.has(key)) queues.set(key, new Array(groups.length).fill(0));
       queues.get(key)[i] += n;
     }))));
-    draw("chart-queue", [...queues].map(([name, y]) => line(name, xs, y)));
+    const queued = [...queues].map(([name, y]) => line(name, xs, y));
+    draw("chart-queue", queued.length ? queued : [line("queued", xs, xs.map(() => 0))]);
     const endpoints = new Map();
     for (const doc of latestPerRouter()) for (const e of doc.endpoints) {
       const seen = endpoints.get(e.id);
