@@ -22,9 +22,7 @@ def visible_tenants(user: AbstractBaseUser | AnonymousUser) -> frozenset[str] | 
         return frozenset()
     if getattr(user, "is_staff", False):
         return ALL
-    return frozenset(
-        memberships_for_user(user.pk).values_list("tenant__slug", flat=True)  # type: ignore[arg-type]
-    )
+    return frozenset(memberships_for_user(user.pk).values_list("tenant__slug", flat=True))
 
 
 def may_watch(visible: frozenset[str] | None, tenant: str) -> bool:

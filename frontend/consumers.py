@@ -2,9 +2,10 @@
 
 ``/ws/live/`` (optionally ``?tenant=<slug>``). The Django session authenticates (Channels'
 ``AuthMiddlewareStack``); anonymous users are refused (accepted, then closed with 4401 so
-the browser can tell), and so is a request for a tenant the user may not watch (4403), whether in the query string or in a later
-``{"subscribe": "<slug>"}`` message. On accept the consumer sends ``{"type": "backfill",
-"docs": [...]}`` (the routers' recent documents from Redis, oldest first), then one
+the browser can tell), and so is a request for a tenant the user may not watch (4403),
+whether in the query string or in a later ``{"subscribe": "<slug>"}`` message. On accept
+the consumer sends ``{"type": "backfill", "docs": [...]}`` (the routers' recent documents
+from Redis, oldest first), then one
 ``{"type": "live", "doc": ...}`` per router per second, each cut down by
 :func:`frontend.access.filter_document`.
 """
@@ -41,7 +42,9 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]
         self.visible = await database_sync_to_async(visible_tenants)(user)
         query = parse_qs(self.scope.get("query_string", b"").decode("latin-1"))
         self.tenant = (query.get("tenant") or [""])[0]
-        if self.visible == frozenset() or (self.tenant and not may_watch(self.visible, self.tenant)):
+        if self.visible == frozenset() or (
+            self.tenant and not may_watch(self.visible, self.tenant)
+        ):
             await self._refuse(CLOSE_FORBIDDEN)
             return
         await self.accept()
@@ -68,8 +71,9 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]
         await self.send_json({"type": "backfill", "docs": await self._backfill()})
 
     async def live_doc(self, event: dict[str, Any]) -> None:
-        await self.send_json({"type": "live", "doc": filter_document(event["doc"], self.visible,
-                                                                     self.tenant)})
+        await self.send_json(
+            {"type": "live", "doc": filter_document(event["doc"], self.visible, self.tenant)}
+        )
 
     async def _backfill(self) -> list[dict[str, Any]]:
         client = aioredis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=1.0)

@@ -85,9 +85,8 @@ class LiveRelay:
                 await client.aclose()  # type: ignore[attr-defined]
 
     async def _hold_lease(self, client: aioredis.Redis[bytes]) -> bool:
-        held = await client.eval(  # type: ignore[misc]
-            _RENEW_LUA, 1, self._lease_key, self._me, int(LEASE_S * 1000)
-        )
+        script = client.register_script(_RENEW_LUA)  # EVALSHA, EVAL on a miss
+        held = await script(keys=[self._lease_key], args=[self._me, int(LEASE_S * 1000)])
         return bool(held)
 
     async def _forward(self, client: aioredis.Redis[bytes]) -> None:

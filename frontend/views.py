@@ -6,10 +6,10 @@ staff and the tenant's members. Nothing here polls: the browser keeps the live s
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 from typing import Any
 
-import plotly
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required, user_passes_test
 from django.core.exceptions import ValidationError
@@ -18,8 +18,12 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
 from apps.rollouts.models import Rollout
-from apps.tenants.selectors import api_keys_for_tenant, memberships_for_user, tenant_get
-from apps.tenants.selectors import request_class_list
+from apps.tenants.selectors import (
+    api_keys_for_tenant,
+    memberships_for_user,
+    request_class_list,
+    tenant_get,
+)
 from frontend.access import may_watch, visible_tenants
 from frontend.rollout_actions import rollout_actions
 
@@ -32,7 +36,7 @@ staff_required = user_passes_test(lambda user: user.is_active and user.is_staff)
 def home(request: HttpRequest) -> HttpResponse:
     if request.user.is_staff:
         return redirect("dashboard:page", page="traffic")
-    membership = memberships_for_user(request.user.pk).first()
+    membership = memberships_for_user(request.user.pk or 0).first()
     if membership is None:
         return render(request, "frontend/no_tenant.html", status=403)
     return redirect("dashboard:tenant", slug=membership.tenant.slug)
@@ -68,8 +72,12 @@ def rollouts_page(request: HttpRequest) -> HttpResponse:
         .prefetch_related("events")
         .order_by("-created_at")[:50]
     )
-    context = {"page": "rollouts", "rollouts": rollouts, "actions": rollout_actions().values(),
-               "ws_tenant": ""}
+    context = {
+        "page": "rollouts",
+        "rollouts": rollouts,
+        "actions": rollout_actions().values(),
+        "ws_tenant": "",
+    }
     return render(request, "frontend/rollouts.html", context)
 
 
@@ -92,7 +100,10 @@ def rollout_action(request: HttpRequest, pk: int, action: str) -> HttpResponse:
 
 def plotly_js(request: HttpRequest) -> FileResponse:
     """plotly.js from the installed ``plotly`` package (no CDN), cached by the browser."""
-    path = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
+    spec = importlib.util.find_spec("plotly")
+    if spec is None or spec.origin is None:
+        raise Http404("the plotly package is not installed")
+    path = Path(spec.origin).parent / "package_data" / "plotly.min.js"
     response = FileResponse(path.open("rb"), content_type="text/javascript")
     response["Cache-Control"] = "public, max-age=86400"
     return response

@@ -59,8 +59,18 @@ RowKey = tuple[str, str, str, str, str]  # tenant, model, version, class, pool
 class _Row:
     """One key's numbers within one second."""
 
-    __slots__ = ("e2e", "errors", "outcomes", "requests", "shed", "stages", "throttled", "tokens_in",
-                 "tokens_out", "ttft")
+    __slots__ = (
+        "e2e",
+        "errors",
+        "outcomes",
+        "requests",
+        "shed",
+        "stages",
+        "throttled",
+        "tokens_in",
+        "tokens_out",
+        "ttft",
+    )
 
     def __init__(self) -> None:
         self.requests = 0
@@ -142,8 +152,10 @@ def percentiles(samples: list[float]) -> dict[str, float] | None:
         return None
     ordered = sorted(samples)
     last = len(ordered) - 1
-    return {f"p{q}": round(ordered[min(last, (q * len(ordered) + 99) // 100 - 1)], 3)
-            for q in (50, 95, 99)}
+    return {
+        f"p{q}": round(ordered[min(last, (q * len(ordered) + 99) // 100 - 1)], 3)
+        for q in (50, 95, 99)
+    }
 
 
 @dataclass(slots=True, kw_only=True)
@@ -173,8 +185,13 @@ class LiveAggregator:
 
     def record(self, record: RequestRecord) -> None:
         """Count one finished request into the current bucket (no I/O)."""
-        key = (record.tenant, record.model, record.version, record.klass,
-               self.sources.pool_of(record.endpoint) if record.endpoint else "")
+        key = (
+            record.tenant,
+            record.model,
+            record.version,
+            record.klass,
+            self.sources.pool_of(record.endpoint) if record.endpoint else "",
+        )
         row = self._rows.get(key)
         if row is None:
             row = self._rows[key] = _Row()

@@ -57,8 +57,17 @@ def data_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Proce
     sim: Process | None = None
     router: Process | None = None
     try:
-        sim, _ = spawn(["runtime.workers.simulator", "--model", MODEL, "--log-level", "WARNING",
-                        "--decode-a-ms", "5"])
+        sim, _ = spawn(
+            [
+                "runtime.workers.simulator",
+                "--model",
+                MODEL,
+                "--log-level",
+                "WARNING",
+                "--decode-a-ms",
+                "5",
+            ]
+        )
         wait_until_up(sim, "/health")
         world = World()
         world.add_class("interactive", band=0, deadline_ms=30_000)
@@ -102,7 +111,10 @@ def platform(
     }
     subprocess.run(
         [sys.executable, "manage.py", "collectstatic", "--noinput", "--verbosity", "0"],
-        cwd=REPO_ROOT, env=env, check=True, timeout=120,
+        cwd=REPO_ROOT,
+        env=env,
+        check=True,
+        timeout=120,
     )
     web, _ = spawn(["uvicorn", "config.asgi:application", "--log-level", "warning"], env=env)
     try:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import MODEL, Platform
 from django.contrib.auth.models import User
 from fixtures.wait import eventually
 
@@ -25,18 +26,24 @@ from apps.rollouts.services import rollout_create
 from apps.tenants.models import Membership, Tenant
 from runtime.artifacts import manifest_digest
 
-from conftest import MODEL, Platform
-
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
-POINTS_JS = "() => { const el = document.getElementById('chart-rate');" \
-            " return el && el.data ? el.data[0].x.length : 0; }"
+POINTS_JS = (
+    "() => { const el = document.getElementById('chart-rate');"
+    " return el && el.data ? el.data[0].x.length : 0; }"
+)
 
 
 def _tenant(slug: str) -> Tenant:
-    return Tenant.objects.create(slug=slug, name=slug.title(), rpm_limit=6000, tpm_limit=10**7,
-                                 max_concurrency=50, max_context_tokens=4096,
-                                 max_output_tokens=256)
+    return Tenant.objects.create(
+        slug=slug,
+        name=slug.title(),
+        rpm_limit=6000,
+        tpm_limit=10**7,
+        max_concurrency=50,
+        max_context_tokens=4096,
+        max_output_tokens=256,
+    )
 
 
 @pytest.fixture
@@ -55,12 +62,19 @@ def traffic(platform: Platform, *, seconds: float = 20.0) -> Iterator[list[int]]
     statuses: list[int] = []
 
     def send(key: str) -> None:
-        body = json.dumps({"model": MODEL, "max_tokens": 8,
-                           "messages": [{"role": "user", "content": "hello dashboard"}]})
+        body = json.dumps(
+            {
+                "model": MODEL,
+                "max_tokens": 8,
+                "messages": [{"role": "user", "content": "hello dashboard"}],
+            }
+        )
         request = urllib.request.Request(
-            f"{platform.router.base_url}/v1/chat/completions", data=body.encode(),
-            headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
-        with urllib.request.urlopen(request, timeout=10) as response:  # noqa: S310 - local
+            f"{platform.router.base_url}/v1/chat/completions",
+            data=body.encode(),
+            headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=10) as response:
             statuses.append(response.status)
 
     def run() -> None:
@@ -102,22 +116,29 @@ def test_operator_watches_traffic_chart_move(
         page.wait_for_function(f"({POINTS_JS})() > {before}", timeout=2_000)
         page.wait_for_function(
             "() => Math.max(0, ...(document.getElementById('chart-rate').data?.[0]?.y ?? [])) > 0",
-            timeout=5_000)
+            timeout=5_000,
+        )
         page.wait_for_function(  # TTFT per class, with its SLO line
-            "() => (document.getElementById('chart-ttft').data ?? []).some(t => t.name.includes('SLO'))",
-            timeout=5_000)
+            "() => (document.getElementById('chart-ttft').data ?? [])"
+            ".some(t => t.name.includes('SLO'))",
+            timeout=5_000,
+        )
         page.wait_for_function(  # an operator sees every tenant
-            "() => window.switchyardDashboard.tenants().join() === 'acme,globex'", timeout=5_000)
-    assert statuses and set(statuses) == {200}
+            "() => window.switchyardDashboard.tenants().join() === 'acme,globex'", timeout=5_000
+        )
+    assert statuses
+    assert set(statuses) == {200}
     page.screenshot(path=str(tmp_path / "traffic.png"), full_page=True)
     page.goto(f"{platform.web_url}/dashboard/fleet/")
     page.wait_for_function(
         "() => document.querySelector('#table-endpoints tbody td').textContent === '1'",
-        timeout=5_000)
+        timeout=5_000,
+    )
     page.screenshot(path=str(tmp_path / "fleet.png"), full_page=True)
     page.goto(f"{platform.web_url}/dashboard/stages/")
-    page.wait_for_function("() => document.getElementById('chart-stages').data?.length === 4",
-                           timeout=5_000)
+    page.wait_for_function(
+        "() => document.getElementById('chart-stages').data?.length === 4", timeout=5_000
+    )
     page.screenshot(path=str(tmp_path / "stages.png"), full_page=True)
     page.close()
 
@@ -129,12 +150,14 @@ def test_tenant_sees_only_their_tenant(
     assert page.url.endswith("/dashboard/t/acme/")
     with traffic(platform, seconds=10.0) as statuses:
         page.wait_for_function(
-            "() => window.switchyardDashboard.tenants().length > 0", timeout=5_000)
+            "() => window.switchyardDashboard.tenants().length > 0", timeout=5_000
+        )
         eventually(lambda: len(statuses) >= 10, timeout=10.0, what="ten requests, half globex")
         held = page.evaluate("window.switchyardDashboard.documents()")
         # two more seconds of documents, so globex's requests have been published
         page.wait_for_function(
-            f"() => window.switchyardDashboard.documents() >= {held + 2}", timeout=5_000)
+            f"() => window.switchyardDashboard.documents() >= {held + 2}", timeout=5_000
+        )
     assert page.evaluate("window.switchyardDashboard.tenants()") == ["acme"]
     # the browser itself forges a subscription to globex: refused
     forged = page.evaluate("""() => new Promise((resolve) => {
@@ -145,7 +168,9 @@ def test_tenant_sees_only_their_tenant(
     assert page.goto(f"{platform.web_url}/dashboard/t/globex/").status == 404
     page.goto(f"{platform.web_url}/dashboard/t/acme/")  # a reload backfills the chart
     page.wait_for_function(
-        "() => Math.max(0, ...(document.getElementById('chart-usage').data?.[0]?.y ?? [])) > 0", timeout=5_000)
+        "() => Math.max(0, ...(document.getElementById('chart-usage').data?.[0]?.y ?? [])) > 0",
+        timeout=5_000,
+    )
     page.screenshot(path=str(tmp_path / "tenant.png"), full_page=True)
     page.close()
 
@@ -154,15 +179,32 @@ def _rollout() -> Rollout:
     files = {"model.safetensors": "cd" * 32}
     model = model_create(actor=None, name="canary-chat", task="chat")
     versions = [
-        model_version_publish(actor=None, version=model_version_create(
-            actor=None, model=model, label=label, artifact_uri=f"file:///m/{label}",
-            digest=manifest_digest(files), runtime="vllm",
-            manifest={"tokenizer": "t", "max_context": 2048, "default_sampling": {},
-                      "files": files}))
+        model_version_publish(
+            actor=None,
+            version=model_version_create(
+                actor=None,
+                model=model,
+                label=label,
+                artifact_uri=f"file:///m/{label}",
+                digest=manifest_digest(files),
+                runtime="vllm",
+                manifest={
+                    "tokenizer": "t",
+                    "max_context": 2048,
+                    "default_sampling": {},
+                    "files": files,
+                },
+            ),
+        )
         for label in ("v1", "v2")
     ]
-    return rollout_create(actor=None, model=model, stable_version=versions[0],
-                          candidate_version=versions[1], mode="canary")
+    return rollout_create(
+        actor=None,
+        model=model,
+        stable_version=versions[0],
+        candidate_version=versions[1],
+        mode="canary",
+    )
 
 
 def test_operator_cancels_a_rollout(

@@ -41,8 +41,13 @@ def namespace(settings: Any) -> Iterator[str]:
 
 def make_tenant(slug: str) -> Tenant:
     return Tenant.objects.create(
-        slug=slug, name=slug.title(), rpm_limit=60, tpm_limit=10_000, max_concurrency=4,
-        max_context_tokens=4096, max_output_tokens=256,
+        slug=slug,
+        name=slug.title(),
+        rpm_limit=60,
+        tpm_limit=10_000,
+        max_concurrency=4,
+        max_context_tokens=4096,
+        max_output_tokens=256,
     )
 
 
@@ -59,4 +64,3 @@ def people(transactional_db: Any) -> dict[str, User]:
     Membership.objects.create(user=users["alice"], tenant=acme, role="viewer")
     Membership.objects.create(user=users["bob"], tenant=globex, role="owner")
     return users
-

@@ -27,10 +27,20 @@ pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
 def _doc(ts: float, *tenants: str, router: str = "r1") -> dict[str, Any]:
     return {
-        "v": 1, "router": router, "ts": ts, "interval_s": 1.0,
+        "v": 1,
+        "router": router,
+        "ts": ts,
+        "interval_s": 1.0,
         "rows": [{"tenant": t, "model": "m", "requests": 1} for t in tenants],
-        "pools": [{"pool": "p", "queued": {"0": 1}, "served_share": {t: 0.5 for t in tenants},
-                   "entitled_share": {}, "jain": 1.0}],
+        "pools": [
+            {
+                "pool": "p",
+                "queued": {"0": 1},
+                "served_share": dict.fromkeys(tenants, 0.5),
+                "entitled_share": {},
+                "jain": 1.0,
+            }
+        ],
         "endpoints": [{"id": 1, "pool": "p", "inflight": 1, "capacity": 4}],
         "classes": {"interactive": {"band": 0, "ttft_slo_ms": 500}},
     }
@@ -90,7 +100,10 @@ async def test_forged_subscription_message_is_refused(
     assert connected
     assert (await communicator.receive_json_from(timeout=5))["type"] == "backfill"
     await communicator.send_json_to({"subscribe": "globex"})
-    assert await communicator.receive_json_from(timeout=5) == {"type": "error", "error": "forbidden"}
+    assert await communicator.receive_json_from(timeout=5) == {
+        "type": "error",
+        "error": "forbidden",
+    }
     assert (await communicator.receive_output(timeout=5))["code"] == 4403
     await communicator.disconnect()
 
@@ -100,8 +113,9 @@ async def test_backfill_is_recent_oldest_first_and_filtered(
     namespace: str, people: dict[str, User]
 ) -> None:
     now = time.time()
-    await _seed_backlog(namespace, _doc(now - 900, "acme"), _doc(now - 2, "acme", "globex"),
-                        _doc(now - 1, "globex"))
+    await _seed_backlog(
+        namespace, _doc(now - 900, "acme"), _doc(now - 2, "acme", "globex"), _doc(now - 1, "globex")
+    )
     staff, (connected, _) = await _connect(people["staff"])
     assert connected
     backfill = await staff.receive_json_from(timeout=5)
@@ -126,8 +140,12 @@ async def test_relay_fans_live_documents_out_filtered(
     publisher = aioredis.Redis.from_url(redis_url())
     sockets: dict[str, WebsocketCommunicator] = {}
     try:
-        for name, query in (("staff", ""), ("alice", ""), ("bob", "tenant=globex"),
-                            ("staff-acme", "tenant=acme")):
+        for name, query in (
+            ("staff", ""),
+            ("alice", ""),
+            ("bob", "tenant=globex"),
+            ("staff-acme", "tenant=acme"),
+        ):
             user = people[name.split("-")[0]]
             communicator, (connected, _) = await _connect(user, query)
             assert connected, name
@@ -135,8 +153,9 @@ async def test_relay_fans_live_documents_out_filtered(
             sockets[name] = communicator
 
         async def published() -> bool:  # until the relay holds the lease and listens
-            await publisher.publish(live_channel(namespace), msgspec.json.encode(
-                _doc(time.time(), "acme", "globex")))
+            await publisher.publish(
+                live_channel(namespace), msgspec.json.encode(_doc(time.time(), "acme", "globex"))
+            )
             return relay.forwarded > 0
 
         await async_eventually(published, timeout=10.0, what="the relay forwards a document")
@@ -145,8 +164,12 @@ async def test_relay_fans_live_documents_out_filtered(
             message = await communicator.receive_json_from(timeout=5)
             assert message["type"] == "live"
             seen[name] = sorted(r["tenant"] for r in message["doc"]["rows"])
-        assert seen == {"staff": ["acme", "globex"], "alice": ["acme"], "bob": ["globex"],
-                        "staff-acme": ["acme"]}
+        assert seen == {
+            "staff": ["acme", "globex"],
+            "alice": ["acme"],
+            "bob": ["globex"],
+            "staff-acme": ["acme"],
+        }
     finally:
         for communicator in sockets.values():
             await communicator.disconnect()

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 from django.contrib.auth.models import User
 from django.test import Client
@@ -30,30 +28,47 @@ def rollout(people: dict[str, User], namespace: str) -> Rollout:
     versions = []
     for label in ("v1", "v2"):
         version = model_version_create(
-            actor=None, model=model, label=label, artifact_uri=f"file:///m/{label}",
-            digest=manifest_digest(FILES), manifest={"tokenizer": "tok", "max_context": 2048, "default_sampling": {},
-                      "files": FILES}, runtime="vllm",
+            actor=None,
+            model=model,
+            label=label,
+            artifact_uri=f"file:///m/{label}",
+            digest=manifest_digest(FILES),
+            manifest={
+                "tokenizer": "tok",
+                "max_context": 2048,
+                "default_sampling": {},
+                "files": FILES,
+            },
+            runtime="vllm",
         )
         versions.append(model_version_publish(actor=None, version=version))
-    return rollout_create(actor=people["staff"], model=model, stable_version=versions[0],
-                          candidate_version=versions[1], mode="canary")
+    return rollout_create(
+        actor=people["staff"],
+        model=model,
+        stable_version=versions[0],
+        candidate_version=versions[1],
+        mode="canary",
+    )
 
 
 def test_login_then_staff_land_on_traffic(people: dict[str, User]) -> None:
     client = Client()
     response = client.get("/dashboard/")
-    assert response.status_code == 302 and response["Location"].startswith("/accounts/login/")
+    assert response.status_code == 302
+    assert response["Location"].startswith("/accounts/login/")
     assert client.get("/accounts/login/").status_code == 200
     response = client.post("/accounts/login/", {"username": "staff", "password": "pw-staff"})
     assert response.status_code == 302
     response = client.get("/dashboard/", follow=True)
     assert response.redirect_chain[-1][0] == "/dashboard/traffic/"
-    assert b'id="chart-rate"' in response.content and b"/dashboard/vendor/plotly.min.js" in response.content
+    assert b'id="chart-rate"' in response.content
+    assert b"/dashboard/vendor/plotly.min.js" in response.content
 
 
 def test_wrong_password_is_refused(people: dict[str, User]) -> None:
     response = Client().post("/accounts/login/", {"username": "staff", "password": "nope"})
-    assert response.status_code == 200 and b"didn't match" in response.content
+    assert response.status_code == 200
+    assert b"didn't match" in response.content
 
 
 @pytest.mark.parametrize("page", ["fleet", "traffic", "stages", "tenants", "rollouts"])
@@ -69,7 +84,8 @@ def test_unknown_page_is_404(people: dict[str, User]) -> None:
 
 def test_plotly_is_served_from_the_package(people: dict[str, User]) -> None:
     response = Client().get("/dashboard/vendor/plotly.min.js")
-    assert response.status_code == 200 and response["Content-Type"] == "text/javascript"
+    assert response.status_code == 200
+    assert response["Content-Type"] == "text/javascript"
     assert b"plotly" in b"".join(response.streaming_content)[:2000].lower()
 
 
@@ -82,12 +98,14 @@ def test_tenant_member_sees_only_their_tenant(people: dict[str, User]) -> None:
     assert alice.get("/dashboard/t/missing/").status_code == 404
     for page in ("fleet", "traffic", "rollouts"):
         response = alice.get(f"/dashboard/{page}/")
-        assert response.status_code == 302 and "/accounts/login/" in response["Location"]
+        assert response.status_code == 302
+        assert "/accounts/login/" in response["Location"]
 
 
 def test_user_without_tenant_is_told(people: dict[str, User]) -> None:
     response = _client(people["nobody"]).get("/dashboard/")
-    assert response.status_code == 403 and b"not a member" in response.content
+    assert response.status_code == 403
+    assert b"not a member" in response.content
 
 
 def test_cancel_button_cancels_with_csrf(people: dict[str, User], rollout: Rollout) -> None:
@@ -100,7 +118,8 @@ def test_cancel_button_cancels_with_csrf(people: dict[str, User], rollout: Rollo
     assert staff.post(url, {"reason": "x"}).status_code == 403  # no CSRF token
     token = staff.cookies["csrftoken"].value
     response = staff.post(url, {"reason": "bad canary", "csrfmiddlewaretoken": token}, follow=True)
-    assert response.status_code == 200 and b"cancel done" in response.content
+    assert response.status_code == 200
+    assert b"cancel done" in response.content
     rollout.refresh_from_db()
     assert rollout.state == Rollout.State.CANCELLED
     assert rollout.events.filter(kind="cancelled").exists() or rollout.events.count() >= 2
@@ -112,14 +131,16 @@ def test_cancel_button_cancels_with_csrf(people: dict[str, User], rollout: Rollo
 def test_planned_action_and_non_staff_are_refused(
     people: dict[str, User], rollout: Rollout
 ) -> None:
-    assert _client(people["staff"]).post(
-        f"/dashboard/rollouts/{rollout.pk}/promote/").status_code == 404
-    assert _client(people["staff"]).get(
-        f"/dashboard/rollouts/{rollout.pk}/cancel/").status_code == 405
+    assert (
+        _client(people["staff"]).post(f"/dashboard/rollouts/{rollout.pk}/promote/").status_code
+        == 404
+    )
+    assert (
+        _client(people["staff"]).get(f"/dashboard/rollouts/{rollout.pk}/cancel/").status_code == 405
+    )
     response = _client(people["alice"]).post(
-        f"/dashboard/rollouts/{rollout.pk}/cancel/", {"reason": "mine"})
+        f"/dashboard/rollouts/{rollout.pk}/cancel/", {"reason": "mine"}
+    )
     assert response.status_code == 302
     rollout.refresh_from_db()
     assert rollout.state == Rollout.State.PENDING
-
-

@@ -126,7 +126,7 @@
     draw("chart-usage", [
       line("requests/s", xs, groups.map(([, g]) => sum(rowsOf(g), (r) => r.requests))),
       line("tokens/s", xs, groups.map(([, g]) => sum(rowsOf(g), (r) => r.tokens_in + r.tokens_out)), { yaxis: "y2" }),
-    ], { yaxis2: { overlaying: "y", side: "right", rangemode: "tozero" } });
+    ], { yaxis2: { overlaying: "y", side: "right", rangemode: "tozero" }, margin: { l: 48, r: 56, t: 8, b: 36 } });
     if (page === "stages") {
       const stage = (name) => groups.map(([, g]) => {
         const rows = rowsOf(g).filter((r) => r.stages_ms && r.stages_ms[name] !== null);

@@ -22,11 +22,28 @@ from runtime.telemetry.live import (
 from runtime.telemetry.logging import RequestRecord
 
 
-def _record(tenant: str, *, status: int = 200, outcome: str = "ok", e2e: float = 100.0,
-            ttft: float | None = 40.0, endpoint: str = "7") -> RequestRecord:
-    record = RequestRecord(request_id="r", route="/v1/chat/completions", tenant=tenant,
-                           model="m", version="v1", klass="interactive", endpoint=endpoint,
-                           status=status, outcome=outcome, prompt_tokens=3, completion_tokens=5)
+def _record(
+    tenant: str,
+    *,
+    status: int = 200,
+    outcome: str = "ok",
+    e2e: float = 100.0,
+    ttft: float | None = 40.0,
+    endpoint: str = "7",
+) -> RequestRecord:
+    record = RequestRecord(
+        request_id="r",
+        route="/v1/chat/completions",
+        tenant=tenant,
+        model="m",
+        version="v1",
+        klass="interactive",
+        endpoint=endpoint,
+        status=status,
+        outcome=outcome,
+        prompt_tokens=3,
+        completion_tokens=5,
+    )
     record.timings_ms = {"e2e": e2e, "queue": 10.0, "upstream_ttft": 25.0}
     if ttft is not None:
         record.timings_ms["ttft"] = ttft
@@ -34,8 +51,9 @@ def _record(tenant: str, *, status: int = 200, outcome: str = "ok", e2e: float =
 
 
 def test_rows_per_key_with_outcomes_stages_and_tokens() -> None:
-    live = LiveAggregator("redis://unused", "ns", LiveSources(pool_of=lambda e: f"pool-{e}"),
-                          clock=lambda: 100.0)
+    live = LiveAggregator(
+        "redis://unused", "ns", LiveSources(pool_of=lambda e: f"pool-{e}"), clock=lambda: 100.0
+    )
     live.record(_record("acme"))
     live.record(_record("acme", e2e=300.0, ttft=60.0))
     live.record(_record("acme", status=429, outcome="shed", ttft=None, endpoint=""))
@@ -44,17 +62,25 @@ def test_rows_per_key_with_outcomes_stages_and_tokens() -> None:
     rows = {(r["tenant"], r["pool"]): r for r in document["rows"]}
     assert set(rows) == {("acme", "pool-7"), ("acme", ""), ("other", "pool-7")}
     served = rows[("acme", "pool-7")]
-    assert served["requests"] == 2 and served["errors"] == 0
+    assert served["requests"] == 2
+    assert served["errors"] == 0
     assert served["ttft_ms"] == {"p50": 40.0, "p95": 60.0, "p99": 60.0}
     assert served["e2e_ms"]["p50"] == 100.0
     # gateway = ttft - queue - upstream; stream = e2e - ttft (means over the second)
-    assert served["stages_ms"] == {"gateway": 15.0, "queue": 10.0, "upstream_ttft": 25.0,
-                                   "stream": 150.0}
-    assert served["tokens_in"] == 6 and served["tokens_out"] == 10
+    assert served["stages_ms"] == {
+        "gateway": 15.0,
+        "queue": 10.0,
+        "upstream_ttft": 25.0,
+        "stream": 150.0,
+    }
+    assert served["tokens_in"] == 6
+    assert served["tokens_out"] == 10
     refused = rows[("acme", "")]
     assert (refused["throttled"], refused["shed"], refused["errors"]) == (1, 1, 1)
-    assert refused["ttft_ms"] is None and refused["stages_ms"]["queue"] is None
-    assert document["ts"] == 100.0 and document["v"] == 1
+    assert refused["ttft_ms"] is None
+    assert refused["stages_ms"]["queue"] is None
+    assert document["ts"] == 100.0
+    assert document["v"] == 1
     assert live.close_bucket()["rows"] == []  # a new second starts empty
 
 
@@ -86,15 +112,19 @@ def test_publishes_each_second_to_channel_and_capped_backlog() -> None:
         await live.start()
         try:
             live.record(_record("acme"))
-            await async_eventually(lambda: sync.llen(live_backlog(namespace)) == 3,
-                                   timeout=5.0, what="three documents in the backlog")
+            await async_eventually(
+                lambda: sync.llen(live_backlog(namespace)) == 3,
+                timeout=5.0,
+                what="three documents in the backlog",
+            )
         finally:
             await live.stop()
 
     try:
         asyncio.run(scenario())
         message = pubsub.get_message(timeout=2.0)
-        assert message is not None and message["type"] == "message"
+        assert message is not None
+        assert message["type"] == "message"
         first = json.loads(message["data"])
         assert [r["tenant"] for r in first["rows"]] == ["acme"]
         assert sync.llen(live_backlog(namespace)) == 3  # trimmed to the cap
