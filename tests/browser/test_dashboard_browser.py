@@ -129,6 +129,19 @@ def test_operator_watches_traffic_chart_move(
     assert statuses
     assert set(statuses) == {200}
     page.screenshot(path=str(tmp_path / "traffic.png"), full_page=True)
+    page.emulate_media(color_scheme="dark")
+    page.wait_for_function(  # the charts redraw in the dark theme's colours
+        "() => document.getElementById('chart-rate').layout.font.color"
+        " === getComputedStyle(document.body).color",
+        timeout=3_000,
+    )
+    page.screenshot(path=str(tmp_path / "traffic-dark.png"), full_page=True)
+    # a lost websocket reconnects and backfills what it missed
+    held = page.evaluate("window.switchyardDashboard.documents()")
+    page.evaluate("window.switchyardDashboard.drop()")
+    page.wait_for_selector("#live-status[data-state=down]", timeout=2_000)
+    page.wait_for_selector("#live-status[data-state=live]", timeout=5_000)
+    page.wait_for_function(f"() => window.switchyardDashboard.documents() >= {held}", timeout=5_000)
     page.goto(f"{platform.web_url}/dashboard/fleet/")
     page.wait_for_function(
         "() => document.querySelector('#table-endpoints tbody td').textContent === '1'",

@@ -8,6 +8,7 @@
   const docs = new Map(); // "router|second" -> document
   let dirty = true; // draw the (empty) axes at once
   let retry = 500;
+  let socket = null;
 
   function setStatus(state, text) { status.dataset.state = state; status.textContent = text; }
 
@@ -26,6 +27,7 @@
     const tenant = body.dataset.wsTenant;
     const url = scheme + location.host + "/ws/live/" + (tenant ? "?tenant=" + encodeURIComponent(tenant) : "");
     const ws = new WebSocket(url);
+    socket = ws;
     ws.onopen = () => { retry = 500; setStatus("live", "live"); };
     ws.onmessage = (event) => {
       const message = JSON.parse(event.data);
@@ -70,12 +72,18 @@
   // --- charts ------------------------------------------------------------------------------
   function layout(extra) {
     const fg = getComputedStyle(body).color;
-    return Object.assign({
+    const grid = { gridcolor: "rgba(128,128,128,.2)", zerolinecolor: "rgba(128,128,128,.4)" };
+    const base = {
       margin: { l: 48, r: 12, t: 8, b: 36 }, paper_bgcolor: "rgba(0,0,0,0)",
       plot_bgcolor: "rgba(0,0,0,0)", font: { color: fg, size: 12 },
-      legend: { orientation: "h", y: -0.18 }, xaxis: { type: "date", gridcolor: "rgba(128,128,128,.2)" },
-      yaxis: { gridcolor: "rgba(128,128,128,.2)", rangemode: "tozero" },
-    }, extra || {});
+      legend: { orientation: "h", y: -0.18 }, xaxis: Object.assign({ type: "date" }, grid),
+      yaxis: Object.assign({ rangemode: "tozero" }, grid),
+    };
+    const merged = Object.assign(base, extra || {});
+    for (const axis of ["xaxis", "yaxis", "yaxis2"]) {
+      if (extra && extra[axis]) merged[axis] = Object.assign({}, grid, base[axis] || {}, extra[axis]);
+    }
+    return merged;
   }
   function draw(id, traces, extra) {
     const el = document.getElementById(id);
@@ -207,8 +215,11 @@
   // For tests and the console: how many documents are held, and whose rows they carry.
   window.switchyardDashboard = {
     documents: () => docs.size,
+    drop: () => socket && socket.close(), // a lost connection: reconnects and backfills
     tenants: () => [...new Set([...docs.values()].flatMap((d) => d.rows.map((r) => r.tenant)))].sort(),
   };
+  // light/dark follows the system; redraw with the new colours when it changes
+  matchMedia("(prefers-color-scheme: dark)").addEventListener("change", () => { dirty = true; render(); });
   connect();
   setInterval(render, 1000);
 })();
