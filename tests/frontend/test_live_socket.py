@@ -175,3 +175,46 @@ async def test_relay_fans_live_documents_out_filtered(
             await communicator.disconnect()
         await relay.stop()
         await publisher.aclose()
+
+
+@pytest.mark.asyncio
+async def test_one_relay_forwards_and_another_takes_over(
+    namespace: str, people: dict[str, User]
+) -> None:
+    relays = [LiveRelay(redis_url(), namespace), LiveRelay(redis_url(), namespace)]
+    for relay in relays:
+        await relay.start()
+    publisher = aioredis.Redis.from_url(redis_url())
+    staff, (connected, _) = await _connect(people["staff"])
+    assert connected
+    assert (await staff.receive_json_from(timeout=5))["type"] == "backfill"
+
+    async def publish_until(relay_forwarded: Any) -> None:
+        async def tick() -> bool:
+            await publisher.publish(live_channel(namespace), msgspec.json.encode(_doc(time.time())))
+            return bool(relay_forwarded())
+
+        await async_eventually(tick, timeout=10.0, what="a relay forwards")
+
+    try:
+        await publish_until(lambda: sum(r.forwarded for r in relays))
+        holders = [r for r in relays if r.forwarded]
+        assert len(holders) == 1  # the lease: never both
+        for _ in range(50):  # drain what the warm-up published (bounded)
+            if await staff.receive_nothing(timeout=1.0):
+                break
+            await staff.receive_json_from(timeout=5)
+        marker = _doc(time.time(), "acme", router="marker")
+        await publisher.publish(live_channel(namespace), msgspec.json.encode(marker))
+        assert (await staff.receive_json_from(timeout=5))["doc"]["router"] == "marker"
+        assert await staff.receive_nothing(timeout=1.0)  # exactly once
+        # the holder stops; the other relay takes the lease over
+        (holder,) = holders
+        (standby,) = [r for r in relays if r is not holder]
+        await holder.stop()
+        await publish_until(lambda: standby.forwarded)
+    finally:
+        await staff.disconnect()
+        for relay in relays:
+            await relay.stop()
+        await publisher.aclose()
