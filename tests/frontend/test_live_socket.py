@@ -194,20 +194,22 @@ async def test_one_relay_forwards_and_another_takes_over(
             await publisher.publish(live_channel(namespace), msgspec.json.encode(_doc(time.time())))
             return bool(relay_forwarded())
 
-        await async_eventually(tick, timeout=10.0, what="a relay forwards")
+        await async_eventually(tick, timeout=20.0, what="a relay forwards")
 
     try:
         await publish_until(lambda: sum(r.forwarded for r in relays))
         holders = [r for r in relays if r.forwarded]
         assert len(holders) == 1  # the lease: never both
-        for _ in range(50):  # drain what the warm-up published (bounded)
-            if await staff.receive_nothing(timeout=1.0):
-                break
-            await staff.receive_json_from(timeout=5)
         marker = _doc(time.time(), "acme", router="marker")
         await publisher.publish(live_channel(namespace), msgspec.json.encode(marker))
-        assert (await staff.receive_json_from(timeout=5))["doc"]["router"] == "marker"
-        assert await staff.receive_nothing(timeout=1.0)  # exactly once
+        routers: list[str] = []
+        for _ in range(200):  # warm-up documents may still be on the way (bounded)
+            routers.append((await staff.receive_json_from(timeout=10))["doc"]["router"])
+            if routers[-1] == "marker":
+                break
+        while len(routers) < 400 and not await staff.receive_nothing(timeout=1.0):
+            routers.append((await staff.receive_json_from(timeout=10))["doc"]["router"])
+        assert routers.count("marker") == 1  # exactly once
         # the holder stops; the other relay takes the lease over
         (holder,) = holders
         (standby,) = [r for r in relays if r is not holder]
