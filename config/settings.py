@@ -52,6 +52,7 @@ INSTALLED_APPS = [
     "apps.rollouts",
     "apps.billing",
     "apps.scaling",
+    "frontend",
 ]
 
 MIDDLEWARE = [

@@ -1,4 +1,5 @@
-"""Control-plane URLs: the Django admin, the REST API (/api/v1/), its OpenAPI schema and docs."""
+"""Control-plane URLs: the Django admin, the REST API (/api/v1/), its OpenAPI schema and docs,
+the dashboard."""
 
 from django.contrib import admin
 from django.urls import include, path
@@ -78,4 +79,5 @@ urlpatterns = [
     path("api/auth/", include("rest_framework.urls")),  # session login for tenant members
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
+    path("", include("frontend.urls")),  # the dashboard and its login
 ]

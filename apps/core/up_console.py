@@ -85,6 +85,7 @@ def banner(
 ) -> str:
     lines = [
         "Switchyard",
+        f"  dashboard        {at.web}/dashboard/",
         f"  admin            {at.web}/admin/",
         f"  OpenAPI schema   {at.web}/api/schema/",
         f"  router (OpenAI)  {at.router}/v1",

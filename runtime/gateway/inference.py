@@ -127,6 +127,8 @@ class InferenceConsumer(GatewayConsumer):
         )
         state.metrics.observe_slis(record, state.snapshot)
         state.tracing.finish(record)
+        if state.live is not None:
+            state.live.record(record)
         log_request(state.request_log, record)
         state.version_stats.record_request(record)  # per-version telemetry for rollout gates
 
@@ -302,6 +304,7 @@ class InferenceConsumer(GatewayConsumer):
         state.metrics.observe("upstream_ttft", ttft, labels)
         record.timing("queue", grant.waited_s)
         record.timing("upstream_ttft", ttft)
+        record.timing("ttft", time.monotonic() - record.started)  # client-side TTFT
         extra = [(b"x-switchyard-version", plan.version.label.encode("latin-1"))]
         record.status = 200
         try:

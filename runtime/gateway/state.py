@@ -18,6 +18,7 @@ from runtime.batching.coalescer import Coalescer
 from runtime.contract import usage_stream
 from runtime.gateway.config import RouterConfig
 from runtime.gateway.key_usage import KeyUsageRecorder
+from runtime.gateway.live_view import live_sources
 from runtime.gateway.tokens import TokenCounter
 from runtime.metering.pricing import PriceBook
 from runtime.routing.inflight import InFlight
@@ -32,6 +33,7 @@ from runtime.scheduling.shared import SharedCounters
 from runtime.snapshot import Snapshot
 from runtime.snapshot_loader import SnapshotLoader, SnapshotUnavailableError
 from runtime.telemetry.collectors import EndpointView
+from runtime.telemetry.live import LiveAggregator
 from runtime.telemetry.logging import REQUEST_LOGGER
 from runtime.telemetry.metrics import PoolView, RouterMetrics
 from runtime.telemetry.tracing import Tracing
@@ -75,6 +77,7 @@ class RouterState:
     coalescer: Coalescer | None = None  # runtime/batching, made on the first unary torch request
     cache: CacheFront | None = None  # runtime/cache, made on the first chat/completion request
     scaling: SignalsPublisher | None = None  # runtime/scaling: per-pool signals to Redis
+    live: LiveAggregator | None = None  # per-second dashboard documents (telemetry.live)
 
     @property
     def snapshot(self) -> Snapshot | None:
@@ -143,6 +146,8 @@ class RouterState:
         await self.health.start()
         if self.scaling is not None:
             self.scaling.start()
+        if self.live is not None:
+            await self.live.start()
         try:
             await self.loader.start()
         except SnapshotUnavailableError as exc:
@@ -174,6 +179,8 @@ class RouterState:
         await self.loader.stop()
         if self.scaling is not None:
             await self.scaling.stop()
+        if self.live is not None:
+            await self.live.stop()
         await self.dispatchers.stop()
         await self.health.stop()
         await self.shared.stop()
@@ -280,6 +287,7 @@ def build_state(config: RouterConfig) -> RouterState:
     metrics.attach_scheduling(state.pool_views)
     metrics.attach_snapshot(loader)
     metrics.attach_fleet(state.endpoint_views)
+    state.live = LiveAggregator(config.redis_url, config.namespace, live_sources(state))
     return state
 
 

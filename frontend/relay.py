@@ -1,0 +1,114 @@
+"""Routers' live documents (Redis pub/sub) into the channel layer group the browsers joined.
+
+Each control-plane process runs one :class:`LiveRelay` (started by the ASGI lifespan in
+``config.asgi``). Only one relay in the deployment forwards at a time: it holds a short lease
+in Redis (``{ns}:live:relay``, renewed every second) so a browser gets each document once
+however many processes serve websockets; if the holder dies, another takes over within
+:data:`LEASE_S`. The websocket consumers (:mod:`frontend.consumers`) are in group
+:data:`GROUP` and filter per user.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+from typing import Any, Final
+
+import msgspec
+import redis.asyncio as aioredis
+from channels.layers import get_channel_layer
+from django.conf import settings
+from redis.exceptions import RedisError
+
+from runtime import contract
+from runtime.telemetry.live import live_backlog, live_channel
+
+logger = logging.getLogger(__name__)
+
+GROUP: Final = "dashboard.live"
+LEASE_S: Final = 3.0
+_RENEW_LUA = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) and 1 or 0
+"""
+
+
+def live_namespace() -> str:
+    """The namespace the routers publish under (the control plane's snapshot prefix's)."""
+    return contract.namespace_of(settings.SNAPSHOT_REDIS_PREFIX)
+
+
+def backlog_key() -> str:
+    return live_backlog(live_namespace())
+
+
+class LiveRelay:
+    def __init__(self, redis_url: str, namespace: str) -> None:
+        self._redis_url = redis_url
+        self._namespace = namespace
+        self._lease_key = f"{namespace}:live:relay"
+        self._me = f"{socket.gethostname()}:{os.getpid()}:{id(self)}"
+        self._task: asyncio.Task[None] | None = None
+        self.forwarded = 0
+
+    async def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="dashboard-live-relay")
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _run(self) -> None:
+        client = aioredis.Redis.from_url(self._redis_url, socket_connect_timeout=1.0)
+        try:
+            while True:
+                try:
+                    if await self._hold_lease(client):
+                        await self._forward(client)
+                except (RedisError, OSError) as exc:
+                    logger.warning("dashboard relay: %r; retrying", exc)
+                await asyncio.sleep(1.0)
+        finally:
+            with contextlib.suppress(RedisError, OSError):
+                if await client.get(self._lease_key) == self._me.encode():
+                    await client.delete(self._lease_key)
+            with contextlib.suppress(RedisError, OSError):
+                await client.aclose()  # type: ignore[attr-defined]
+
+    async def _hold_lease(self, client: aioredis.Redis[bytes]) -> bool:
+        script = client.register_script(_RENEW_LUA)  # EVALSHA, EVAL on a miss
+        held = await script(keys=[self._lease_key], args=[self._me, int(LEASE_S * 1000)])
+        return bool(held)
+
+    async def _forward(self, client: aioredis.Redis[bytes]) -> None:
+        """Relay messages while the lease holds (renewed about once a second)."""
+        layer = get_channel_layer()
+        if layer is None:
+            raise RuntimeError("the dashboard relay needs CHANNEL_LAYERS")
+        pubsub = client.pubsub()
+        await pubsub.subscribe(live_channel(self._namespace))
+        loop = asyncio.get_running_loop()
+        renew_at = loop.time() + 1.0
+        try:
+            while True:
+                message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=0.5)
+                if message is not None and message.get("type") == "message":
+                    document: dict[str, Any] = msgspec.json.decode(message["data"])
+                    await layer.group_send(GROUP, {"type": "live.doc", "doc": document})
+                    self.forwarded += 1
+                if loop.time() >= renew_at:
+                    renew_at = loop.time() + 1.0
+                    if not await self._hold_lease(client):
+                        return
+        finally:
+            with contextlib.suppress(RedisError, OSError):
+                await pubsub.aclose()  # type: ignore[attr-defined]

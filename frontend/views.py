@@ -1,0 +1,109 @@
+"""The dashboard's pages. Live numbers arrive over the websocket; pages render what is stored.
+
+Operator pages (fleet, traffic, stages, tenants, rollouts) are for staff; a tenant page is for
+staff and the tenant's members. Nothing here polls: the browser keeps the live series.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required, user_passes_test
+from django.core.exceptions import ValidationError
+from django.http import FileResponse, Http404, HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_POST
+
+from apps.rollouts.models import Rollout
+from apps.tenants.selectors import (
+    api_keys_for_tenant,
+    memberships_for_user,
+    request_class_list,
+    tenant_get,
+)
+from frontend.access import may_watch, visible_tenants
+from frontend.rollout_actions import rollout_actions
+
+OPERATOR_PAGES = ("fleet", "traffic", "stages", "tenants")
+
+staff_required = user_passes_test(lambda user: user.is_active and user.is_staff)
+
+
+@login_required
+def home(request: HttpRequest) -> HttpResponse:
+    if request.user.is_staff:
+        return redirect("dashboard:page", page="traffic")
+    membership = memberships_for_user(request.user.pk or 0).first()
+    if membership is None:
+        return render(request, "frontend/no_tenant.html", status=403)
+    return redirect("dashboard:tenant", slug=membership.tenant.slug)
+
+
+@staff_required
+def operator_page(request: HttpRequest, page: str) -> HttpResponse:
+    if page not in OPERATOR_PAGES:
+        raise Http404("no such dashboard page")
+    context: dict[str, Any] = {"page": page, "ws_tenant": ""}
+    return render(request, f"frontend/{page}.html", context)
+
+
+@login_required
+def tenant_page(request: HttpRequest, slug: str) -> HttpResponse:
+    tenant = tenant_get(slug)
+    if tenant is None or not may_watch(visible_tenants(request.user), slug):
+        raise Http404("no such tenant")
+    context = {
+        "page": "tenant",
+        "tenant": tenant,
+        "ws_tenant": slug,
+        "keys": api_keys_for_tenant(tenant),
+        "classes": request_class_list().filter(tenants=tenant),
+    }
+    return render(request, "frontend/tenant.html", context)
+
+
+@staff_required
+def rollouts_page(request: HttpRequest) -> HttpResponse:
+    rollouts = (
+        Rollout.objects.select_related("model", "stable_version", "candidate_version")
+        .prefetch_related("events")
+        .order_by("-created_at")[:50]
+    )
+    context = {
+        "page": "rollouts",
+        "rollouts": rollouts,
+        "actions": rollout_actions().values(),
+        "ws_tenant": "",
+    }
+    return render(request, "frontend/rollouts.html", context)
+
+
+@staff_required
+@require_POST
+def rollout_action(request: HttpRequest, pk: int, action: str) -> HttpResponse:
+    chosen = rollout_actions().get(action)
+    if chosen is None or chosen.perform is None:
+        raise Http404("no such rollout action")
+    rollout = get_object_or_404(Rollout, pk=pk)
+    reason = request.POST.get("reason", "").strip() or f"{chosen.label} from the dashboard"
+    try:
+        chosen.perform(request.user, rollout, reason)  # type: ignore[arg-type]
+    except ValidationError as exc:
+        messages.error(request, "; ".join(exc.messages))
+    else:
+        messages.success(request, f"Rollout #{pk}: {chosen.label.lower()} done.")
+    return redirect("dashboard:rollouts")
+
+
+def plotly_js(request: HttpRequest) -> FileResponse:
+    """plotly.js from the installed ``plotly`` package (no CDN), cached by the browser."""
+    spec = importlib.util.find_spec("plotly")
+    if spec is None or spec.origin is None:
+        raise Http404("the plotly package is not installed")
+    path = Path(spec.origin).parent / "package_data" / "plotly.min.js"
+    response = FileResponse(path.open("rb"), content_type="text/javascript")
+    response["Cache-Control"] = "public, max-age=86400"
+    return response

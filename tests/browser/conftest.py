@@ -1,0 +1,143 @@
+"""A running platform for the browser tests: simulator + router + control plane (uvicorn),
+and Debian's Chromium through Playwright (never a downloaded browser)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.db import connection
+from fixtures.router import (
+    REPO_ROOT,
+    Process,
+    Publisher,
+    World,
+    redis_url,
+    spawn,
+    start_router,
+    wait_ready,
+    wait_until_up,
+)
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+MODEL = "sim-chat"
+
+
+@dataclass
+class Platform:
+    router: Process
+    web: Process
+    world: World
+
+    @property
+    def web_url(self) -> str:
+        return self.web.base_url
+
+
+@pytest.fixture(scope="module")
+def data_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Process, World, str]]:
+    """A simulator and a router serving tenants acme and globex."""
+    publisher = Publisher(f"switchyard:test:browser:{uuid.uuid4().hex[:10]}")
+    sim: Process | None = None
+    router: Process | None = None
+    try:
+        sim, _ = spawn(
+            [
+                "runtime.workers.simulator",
+                "--model",
+                MODEL,
+                "--log-level",
+                "WARNING",
+                "--decode-a-ms",
+                "5",
+            ]
+        )
+        wait_until_up(sim, "/health")
+        world = World()
+        world.add_class("interactive", band=0, deadline_ms=30_000)
+        for slug in ("acme", "globex"):
+            world.add_tenant(slug, classes=("interactive",), default_class="interactive")
+            world.add_key(slug, slug)
+        world.add_model(MODEL, 1)
+        world.add_endpoint(1, 1, sim.base_url)
+        version = publisher.publish(world.snapshot())
+        router = start_router(publisher.prefix, tmp_path_factory.mktemp("router-var"))
+        wait_ready(router, version)
+        yield router, world, publisher.prefix
+    finally:
+        if router is not None:
+            router.stop()
+        if sim is not None:
+            sim.stop()
+        publisher.cleanup()
+
+
+@pytest.fixture
+def platform(
+    data_plane: tuple[Process, World, str], transactional_db: Any, tmp_path: Path, settings: Any
+) -> Iterator[Platform]:
+    """The control plane (uvicorn, the ASGI app with websockets) on this test's database."""
+    router, world, prefix = data_plane
+    # What this test writes to the database publishes snapshots; keep them away from the
+    # router's hand-built one (and under the prefix the publisher cleans up).
+    settings.SNAPSHOT_REDIS_PREFIX = f"{prefix}:db:snapshot"
+    var_dir = tmp_path / "var"
+    settings_db = connection.settings_dict
+    env = {
+        **os.environ,
+        "DATABASE_URL": f"postgres://{settings_db['USER']}@{settings_db['HOST']}:"
+        f"{settings_db['PORT']}/{settings_db['NAME']}",
+        "REDIS_URL": redis_url(),
+        "SWITCHYARD_SNAPSHOT_PREFIX": prefix,
+        "SWITCHYARD_VAR_DIR": str(var_dir),
+        "SECRET_KEY": "browser-test-secret",
+        "PYTHONPATH": str(REPO_ROOT),
+    }
+    subprocess.run(
+        [sys.executable, "manage.py", "collectstatic", "--noinput", "--verbosity", "0"],
+        cwd=REPO_ROOT,
+        env=env,
+        check=True,
+        timeout=120,
+    )
+    web, _ = spawn(["uvicorn", "config.asgi:application", "--log-level", "warning"], env=env)
+    try:
+        wait_until_up(web, "/accounts/login/")
+        yield Platform(router=router, web=web, world=world)
+    finally:
+        web.stop()
+
+
+@pytest.fixture(autouse=True)
+def _orm_beside_playwright(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Playwright's sync API keeps an event loop running in this thread; the test's own ORM
+    calls are still synchronous (Playwright's documented workaround for Django)."""
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    if not shutil.which(CHROMIUM):
+        pytest.skip("Debian's chromium is not installed (apt-get install chromium)")
+    from playwright.sync_api import sync_playwright  # noqa: PLC0415
+
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield chromium
+        chromium.close()

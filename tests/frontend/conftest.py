@@ -1,0 +1,66 @@
+"""Dashboard fixtures: a unique live namespace, users with and without tenants, sessions."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+from django.contrib.auth.models import User
+from django.db import connections
+from fixtures.router import redis_url
+
+from apps.tenants.models import Membership, Tenant
+from runtime.telemetry.live import live_backlog
+
+
+@pytest.fixture(autouse=True)
+def _fast_password_hasher(settings: Any) -> None:
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+@pytest.fixture(autouse=True)
+def _no_persistent_connections(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Consumers query from Channels' worker thread; a kept-open connection there would
+    block dropping the test database."""
+    monkeypatch.setitem(connections.settings["default"], "CONN_MAX_AGE", 0)
+
+
+@pytest.fixture
+def namespace(settings: Any) -> Iterator[str]:
+    """The control plane reads live documents from a namespace of this test's own."""
+    ns = f"switchyard:test:dash:{uuid.uuid4().hex[:10]}"
+    settings.SNAPSHOT_REDIS_PREFIX = f"{ns}:snapshot"
+    yield ns
+    client = redis.Redis.from_url(redis_url())
+    client.delete(live_backlog(ns), f"{ns}:live:relay")
+    client.close()
+
+
+def make_tenant(slug: str) -> Tenant:
+    return Tenant.objects.create(
+        slug=slug,
+        name=slug.title(),
+        rpm_limit=60,
+        tpm_limit=10_000,
+        max_concurrency=4,
+        max_context_tokens=4096,
+        max_output_tokens=256,
+    )
+
+
+@pytest.fixture
+def people(transactional_db: Any) -> dict[str, User]:
+    """staff; alice (member of acme); bob (member of globex); nobody (no tenant)."""
+    acme, globex = make_tenant("acme"), make_tenant("globex")
+    users = {
+        "staff": User.objects.create_user("staff", password="pw-staff", is_staff=True),
+        "alice": User.objects.create_user("alice", password="pw-alice"),
+        "bob": User.objects.create_user("bob", password="pw-bob"),
+        "nobody": User.objects.create_user("nobody", password="pw-nobody"),
+    }
+    Membership.objects.create(user=users["alice"], tenant=acme, role="viewer")
+    Membership.objects.create(user=users["bob"], tenant=globex, role="owner")
+    return users

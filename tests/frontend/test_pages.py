@@ -1,0 +1,191 @@
+"""The dashboard's pages: login, who sees which page, plotly served locally, rollout buttons."""
+
+from __future__ import annotations
+
+import pytest
+from django.contrib.auth.models import User
+from django.test import Client
+
+from apps.models.models import Route
+from apps.models.services import (
+    endpoint_register,
+    endpoint_set_state,
+    model_create,
+    model_version_create,
+    model_version_publish,
+    pool_create,
+)
+from apps.rollouts.models import Rollout
+from apps.rollouts.services import rollout_create
+from runtime.artifacts import manifest_digest
+
+pytestmark = pytest.mark.integration
+
+FILES = {"model.safetensors": "cd" * 32}
+
+
+def _client(user: User, *, csrf: bool = False) -> Client:
+    client = Client(enforce_csrf_checks=csrf)
+    client.force_login(user)
+    return client
+
+
+@pytest.fixture
+def rollout(people: dict[str, User], namespace: str) -> Rollout:
+    model = model_create(actor=None, name="tiny-llama", task="chat")
+    versions = []
+    for label in ("v1", "v2"):
+        version = model_version_create(
+            actor=None,
+            model=model,
+            label=label,
+            artifact_uri=f"file:///m/{label}",
+            digest=manifest_digest(FILES),
+            manifest={
+                "tokenizer": "tok",
+                "max_context": 2048,
+                "default_sampling": {},
+                "files": FILES,
+            },
+            runtime="vllm",
+        )
+        versions.append(model_version_publish(actor=None, version=version))
+    return rollout_create(
+        actor=people["staff"],
+        model=model,
+        stable_version=versions[0],
+        candidate_version=versions[1],
+        mode="canary",
+    )
+
+
+def test_login_then_staff_land_on_traffic(people: dict[str, User]) -> None:
+    client = Client()
+    response = client.get("/dashboard/")
+    assert response.status_code == 302
+    assert response["Location"].startswith("/accounts/login/")
+    assert client.get("/accounts/login/").status_code == 200
+    response = client.post("/accounts/login/", {"username": "staff", "password": "pw-staff"})
+    assert response.status_code == 302
+    response = client.get("/dashboard/", follow=True)
+    assert response.redirect_chain[-1][0] == "/dashboard/traffic/"
+    assert b'id="chart-rate"' in response.content
+    assert b"/dashboard/vendor/plotly.min.js" in response.content
+
+
+def test_wrong_password_is_refused(people: dict[str, User]) -> None:
+    response = Client().post("/accounts/login/", {"username": "staff", "password": "nope"})
+    assert response.status_code == 200
+    assert b"didn't match" in response.content
+
+
+@pytest.mark.parametrize("page", ["fleet", "traffic", "stages", "tenants", "rollouts"])
+def test_operator_pages_render_for_staff(people: dict[str, User], page: str) -> None:
+    response = _client(people["staff"]).get(f"/dashboard/{page}/")
+    assert response.status_code == 200
+    assert b'data-page="' + page.encode() + b'"' in response.content
+
+
+def test_unknown_page_is_404(people: dict[str, User]) -> None:
+    assert _client(people["staff"]).get("/dashboard/nope/").status_code == 404
+
+
+def test_plotly_is_served_from_the_package(people: dict[str, User]) -> None:
+    response = Client().get("/dashboard/vendor/plotly.min.js")
+    assert response.status_code == 200
+    assert response["Content-Type"] == "text/javascript"
+    assert b"plotly" in b"".join(response.streaming_content)[:2000].lower()
+
+
+def test_tenant_member_sees_only_their_tenant(people: dict[str, User]) -> None:
+    alice = _client(people["alice"])
+    response = alice.get("/dashboard/", follow=True)
+    assert response.redirect_chain[-1][0] == "/dashboard/t/acme/"
+    assert b'data-ws-tenant="acme"' in response.content
+    assert alice.get("/dashboard/t/globex/").status_code == 404
+    assert alice.get("/dashboard/t/missing/").status_code == 404
+    for page in ("fleet", "traffic", "rollouts"):
+        response = alice.get(f"/dashboard/{page}/")
+        assert response.status_code == 302
+        assert "/accounts/login/" in response["Location"]
+
+
+def test_user_without_tenant_is_told(people: dict[str, User]) -> None:
+    response = _client(people["nobody"]).get("/dashboard/")
+    assert response.status_code == 403
+    assert b"not a member" in response.content
+
+
+def test_cancel_button_cancels_with_csrf(people: dict[str, User], rollout: Rollout) -> None:
+    staff = _client(people["staff"], csrf=True)
+    page = staff.get("/dashboard/rollouts/")
+    assert f'id="rollout-{rollout.pk}"'.encode() in page.content
+    assert b'value="cancel">Cancel</button>' in page.content  # wired: enabled
+    assert b'value="rollback">Roll back</button>' in page.content  # wired too
+    url = f"/dashboard/rollouts/{rollout.pk}/cancel/"
+    assert staff.post(url, {"reason": "x"}).status_code == 403  # no CSRF token
+    token = staff.cookies["csrftoken"].value
+    response = staff.post(url, {"reason": "bad canary", "csrfmiddlewaretoken": token}, follow=True)
+    assert response.status_code == 200
+    assert b"cancel done" in response.content
+    rollout.refresh_from_db()
+    assert rollout.state == Rollout.State.CANCELLED
+    assert rollout.events.filter(kind="cancelled").exists() or rollout.events.count() >= 2
+    # a second cancel is refused by the service and said on the page
+    again = staff.post(url, {"reason": "again", "csrfmiddlewaretoken": token}, follow=True)
+    assert b"only a draft or warming" in again.content
+
+
+def test_planned_action_and_non_staff_are_refused(
+    people: dict[str, User], rollout: Rollout
+) -> None:
+    assert (
+        _client(people["staff"]).post(f"/dashboard/rollouts/{rollout.pk}/launch/").status_code
+        == 404
+    )
+    assert (
+        _client(people["staff"]).get(f"/dashboard/rollouts/{rollout.pk}/cancel/").status_code == 405
+    )
+    response = _client(people["alice"]).post(
+        f"/dashboard/rollouts/{rollout.pk}/cancel/", {"reason": "mine"}
+    )
+    assert response.status_code == 302
+    rollout.refresh_from_db()
+    assert rollout.state == Rollout.State.PENDING
+
+
+def test_start_then_roll_back_from_the_page_moves_the_route_weights(
+    people: dict[str, User], rollout: Rollout
+) -> None:
+    """The wired buttons: start (warm-up finds ready endpoints: the canary's first step takes
+    traffic), then roll back: the model's route goes back to stable, in the same request."""
+    pool = pool_create(actor=None, name="dash-cpu", hardware_tier="cpu", cost_per_replica_hour=1)
+    for number, version in enumerate((rollout.stable_version, rollout.candidate_version)):
+        endpoint = endpoint_register(
+            actor=None, pool=pool, version=version, base_url=f"http://127.0.0.1:{9100 + number}",
+            capacity=4,
+        )  # fmt: skip
+        endpoint_set_state(actor=None, endpoint=endpoint, state="ready")
+    staff = _client(people["staff"], csrf=True)
+    staff.get("/dashboard/rollouts/")
+    token = staff.cookies["csrftoken"].value
+    base = f"/dashboard/rollouts/{rollout.pk}"
+
+    started = staff.post(f"{base}/start/", {"csrfmiddlewaretoken": token}, follow=True)
+    assert b"start done" in started.content
+    rollout.refresh_from_db()
+    assert rollout.state == Rollout.State.RUNNING
+    weights = {s.version_id: s.weight for s in Route.objects.get(model=rollout.model).splits.all()}
+    assert weights[rollout.candidate_version_id] == rollout.steps[0]
+
+    rolled = staff.post(
+        f"{base}/rollback/", {"reason": "p95 too high", "csrfmiddlewaretoken": token}, follow=True
+    )
+    assert b"roll back done" in rolled.content
+    rollout.refresh_from_db()
+    assert rollout.state == Rollout.State.ROLLED_BACK
+    splits = list(Route.objects.get(model=rollout.model).splits.all())
+    assert [(s.version_id, s.weight) for s in splits] == [(rollout.stable_version_id, 100)]
+    assert rollout.events.last().reason == "p95 too high"  # type: ignore[union-attr]
+    refused = staff.post(f"{base}/advance/", {"csrfmiddlewaretoken": token}, follow=True)
+    assert b"advance needs it to be running" in refused.content  # the service's refusal, shown
