@@ -1,10 +1,19 @@
-"""``python -m runtime.gateway --host 127.0.0.1 --port 8080 [--workers N]``: run the router."""
+"""``python -m runtime.gateway --host 127.0.0.1 --port 8080 [--workers N]``: run the router.
+
+``--workers N`` > 1 runs N uvicorn worker processes on the one listening socket (fairness
+counters, limits and credits are in Redis, so they stay global). Their metrics are joined
+with prometheus_client's multiprocess mode: ``PROMETHEUS_MULTIPROC_DIR`` (default
+``$SWITCHYARD_VAR_DIR/prometheus-<port>``) is emptied at start and handed to the workers.
+"""
 
 from __future__ import annotations
 
 import argparse
 import math
-from collections.abc import Sequence
+import os
+import shutil
+from collections.abc import MutableMapping, Sequence
+from pathlib import Path
 
 import uvicorn
 
@@ -31,10 +40,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def prepare_multiprocess_metrics(
+    workers: int, port: int, env: MutableMapping[str, str]
+) -> Path | None:
+    """With several workers (or a ``PROMETHEUS_MULTIPROC_DIR`` given), an empty metrics
+    directory for this router, set in ``env`` for the workers; None for one plain worker."""
+    given = env.get("PROMETHEUS_MULTIPROC_DIR")
+    if workers == 1 and not given:
+        return None
+    var_dir = Path(env.get("SWITCHYARD_VAR_DIR") or "var")
+    directory = Path(given) if given else var_dir / f"prometheus-{port}"
+    shutil.rmtree(directory, ignore_errors=True)  # a previous run's dead workers' files
+    directory.mkdir(parents=True, exist_ok=True)
+    env["PROMETHEUS_MULTIPROC_DIR"] = str(directory.resolve())
+    return directory
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     if args.workers < 1:
         raise SystemExit("--workers must be >= 1")
+    prepare_multiprocess_metrics(args.workers, args.port, os.environ)
     uvicorn.run(
         "runtime.gateway.app:create_app",
         factory=True,

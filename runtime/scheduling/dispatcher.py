@@ -10,6 +10,12 @@ pool queue is full) or ``DEADLINE_EXPIRED`` (504, before it reached an engine), 
 :class:`NoEndpointError` (its version lost every usable endpoint). Cancelling the waiting task
 (client gone) takes the request out of the queue at once.
 
+The *fast path*: a request arriving while nothing waits in the pool queue, whose version has an
+endpoint with room and whose tenant the headroom gate lets through, takes its slot inside
+``acquire`` — no queue push and pop, no future, no wake-up of the loop task — with the same
+effect on the fairness counters, band shares and drain rate as the queued path
+(``PoolQueue.pass_through``). It never runs while a request waits, so it overtakes no one.
+
 The *pump* (synchronous, run on every push and release and on the loop's ticks):
 
 1. expire the requests whose deadline passed;
@@ -167,6 +173,10 @@ class PoolDispatcher:
         now = self._clock()
         if not self.placement.candidates(ticket.version, frozenset()):
             self._hold_or_refuse(ticket, now)
+        if not self._waiting:
+            direct = self._direct(ticket, now)
+            if direct is not None:
+                return direct
         self._pump(now)
         seq = next(self._seq)
         req = QueuedRequest(
@@ -217,6 +227,57 @@ class PoolDispatcher:
                 f"{start_s:.1f} s, longer than the request's deadline allows",
                 retry_after_s=max(1, math.ceil(start_s)),
             )
+
+    def _direct(self, ticket: Ticket, now: float) -> Grant | None:
+        """The fast path (module docstring) when it applies; None: take the queued path."""
+        if not now < ticket.deadline:
+            return None
+        roomy = self._roomy(ticket.version, frozenset())
+        if not roomy:
+            return None
+        self._headroom.note(ticket.tenant, ticket.weight, now)
+        gate = self._headroom.gate(
+            inflight=self._inflight,
+            queued={ticket.tenant: 1},
+            capacity=self.placement.capacity(),
+            now=now,
+        )
+        if ticket.tenant in gate.tenants and (
+            sum(self._inflight[t] for t in gate.tenants) >= gate.limit
+        ):
+            return None
+        seq = next(self._seq)
+        req = QueuedRequest(
+            id=str(seq),
+            tenant=ticket.tenant,
+            band=ticket.band,
+            class_name=ticket.class_name,
+            input_tokens=ticket.input_tokens,
+            max_output_tokens=ticket.max_output_tokens,
+            seq=seq,
+            arrived_at=now,
+            deadline=ticket.deadline,
+            weight=ticket.weight,
+            shed_order=ticket.shed_order,
+            is_shadow=ticket.is_shadow,
+            over_quota=False,
+        )
+        self._queue.pass_through(req)
+        self._drain.observe(now=now, queued=0)
+        self._charged(req, input_tokens=req.input_tokens, output_tokens=0, now=now)
+        endpoint = self.placement.choose(roomy, ticket.affinity_key)
+        self.placement.acquire(endpoint.id)
+        self._inflight[req.tenant] += 1
+        self._note_dispatched(req.band, 0.0)
+        return Grant(self, ticket, req, endpoint, waited_s=0.0)
+
+    def _note_dispatched(self, band: int, waited: float) -> None:
+        """What the autoscaler's signals read: a dispatch and its queue wait, per band."""
+        self.outcomes["dispatched"] += 1
+        band_waits = self.waits.get(band)
+        if band_waits is None:
+            band_waits = self.waits[band] = deque(maxlen=256)
+        band_waits.append(waited)
 
     def _cancelled(self, req_id: str, future: asyncio.Future[Grant]) -> None:
         waiter = self._waiting.get(req_id)
@@ -372,11 +433,7 @@ class PoolDispatcher:
             self.placement.acquire(endpoint.id)
             self._inflight[req.tenant] += 1
             waited = max(now - req.arrived_at, 0.0)
-            self.outcomes["dispatched"] += 1
-            band_waits = self.waits.get(req.band)
-            if band_waits is None:
-                band_waits = self.waits[req.band] = deque(maxlen=256)
-            band_waits.append(waited)
+            self._note_dispatched(req.band, waited)
             waiter.future.set_result(Grant(self, ticket, req, endpoint, waited_s=waited))
 
     def _forget(self, req: QueuedRequest) -> None:

@@ -232,6 +232,22 @@ class PoolQueue:
         self._fairness.charge(band.state, name, weight=req.weight, input_tokens=req.input_tokens)
         return req
 
+    def pass_through(self, req: QueuedRequest) -> None:
+        """Account ``req`` dispatched straight from an empty queue: exactly what ``push`` then
+        ``pop`` would do to the fairness state and band shares, without touching the heaps.
+        Raises ``RuntimeError`` when something is queued (it would overtake it)."""
+        if self._entries:
+            raise RuntimeError("pass_through with requests queued would overtake them")
+        band = self._bands.get(req.band)
+        if band is None:
+            band = self._bands[req.band] = _Band(state=self._fairness.new_state())
+        self._fairness.on_backlogged(band.state, req.tenant, ())
+        self._fairness.pick(band.state, {req.tenant: req})  # policies remember the last pick
+        self._shares.record([req.band], req.band, req.cost)
+        self._fairness.charge(
+            band.state, req.tenant, weight=req.weight, input_tokens=req.input_tokens
+        )
+
     def charge_output(self, req: QueuedRequest, output_tokens: int) -> None:
         """Charge output tokens of a dispatched request as they stream back."""
         band = self._bands.get(req.band)

@@ -32,6 +32,12 @@
 - ``switchyard_sli_events_total`` / ``switchyard_sli_good_total{sli, class, model}``: the
   SLI counters (:mod:`runtime.telemetry.slis`).
 
+Several worker processes (``python -m runtime.gateway --workers N``): with
+``PROMETHEUS_MULTIPROC_DIR`` set (the launcher sets and cleans one per router), the counters,
+histograms and the in-flight gauge live in prometheus_client's per-process files and
+``/metrics`` sums them over every worker, whichever worker answers the scrape; the scrape-time
+views (queues, fairness, fleet, snapshot) are those of the answering worker.
+
 Label values come from the snapshot (or a fixed vocabulary), never from raw client input, so
 series stay bounded; the tenant label keeps the first ``max_tenant_labels`` tenants seen and
 folds the rest into ``other``.
@@ -39,6 +45,7 @@ folds the rest into ``other``.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Final
@@ -46,6 +53,7 @@ from typing import Final
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 from runtime.snapshot import Snapshot
@@ -198,6 +206,8 @@ class RouterMetrics:
 
     def __init__(self, *, max_tenant_labels: int = 50) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        self._multiprocess_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None
+        self._views: list[Collector] = []  # scrape-time collectors (this process's state)
         self.tenant_label = BoundedLabel(max_tenant_labels)
         self.stage_seconds = Histogram(
             "switchyard_stage_seconds",
@@ -217,6 +227,7 @@ class RouterMetrics:
             "Requests this router has in flight, per endpoint.",
             ["endpoint"],
             registry=self.registry,
+            multiprocess_mode="livesum",  # summed over the live workers
         )
         self.retries_total = Counter(
             "switchyard_upstream_retries",
@@ -245,16 +256,21 @@ class RouterMetrics:
         """Export the dispatchers' state, read from ``views()`` at every scrape."""
         if self._scheduling is not None:
             self.registry.unregister(self._scheduling)
+            self._views.remove(self._scheduling)
         self._scheduling = _SchedulingCollector(views, self.tenant_label)
-        self.registry.register(self._scheduling)
+        self._register_view(self._scheduling)
 
     def attach_snapshot(self, status: SnapshotStatus) -> None:
         """Export the snapshot's version, age and staleness, read at every scrape."""
-        self.registry.register(SnapshotCollector(status))
+        self._register_view(SnapshotCollector(status))
 
     def attach_fleet(self, views: EndpointViews) -> None:
         """Export each endpoint's health, breaker and engine gauges, read at every scrape."""
-        self.registry.register(FleetCollector(views))
+        self._register_view(FleetCollector(views))
+
+    def _register_view(self, collector: Collector) -> None:
+        self.registry.register(collector)
+        self._views.append(collector)
 
     def observe_slis(self, record: RequestRecord, snapshot: Snapshot | None) -> None:
         """Count one finished request toward the SLIs (:mod:`runtime.telemetry.slis`)."""
@@ -275,4 +291,10 @@ class RouterMetrics:
 
     def render(self) -> tuple[bytes, str]:
         """The exposition text and its content type, for ``GET /metrics``."""
-        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+        if self._multiprocess_dir is None:
+            return generate_latest(self.registry), CONTENT_TYPE_LATEST
+        registry = CollectorRegistry()  # every worker's files, then this worker's views
+        MultiProcessCollector(registry, path=self._multiprocess_dir)  # type: ignore[no-untyped-call]
+        for view in self._views:
+            registry.register(view)
+        return generate_latest(registry), CONTENT_TYPE_LATEST

@@ -7,6 +7,15 @@ not fit, so a large request is never overtaken by smaller ones behind it. Each s
 ``TimingModel.step_seconds`` and gives one token to every running sequence. A sequence leaves
 the batch when it has produced its tokens or when it is aborted (client gone); its KV
 reservation is freed at once.
+
+The clock: steps are scheduled against a monotonic deadline, not slept one after another.
+While the batch is busy, step ``k`` ends at ``t0 + sum(step durations so far)`` where ``t0``
+is when the engine last left idle; a step that wakes late (the process starved for CPU, the
+GIL held by another thread) is not stretched — the next one is shortened to catch up, so CPU
+contention delays a token by at most the wake-up latency of that one step and never
+accumulates into the step rate. A wake-up later than ``MAX_CATCH_UP_SECONDS`` (the process
+was stopped, or a stall much longer than any step) restarts the schedule from now instead of
+bursting through the missed steps.
 """
 
 from __future__ import annotations
@@ -24,9 +33,9 @@ from runtime.workers.simulator.timing import Capacity, TimingModel
 
 logger = logging.getLogger(__name__)
 
-# A step that starts at most this late continues from the previous step's deadline, so the
-# loop's own overhead does not stretch the simulated step time; later than that, it restarts.
-MAX_CATCH_UP_SECONDS = 0.005
+# A step that starts at most this late continues from the previous step's deadline (the
+# missed time is caught up by the following steps); later than that, the schedule restarts.
+MAX_CATCH_UP_SECONDS = 1.0
 
 
 class SeqState(enum.Enum):
@@ -140,7 +149,7 @@ class Engine:
         self._kv_used = 0
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        self._deadline = 0.0
+        self._deadline: float | None = None  # end of the current step; None while idle
         self.steps = 0
 
     # -- state, read by /metrics and tests -------------------------------------------------
@@ -226,6 +235,7 @@ class Engine:
         while True:
             prefill_tokens = self._admit(loop.time())
             if not self._running:
+                self._deadline = None
                 self._wakeup.clear()
                 await self._wakeup.wait()
                 continue
@@ -234,9 +244,8 @@ class Engine:
                 batch_size=len(batch), prefill_tokens=prefill_tokens
             )
             now = loop.time()
-            start = self._deadline if self._deadline >= now - MAX_CATCH_UP_SECONDS else now
-            self._deadline = start + duration
-            await asyncio.sleep(self._deadline - now)
+            self._deadline = next_deadline(self._deadline, now, duration)
+            await asyncio.sleep(max(0.0, self._deadline - now))
             self.steps += 1
             now = loop.time()
             for seq in batch:
@@ -292,6 +301,18 @@ class Engine:
         if self._observer is not None:
             loop = asyncio.get_running_loop()
             self._observer.on_finished(seq, reason, loop.time() - seq.arrived_at)
+
+
+def next_deadline(previous: float | None, now: float, duration: float) -> float:
+    """When a step of ``duration`` that starts now ends on the drift-free schedule.
+
+    It starts where the previous step was due to end (``previous``), even when that has passed
+    (a late wake-up is caught up by a shorter sleep), unless the engine was idle (``None``) or
+    is more than ``MAX_CATCH_UP_SECONDS`` behind: then the schedule restarts from ``now``.
+    """
+    if previous is None or previous < now - MAX_CATCH_UP_SECONDS:
+        return now + duration
+    return previous + duration
 
 
 def _log_crash(task: asyncio.Task[None]) -> None:
