@@ -12,13 +12,14 @@ import yaml
 
 from runtime.scaling.controller import Plan
 
-MANIFEST = Path(__file__).resolve().parents[3] / "platform/k8s/worker-deployment.yaml"
+MANIFEST = Path(__file__).resolve().parents[3] / "platform/k8s/worker-pool-gpu.yaml"
+SIM_MANIFEST = Path(__file__).resolve().parent / "manifests/sim-worker-deployment.yaml"
 
 
 def test_worker_deployment_manifest_is_what_the_actuator_scales() -> None:
-    doc = yaml.safe_load(MANIFEST.read_text())
+    doc = next(yaml.safe_load_all(MANIFEST.read_text()))
     assert (doc["apiVersion"], doc["kind"]) == ("apps/v1", "Deployment")
-    pool = doc["metadata"]["labels"]["switchyard.dev/pool"]
+    pool = doc["metadata"]["labels"]["switchyard.io/pool"]
     assert doc["metadata"]["name"] == f"switchyard-worker-{pool}"  # the actuator's default name
     spec = doc["spec"]
     assert spec["selector"]["matchLabels"].items() <= spec["template"]["metadata"]["labels"].items()
@@ -38,7 +39,7 @@ def test_scales_the_pool_deployment_on_a_real_api_server() -> None:  # pragma: n
 
     config.load_kube_config()
     namespace = os.environ.get("SWITCHYARD_K8S_NAMESPACE", "default")
-    doc: dict[str, Any] = yaml.safe_load(MANIFEST.read_text())
+    doc: dict[str, Any] = yaml.safe_load(SIM_MANIFEST.read_text())
     doc["metadata"]["namespace"] = namespace
     apps = client.AppsV1Api()
     apps.create_namespaced_deployment(namespace, doc)
