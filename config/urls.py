@@ -11,6 +11,7 @@ from apps.core import api as core_api
 from apps.models import api as models_api
 from apps.rollouts import api as rollouts_api
 from apps.rollouts import api_actions as rollout_actions
+from apps.scaling import api as scaling_api
 from apps.tenants import api as tenants_api
 from apps.tenants import api_ops as tenants_ops
 
@@ -49,6 +50,8 @@ ops_urls = [
     path("versions/<int:pk>/publish/", models_api.OpsVersionPublishApi.as_view()),
     path("pools/", models_api.OpsPoolListApi.as_view()),
     path("pools/<int:pk>/", models_api.OpsPoolDetailApi.as_view()),
+    path("pools/<int:pk>/scaling/", scaling_api.OpsPoolScalingApi.as_view()),
+    path("pools/<int:pk>/scaling/decisions/", scaling_api.OpsPoolScalingDecisionListApi.as_view()),
     path("endpoints/", models_api.OpsEndpointListApi.as_view()),
     path("endpoints/<int:pk>/", models_api.OpsEndpointDetailApi.as_view()),
     path("routes/", models_api.OpsRouteListApi.as_view()),

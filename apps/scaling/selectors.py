@@ -12,6 +12,11 @@ def decisions_for_pool(*, pool: Pool, limit: int = 50) -> QuerySet[ScalingDecisi
     return ScalingDecision.objects.filter(pool=pool)[:limit]
 
 
+def pool_decisions(*, pool: Pool) -> QuerySet[ScalingDecision]:
+    """Every decision for ``pool``, unsliced (the REST API pages it by cursor, newest first)."""
+    return ScalingDecision.objects.filter(pool=pool)
+
+
 def expected_start_s(*, version_id: int, warm: bool = False, default: float = 60.0) -> float:
     """The measured start time of a version's replicas: the slowest of its last five starts
     (cold unless ``warm``); ``default`` when none was measured."""

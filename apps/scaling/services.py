@@ -9,6 +9,7 @@ from collections.abc import Callable
 import msgspec
 import redis
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.db import transaction
 
 from apps.models.models import Pool
@@ -19,6 +20,7 @@ from runtime.contract import namespace_of, scaling_leader_key, scaling_signals_k
 from runtime.scaling.controller import Bounds, Cooldowns, History, Plan, decide
 from runtime.scaling.policies import ScalingTarget
 from runtime.scaling.publisher import parse_entries
+from runtime.scaling.registry import names as scaling_policy_names
 from runtime.scaling.registry import policy_for_tier, scaling_policy
 from runtime.scaling.signals import PoolSignals, aggregate
 
@@ -49,10 +51,25 @@ def pool_scaling_get_or_create(*, pool: Pool) -> PoolScaling:
     return scaling
 
 
+def _scaling_errors(scaling: PoolScaling) -> dict[str, str]:
+    """What the model's own validators miss: a policy the registry knows, a non-negative idle
+    time (the controller would otherwise crash or scale to zero at once)."""
+    errors = {}
+    if scaling.policy and scaling.policy not in scaling_policy_names():
+        known = ", ".join(scaling_policy_names())
+        errors["policy"] = f"Unknown scaling policy {scaling.policy!r}; known: {known} (or blank)."
+    if scaling.idle_to_zero_s is not None and scaling.idle_to_zero_s < 0:
+        errors["idle_to_zero_s"] = "Give a non-negative number of seconds, or null (never)."
+    return errors
+
+
 def pool_scaling_update(*, scaling: PoolScaling, **changes: object) -> PoolScaling:
     for name, value in changes.items():
         setattr(scaling, name, value)
     scaling.full_clean()
+    errors = _scaling_errors(scaling)
+    if errors:
+        raise ValidationError(errors)
     scaling.save()
     return scaling
 

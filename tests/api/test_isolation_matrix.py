@@ -152,6 +152,12 @@ def test_the_matrix_covers_every_endpoint() -> None:
     actions = ("start", "advance", "pause", "resume", "promote", "rollback")
     rollout_actions = {(f"rollouts/<int:pk>/{action}/", "post") for action in actions}
     assert rollout_actions <= set(_ops_cases())
+    scaling = {
+        ("pools/<int:pk>/scaling/", "get"),
+        ("pools/<int:pk>/scaling/", "patch"),
+        ("pools/<int:pk>/scaling/decisions/", "get"),
+    }
+    assert scaling <= set(_ops_cases())
 
 
 def test_filters_naming_b_objects_return_nothing_of_b(world: World) -> None:
