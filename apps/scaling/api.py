@@ -17,6 +17,7 @@ from apps.models.models import Pool
 from apps.scaling.models import PoolScaling, ScalingDecision
 from apps.scaling.selectors import pool_decisions
 from apps.scaling.services import pool_scaling_get_or_create, pool_scaling_update
+from apps.tenants.api_auth import actor_of
 from apps.tenants.api_ops import IF_MATCH, OperatorApi
 
 TAGS = ["ops: scaling"]
@@ -165,7 +166,9 @@ class OpsPoolScalingApi(OperatorApi):
             request,
             fetch=lambda lock: _scaling(pk, lock),
             represent=lambda s: PoolScalingSerializer(s).data,
-            apply=lambda s: pool_scaling_update(scaling=s, **body.validated_data),
+            apply=lambda s: pool_scaling_update(
+                actor=actor_of(request), scaling=s, **body.validated_data
+            ),
         )
 
 

@@ -9,6 +9,7 @@ from collections.abc import Callable
 import msgspec
 import redis
 from django.conf import settings
+from django.contrib.auth.base_user import AbstractBaseUser
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
@@ -16,6 +17,7 @@ from apps.models.models import Pool
 from apps.scaling.actuators.base import Actuation, Actuator, ActuatorError
 from apps.scaling.models import PoolScaling, ReplicaStart, ScalingDecision
 from apps.scaling.selectors import autoscaled_pools
+from apps.tenants.services.audit import audit_changes, audit_record
 from runtime.contract import namespace_of, scaling_leader_key, scaling_signals_key
 from runtime.scaling.controller import Bounds, Cooldowns, History, Plan, decide
 from runtime.scaling.policies import ScalingTarget
@@ -63,14 +65,24 @@ def _scaling_errors(scaling: PoolScaling) -> dict[str, str]:
     return errors
 
 
-def pool_scaling_update(*, scaling: PoolScaling, **changes: object) -> PoolScaling:
+def pool_scaling_update(
+    *, actor: AbstractBaseUser | None, scaling: PoolScaling, **changes: object
+) -> PoolScaling:
+    """Change a pool's autoscaling settings (validated, audited); the autoscaler reads them at
+    its next tick."""
+    before = {name: getattr(scaling, name) for name in changes}
     for name, value in changes.items():
         setattr(scaling, name, value)
     scaling.full_clean()
     errors = _scaling_errors(scaling)
     if errors:
         raise ValidationError(errors)
-    scaling.save()
+    with transaction.atomic():
+        scaling.save()
+        old, new = audit_changes(before, {name: getattr(scaling, name) for name in changes})
+        audit_record(
+            actor=actor, action="pool_scaling.update", target=scaling, before=old, after=new
+        )
     return scaling
 
 

@@ -10,6 +10,7 @@ from rest_framework.test import APIClient
 from apps.models.services import pool_create
 from apps.scaling.actuators.base import Actuation
 from apps.scaling.services import scaling_decision_record
+from apps.tenants.models import AuditEvent
 from runtime.scaling.controller import Plan
 from runtime.scaling.signals import PoolSignals
 from tests.api.conftest import World
@@ -118,3 +119,12 @@ def test_decisions_of_another_pool_are_not_listed(world: World, staff_client: AP
     _decide(world, "hold", 1, 1)
     listed = staff_client.get(f"{OPS}/pools/{other.pk}/scaling/decisions/").json()
     assert listed["results"] == []
+
+
+
+def test_a_settings_change_is_audited_with_its_actor(world: World, staff_client: APIClient) -> None:
+    url = f"{OPS}/pools/{world.pool.pk}/scaling/"
+    assert _patch(staff_client, url, {"policy": "gpu"}).status_code == 200
+    event = AuditEvent.objects.filter(action="pool_scaling.update").latest("id")
+    assert event.actor_id is not None
+    assert (event.before, event.after) == ({"policy": ""}, {"policy": "gpu"})

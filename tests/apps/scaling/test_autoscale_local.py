@@ -73,7 +73,9 @@ def pool(db: Any) -> Pool:
     )
     endpoint_set_state(actor=None, endpoint=seed, state=Endpoint.State.GONE)
     scaling = pool_scaling_get_or_create(pool=pool)
-    pool_scaling_update(scaling=scaling, out_cooldown_s=0, in_cooldown_s=0, idle_to_zero_s=0)
+    pool_scaling_update(
+        actor=None, scaling=scaling, out_cooldown_s=0, in_cooldown_s=0, idle_to_zero_s=0
+    )
     return pool
 
 
