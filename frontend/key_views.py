@@ -14,8 +14,8 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect
 from django.views.decorators.http import require_POST
 
-from apps.tenants.models import Tenant
 from apps.tenants.api_selectors import api_key_of_tenant
+from apps.tenants.models import Tenant
 from apps.tenants.selectors import tenant_get
 from apps.tenants.services import api_key_create, api_key_revoke
 from frontend.access import may_watch, visible_tenants

@@ -40,13 +40,16 @@ def test_admin_creates_a_key_whose_secret_is_shown_once_then_revokes_it(admin: U
     assert created.status_code == 200
     key = ApiKey.objects.get(tenant__slug="acme", name="ci")
     secret = created.context["new_secret"]
-    assert secret and key.digest == api_key_digest(secret)
+    assert secret
+    assert key.digest == api_key_digest(secret)
     body = created.content.decode()
-    assert secret in body and "shown only this once" in body
+    assert secret in body
+    assert "shown only this once" in body
     assert key.prefix in body
 
     reload = client.get(PAGE).content.decode()
-    assert secret not in reload and 'id="new-secret"' not in reload
+    assert secret not in reload
+    assert 'id="new-secret"' not in reload
     assert key.prefix in reload
 
     revoked = client.post(f"{PAGE}keys/{key.prefix}/revoke/", follow=True)
@@ -74,7 +77,8 @@ def test_a_viewer_can_neither_create_nor_revoke(people: dict[str, User]) -> None
     key, _ = api_key_create(actor=None, tenant=Tenant.objects.get(slug="acme"), name="prod")
     client = _client(people["alice"])  # viewer of acme
     page = client.get(PAGE).content.decode()
-    assert 'id="form-key-create"' not in page and "Revoke" not in page
+    assert 'id="form-key-create"' not in page
+    assert "Revoke" not in page
 
     assert client.post(f"{PAGE}keys/", {"name": "sneaky"}).status_code == 403
     assert client.post(f"{PAGE}keys/{key.prefix}/revoke/").status_code == 403
@@ -103,7 +107,8 @@ def test_staff_without_a_membership_may_watch_but_not_manage(people: dict[str, U
 
 def test_anonymous_and_get_are_refused(admin: User) -> None:
     response = Client().post(f"{PAGE}keys/", {"name": "x"})
-    assert response.status_code == 302 and "/accounts/login/" in response["Location"]
+    assert response.status_code == 302
+    assert "/accounts/login/" in response["Location"]
     assert _client(admin).get(f"{PAGE}keys/").status_code == 405
     assert not ApiKey.objects.exists()
 
@@ -126,7 +131,8 @@ def test_csrf_token_is_required(admin: User) -> None:
 def test_balance_and_budget_panel_shows_the_ledger(people: dict[str, User]) -> None:
     acme = Tenant.objects.get(slug="acme")
     empty = _client(people["alice"]).get(PAGE).content.decode()
-    assert "Balance: <strong>0</strong>" in empty and "no budgets" in empty
+    assert "Balance: <strong>0</strong>" in empty
+    assert "no budgets" in empty
 
     credit_grant(actor=None, tenant=acme, amount="125.5", reason="welcome")
     budget_set(actor=None, tenant=acme, period="month", soft_alert_pct=50, hard_cap="40")
@@ -148,4 +154,5 @@ def test_balance_and_budget_panel_shows_the_ledger(people: dict[str, User]) -> N
     ]
     body = response.content.decode()
     assert "125.5" in body
-    assert "over soft alert" in body and "(50%)" in body
+    assert "over soft alert" in body
+    assert "(50%)" in body
