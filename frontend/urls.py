@@ -3,7 +3,7 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from frontend import views
+from frontend import key_views, views
 
 app_name = "dashboard"
 
@@ -19,5 +19,11 @@ urlpatterns = [
     path("dashboard/rollouts/", views.rollouts_page, name="rollouts"),
     path("dashboard/rollouts/<int:pk>/<slug:action>/", views.rollout_action, name="rollout_action"),
     path("dashboard/t/<slug:slug>/", views.tenant_page, name="tenant"),
+    path("dashboard/t/<slug:slug>/keys/", key_views.key_create, name="key_create"),
+    path(
+        "dashboard/t/<slug:slug>/keys/<str:prefix>/revoke/",
+        key_views.key_revoke,
+        name="key_revoke",
+    ),
     path("dashboard/<slug:page>/", views.operator_page, name="page"),
 ]

@@ -18,6 +18,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
 from apps.rollouts.models import Rollout
+from apps.tenants.models import Tenant
 from apps.tenants.selectors import (
     api_keys_for_tenant,
     memberships_for_user,
@@ -26,6 +27,7 @@ from apps.tenants.selectors import (
 )
 from frontend.access import may_watch, visible_tenants
 from frontend.rollout_actions import rollout_actions
+from frontend.tenant_panels import balance, budget_rows, may_manage_keys
 
 OPERATOR_PAGES = ("fleet", "traffic", "stages", "tenants")
 
@@ -55,12 +57,21 @@ def tenant_page(request: HttpRequest, slug: str) -> HttpResponse:
     tenant = tenant_get(slug)
     if tenant is None or not may_watch(visible_tenants(request.user), slug):
         raise Http404("no such tenant")
+    return tenant_page_render(request, tenant)
+
+
+def tenant_page_render(request: HttpRequest, tenant: Tenant, new_secret: str = "") -> HttpResponse:
+    """The tenant page; ``new_secret`` is a just-created key's secret, shown this once."""
     context = {
         "page": "tenant",
         "tenant": tenant,
-        "ws_tenant": slug,
+        "ws_tenant": tenant.slug,
         "keys": api_keys_for_tenant(tenant),
         "classes": request_class_list().filter(tenants=tenant),
+        "may_manage_keys": may_manage_keys(request.user, tenant),
+        "new_secret": new_secret,
+        "balance": balance(tenant),
+        "budgets": budget_rows(tenant),
     }
     return render(request, "frontend/tenant.html", context)
 
