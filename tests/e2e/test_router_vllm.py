@@ -172,6 +172,9 @@ def test_chat_completion_streams_tokens_and_usage(client: openai.OpenAI) -> None
         temperature=0.0,
         stream=True,
         stream_options={"include_usage": True},
+        # From the engine, token by token: test_chat_completion stored this deterministic
+        # request's answer in the result cache, whose unary-stored entry replays as one chunk.
+        extra_headers={"Cache-Control": "no-store"},
     )
     chunks = list(stream)
     deltas = [c.choices[0].delta.content or "" for c in chunks if c.choices]
@@ -207,6 +210,7 @@ def test_completion_streams_tokens_and_usage(client: openai.OpenAI) -> None:
         temperature=0.0,
         stream=True,
         stream_options={"include_usage": True},
+        extra_headers={"Cache-Control": "no-store"},  # from the engine (see the chat test)
     )
     chunks = list(stream)
     texts = [c.choices[0].text for c in chunks if c.choices]
