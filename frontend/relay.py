@@ -24,6 +24,7 @@ from django.conf import settings
 from redis.exceptions import RedisError
 
 from runtime import contract
+from runtime.redis_conn import cancel_and_wait, raise_if_cancelling
 from runtime.telemetry.live import live_backlog, live_channel
 
 logger = logging.getLogger(__name__)
@@ -63,9 +64,7 @@ class LiveRelay:
     async def stop(self) -> None:
         task, self._task = self._task, None
         if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await cancel_and_wait(task)  # redis-py can swallow a cancellation mid-read
 
     async def _run(self) -> None:
         client = aioredis.Redis.from_url(self._redis_url, socket_connect_timeout=1.0)
@@ -75,6 +74,7 @@ class LiveRelay:
                     if await self._hold_lease(client):
                         await self._forward(client)
                 except (RedisError, OSError) as exc:
+                    raise_if_cancelling()  # a cancellation redis-py turned into an error
                     logger.warning("dashboard relay: %r; retrying", exc)
                 await asyncio.sleep(1.0)
         finally:
@@ -101,6 +101,7 @@ class LiveRelay:
         try:
             while True:
                 message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=0.5)
+                raise_if_cancelling()
                 if message is not None and message.get("type") == "message":
                     document: dict[str, Any] = msgspec.json.decode(message["data"])
                     await layer.group_send(GROUP, {"type": "live.doc", "doc": document})

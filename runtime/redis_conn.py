@@ -19,6 +19,8 @@ latest pointer after a reconnect) pass ``retries=0``.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import socket
 from typing import Final
 
@@ -28,6 +30,8 @@ from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import ExponentialBackoff, NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.retry import Retry as SyncRetry
+
+logger = logging.getLogger(__name__)
 
 HEALTH_CHECK_INTERVAL_S: Final = 5
 """Seconds a pooled connection may sit idle before it is PINGed ahead of its next command."""
@@ -92,3 +96,38 @@ def sync_client(
         client_name=name,
     )
     return client
+
+
+# -- cancellation ------------------------------------------------------------------------------
+# redis-py's asyncio client can swallow a task's cancellation mid-read: ``PubSub.get_message``
+# with a timeout then returns None (or raises a connection error) instead of CancelledError, and
+# a ``while True`` loop around it never ends, so whoever awaits the cancelled task hangs. Loops
+# that poll Redis call raise_if_cancelling() after each read; owners stop their tasks with
+# cancel_and_wait().
+
+CANCEL_ATTEMPTS: Final = 10
+CANCEL_WAIT_S: Final = 1.0
+
+
+def raise_if_cancelling() -> None:
+    """Raise CancelledError when the current task has a cancellation request pending."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
+
+
+async def cancel_and_wait(
+    task: asyncio.Task[None], *, attempts: int = CANCEL_ATTEMPTS, wait_s: float = CANCEL_WAIT_S
+) -> bool:
+    """Cancel ``task`` until it ends (a swallowed cancellation is asked again), waiting at most
+    ``attempts * wait_s`` seconds; True when it ended."""
+    for _ in range(attempts):
+        task.cancel()
+        done, _pending = await asyncio.wait({task}, timeout=wait_s)
+        if done:
+            if not task.cancelled() and task.exception() is not None:
+                logger.error("task %s failed while stopping", task.get_name(),
+                             exc_info=task.exception())  # fmt: skip
+            return True
+    logger.error("task %s did not stop after %d cancellations", task.get_name(), attempts)
+    return False

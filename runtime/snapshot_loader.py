@@ -37,7 +37,7 @@ import msgspec
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from runtime.redis_conn import async_client
+from runtime.redis_conn import async_client, cancel_and_wait, raise_if_cancelling
 from runtime.snapshot import SCHEMA_VERSION, Snapshot, decode
 from runtime.snapshot_store import (
     DEFAULT_PREFIX,
@@ -47,17 +47,6 @@ from runtime.snapshot_store import (
 )
 
 logger = logging.getLogger(__name__)
-
-_STOP_ATTEMPTS = 10
-_STOP_WAIT_S = 1.0
-
-
-def _raise_if_cancelling() -> None:
-    """redis-py may turn a cancellation mid-read into a connection error or a plain timeout
-    (``get_message`` returning None); a task being cancelled stops at the next check anyway."""
-    task = asyncio.current_task()
-    if task is not None and task.cancelling():
-        raise asyncio.CancelledError
 
 SwapCallback = Callable[[Snapshot], None]
 
@@ -242,17 +231,7 @@ class SnapshotLoader:
         """Stop following Redis and close connections. ``current`` stays readable."""
         task, self._task = self._task, None
         if task is not None:
-            # Cancel until it ends: a cancellation redis-py swallowed mid-read is asked again.
-            for _ in range(_STOP_ATTEMPTS):
-                task.cancel()
-                done, _pending = await asyncio.wait({task}, timeout=_STOP_WAIT_S)
-                if done:
-                    break
-            else:
-                logger.error("snapshot: the follower did not stop after %d cancellations",
-                             _STOP_ATTEMPTS)  # fmt: skip
-            if task.done() and not task.cancelled() and task.exception() is not None:
-                logger.error("snapshot: the follower failed", exc_info=task.exception())
+            await cancel_and_wait(task)  # redis-py can swallow a cancellation mid-read
         await self._close_client()
 
     async def _close_client(self) -> None:
@@ -350,7 +329,7 @@ class SnapshotLoader:
             except Exception:
                 # Never stop following: a router on a frozen snapshot is worse than a noisy log.
                 logger.exception("snapshot: follower failed; restarting in ~%.1fs", backoff)
-            _raise_if_cancelling()
+            raise_if_cancelling()
             self._note_staleness()
             if synced.is_set():
                 backoff = self._backoff_initial_s
@@ -375,7 +354,7 @@ class SnapshotLoader:
                     self._note_staleness()
                     next_confirm = loop.time() + self._confirm_poll_s
                 message = await pubsub.get_message(timeout=min(5.0, self._confirm_poll_s))
-                _raise_if_cancelling()
+                raise_if_cancelling()
                 if message is None or message.get("type") != "message":
                     continue
                 announced = parse_version(message.get("data"))

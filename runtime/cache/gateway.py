@@ -45,6 +45,7 @@ from runtime.cache.store import ResultStore, StoreConfig
 from runtime.contract import cache_purge_channel
 from runtime.gateway.relay import SSE_HEADERS, ResponseSink, Usage
 from runtime.gateway.state import RouterState
+from runtime.redis_conn import cancel_and_wait
 from runtime.snapshot import ModelSnap, TenantSnap, VersionSnap
 
 HIT_HEADER = b"x-switchyard-cache"
@@ -237,9 +238,7 @@ class CacheFront:
     async def close(self) -> None:
         task, self._purges = self._purges, None
         if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+            await cancel_and_wait(task)  # redis-py can swallow a cancellation mid-read
         await self._redis.aclose()  # type: ignore[attr-defined]
 
 
