@@ -89,7 +89,9 @@ class Flights:
                 lease = cache_lease_key(self._ns, key)
                 if await self._redis.set(lease, lead.token, nx=True, px=self.lease_ms):
                     lead.leased = True
-                    entry = await lookup() if joined else None  # the leader may have stored it
+                    # Look again: a leader that finished while this request was between its own
+                    # store miss and here has stored the answer (else a second upstream call).
+                    entry = await lookup()
                     if entry is None:
                         return lead
                     await lead.finish(entry)
