@@ -100,9 +100,12 @@ class LocalActuator:
 
     # -- actions ------------------------------------------------------------------------
 
-    def start(self, pool: Pool, *, routed: bool) -> tuple[Endpoint, StartTime]:
-        """Start one replica (ready when ``routed``, else warm); its measured start time."""
-        version = self._version(pool)
+    def start(
+        self, pool: Pool, *, routed: bool, version: ModelVersion | None = None
+    ) -> tuple[Endpoint, StartTime]:
+        """Start one replica of ``version`` (default: the pool's current one), ready when
+        ``routed``, else warm; its measured start time."""
+        version = version or self._version(pool)
         started = self._clock()
         port = free_port()
         argv = [
