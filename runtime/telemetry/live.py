@@ -12,9 +12,10 @@ in flight vs capacity per endpoint, tenant shares, Jain's index) and publishes o
 A row is one (tenant, model, version, class, pool) with requests, outcomes, 429s, shed, TTFT,
 inter-token (ITL) and end-to-end percentiles, mean per-stage latency (gateway → queue →
 upstream first token → stream) and tokens. A request's ITL is its ``itl`` timing when the
-gateway records one, else its mean gap after the first token: (e2e − TTFT) / (tokens − 1).
+gateway records one, else its mean gap after the first token: (e2e - TTFT) / (tokens - 1).
 The document also carries the router's own view of the routes (model → version → weight) and
-the snapshot version it serves. A failed publish is logged and dropped: live data is not worth a retry.
+the snapshot version it serves. A failed publish is logged and dropped: live data is not worth
+a retry.
 """
 
 from __future__ import annotations
