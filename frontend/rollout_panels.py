@@ -17,7 +17,7 @@ from django.db.models import Prefetch, QuerySet
 
 from apps.billing.models import Price
 from apps.models.models import ModelVersion
-from apps.rollouts.models import ACTIVE_STATES, Rollout, RolloutEvent
+from apps.rollouts.models import ACTIVE_STATES, TRAFFIC_STATES, Rollout, RolloutEvent
 from apps.rollouts.transitions import candidate_share
 
 EVENTS_SHOWN = 30
@@ -136,6 +136,16 @@ def _price(version: ModelVersion) -> list[float] | None:
     return None if price is None else [float(price.input_per_1k), float(price.output_per_1k)]
 
 
+def _share(rollout: Rollout) -> int:
+    """The candidate's traffic share now: its step's while it may hold traffic, 100 once
+    promoted, else 0."""
+    if rollout.state == Rollout.State.PROMOTED:
+        return 100
+    if rollout.state not in TRAFFIC_STATES or not rollout.steps:
+        return 0
+    return candidate_share(rollout)
+
+
 def rollout_view(rollout: Rollout) -> dict[str, Any]:
     events = list(rollout.events.all())
     evidence, decided_at = latest_evidence(events)
@@ -150,7 +160,7 @@ def rollout_view(rollout: Rollout) -> dict[str, Any]:
         "mode": rollout.mode,
         "steps": steps,
         "current_step": rollout.current_step,
-        "share": candidate_share(rollout) if steps else 0,
+        "share": _share(rollout),
         "step_started_at": rollout.step_started_at.isoformat(timespec="seconds")
         if rollout.step_started_at
         else "",

@@ -97,9 +97,17 @@ def platform(
     # What this test writes to the database publishes snapshots; keep them away from the
     # router's hand-built one (and under the prefix the publisher cleans up).
     settings.SNAPSHOT_REDIS_PREFIX = f"{prefix}:db:snapshot"
-    var_dir = tmp_path / "var"
+    web = start_web(prefix, tmp_path / "var")
+    try:
+        yield Platform(router=router, web=web, world=world)
+    finally:
+        web.stop()
+
+
+def web_env(prefix: str, var_dir: Path) -> dict[str, str]:
+    """The environment of a control-plane process on this test's database and Redis."""
     settings_db = connection.settings_dict
-    env = {
+    return {
         **os.environ,
         "DATABASE_URL": f"postgres://{settings_db['USER']}@{settings_db['HOST']}:"
         f"{settings_db['PORT']}/{settings_db['NAME']}",
@@ -109,6 +117,11 @@ def platform(
         "SECRET_KEY": "browser-test-secret",
         "PYTHONPATH": str(REPO_ROOT),
     }
+
+
+def start_web(prefix: str, var_dir: Path) -> Process:
+    """The control plane (uvicorn, the ASGI app with websockets and the live relay)."""
+    env = web_env(prefix, var_dir)
     subprocess.run(
         [sys.executable, "manage.py", "collectstatic", "--noinput", "--verbosity", "0"],
         cwd=REPO_ROOT,
@@ -117,11 +130,7 @@ def platform(
         timeout=120,
     )
     web, _ = spawn(["uvicorn", "config.asgi:application", "--log-level", "warning"], env=env)
-    try:
-        wait_until_up(web, "/accounts/login/")
-        yield Platform(router=router, web=web, world=world)
-    finally:
-        web.stop()
+    return wait_until_up(web, "/accounts/login/")
 
 
 @pytest.fixture(autouse=True)

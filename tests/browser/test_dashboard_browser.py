@@ -123,6 +123,11 @@ def test_operator_watches_traffic_chart_move(
             ".some(t => t.name.includes('SLO'))",
             timeout=5_000,
         )
+        page.wait_for_function(  # inter-token latency per class from the live aggregate
+            "() => (document.getElementById('chart-itl').data ?? [])"
+            ".some(t => t.name.endsWith('p95') && t.y.some(v => v > 0))",
+            timeout=5_000,
+        )
         page.wait_for_function(  # an operator sees every tenant
             "() => window.switchyardDashboard.tenants().join() === 'acme,globex'", timeout=5_000
         )
@@ -228,7 +233,8 @@ def test_operator_cancels_a_rollout(
     page.goto(f"{platform.web_url}/dashboard/rollouts/")
     card = page.locator(f"#rollout-{rollout.pk}")
     assert card.get_attribute("data-state") == "pending"
-    assert card.locator("button[value=rollback]").is_enabled()
+    assert card.locator("button[value=cancel]").is_enabled()
+    assert card.locator("button[value=rollback]").is_disabled()  # a draft does not run yet
     card.locator("input[aria-label='reason for Cancel']").fill("bad canary")
     card.locator("button[value=cancel]").click()
     page.wait_for_selector(f"#rollout-{rollout.pk}[data-state=cancelled]", timeout=5_000)

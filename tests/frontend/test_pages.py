@@ -183,6 +183,7 @@ def test_start_then_roll_back_from_the_page_moves_the_route_weights(
     assert "advance needs it to be running" in feed["tasks"][0]["said"]
     (view,) = [r for r in feed["rollouts"] if r["id"] == rollout.pk]
     assert view["state"] == "rolled_back"
+    assert view["share"] == 0  # back on stable
     assert view["events"][-1]["reason"] == "p95 too high"
 
 
