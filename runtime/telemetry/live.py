@@ -12,7 +12,8 @@ in flight vs capacity per endpoint, tenant shares, Jain's index) and publishes o
 A row is one (tenant, model, version, class, pool) with requests, outcomes, 429s, shed, TTFT,
 inter-token (ITL) and end-to-end percentiles, mean per-stage latency (gateway → queue →
 upstream first token → stream) and tokens. A request's ITL is its ``itl`` timing when the
-gateway records one, else its mean gap after the first token: (e2e - TTFT) / (tokens - 1).
+gateway records one, else (streams only) its mean gap after the first token:
+(e2e - TTFT) / (tokens - 1).
 The document also carries the router's own view of the routes (model → version → weight) and
 the snapshot version it serves. A failed publish is logged and dropped: live data is not worth
 a retry.
@@ -112,7 +113,7 @@ class _Row:
         _sample(self.ttft, ttft, self.requests)
         itl = timings.get("itl")
         tokens = record.completion_tokens or 0
-        if itl is None and tokens > 1:
+        if itl is None and record.stream and tokens > 1:  # unary: one body, no gaps seen
             itl = max(e2e - ttft, 0.0) / (tokens - 1)
         if itl is not None:
             _sample(self.itl, itl, self.requests)

@@ -61,11 +61,12 @@ def traffic(platform: Platform, *, seconds: float = 20.0) -> Iterator[list[int]]
     stop = threading.Event()
     statuses: list[int] = []
 
-    def send(key: str) -> None:
+    def send(key: str, stream: bool) -> None:
         body = json.dumps(
             {
                 "model": MODEL,
                 "max_tokens": 8,
+                "stream": stream,  # streams give the inter-token latency
                 "messages": [{"role": "user", "content": "hello dashboard"}],
             }
         )
@@ -75,13 +76,14 @@ def traffic(platform: Platform, *, seconds: float = 20.0) -> Iterator[list[int]]
             headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
         )
         with urllib.request.urlopen(request, timeout=10) as response:
+            response.read()  # to the end (a stream's [DONE])
             statuses.append(response.status)
 
     def run() -> None:
         for i in range(int(seconds * 10)):
             if stop.wait(0.1):
                 return
-            send(platform.world.secrets["acme" if i % 2 else "globex"])
+            send(platform.world.secrets["acme" if i % 2 else "globex"], stream=i % 4 < 2)
 
     thread = threading.Thread(target=run, name="dashboard-traffic", daemon=True)
     thread.start()

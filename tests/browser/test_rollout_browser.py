@@ -152,24 +152,24 @@ def stage(transactional_db: Any, settings: Any, tmp_path: Path) -> Iterator[Stag
 
 
 def _traffic(stage: Stage, stop: threading.Event) -> list[int]:
-    """Requests to MODEL every 50 ms in a thread (bounded by ``stop`` and 1200 requests)."""
+    """Requests to MODEL every 50 ms from every tenant, half of them streamed, in a thread
+    (bounded by ``stop`` and 1200 requests)."""
     statuses: list[int] = []
-    body = json.dumps(
-        {"model": MODEL, "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
-    ).encode()
 
     def run() -> None:
         for i in range(1200):
             if stop.wait(0.05):
                 return
             key = stage.keys[i % len(stage.keys)]
+            body = {"model": MODEL, "max_tokens": 8, "stream": i % 2 == 0,
+                    "messages": [{"role": "user", "content": "hi"}]}  # fmt: skip
             request = urllib.request.Request(
-                f"{stage.router.base_url}/v1/chat/completions", data=body,
-                headers={"Authorization": f"Bearer {key}",
-                         "Content-Type": "application/json"},
+                f"{stage.router.base_url}/v1/chat/completions", data=json.dumps(body).encode(),
+                headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
             )  # fmt: skip
             try:
                 with urllib.request.urlopen(request, timeout=10) as response:
+                    response.read()  # to the end (a stream's [DONE])
                     statuses.append(response.status)
             except OSError:
                 statuses.append(0)
@@ -196,12 +196,13 @@ def test_operator_rolls_back_a_running_rollout(browser: Any, stage: Stage, tmp_p
             f"() => ({WEIGHTS_JS})({rollout.pk}).some(w => w.v2 === 50 && w.v1 === 50)",
             timeout=10_000,
         )
-        page.wait_for_function(  # live stable vs candidate: both versions served requests
-            f"() => [...document.querySelectorAll('#rollout-{rollout.pk} .live-compare tbody tr')]"
-            ".some(tr => tr.cells[0].textContent.startsWith('requests')"
-            " && +tr.cells[1].textContent > 0 && +tr.cells[2].textContent > 0)",
-            timeout=10_000,
-        )
+        for metric in ("requests", "ITL"):  # live stable vs candidate: both versions served
+            page.wait_for_function(
+                f"() => [...document.querySelectorAll('#rollout-{rollout.pk} .live-compare tr')]"
+                f".some(tr => tr.cells[0].textContent.startsWith('{metric}')"
+                " && +tr.cells[1].textContent > 0 && +tr.cells[2].textContent > 0)",
+                timeout=10_000,
+            )
         assert card.locator("button[value=rollback]").is_enabled()
         page.screenshot(path=str(tmp_path / "rollout-running.png"), full_page=True)
 

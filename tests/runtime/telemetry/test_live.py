@@ -92,13 +92,17 @@ def test_itl_percentiles_from_timing_or_stream_and_router_routes() -> None:
         LiveSources(routes=lambda: routes, snapshot_version=lambda: 42),
         clock=lambda: 1.0,
     )
-    live.record(_record("acme", e2e=140.0, ttft=40.0))  # 5 tokens: (140 - 40) / 4 = 25 ms
+    streamed = _record("acme", e2e=140.0, ttft=40.0)
+    streamed.stream = True
+    live.record(streamed)  # 5 tokens: (140 - 40) / 4 = 25 ms
     measured = _record("acme", e2e=140.0, ttft=40.0)
     measured.timings_ms["itl"] = 7.5  # the gateway's own measure wins
     live.record(measured)
     one_token = _record("globex", e2e=140.0, ttft=40.0)
+    one_token.stream = True
     one_token.completion_tokens = 1  # no gap after a single token
     live.record(one_token)
+    live.record(_record("globex", e2e=140.0, ttft=40.0))  # unary: the body came at once
     document = live.close_bucket()
     rows = {r["tenant"]: r for r in document["rows"]}
     assert rows["acme"]["itl_ms"] == {"p50": 7.5, "p95": 25.0, "p99": 25.0}
