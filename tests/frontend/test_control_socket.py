@@ -7,19 +7,24 @@ relay runs with the real control source.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
+import msgspec
 import pytest
+import redis.asyncio as aioredis
 from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
 from django.contrib.auth.models import User
 from fixtures.router import redis_url
-from test_live_socket import _connect
+from fixtures.wait import async_eventually
+from test_live_socket import _connect, _doc
 
 from apps.models.services import pool_create
 from apps.scaling.models import ScalingDecision
 from frontend.control_feed import ControlSource
 from frontend.relay import LiveRelay
+from runtime.telemetry.live import live_channel
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
@@ -81,3 +86,35 @@ async def test_control_documents_reach_staff_only(namespace: str, people: dict[s
             await communicator.disconnect()
         await relay.stop()
         control.close()
+
+
+@pytest.mark.asyncio
+async def test_a_failing_control_read_does_not_stop_live_documents(
+    namespace: str, people: dict[str, User]
+) -> None:
+    calls: list[float] = []
+
+    async def broken() -> dict[str, Any]:  # e.g. the database is down
+        calls.append(time.time())
+        raise RuntimeError("database unavailable")
+
+    relay = LiveRelay(redis_url(), namespace, control=broken)
+    publisher = aioredis.Redis.from_url(redis_url())
+    staff, (connected, _) = await _connect(people["staff"])
+    try:
+        assert connected
+        assert (await staff.receive_json_from(timeout=5))["type"] == "backfill"
+        await relay.start()
+
+        async def forwarded_after_failures() -> bool:
+            await publisher.publish(live_channel(namespace), msgspec.json.encode(_doc(time.time())))
+            return len(calls) >= 2 and relay.forwarded > 0
+
+        await async_eventually(forwarded_after_failures, timeout=15.0, what="failures, then docs")
+        assert relay.controls == 0
+        message = await staff.receive_json_from(timeout=5)
+        assert message["type"] == "live"  # never a control document
+    finally:
+        await staff.disconnect()
+        await relay.stop()
+        await publisher.aclose()
