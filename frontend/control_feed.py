@@ -109,7 +109,7 @@ def control_document(client: redis.Redis[bytes], namespace: str) -> dict[str, An
     """What operators see change live: rollouts, scaling, the dashboard's queued actions."""
     return {
         "ts": round(time.time(), 3),
-        "rollouts": [rollout_view(r) for r in rollouts_recent()],
+        "rollouts": [rollout_view(r, client) for r in rollouts_recent()],
         "scaling": scaling_view(),
         "tasks": tasks_view(client, namespace),
     }

@@ -6,19 +6,29 @@ The evidence is rendered generically: one group of rows per gate entry, a row pe
 has a ``stable_…``/``candidate_…`` pair (or ``stable``/``candidate`` dicts), and the gate's
 other numbers (thresholds, test statistics) as a note, so a gate added to the evaluator
 (ITL, say) appears here without a change.
+
+Besides the latest recorded evidence (written only when the evaluator acts), a running or
+paused rollout gets a preview: the same gates over the current step's window, read from the
+routers' per-version counters in Redis (``runtime.telemetry.versions.read_window``, the
+evaluator's own source) with the evaluator's ``gate_results``; read only, nothing acts on it.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+import redis
 from django.db.models import Prefetch, QuerySet
 
 from apps.billing.models import Price
 from apps.models.models import ModelVersion
+from apps.rollouts import gates
+from apps.rollouts.evaluate import gate_results, telemetry_namespace
 from apps.rollouts.models import ACTIVE_STATES, TRAFFIC_STATES, Rollout, RolloutEvent
 from apps.rollouts.transitions import candidate_share
+from runtime.telemetry.versions import read_window
 
 EVENTS_SHOWN = 30
 SIDES = ("stable", "candidate")
@@ -43,6 +53,8 @@ def _fmt(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.4g}"
     if isinstance(value, Mapping):
+        if not value:
+            return "—"
         return ", ".join(f"{k} {_fmt(v)}" for k, v in value.items())
     return str(value)
 
@@ -146,9 +158,36 @@ def _share(rollout: Rollout) -> int:
     return candidate_share(rollout)
 
 
-def rollout_view(rollout: Rollout) -> dict[str, Any]:
+def gate_preview(
+    rollout: Rollout, client: redis.Redis[bytes], now: float | None = None
+) -> dict[str, Any] | None:
+    """The gates over the current step's window so far (None unless it holds traffic)."""
+    if rollout.state not in TRAFFIC_STATES or rollout.mode == Rollout.Mode.SHADOW:
+        return None
+    now = time.time() if now is None else now
+    started = rollout.step_started_at.timestamp() if rollout.step_started_at else now
+    since = max(started, now - rollout.step_window_s)
+    stable_label, candidate_label = rollout.stable_version.label, rollout.candidate_version.label
+    totals = read_window(
+        client, namespace=telemetry_namespace(), model=rollout.model.name,
+        versions=[stable_label, candidate_label], since=since, until=now,
+    )  # fmt: skip
+    stable, candidate = totals[stable_label], totals[candidate_label]
+    results = gate_results(rollout, stable, candidate)
+    return {
+        "decision": gates.overall(results),
+        "window_s": round(now - since, 1),
+        "stable": stable.summary(),
+        "candidate": candidate.summary(),
+        "gates": [result.as_dict() for result in results],
+    }
+
+
+def rollout_view(rollout: Rollout, client: redis.Redis[bytes] | None = None) -> dict[str, Any]:
+    """The rollout's view; with a Redis ``client``, its gate preview too."""
     events = list(rollout.events.all())
     evidence, decided_at = latest_evidence(events)
+    preview = None if client is None else gate_preview(rollout, client)
     steps = [int(s) for s in rollout.steps]
     return {
         "id": rollout.pk,
@@ -169,6 +208,9 @@ def rollout_view(rollout: Rollout) -> dict[str, Any]:
         "evidence_at": decided_at,
         "evidence_decision": (evidence or {}).get("decision", ""),
         "evidence": evidence_rows(evidence),
+        "preview_decision": "" if preview is None else preview["decision"],
+        "preview_window_s": None if preview is None else preview["window_s"],
+        "preview": evidence_rows(preview),
         # per 1k tokens [input, output], for the live cost column (active rollouts only)
         "prices": {
             "stable": _price(rollout.stable_version),

@@ -203,6 +203,13 @@ def test_operator_rolls_back_a_running_rollout(browser: Any, stage: Stage, tmp_p
                 " && +tr.cells[1].textContent > 0 && +tr.cells[2].textContent > 0)",
                 timeout=10_000,
             )
+        page.wait_for_function(  # the gates now, from the routers' per-version counters
+            f"() => [...document.querySelectorAll('#rollout-{rollout.pk} .preview tr')]"
+            ".some(tr => tr.cells.length === 4 && tr.cells[1].textContent === 'requests'"
+            " && +tr.cells[2].textContent > 0 && +tr.cells[3].textContent > 0)",
+            timeout=10_000,
+        )
+        assert "error_rate" in card.locator(".preview").inner_text()
         assert card.locator("button[value=rollback]").is_enabled()
         page.screenshot(path=str(tmp_path / "rollout-running.png"), full_page=True)
 

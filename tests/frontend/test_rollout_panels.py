@@ -3,9 +3,13 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
+import redis
 from django.contrib.auth.models import User
 from django.test import Client
+from fixtures.router import redis_url
 
 from apps.models.services import endpoint_register, endpoint_set_state, pool_create
 from apps.rollouts import gates
@@ -13,8 +17,9 @@ from apps.rollouts.evaluate import gate_results
 from apps.rollouts.models import Rollout
 from apps.rollouts.transitions import rollout_rollback, rollout_start, rollout_warmup
 from apps.scaling.models import ScalingDecision
+from frontend.control_feed import control_document
 from frontend.rollout_panels import evidence_rows
-from runtime.telemetry.versions import TTFT_BOUNDS_MS, WindowStats
+from runtime.telemetry.versions import TTFT_BOUNDS_MS, VersionStats, WindowStats
 
 
 def _evidence(rollout: Rollout) -> dict[str, object]:
@@ -98,3 +103,49 @@ def test_scaling_page_lists_pools_replicas_and_decisions(people: dict[str, User]
     assert "queued {0: 7}" in page
     assert 'id="scaling-data"' in page  # the chart's first points, then the staff feed
     assert '<strong class="serving">0</strong>' in page
+
+
+async def _routers_counted(namespace: str, requests: dict[str, int]) -> None:
+    """What routers write: per-version counters in Redis (the evaluator's own source)."""
+    stats = VersionStats(redis_url(), namespace=namespace)
+    await stats.start()
+    try:
+        for version, n in requests.items():
+            for i in range(n):
+                stats.record(
+                    model="tiny-llama", version=version, status=500 if i % 10 == 0 else 200,
+                    outcome="ok", ttft_ms=40.0, prompt_tokens=10, completion_tokens=20,
+                )  # fmt: skip
+        assert await stats.flush() > 0
+    finally:
+        await stats.stop()
+
+
+@pytest.mark.integration
+def test_gate_preview_reads_the_current_window_from_the_routers_counters(
+    people: dict[str, User], rollout: Rollout, namespace: str
+) -> None:
+    pool = pool_create(actor=None, name="pv-cpu", hardware_tier="cpu", cost_per_replica_hour=1)
+    for number, version in enumerate((rollout.stable_version, rollout.candidate_version)):
+        endpoint = endpoint_register(
+            actor=None, pool=pool, version=version, base_url=f"http://127.0.0.1:{9300 + number}",
+            capacity=4,
+        )  # fmt: skip
+        endpoint_set_state(actor=None, endpoint=endpoint, state="ready")
+    client: redis.Redis[bytes] = redis.Redis.from_url(redis_url())
+    try:
+        pending = control_document(client, namespace)["rollouts"][0]
+        assert pending["preview"] == []  # a draft holds no traffic
+        rollout_warmup(actor=None, rollout=rollout_start(actor=None, rollout=rollout))
+        asyncio.run(_routers_counted(namespace, {"v1": 30, "v2": 20}))
+        (view,) = control_document(client, namespace)["rollouts"]
+    finally:
+        client.delete(*client.keys(f"{namespace}:vstats:*"))
+        client.close()
+    assert view["preview_decision"] == "wait"  # 200 samples needed, 20 seen
+    groups = {g["gate"]: g for g in view["preview"]}
+    assert set(groups) == {"window totals", "error_rate", "ttft_p95", "cost"}
+    totals = {r["metric"]: (r["stable"], r["candidate"]) for r in groups["window totals"]["rows"]}
+    assert totals["requests"] == ("30", "20")
+    assert totals["errors"] == ("3", "2")
+    assert groups["error_rate"]["decision"] == "wait"

@@ -273,24 +273,32 @@
         return li;
       }));
       card.querySelector(".evidence-at").textContent = r.evidence_at ? r.evidence_at + ": " + r.evidence_decision : "none yet";
-      const rows = [];
-      for (const g of r.evidence) {
-        g.rows.forEach((row, i) => {
-          const gate = cell(i === 0 ? g.gate : "");
-          if (i === 0 && g.decision) {
-            const d = document.createElement("span");
-            d.className = "decision " + g.decision;
-            d.textContent = g.decision;
-            gate.append(" ", d);
-          }
-          rows.push(rowOf([gate, row.metric, row.stable, row.candidate]));
-        });
-        if (g.notes) { const note = cell(g.notes); note.colSpan = 3; rows.push(rowOf([cell(""), note], "note")); }
-      }
-      if (rows.length) card.querySelector(".evidence tbody").replaceChildren(...rows);
+      fillGates(card.querySelector(".evidence tbody"), r.evidence, "no evaluation recorded yet");
+      card.querySelector(".preview-at").textContent = r.preview_decision
+        ? "(" + r.preview_window_s + " s so far): " + r.preview_decision : "(not holding traffic)";
+      fillGates(card.querySelector(".preview tbody"), r.preview, "shown while the rollout holds traffic");
       card.dataset.prices = JSON.stringify(r.prices || {});
     }
     document.getElementById("new-rollouts").hidden = !unknown;
+  }
+
+  function fillGates(tbody, groups, empty) {
+    const rows = [];
+    for (const g of groups) {
+      g.rows.forEach((row, i) => {
+        const gate = cell(i === 0 ? g.gate : "");
+        if (i === 0 && g.decision) {
+          const d = document.createElement("span");
+          d.className = "decision " + g.decision;
+          d.textContent = g.decision;
+          gate.append(" ", d);
+        }
+        rows.push(rowOf([gate, row.metric, row.stable, row.candidate]));
+      });
+      if (g.notes) { const note = cell(g.notes); note.colSpan = 3; rows.push(rowOf([cell(""), note], "note")); }
+    }
+    if (!rows.length) { const c = cell(empty); c.colSpan = 4; rows.push(rowOf([c])); }
+    if (tbody) tbody.replaceChildren(...rows);
   }
 
   function renderCompare() {
