@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import MODEL, Platform
+from browser_platform import MODEL, Platform
 from django.contrib.auth.models import User
 from fixtures.wait import eventually
 

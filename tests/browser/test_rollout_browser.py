@@ -24,7 +24,7 @@ from typing import Any
 import msgspec
 import pytest
 import redis
-from conftest import start_web, web_env
+from browser_platform import start_web, web_env
 from django.contrib.auth.models import User
 from fixtures.celery_worker import Worker
 from fixtures.router import Process, redis_url, spawn, start_router, wait_ready, wait_until_up
