@@ -79,7 +79,7 @@ class ServeModelLauncher:
             "--engine-log", str(spec.log_dir / f"{spec.pool}-{spec.port}-engine.log"),
         ]  # fmt: skip
         if spec.extra_args:
-            argv += ["--engine-args", shlex.join(spec.extra_args)]
+            argv.append(f"--engine-args={shlex.join(spec.extra_args)}")
         return argv
 
 
