@@ -109,7 +109,7 @@ class CpuPolicy:
             return cold
         load = signals.utilisation if signals.capacity else 0.0
         need = _band_need(load, "in-flight/capacity", current=current, target=target)
-        wait = _worst_wait(signals)
+        wait = _worst_wait(signals) if signals.queued_total else 0.0  # a queue now, not a past one
         if (signals.shed_per_s > 0 or wait > target.wait_slo_s) and need.replicas <= current:
             return Need(
                 current + 1, f"queue building: p95 {wait:.2f}s, shed {signals.shed_per_s:.2f}/s"
