@@ -5,6 +5,8 @@ warm one out of routing, promotes it, and ``manage.py stop_replicas`` stops them
 from __future__ import annotations
 
 import os
+import signal
+import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +17,7 @@ import redis
 from django.conf import settings
 from django.core.management import call_command
 from django.db import connection
+from fixtures.wait import eventually
 
 from apps.models.models import Endpoint, Pool
 from apps.models.services import (
@@ -158,4 +161,39 @@ def test_a_worker_that_exits_while_starting_is_an_error(
             actuator.start(pool, routed=True)
         assert actuator.records(pool) == {}
     finally:
+        actuator.close()
+
+
+@pytest.mark.integration
+def test_a_replica_dies_with_the_process_that_started_it(
+    pool: Pool, prefix: str, tmp_path: Path
+) -> None:
+    """``death_signal`` (what `up`'s Celery worker uses): the replica gets SIGTERM when its
+    starter goes (PR_SET_PDEATHSIG follows the starting thread, so a thread stands in for a
+    killed process), and the next observation takes its endpoint out."""
+    actuator = LocalActuator(
+        redis_url=settings.REDIS_URL, namespace=scaling_namespace(), log_dir=tmp_path / "log",
+        death_signal=signal.SIGTERM, start_timeout_s=30,
+    )  # fmt: skip
+    started: list[Endpoint] = []
+
+    def starter() -> None:
+        try:
+            started.append(actuator.start(pool, routed=True)[0])
+        finally:
+            connection.close()
+
+    try:
+        thread = threading.Thread(target=starter)
+        thread.start()
+        thread.join(60)
+        (endpoint,) = started
+        record = actuator.records(pool)[endpoint.pk]
+        eventually(lambda: not record.alive, timeout=10, what="the replica dying with its starter")
+        assert actuator.observe(pool).serving == 0
+        endpoint.refresh_from_db()
+        assert endpoint.state == Endpoint.State.GONE
+        assert actuator.records(pool) == {}
+    finally:
+        actuator.stop_all(pool)
         actuator.close()
