@@ -238,6 +238,8 @@ def test_a_load_ramp_scales_the_pool_out_and_back_in_with_no_failed_request(
     assert len(ins) == 2, [(d.action, d.current, d.desired, d.reason) for d in decisions]
     assert all(d.stopped == 1 for d in ins)
     assert all(d.signals["pool"] == "ramp" for d in decisions)
+    # The router measured first-token times against the class SLO (2 s) under the load.
+    assert any("standard" in d.signals["ttft_p95_s"] for d in outs + ins)
     first_in = min(d.created_at for d in ins)
     last_out = max(d.created_at for d in outs)
     assert (first_in - last_out).total_seconds() >= IN_COOLDOWN_S  # slow in
