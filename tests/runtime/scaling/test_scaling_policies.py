@@ -184,3 +184,11 @@ def test_aggregate_takes_the_worst_ttft_and_batch_readings() -> None:
     assert total.ttft_slo_ratio == 1.2
     assert (total.batch_fill, total.batch_compute_s) == (0.3, 0.1)
     assert aggregate("p", [b]).batch_fill is None
+
+
+def test_a_pool_below_its_minimum_says_so() -> None:
+    plan = decide(scaling_policy("cpu"), sig(), current=0, warm_ready=0,
+                  bounds=Bounds(min=1, max=2), cooldowns=COOL, target=TARGET, history=History(),
+                  now=10)  # fmt: skip
+    assert (plan.action, plan.desired, plan.start) == ("out", 1, 1)
+    assert plan.why == "no replica serves and no demand; raised to the minimum of 1"
