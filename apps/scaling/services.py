@@ -138,9 +138,17 @@ def scaling_decision_record(
 
 
 def pool_autoscale(
-    *, pool: Pool, actuator: Actuator, signals: PoolSignals, now: float
+    *,
+    pool: Pool,
+    actuator: Actuator,
+    signals: PoolSignals,
+    now: float,
+    clock: Callable[[], float] | None = None,
 ) -> ScalingDecision:
-    """One controller step for ``pool``: plan, actuate, record the decision and the history."""
+    """One controller step for ``pool``: plan, actuate, record the decision and the history.
+
+    A scale-out or -in counts from when the actuator finished it (``clock()``, default ``now``):
+    a vLLM replica that took a minute to start gets its full cooldown after it serves."""
     scaling = pool_scaling_get_or_create(pool=pool)
     try:
         replicas = actuator.observe(pool)
@@ -156,7 +164,7 @@ def pool_autoscale(
     )  # fmt: skip
     actuation = actuator.apply(pool, plan)
     history = (
-        plan.history
+        _finished_at(plan.history, now, clock() if clock is not None else now)
         if not actuation.error
         else History(scaling.last_out_at, scaling.last_in_at, plan.history.idle_since)
     )
@@ -168,6 +176,15 @@ def pool_autoscale(
         pool=pool, policy=policy, actuator=actuator.name, plan=plan, signals=signals,
         actuation=actuation,
     )  # fmt: skip
+
+
+def _finished_at(history: History, now: float, done: float) -> History:
+    """``history`` with the changes stamped ``now`` moved to ``done``."""
+    return History(
+        done if history.last_out_at == now else history.last_out_at,
+        done if history.last_in_at == now else history.last_in_at,
+        history.idle_since,
+    )
 
 
 def autoscale_all(
@@ -195,7 +212,9 @@ def autoscale_all(
         for pool in autoscaled_pools():
             now = clock()
             signals = pool_signals_read(client=client, namespace=namespace, pool=pool.name, now=now)
-            decisions.append(pool_autoscale(pool=pool, actuator=actuator, signals=signals, now=now))
+            decisions.append(
+                pool_autoscale(pool=pool, actuator=actuator, signals=signals, now=now, clock=clock)
+            )
         return decisions
     finally:
         done.set()

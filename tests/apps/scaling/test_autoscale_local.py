@@ -247,3 +247,17 @@ def test_a_replica_that_dies_is_taken_out_and_replaced(
 def test_a_reused_pid_is_not_taken_for_the_replica() -> None:
     assert Record(os.getpid(), 1, warm=False).alive is False  # our pid, without "--port 1"
     assert Record.decode(Record(7, 8, warm=True).encode()) == Record(7, 8, warm=True)
+
+
+def test_the_out_cooldown_counts_from_when_the_replica_serves(
+    pool: Pool, actuator: LocalActuator, client: redis.Redis, namespace: str
+) -> None:
+    """A start that takes long (vLLM: a minute or more) gets its whole cooldown afterwards."""
+    times = iter([100.0, 160.0])  # decided at 100, the replica served at 160
+    publish(client, namespace, queued={"1": 1})
+    decisions = autoscale_all(
+        client=client, actuator=actuator, namespace=namespace, clock=lambda: next(times)
+    )
+    assert decisions is not None
+    assert decisions[0].action == "out"
+    assert pool_scaling_get_or_create(pool=pool).last_out_at == 160.0
