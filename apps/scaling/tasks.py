@@ -57,4 +57,7 @@ def autoscale_tick() -> int:
         )
     finally:
         client.close()
+        close = getattr(actuator, "close", None)  # the local actuator's Redis client
+        if close is not None:
+            close()
     return len(decisions or [])

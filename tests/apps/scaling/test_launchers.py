@@ -39,6 +39,7 @@ from apps.scaling.services import (
     pool_scaling_update,
     scaling_namespace,
 )
+from apps.scaling.tasks import ENV_ACTUATOR, actuator_from_env, autoscale_tick
 from runtime.artifacts import compute_manifest, manifest_digest
 from runtime.policy_names import UnknownPolicyError
 from runtime.procs import cmdline, pid_alive
@@ -197,3 +198,18 @@ def test_a_replica_dies_with_the_process_that_started_it(
     finally:
         actuator.stop_all(pool)
         actuator.close()
+
+
+@pytest.mark.db
+def test_the_tick_builds_the_local_actuator_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch, db: Any, prefix: str
+) -> None:
+    monkeypatch.delenv(ENV_ACTUATOR, raising=False)
+    assert actuator_from_env() is None
+    assert autoscale_tick() == 0  # autoscaling off
+    monkeypatch.setenv(ENV_ACTUATOR, "local")
+    actuator = actuator_from_env()
+    assert isinstance(actuator, LocalActuator)
+    actuator.close()
+    pool_create(actor=None, name="idle", hardware_tier="cpu", cost_per_replica_hour="0")
+    assert autoscale_tick() == 1  # one decision: hold, nothing to run
