@@ -226,6 +226,9 @@ class LocalActuator:
                 )  # fmt: skip
         except (StartError, ActuatorError) as exc:
             self._kill(proc.pid, proc)
+            # A worker that registered and then failed leaves no live endpoint behind.
+            for left in Endpoint.objects.filter(pool=pool, base_url=base_url, state__in=LIVE):
+                endpoint_set_state(actor=None, endpoint=left, state=Endpoint.State.GONE)
             raise ActuatorError(f"pool {pool.name}: replica did not start: {exc}") from exc
         self._children[proc.pid] = proc
         self._record(pool, endpoint, Record(proc.pid, port, warm=not routed))
