@@ -1,9 +1,9 @@
 """The ``switchyard`` console script.
 
-    switchyard up [--port N] [--router-port N] [--worker-port N] [--no-worker]
-                  [--pg-port N] [--redis-port N]
-        The whole platform on this machine (control plane, Celery, the router and a vLLM CPU
-        worker serving the demo model); the same as ``python manage.py up``.
+    switchyard up [--port N] [--router-port N] [--no-worker] [--pg-port N] [--redis-port N]
+        The whole platform on this machine (control plane, Celery, the router; the autoscaler's
+        local actuator starts the demo model's vLLM CPU replicas and the encoder's, --no-worker:
+        none); the same as ``python manage.py up``.
     switchyard embedded [--var-dir DIR] [--pg-port N] [--redis-port N] -- CMD [ARG ...]
         Start embedded PostgreSQL / Redis for whichever of DATABASE_URL / REDIS_URL is unset, run
         CMD with those URLs in its environment, stop the servers, exit with CMD's exit code.

@@ -1,5 +1,6 @@
 """The demo data `switchyard up` seeds once: classes, tenants with keys and credits, an operator,
-a CPU pool, the demo model (helper command ``make_demo_model``) and its prices.
+a CPU pool, the demo model (helper command ``make_demo_model``) and its prices, and the demo
+pools' autoscaling settings (the version the local actuator starts).
 
 Every write goes through the apps' services. Each step is idempotent on its own (an existing
 request class, tenant, user, pool, model or price is left as it is), so a second run creates
@@ -26,7 +27,9 @@ from apps.billing.models import Price
 from apps.billing.services import credit_grant, price_set
 from apps.models.demo_encoder import EncoderPackageMissingError, demo_encoder_register
 from apps.models.models import ModelVersion, Pool
-from apps.models.services import pool_create
+from apps.models.services import pool_create, pool_update
+from apps.scaling.models import PoolScaling
+from apps.scaling.services import pool_scaling_get_or_create, pool_scaling_update
 from apps.tenants.models import RequestClass, Tenant
 from apps.tenants.services import api_key_create, audit_record, request_class_create, tenant_create
 
@@ -115,6 +118,14 @@ def _operator(result: SeedResult) -> None:
     result.created.append(f"operator login {OPERATOR_USERNAME}")
 
 
+# The demo pools' replica bounds: `up`'s autoscaler (local actuator) keeps one replica of each
+# (a vLLM cold start is ~35-60 s on a 2-core CPU box) and adds a second under load. Set
+# min_replicas 0 in the admin to let a pool go to zero after its idle time.
+DEMO_MIN, DEMO_MAX = 1, 2
+DEMO_REPLICAS = {"min_replicas": DEMO_MIN, "max_replicas": DEMO_MAX}
+DEMO_SCALING = {"idle_to_zero_s": 600.0, "in_cooldown_s": 120.0}
+
+
 def _pool(result: SeedResult) -> None:
     if Pool.objects.filter(name=POOL_NAME).exists():
         return
@@ -123,10 +134,23 @@ def _pool(result: SeedResult) -> None:
         name=POOL_NAME,
         hardware_tier=HARDWARE_TIER,
         cost_per_replica_hour=Decimal("0.10"),
-        min_replicas=0,
-        max_replicas=2,
+        min_replicas=DEMO_MIN,
+        max_replicas=DEMO_MAX,
     )
     result.created.append(f"pool {POOL_NAME} (tier {HARDWARE_TIER})")
+
+
+def _autoscaled(result: SeedResult, pool_name: str, version: ModelVersion) -> None:
+    """The pool's scaling settings naming the version the autoscaler starts (once; a pool an
+    earlier seed made with min 0 and a fixed worker gets the demo bounds)."""
+    pool = Pool.objects.get(name=pool_name)
+    if PoolScaling.objects.filter(pool=pool, version__isnull=False).exists():
+        return
+    if pool.min_replicas == 0 and not PoolScaling.objects.filter(pool=pool).exists():
+        pool_update(actor=None, pool=pool, **DEMO_REPLICAS)
+    scaling = pool_scaling_get_or_create(pool=pool)
+    pool_scaling_update(actor=None, scaling=scaling, version_id=version.pk, **DEMO_SCALING)
+    result.created.append(f"autoscaling of pool {pool_name} ({version})")
 
 
 def _demo_model(result: SeedResult, *, stdout: SupportsWrite[str]) -> None:
@@ -141,6 +165,7 @@ def _demo_model(result: SeedResult, *, stdout: SupportsWrite[str]) -> None:
     if not Price.objects.filter(version=version, hardware_tier=HARDWARE_TIER).exists():
         price_set(actor=None, version=version, hardware_tier=HARDWARE_TIER, **DEMO_PRICE)
         result.created.append(f"price of {version} on {HARDWARE_TIER}")
+    _autoscaled(result, POOL_NAME, version)
 
 
 def _credits_to_routers(*, stdout: SupportsWrite[str]) -> None:
@@ -171,12 +196,13 @@ def _demo_encoder(result: SeedResult, *, stdout: SupportsWrite[str]) -> None:
     if not Pool.objects.filter(name=ENCODER_POOL_NAME).exists():
         pool_create(
             actor=None, name=ENCODER_POOL_NAME, hardware_tier=HARDWARE_TIER,
-            cost_per_replica_hour=Decimal("0.05"), min_replicas=0, max_replicas=2,
+            cost_per_replica_hour=Decimal("0.05"), min_replicas=DEMO_MIN, max_replicas=DEMO_MAX,
         )  # fmt: skip
         result.created.append(f"pool {ENCODER_POOL_NAME} (tier {HARDWARE_TIER})")
     if not Price.objects.filter(version=version, hardware_tier=HARDWARE_TIER).exists():
         price_set(actor=None, version=version, hardware_tier=HARDWARE_TIER, **ENCODER_PRICE)
         result.created.append(f"price of {version} on {HARDWARE_TIER}")
+    _autoscaled(result, ENCODER_POOL_NAME, version)
 
 
 def demo_seed(*, stdout: SupportsWrite[str]) -> SeedResult:

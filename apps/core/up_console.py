@@ -2,9 +2,10 @@
 
 The readiness probes run in a background thread of ``up``: the control plane's login page, the
 router's ``/readyz``, and for the demo model what the line claims: the snapshot the router serves
-holds the worker's endpoint in state ``ready`` (never a stale record alone) AND the model answers
-a real one-token chat completion — through the router with the demo API key when this run
-printed one, else at the worker itself (later runs do not know a key). Nothing here imports
+holds an endpoint of the demo pool in state ``ready`` (the autoscaler started it; never a stale
+record alone) AND the model answers a real one-token chat completion — through the router with
+the demo API key when this run printed one, else at that replica itself (later runs do not know
+a key). Nothing here imports
 Django settings: ``up``'s own settings were read before the embedded servers existed, so every
 address comes in as an argument.
 """
@@ -44,7 +45,7 @@ def without_password(url: str) -> str:
 class Addresses:
     web: str  # http://127.0.0.1:8000
     router: str  # http://127.0.0.1:8080
-    worker: str | None  # http://127.0.0.1:8101, None with --no-worker
+    pool: str | None  # the demo model's pool the autoscaler serves; None with --no-worker
 
 
 def try_it(router: str, key: str) -> list[str]:
@@ -89,9 +90,10 @@ def banner(
         f"  admin            {at.web}/admin/",
         f"  OpenAPI schema   {at.web}/api/schema/",
         f"  router (OpenAI)  {at.router}/v1",
-        f"  vLLM worker      {at.worker} ({DEMO_MODEL} on CPU; engine log {worker_log})"
-        if at.worker
-        else "  vLLM worker      not started (--no-worker)",
+        f"  model replicas   started by the autoscaler ({DEMO_MODEL} in pool {at.pool}, "
+        f"min 1 / max 2; logs {worker_log})"
+        if at.pool
+        else "  model replicas   not started (--no-worker: autoscaling off)",
         f"  PostgreSQL       {without_password(env['DATABASE_URL'])}",
         f"  Redis            {without_password(env['REDIS_URL'])}",
         f"  data             {env['SWITCHYARD_VAR_DIR']}",
@@ -104,7 +106,7 @@ def banner(
         ]
         lines += [f"  API key {slug:<8} {key}" for slug, key in seed["api_keys"].items()]
         acme = seed["api_keys"].get("acme")
-        if acme and at.worker:
+        if acme and at.pool:
             lines += ["", *try_it(at.router, acme)]
     else:
         lines += [
@@ -137,17 +139,20 @@ def http_json(url: str, *, timeout: float = 2.0) -> tuple[int, Any]:
         return status, None
 
 
-def serving_version(client: redis.Redis[bytes], *, prefix: str, worker: str) -> int | None:
-    """The published snapshot's version if it holds a ready endpoint at ``worker``, else None."""
+def serving_endpoint(
+    client: redis.Redis[bytes], *, prefix: str, pool: str
+) -> tuple[int, str] | None:
+    """(the published snapshot's version, the endpoint's URL) if it holds a ready endpoint in
+    ``pool``, else None."""
     try:
         snapshot = snapshot_store.read_latest(client, prefix=prefix)
     except (RedisError, OSError, msgspec.MsgspecError):
         return None
     if snapshot is None:
         return None
-    for endpoint in snapshot.endpoints.values():
-        if endpoint.base_url == worker and endpoint.state == "ready":
-            return snapshot.version
+    for endpoint in sorted(snapshot.endpoints.values(), key=lambda e: e.id):
+        if endpoint.pool == pool and endpoint.state == "ready":
+            return snapshot.version, endpoint.base_url
     return None
 
 
@@ -193,17 +198,18 @@ def checks(
             holder.append(
                 redis.Redis.from_url(redis_url, socket_timeout=2, socket_connect_timeout=2)
             )
-        assert at.worker is not None
-        version = serving_version(holder[0], prefix=snapshot_prefix, worker=at.worker)
-        if version is None:
+        assert at.pool is not None
+        found = serving_endpoint(holder[0], prefix=snapshot_prefix, pool=at.pool)
+        if found is None:
             return False
+        version, replica = found
         status, body = http_json(f"{at.router}/readyz")
         served = body.get("snapshot_version") if isinstance(body, dict) else None
         if status != 200 or not isinstance(served, int) or served < version:
             return False
         if api_key:  # the claim itself: the model answers through the router
             return answers(f"{at.router}/v1/chat/completions", model=DEMO_MODEL, api_key=api_key)
-        return answers(f"{at.worker}/v1/chat/completions", model=DEMO_MODEL)
+        return answers(f"{replica}/v1/chat/completions", model=DEMO_MODEL)
 
     found = [
         ReadyCheck(
@@ -219,17 +225,18 @@ def checks(
             timeout_s=120.0,
         ),
     ]
-    if at.worker is not None:
+    if at.pool is not None:
         found.append(
             ReadyCheck(
                 probe=model,
-                ready=f"model ready: {DEMO_MODEL} (vLLM worker {at.worker}) answered a request "
+                ready=f"model ready: {DEMO_MODEL} (pool {at.pool}) answered a request "
                 + (
                     f"through the router at {at.router}/v1"
                     if api_key
                     else f"and the router at {at.router}/v1 routes to it"
                 ),
-                late=f"{DEMO_MODEL} does not serve yet; see the vllm lines above and its log",
+                late=f"{DEMO_MODEL} does not serve yet; see the scaling lines above (worker) "
+                "and the replica logs",
                 timeout_s=900.0,
             )
         )

@@ -26,6 +26,10 @@ class PoolScaling(models.Model):
     idle_to_zero_s = models.FloatField(
         null=True, blank=True, default=300.0, help_text="Empty: never scale to zero."
     )
+    version = models.ForeignKey(
+        ModelVersion, on_delete=models.SET_NULL, null=True, blank=True, related_name="+",
+        help_text="What the local actuator starts in a pool that never ran a replica.",
+    )  # fmt: skip
     last_out_at = models.FloatField(null=True, blank=True)  # unix time
     last_in_at = models.FloatField(null=True, blank=True)
     idle_since = models.FloatField(null=True, blank=True)

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import threading
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import msgspec
 import redis
@@ -12,6 +15,8 @@ from django.conf import settings
 from django.contrib.auth.base_user import AbstractBaseUser
 from django.core.exceptions import ValidationError
 from django.db import transaction
+from redis.exceptions import LockError, RedisError
+from redis.lock import Lock
 
 from apps.models.models import Pool
 from apps.scaling.actuators.base import Actuation, Actuator, ActuatorError
@@ -25,6 +30,9 @@ from runtime.scaling.publisher import parse_entries
 from runtime.scaling.registry import names as scaling_policy_names
 from runtime.scaling.registry import policy_for_tier, scaling_policy
 from runtime.scaling.signals import PoolSignals, aggregate
+
+if TYPE_CHECKING:
+    from apps.scaling.actuators.local import LocalActuator
 
 SIGNALS_STALE_S = 10.0
 
@@ -130,9 +138,17 @@ def scaling_decision_record(
 
 
 def pool_autoscale(
-    *, pool: Pool, actuator: Actuator, signals: PoolSignals, now: float
+    *,
+    pool: Pool,
+    actuator: Actuator,
+    signals: PoolSignals,
+    now: float,
+    clock: Callable[[], float] | None = None,
 ) -> ScalingDecision:
-    """One controller step for ``pool``: plan, actuate, record the decision and the history."""
+    """One controller step for ``pool``: plan, actuate, record the decision and the history.
+
+    A scale-out or -in counts from when the actuator finished it (``clock()``, default ``now``):
+    a vLLM replica that took a minute to start gets its full cooldown after it serves."""
     scaling = pool_scaling_get_or_create(pool=pool)
     try:
         replicas = actuator.observe(pool)
@@ -148,7 +164,7 @@ def pool_autoscale(
     )  # fmt: skip
     actuation = actuator.apply(pool, plan)
     history = (
-        plan.history
+        _finished_at(plan.history, now, clock() if clock is not None else now)
         if not actuation.error
         else History(scaling.last_out_at, scaling.last_in_at, plan.history.idle_since)
     )
@@ -162,6 +178,15 @@ def pool_autoscale(
     )  # fmt: skip
 
 
+def _finished_at(history: History, now: float, done: float) -> History:
+    """``history`` with the changes stamped ``now`` moved to ``done``."""
+    return History(
+        done if history.last_out_at == now else history.last_out_at,
+        done if history.last_in_at == now else history.last_in_at,
+        history.idle_since,
+    )
+
+
 def autoscale_all(
     *,
     client: redis.Redis[bytes],
@@ -172,15 +197,42 @@ def autoscale_all(
 ) -> list[ScalingDecision] | None:
     """One tick over every autoscaled pool, by the one leader (None: another tick holds the
     lock). The lock expires after ``lock_ttl_s`` if its holder dies."""
-    lock = client.lock(scaling_leader_key(namespace), timeout=lock_ttl_s, blocking=False)
+    lock = client.lock(
+        scaling_leader_key(namespace), timeout=lock_ttl_s, blocking=False, thread_local=False
+    )
     if not lock.acquire(blocking=False):
         return None
+    done = threading.Event()
+    keeper = threading.Thread(
+        target=_keep_lock, args=(lock, lock_ttl_s, done), name="scaling-leader", daemon=True
+    )
+    keeper.start()  # a tick that starts a vLLM replica takes longer than the TTL
     try:
         decisions = []
         for pool in autoscaled_pools():
             now = clock()
             signals = pool_signals_read(client=client, namespace=namespace, pool=pool.name, now=now)
-            decisions.append(pool_autoscale(pool=pool, actuator=actuator, signals=signals, now=now))
+            decisions.append(
+                pool_autoscale(pool=pool, actuator=actuator, signals=signals, now=now, clock=clock)
+            )
         return decisions
     finally:
-        lock.release()
+        done.set()
+        keeper.join(5.0)
+        with contextlib.suppress(LockError):
+            lock.release()
+
+
+def _keep_lock(lock: Lock, ttl_s: float, done: threading.Event) -> None:
+    """Extend the leader lock every third of its TTL while the tick runs (the lock still
+    expires ``ttl_s`` after its holder dies)."""
+    while not done.wait(ttl_s / 3):
+        try:
+            lock.extend(ttl_s, replace_ttl=True)
+        except (LockError, RedisError, OSError) as exc:
+            logger.warning("scaling leader lock not extended: %s", exc)
+
+
+def local_replicas_stop_all(*, actuator: LocalActuator) -> int:
+    """Stop every replica ``actuator`` started, in every pool; how many there were."""
+    return sum(actuator.stop_all(pool) for pool in Pool.objects.order_by("id"))

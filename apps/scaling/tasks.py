@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import signal
+from pathlib import Path
 
 import redis
 from celery import shared_task
@@ -14,6 +16,11 @@ from apps.scaling.actuators.base import Actuator
 ENV_ACTUATOR = "SWITCHYARD_SCALING_ACTUATOR"  # "local" | "kubernetes"; unset: autoscaling off
 
 
+def replica_log_dir() -> Path:
+    """Where the local actuator's replicas write their output (one file per replica)."""
+    return Path(settings.VAR_DIR) / "log" / "replicas"
+
+
 def actuator_from_env() -> Actuator | None:
     kind = os.environ.get(ENV_ACTUATOR, "").strip()
     if kind == "local":
@@ -22,7 +29,10 @@ def actuator_from_env() -> Actuator | None:
         return LocalActuator(
             redis_url=settings.REDIS_URL,
             namespace=services.scaling_namespace(),
-            log_dir=settings.VAR_DIR / "log" / "replicas",
+            log_dir=replica_log_dir(),
+            # A replica dies with the Celery process that started it (so with `up`, even on
+            # kill -9); the controller starts a replacement if the pool still needs one.
+            death_signal=signal.SIGTERM,
         )
     if kind == "kubernetes":
         from apps.scaling.actuators.kubernetes import KubernetesActuator  # noqa: PLC0415
@@ -47,4 +57,7 @@ def autoscale_tick() -> int:
         )
     finally:
         client.close()
+        close = getattr(actuator, "close", None)  # the local actuator's Redis client
+        if close is not None:
+            close()
     return len(decisions or [])

@@ -126,6 +126,8 @@ class InferenceConsumer(GatewayConsumer):
             model=labels.model, klass=labels.klass, outcome=record.outcome, tenant=record.tenant
         )
         state.metrics.observe_slis(record, state.snapshot)
+        if state.scaling is not None:  # TTFT against the class SLO, for the autoscaler
+            state.scaling.observe_request(record, state.snapshot)
         state.tracing.finish(record)
         if state.live is not None:
             state.live.record(record)

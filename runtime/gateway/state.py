@@ -25,6 +25,7 @@ from runtime.routing.inflight import InFlight
 from runtime.routing.shadow import ShadowMirror
 from runtime.routing.signals import FleetSignals
 from runtime.routing.table import RoutingTable
+from runtime.scaling.engines import EngineScraper
 from runtime.scaling.fleet import SnapshotFleet
 from runtime.scaling.publisher import PoolMeter, SignalsPublisher
 from runtime.scheduling.placement import FleetPlacement
@@ -280,7 +281,7 @@ def build_state(config: RouterConfig) -> RouterState:
         config.redis_url,
         namespace=config.namespace,
         pools=state.dispatchers.all,
-        meter=PoolMeter(SnapshotFleet(current, signals)),
+        meter=PoolMeter(SnapshotFleet(current, signals), engines=EngineScraper(current)),
         interval_s=config.scaling_signals_s,
     )
     state.loader.add_swap_callback(state.on_snapshot)

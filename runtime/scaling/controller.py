@@ -80,6 +80,8 @@ def decide(
     need = policy.need(signals, current=current, target=target)
     desired = min(max(need.replicas, bounds.min), bounds.max)
     why = need.why
+    if need.replicas < bounds.min and desired > current:
+        why = f"{why}; raised to the minimum of {bounds.min}"
     if desired == 0 and current > 0:
         idle_for = now - idle_since if idle_since is not None else 0.0
         limit = cooldowns.idle_to_zero_s

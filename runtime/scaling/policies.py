@@ -6,9 +6,11 @@ decided). The controller (:mod:`runtime.scaling.controller`) applies bounds, coo
 warm promotion and scale-to-zero on top. GPU and CPU pools scale on different signals:
 
 - ``gpu``: load is the largest of in-flight/capacity and KV-cache use; queue waits over the
-  class SLO or any deadline miss add a replica even inside the band.
-- ``cpu``: load is in-flight/capacity only (no KV cache); a queue that builds up (waits over
-  the SLO) or sheds adds a replica.
+  wait SLO, a TTFT p95 over its class's TTFT SLO or any deadline miss add a replica even
+  inside the band.
+- ``cpu``: load is the largest of in-flight/capacity and, for encoder pools, the batchers'
+  batch fill (no KV cache); a queue that builds up (waits over the SLO), sheds, or a TTFT p95
+  over its class's SLO adds a replica.
 
 Inside the target band ``[low, high]`` the current count is kept (hysteresis); outside it the
 count that brings load back to the band's middle is asked for.
@@ -76,8 +78,17 @@ def _worst_wait(signals: PoolSignals) -> float:
     return max(signals.wait_p95_s.values(), default=0.0)
 
 
+def _ttft_over_slo(signals: PoolSignals, need: Need, current: int) -> Need | None:
+    """One more replica while requests wait or run and their TTFT p95 exceeds the class SLO."""
+    busy = signals.queued_total + signals.inflight > 0
+    if signals.ttft_slo_ratio > 1.0 and busy and need.replicas <= current:
+        return Need(current + 1, f"TTFT p95 at {signals.ttft_slo_ratio:.2f}x its class SLO")
+    return None
+
+
 class GpuPolicy:
-    """Token-aware: in-flight and KV use against capacity, queue waits and deadline misses."""
+    """Token-aware: in-flight and KV use against capacity, queue waits, TTFT against the class
+    SLO and deadline misses."""
 
     name: ClassVar[str] = "gpu"
 
@@ -95,11 +106,12 @@ class GpuPolicy:
             return Need(current + 1, f"{signals.deadline_miss_per_s:.2f}/s deadline misses")
         if wait > target.wait_slo_s and signals.queued_total and need.replicas <= current:
             return Need(current + 1, f"queue-wait p95 {wait:.2f}s over {target.wait_slo_s:.2f}s")
-        return need
+        return _ttft_over_slo(signals, need, current) or need
 
 
 class CpuPolicy:
-    """Request-aware: in-flight against capacity, queue waits and shedding; no KV cache."""
+    """Request-aware: in-flight (or encoder batch fill) against capacity, queue waits,
+    shedding and TTFT against the class SLO; no KV cache."""
 
     name: ClassVar[str] = "cpu"
 
@@ -108,10 +120,13 @@ class CpuPolicy:
         if cold is not None:
             return cold
         load = signals.utilisation if signals.capacity else 0.0
-        need = _band_need(load, "in-flight/capacity", current=current, target=target)
-        wait = _worst_wait(signals)
+        what = "in-flight/capacity"
+        if signals.batch_fill is not None and signals.batch_fill > load:
+            load, what = signals.batch_fill, "batch fill"
+        need = _band_need(load, what, current=current, target=target)
+        wait = _worst_wait(signals) if signals.queued_total else 0.0  # a queue now, not a past one
         if (signals.shed_per_s > 0 or wait > target.wait_slo_s) and need.replicas <= current:
             return Need(
                 current + 1, f"queue building: p95 {wait:.2f}s, shed {signals.shed_per_s:.2f}/s"
             )
-        return need
+        return _ttft_over_slo(signals, need, current) or need

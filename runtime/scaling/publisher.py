@@ -14,20 +14,24 @@ import contextlib
 import logging
 import time
 import uuid
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Protocol
 
 import redis.asyncio as aioredis
 
 from runtime.contract import scaling_signals_key
+from runtime.scaling.engines import EngineScraper
 from runtime.scaling.signals import PoolSignals, decode, encode, p95
 from runtime.scheduling.interfaces import DropReason
+from runtime.snapshot import Snapshot
+from runtime.telemetry.logging import RequestRecord
 
 logger = logging.getLogger(__name__)
 
 MISS_REASONS = (str(DropReason.DEADLINE_EXPIRED), str(DropReason.WAIT_EXCEEDS_DEADLINE))
 SHED_REASONS = (str(DropReason.SHED), str(DropReason.QUEUE_FULL))
+TTFT_WINDOW = 2048  # first-token times kept per pool and class between two readings
 
 
 class MeteredPool(Protocol):
@@ -55,12 +59,52 @@ class PoolFleet(Protocol):
 
 
 class PoolMeter:
-    """Per-interval signals of the pools; keeps the previous counters to compute rates."""
+    """Per-interval signals of the pools; keeps the previous counters to compute rates, and
+    the interval's first-token times (:meth:`observe_ttft`)."""
 
-    def __init__(self, fleet: PoolFleet, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        fleet: PoolFleet,
+        *,
+        engines: EngineScraper | None = None,
+        clock: Callable[[], float] = time.time,
+        ttft_window: int = TTFT_WINDOW,
+    ) -> None:
         self._fleet = fleet
+        self._engines = engines
         self._clock = clock
         self._last: dict[str, tuple[float, Counter[str]]] = {}
+        # pool -> class -> (seconds to first token, the class's TTFT SLO in seconds)
+        self._ttft: dict[str, dict[str, deque[tuple[float, float]]]] = {}
+        self._ttft_window = ttft_window
+
+    def observe_ttft(self, pool: str, klass: str, ttft_s: float, slo_s: float) -> None:
+        """One request's time to first token (queue + upstream) against its class's SLO."""
+        per_class = self._ttft.setdefault(pool, {})
+        per_class.setdefault(klass, deque(maxlen=self._ttft_window)).append((ttft_s, slo_s))
+
+    async def refresh(self) -> None:
+        """Read the engines' own series (once per interval, before :meth:`measure`)."""
+        if self._engines is not None:
+            await self._engines.refresh()
+
+    async def close(self) -> None:
+        if self._engines is not None:
+            await self._engines.close()
+
+    def _ttft_of(self, pool: str) -> tuple[dict[str, float], float]:
+        """p95 per class and the worst p95 / SLO of the interval; the interval is then over."""
+        per_p95: dict[str, float] = {}
+        ratio = 0.0
+        for klass, samples in self._ttft.pop(pool, {}).items():
+            if not samples:
+                continue
+            value = p95([t for t, _ in samples])
+            per_p95[klass] = value
+            slo = min(s for _, s in samples)
+            if slo > 0:
+                ratio = max(ratio, value / slo)
+        return per_p95, ratio
 
     def measure(self, pool: MeteredPool) -> PoolSignals:
         now = self._clock()
@@ -73,6 +117,8 @@ class PoolMeter:
         def rate(*reasons: str) -> float:
             return sum(delta[r] for r in reasons) / span if span > 0 else 0.0
 
+        ttft_p95, ttft_ratio = self._ttft_of(pool.pool)
+        engine = self._engines.reading(pool.pool) if self._engines is not None else None
         return PoolSignals(
             pool=pool.pool,
             at=now,
@@ -86,6 +132,10 @@ class PoolMeter:
             capacity=self._fleet.capacity(pool.pool),
             ready=self._fleet.ready(pool.pool),
             kv_usage=self._fleet.kv_usage(pool.pool),
+            ttft_p95_s=ttft_p95,
+            ttft_slo_ratio=ttft_ratio,
+            batch_fill=None if engine is None else engine.batch_fill,
+            batch_compute_s=None if engine is None else engine.batch_compute_s,
         )
 
 
@@ -110,8 +160,25 @@ class SignalsPublisher:
         self.router_id = router_id or uuid.uuid4().hex[:12]
         self._task: asyncio.Task[None] | None = None
 
+    def observe_request(self, record: RequestRecord, snapshot: Snapshot | None) -> None:
+        """Count one finished request's time to first token toward its pool's signals (the
+        gateway calls this for every request; those without a first byte are left out)."""
+        first_ms = record.timings_ms.get("upstream_ttft")
+        if first_ms is None or snapshot is None or not record.endpoint.isdigit():
+            return
+        endpoint = snapshot.endpoints.get(int(record.endpoint))
+        klass = snapshot.classes.get(record.klass)
+        if endpoint is None or klass is None:
+            return
+        ttft_s = (first_ms + record.timings_ms.get("queue", 0.0)) / 1000.0
+        self._meter.observe_ttft(endpoint.pool, klass.name, ttft_s, klass.ttft_slo_ms / 1000.0)
+
     async def publish_once(self) -> int:
         """Measure and write every pool now; the number of pools written."""
+        try:
+            await self._meter.refresh()
+        except Exception as exc:  # an engine page that cannot be read: that signal goes stale
+            logger.warning("scaling signals: engine metrics not read: %s", exc)
         measured = [self._meter.measure(p) for p in self._pools()]
         if not measured:
             return 0
@@ -142,6 +209,7 @@ class SignalsPublisher:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        await self._meter.close()
         await self._redis.aclose()  # type: ignore[attr-defined]
 
 

@@ -3,7 +3,8 @@ routers that the controller reads.
 
 One router publishes one :class:`PoolSignals` per pool it has a dispatcher for (see
 :mod:`runtime.scaling.publisher`); :func:`aggregate` merges the routers' entries: counts and
-rates add up, queue-wait p95 and KV use take the worst router, capacity and ready endpoints are
+rates add up, queue-wait and TTFT p95, the TTFT/SLO ratio, KV use, batch fill and batch compute
+time take the worst router, capacity and ready endpoints are
 the fleet's (every router sees the same snapshot, so the largest value is the current one).
 """
 
@@ -29,6 +30,14 @@ class PoolSignals(msgspec.Struct, frozen=True, kw_only=True):
     capacity: int = 0  # concurrent sequences of the pool's usable endpoints
     ready: int = 0  # usable endpoints the router sees
     kv_usage: float | None = None  # highest KV-cache use scraped from the pool's engines
+    # Time to first token (router queue + upstream first byte) of the interval's requests:
+    # p95 per request class, and the worst p95 / class TTFT SLO (> 1: over the SLO).
+    ttft_p95_s: dict[str, float] = msgspec.field(default_factory=dict)
+    ttft_slo_ratio: float = 0.0
+    # Encoder (CPU) pools, from their batchers' /metrics: mean batch fill (size / cap) and
+    # mean seconds computing one batch over the interval; None without a batch.
+    batch_fill: float | None = None
+    batch_compute_s: float | None = None
 
     @property
     def queued_total(self) -> int:
@@ -69,6 +78,10 @@ def aggregate(pool: str, entries: Iterable[PoolSignals]) -> PoolSignals:
         for band, w in item.wait_p95_s.items():
             waits[band] = max(waits.get(band, 0.0), w)
     kvs = [i.kv_usage for i in items if i.kv_usage is not None]
+    ttfts: dict[str, float] = {}
+    for item in items:
+        for klass, t in item.ttft_p95_s.items():
+            ttfts[klass] = max(ttfts.get(klass, 0.0), t)
     return PoolSignals(
         pool=pool,
         at=max(i.at for i in items),
@@ -83,7 +96,16 @@ def aggregate(pool: str, entries: Iterable[PoolSignals]) -> PoolSignals:
         capacity=max(i.capacity for i in items),
         ready=max(i.ready for i in items),
         kv_usage=max(kvs) if kvs else None,
+        ttft_p95_s=ttfts,
+        ttft_slo_ratio=max(i.ttft_slo_ratio for i in items),
+        batch_fill=_worst(i.batch_fill for i in items),
+        batch_compute_s=_worst(i.batch_compute_s for i in items),
     )
+
+
+def _worst(values: Iterable[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return max(known) if known else None
 
 
 def encode(signals: PoolSignals) -> bytes:

@@ -77,8 +77,8 @@ def pool_validate(
     if not errors:
         if min_replicas > max_replicas:
             errors["min_replicas"] = "Minimum replicas must not exceed maximum replicas."
-        elif not min_replicas <= warm_replicas <= max_replicas:
-            errors["warm_replicas"] = "Warm replicas must lie between minimum and maximum replicas."
+        elif warm_replicas > max_replicas:  # extra loaded, unrouted replicas (apps.scaling)
+            errors["warm_replicas"] = "Warm replicas must lie between 0 and maximum replicas."
     tier_ok = isinstance(hardware_tier, str) and v.TIER_RE.fullmatch(hardware_tier)
     v.raise_if(
         {

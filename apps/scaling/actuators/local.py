@@ -1,24 +1,38 @@
-"""The local actuator: replicas are simulator (or worker) processes on this machine.
+"""The local actuator: replicas are worker processes on this machine.
 
-A replica is started in its own process group (:func:`runtime.procs.spawn`), waited for on
-``/health``, and registered through the registry services: ``starting`` (a *warm* replica:
-loaded, not routed) or ``ready`` (routed). Its process id is kept in Redis
-(``{ns}:scaling:local:{pool}``), so whichever Celery process runs the next tick can stop it.
+What runs for a replica is chosen by name from the version's runtime
+(:mod:`apps.scaling.actuators.launchers`): ``manage.py serve_model`` (vLLM),
+``manage.py serve_encoder`` (PyTorch encoders), or the bare simulator. Each is started in its
+own process group (:func:`runtime.procs.spawn`), with ``death_signal`` when it must not outlive
+the process that started it (``switchyard up``'s Celery worker). The real workers register
+their own endpoint and move it to ``ready`` after their warm-up; the actuator waits for that.
+For the simulator the actuator waits for ``/health`` and registers it through the registry
+services. A replica is ``ready`` (routed) or *warm* (loaded, not routed: ``starting`` for the
+simulator, ``draining`` for a real worker, which takes itself to ``ready``).
+
+Each replica it started is recorded in Redis (``{ns}:scaling:local:{pool}``: endpoint id ->
+``{"pid", "port", "warm"}``), so whichever process runs the next tick, and ``manage.py
+stop_replicas`` at ``up``'s shutdown, can find it. A recorded replica whose process is gone (its
+pid dead, or reused by a process without its ``--port``) is taken out: endpoint -> ``gone``,
+record dropped, and the controller starts a replacement if the pool needs one.
 
 Scale-in drains the least loaded routed replica it started (by its engine's running + waiting
 requests; a replica someone else runs is never stopped): endpoint -> ``draining`` (routers stop
-sending to it on the next snapshot), wait until the engine has nothing in flight, stop the
-process, endpoint -> ``gone``. Nothing in flight is cut.
+sending to it on the next snapshot), wait until the engine has nothing in flight, SIGTERM (a real
+worker drains for its grace period and stops its engine), endpoint -> ``gone``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
 import signal
 import subprocess
-import sys
 import time
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import redis
@@ -26,12 +40,24 @@ import redis
 from apps.models.models import Endpoint, ModelVersion, Pool
 from apps.models.services.fleet import endpoint_register, endpoint_set_state
 from apps.scaling.actuators.base import Actuation, ActuatorError, Replicas, StartTime
+from apps.scaling.actuators.launchers import REPO_ROOT, Launcher, LaunchSpec, launcher_for_runtime
+from apps.scaling.models import PoolScaling
 from runtime.contract import scaling_local_key
-from runtime.procs import StartError, free_port, pid_alive, spawn, stop_pid, wait_http
+from runtime.procs import (
+    StartError,
+    cmdline,
+    free_port,
+    log_tail,
+    pid_alive,
+    signal_group,
+    spawn,
+    wait_http,
+)
 from runtime.scaling.controller import Plan
 
-REPO_ROOT = Path(__file__).resolve().parents[3]
 LIVE = (Endpoint.State.STARTING, Endpoint.State.READY)
+WARM_STATES = (Endpoint.State.STARTING, Endpoint.State.DRAINING)
+POLL_S = 0.2
 
 
 def engine_load(base_url: str, *, timeout: float = 2.0) -> float:
@@ -49,6 +75,28 @@ def engine_load(base_url: str, *, timeout: float = 2.0) -> float:
     return total
 
 
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One replica the actuator started (kept in Redis)."""
+
+    pid: int
+    port: int
+    warm: bool = False
+
+    def encode(self) -> str:
+        return json.dumps({"pid": self.pid, "port": self.port, "warm": self.warm})
+
+    @classmethod
+    def decode(cls, raw: bytes | str) -> Record:
+        data = json.loads(raw)
+        return cls(int(data["pid"]), int(data["port"]), bool(data.get("warm", False)))
+
+    @property
+    def alive(self) -> bool:
+        """Its process runs (a reused pid runs without our ``--port``)."""
+        return pid_alive(self.pid) and f"--port {self.port}" in cmdline(self.pid)
+
+
 class LocalActuator:
     name = "local"
 
@@ -58,12 +106,18 @@ class LocalActuator:
         redis_url: str,
         namespace: str,
         log_dir: Path,
-        capacity: int = 8,
+        capacity: int | None = None,
         engine_args: Sequence[str] = (),
-        start_timeout_s: float = 60.0,
+        start_timeout_s: float | None = None,
         drain_timeout_s: float = 60.0,
+        grace_s: float = 5.0,
+        env: Mapping[str, str] | None = None,
+        death_signal: int | None = None,
+        launchers: Mapping[str, str] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """``capacity`` / ``start_timeout_s`` None: the launcher's; ``env``: the replicas'
+        environment (default ours); ``launchers``: runtime -> launcher name overrides."""
         self._redis = redis.Redis.from_url(redis_url)
         self._namespace = namespace
         self._log_dir = log_dir
@@ -71,32 +125,71 @@ class LocalActuator:
         self._engine_args = tuple(engine_args)
         self._start_timeout_s = start_timeout_s
         self._drain_timeout_s = drain_timeout_s
+        self._grace_s = grace_s
+        self._env = dict(env) if env is not None else None
+        self._death_signal = death_signal
+        self._launchers = dict(launchers or {})
         self._clock = clock
         self._children: dict[int, subprocess.Popen[bytes]] = {}  # ours: reaped on stop
 
     # -- what runs ----------------------------------------------------------------------
 
-    def _pids(self, pool: Pool) -> dict[int, int]:
-        raw = self._redis.hgetall(scaling_local_key(self._namespace, pool.name))
-        return {int(k): int(v) for k, v in raw.items()}
+    def _key(self, pool: Pool) -> str:
+        return scaling_local_key(self._namespace, pool.name)
+
+    def records(self, pool: Pool) -> dict[int, Record]:
+        """Endpoint id -> the replica this actuator started for ``pool``."""
+        out: dict[int, Record] = {}
+        for field, raw in self._redis.hgetall(self._key(pool)).items():
+            with contextlib.suppress(ValueError, KeyError, TypeError):
+                out[int(field)] = Record.decode(raw)
+        return out
+
+    def _record(self, pool: Pool, endpoint: Endpoint, record: Record) -> None:
+        self._redis.hset(self._key(pool), str(endpoint.pk), record.encode())
+
+    def reconcile(self, pool: Pool) -> dict[int, Record]:
+        """The records of replicas still running; a dead one's endpoint is marked gone."""
+        records = self.records(pool)
+        for endpoint_id, record in list(records.items()):
+            if record.alive:
+                continue
+            child = self._children.pop(record.pid, None)
+            if child is not None:
+                child.poll()  # reap it
+            endpoint = Endpoint.objects.filter(pk=endpoint_id).first()
+            if endpoint is not None and endpoint.state != Endpoint.State.GONE:
+                endpoint_set_state(actor=None, endpoint=endpoint, state=Endpoint.State.GONE)
+            self._redis.hdel(self._key(pool), str(endpoint_id))
+            del records[endpoint_id]
+        return records
 
     def _live(self, pool: Pool) -> list[Endpoint]:
         return list(Endpoint.objects.filter(pool=pool, state__in=LIVE).order_by("id"))
 
+    def _warm(self, pool: Pool, records: dict[int, Record]) -> list[Endpoint]:
+        ids = [i for i, r in records.items() if r.warm]
+        found = Endpoint.objects.filter(pool=pool, id__in=ids, state__in=WARM_STATES)
+        return list(found.order_by("id"))
+
     def observe(self, pool: Pool) -> Replicas:
-        pids = self._pids(pool)
-        live = self._live(pool)
-        serving = sum(1 for e in live if e.state == Endpoint.State.READY)
-        warm = sum(
-            1 for e in live if e.state == Endpoint.State.STARTING and pid_alive(pids.get(e.id, -1))
-        )
-        return Replicas(serving=serving, warm=warm)
+        records = self.reconcile(pool)
+        serving = sum(1 for e in self._live(pool) if e.state == Endpoint.State.READY)
+        return Replicas(serving=serving, warm=len(self._warm(pool, records)))
 
     def _version(self, pool: Pool) -> ModelVersion:
+        """What the pool runs: the version of its last endpoint, else the one its scaling
+        settings name (a pool that never ran, such as ``up``'s demo pools)."""
         last = Endpoint.objects.filter(pool=pool).select_related("version__model").last()
-        if last is None:
-            raise ActuatorError(f"pool {pool.name}: no endpoint ever registered; no version to run")
-        return last.version
+        if last is not None:
+            return last.version
+        scaling = PoolScaling.objects.filter(pool=pool).select_related("version__model").first()
+        if scaling is not None and scaling.version is not None:
+            return scaling.version
+        raise ActuatorError(
+            f"pool {pool.name}: no endpoint ever registered and no version in its scaling "
+            "settings; no version to run"
+        )
 
     # -- actions ------------------------------------------------------------------------
 
@@ -107,37 +200,77 @@ class LocalActuator:
         ``routed``, else warm; its measured start time."""
         version = version or self._version(pool)
         started = self._clock()
+        launcher = launcher_for_runtime(version.runtime, self._launchers)
         port = free_port()
-        argv = [
-            sys.executable, "-m", "runtime.workers.simulator", "--model", version.model.name,
-            "--port", str(port), "--max-num-seqs", str(self._capacity), "--log-level", "WARNING",
-            *self._engine_args,
-        ]  # fmt: skip
-        log = self._log_dir / f"{pool.name}-{port}.log"
-        proc = spawn(argv, log=log, cwd=REPO_ROOT, death_signal=None)
         base_url = f"http://127.0.0.1:{port}"
+        spec = LaunchSpec(
+            model=version.model.name, label=version.label, pool=pool.name, port=port,
+            capacity=self._capacity, log_dir=self._log_dir, extra_args=self._engine_args,
+            grace_s=self._grace_s,
+        )  # fmt: skip
+        log = self._log_dir / f"{pool.name}-{port}.log"
+        self._log_dir.mkdir(parents=True, exist_ok=True)
+        proc = spawn(
+            launcher.argv(spec), log=log, cwd=REPO_ROOT, env=self._env,
+            death_signal=self._death_signal,
+        )  # fmt: skip
+        timeout = self._start_timeout_s or launcher.start_timeout_s
         try:
-            wait_http(f"{base_url}/health", timeout_s=self._start_timeout_s, exited=proc.poll)
-        except StartError as exc:
-            stop_pid(proc.pid, signal.SIGKILL, timeout=1.0, wait=proc.wait)
+            if launcher.registers_itself:
+                endpoint = self._wait_registered(pool, base_url, proc, log, timeout)
+            else:
+                wait_http(f"{base_url}/health", timeout_s=timeout, exited=proc.poll)
+                endpoint = endpoint_register(
+                    actor=None, pool=pool, version=version, base_url=base_url,
+                    capacity=self._capacity or launcher.default_capacity,
+                )  # fmt: skip
+        except (StartError, ActuatorError) as exc:
+            self._kill(proc.pid, proc)
+            # A worker that registered and then failed leaves no live endpoint behind.
+            for left in Endpoint.objects.filter(pool=pool, base_url=base_url, state__in=LIVE):
+                endpoint_set_state(actor=None, endpoint=left, state=Endpoint.State.GONE)
             raise ActuatorError(f"pool {pool.name}: replica did not start: {exc}") from exc
         self._children[proc.pid] = proc
-        endpoint = endpoint_register(
-            actor=None, pool=pool, version=version, base_url=base_url, capacity=self._capacity
-        )
-        self._redis.hset(scaling_local_key(self._namespace, pool.name), str(endpoint.id), proc.pid)
-        if routed:
-            endpoint_set_state(actor=None, endpoint=endpoint, state=Endpoint.State.READY)
+        self._record(pool, endpoint, Record(proc.pid, port, warm=not routed))
+        state = self._state_after_start(launcher, routed=routed)
+        if state is not None:
+            endpoint_set_state(actor=None, endpoint=endpoint, state=state)
         return endpoint, StartTime(version.id, self._clock() - started, warm=False)
+
+    @staticmethod
+    def _state_after_start(launcher: Launcher, *, routed: bool) -> str | None:
+        if launcher.registers_itself:  # it is ready: a warm one is taken out of routing
+            return None if routed else Endpoint.State.DRAINING
+        return Endpoint.State.READY if routed else None  # it is starting: routed means ready
+
+    def _wait_registered(
+        self, pool: Pool, base_url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float
+    ) -> Endpoint:
+        """The endpoint a self-registering worker registered at ``base_url``, once ready."""
+        deadline = self._clock() + timeout
+        while self._clock() < deadline:
+            code = proc.poll()
+            if code is not None:
+                raise ActuatorError(f"the worker exited with code {code}: {log_tail(log, 8)}")
+            found = Endpoint.objects.filter(pool=pool, base_url=base_url).order_by("-id").first()
+            if found is not None and found.state == Endpoint.State.READY:
+                return found
+            time.sleep(POLL_S)
+        raise ActuatorError(f"the worker was not ready within {timeout:.0f} s (log {log})")
 
     def promote(self, endpoint: Endpoint) -> StartTime:
         started = self._clock()
         endpoint_set_state(actor=None, endpoint=endpoint, state=Endpoint.State.READY)
+        key = scaling_local_key(self._namespace, endpoint.pool.name)
+        raw = self._redis.hget(key, str(endpoint.pk))
+        if raw is not None:
+            old = Record.decode(raw)
+            self._redis.hset(key, str(endpoint.pk), Record(old.pid, old.port).encode())
         return StartTime(endpoint.version_id, self._clock() - started, warm=True)
 
     def drain(self, pool: Pool, endpoint: Endpoint) -> None:
         """Unroute ``endpoint``, wait for its engine to finish what it holds, stop it."""
-        if endpoint.state == Endpoint.State.READY:
+        if endpoint.state in LIVE:
             endpoint_set_state(actor=None, endpoint=endpoint, state=Endpoint.State.DRAINING)
         deadline = self._clock() + self._drain_timeout_s
         while self._clock() < deadline:
@@ -145,17 +278,37 @@ class LocalActuator:
             if load == 0 or load == float("inf"):  # drained, or the engine is gone already
                 break
             time.sleep(0.05)
-        self._stop_process(pool, endpoint)
-        endpoint_set_state(actor=None, endpoint=endpoint, state=Endpoint.State.GONE)
+        self._stop_processes(pool, [endpoint])
 
-    def _stop_process(self, pool: Pool, endpoint: Endpoint) -> None:
-        key = scaling_local_key(self._namespace, pool.name)
-        raw = self._redis.hget(key, str(endpoint.id))
-        if raw is not None:
-            pid = int(raw)
-            child = self._children.pop(pid, None)
-            stop_pid(pid, signal.SIGTERM, timeout=10.0, wait=child.wait if child else None)
-            self._redis.hdel(key, str(endpoint.id))
+    def _kill(self, pid: int, child: subprocess.Popen[bytes] | None) -> None:
+        signal_group(pid, signal.SIGKILL)
+        if child is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                child.wait(5.0)
+
+    def _stop_processes(self, pool: Pool, endpoints: Sequence[Endpoint]) -> None:
+        """SIGTERM the replicas of ``endpoints`` at once, wait (grace + 30 s), SIGKILL what is
+        left of their groups; endpoints -> gone, records dropped."""
+        records = self.records(pool)
+        mine = [(e, records[e.pk]) for e in endpoints if e.pk in records]
+        for _endpoint, record in mine:
+            if record.alive:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(record.pid, signal.SIGTERM)
+        deadline = self._clock() + self._grace_s + 30.0
+        for endpoint, record in mine:
+            child = self._children.pop(record.pid, None)
+            while record.alive and self._clock() < deadline:
+                if child is not None:
+                    child.poll()
+                time.sleep(POLL_S)
+            if child is not None or record.alive:  # never a group a reused pid leads
+                self._kill(record.pid, child)
+            self._redis.hdel(self._key(pool), str(endpoint.pk))
+        for endpoint in endpoints:
+            endpoint.refresh_from_db()
+            if endpoint.state != Endpoint.State.GONE:
+                endpoint_set_state(actor=None, endpoint=endpoint, state=Endpoint.State.GONE)
 
     def apply(self, pool: Pool, plan: Plan) -> Actuation:
         done = Actuation()
@@ -166,12 +319,9 @@ class LocalActuator:
         return done
 
     def _apply(self, pool: Pool, plan: Plan, done: Actuation) -> None:
-        pids = self._pids(pool)
-        live = self._live(pool)
-        ready = [e for e in live if e.state == Endpoint.State.READY]
-        warm = [
-            e for e in live if e.state == Endpoint.State.STARTING and pid_alive(pids.get(e.id, -1))
-        ]
+        records = self.reconcile(pool)
+        ready = [e for e in self._live(pool) if e.state == Endpoint.State.READY]
+        warm = self._warm(pool, records)
         if plan.action == "out":
             for endpoint in warm[: plan.promote]:
                 done.starts.append(self.promote(endpoint))
@@ -182,9 +332,9 @@ class LocalActuator:
                 done.starts.append(took)
                 done.started += 1
         elif plan.action in ("in", "zero"):
-            # Only replicas this actuator started are stopped (a worker someone else runs, such
-            # as a fixed `up` worker, is left alone).
-            ours = [e for e in ready if e.id in pids]
+            # Only replicas this actuator started are stopped (a worker someone else runs is
+            # left alone).
+            ours = [e for e in ready if e.pk in records]
             victims = sorted(ours, key=lambda e: engine_load(e.base_url))
             victims = victims[: max(len(ready) - plan.desired, 0)]
             if plan.action == "zero":
@@ -199,9 +349,19 @@ class LocalActuator:
         for _ in range(plan.warm - len(warm)):  # too few warm
             self.start(pool, routed=False)
 
-    def stop_all(self, pool: Pool) -> None:
-        """Stop every replica this actuator started for ``pool`` (tests, shutdown)."""
-        for endpoint in Endpoint.objects.filter(pool=pool, id__in=list(self._pids(pool))):
-            self._stop_process(pool, endpoint)
-            if endpoint.state != Endpoint.State.GONE:
-                endpoint_set_state(actor=None, endpoint=endpoint, state=Endpoint.State.GONE)
+    def stop_all(self, pool: Pool) -> int:
+        """Stop every replica this actuator started for ``pool`` (shutdown, tests); how many."""
+        records = self.records(pool)
+        endpoints = list(Endpoint.objects.filter(pool=pool, id__in=list(records)))
+        known = {e.pk for e in endpoints}
+        for endpoint_id, record in records.items():  # a record whose endpoint was deleted
+            if endpoint_id not in known:
+                child = self._children.pop(record.pid, None)
+                if child is not None or record.alive:
+                    self._kill(record.pid, child)
+                self._redis.hdel(self._key(pool), str(endpoint_id))
+        self._stop_processes(pool, endpoints)
+        return len(records)
+
+    def close(self) -> None:
+        self._redis.close()

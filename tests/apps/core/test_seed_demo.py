@@ -16,6 +16,8 @@ from django.core.management import call_command
 from apps.billing.models import CreditAccount, Price
 from apps.core.demo_seed import demo_seed
 from apps.models.models import ModelVersion, Pool
+from apps.models.services import pool_create
+from apps.scaling.models import PoolScaling
 from apps.tenants.models import ApiKey, AuditEvent, RequestClass, Tenant
 from apps.tenants.services import api_key_digest
 
@@ -144,3 +146,21 @@ def test_the_command_prints_secrets_once_and_json_on_request() -> None:
         "api_keys": {},
     }
     assert "already present" in err.getvalue()
+
+
+def test_the_demo_pools_are_autoscaled_from_one_replica() -> None:
+    """`up`'s autoscaler keeps one replica of each demo pool (it names the version to start);
+    a pool an earlier seed made for a fixed worker (min 0, no scaling row) gets those bounds."""
+    pool_create(actor=None, name="cpu", hardware_tier="cpu", cost_per_replica_hour="0.1",
+                min_replicas=0, max_replicas=3)  # fmt: skip
+    result = demo_seed(stdout=io.StringIO())
+    for name, model in (("cpu", "demo-llama"), ("encoder-cpu", "minilm")):
+        pool = Pool.objects.get(name=name)
+        assert (pool.min_replicas, pool.max_replicas, pool.warm_replicas) == (1, 2, 0)
+        scaling = PoolScaling.objects.get(pool=pool)
+        assert scaling.version is not None
+        assert scaling.version.model.name == model
+        assert (scaling.idle_to_zero_s, scaling.in_cooldown_s) == (600.0, 120.0)
+        assert f"autoscaling of pool {name} ({scaling.version})" in result.created
+    again = demo_seed(stdout=io.StringIO())
+    assert not any(line.startswith("autoscaling") for line in again.created)

@@ -1,8 +1,8 @@
 """`manage.py up` / `switchyard up`: clear errors before anything starts, and (e2e) the whole
 platform on embedded servers: the admin answers with its CSS, the router streams the demo model
-from the vLLM worker to the openai client with the API key the banner printed, the demo's
-secrets are printed on the first run only, and Ctrl-C / SIGINT leaves no process behind (vLLM's
-engine processes included)."""
+from the vLLM replica the autoscaler started to the openai client with the API key the banner
+printed, the demo's secrets are printed on the first run only, and Ctrl-C / SIGINT leaves no
+process behind (vLLM's engine processes included)."""
 
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ from apps.core.up_console import (
     Addresses,
     banner,
     checks,
-    serving_version,
+    serving_endpoint,
     without_password,
 )
 from runtime.procs import cmdline, descendant_pids, pid_alive
@@ -77,22 +77,16 @@ def test_a_taken_control_plane_port_is_a_clear_error() -> None:
 
 
 @pytest.mark.unit
-@pytest.mark.parametrize(
-    ("option", "flag", "what"),
-    [("router_port", "--router-port", "the router"),
-     ("worker_port", "--worker-port", "the vLLM worker")],
-)  # fmt: skip
-def test_a_taken_router_or_worker_port_is_a_clear_error(option: str, flag: str, what: str) -> None:
+def test_a_taken_router_port_is_a_clear_error() -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        ports = {"router_port": free_port(), "worker_port": free_port(), option: port}
         with pytest.raises(CommandError) as caught:
-            call_command("up", port=free_port(), **ports)
+            call_command("up", port=free_port(), router_port=port)
     assert f"Port {port} on 127.0.0.1 is already in use" in str(caught.value)
-    assert what in str(caught.value)
-    assert f"pass {flag} N" in str(caught.value)
+    assert "the router" in str(caught.value)
+    assert "pass --router-port N" in str(caught.value)
 
 
 @pytest.mark.unit
@@ -100,10 +94,8 @@ def test_two_processes_on_one_port_is_a_clear_error() -> None:
     port = free_port()
     with pytest.raises(CommandError, match=f"--router-port and --port are both {port}"):
         call_command("up", port=port, router_port=port)
-    with pytest.raises(CommandError, match=f"--worker-port and --router-port are both {port}"):
-        call_command("up", port=free_port(), router_port=port, worker_port=port)
-    with pytest.raises(CommandError, match="--worker-port 70000 is not a TCP port number"):
-        call_command("up", port=free_port(), router_port=free_port(), worker_port=70000)
+    with pytest.raises(CommandError, match="--router-port 70000 is not a TCP port number"):
+        call_command("up", port=free_port(), router_port=70000)
 
 
 @pytest.mark.unit
@@ -115,45 +107,22 @@ def test_ports_come_from_the_environment_when_not_given(monkeypatch: pytest.Monk
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        monkeypatch.setenv("SWITCHYARD_ROUTER_PORT", str(free_port()))
-        monkeypatch.setenv("SWITCHYARD_WORKER_PORT", str(port))
-        with pytest.raises(CommandError, match=f"Port {port} .* the vLLM worker cannot start"):
+        monkeypatch.setenv("SWITCHYARD_ROUTER_PORT", str(port))
+        with pytest.raises(CommandError, match=f"Port {port} .* the router cannot start"):
             call_command("up", port=free_port())
 
 
-@pytest.mark.integration
-def test_no_worker_ignores_the_worker_port(monkeypatch: pytest.MonkeyPatch, var: Path) -> None:
-    """With --no-worker a taken worker port is no error: `up` goes on (and fails at migrate)."""
-    monkeypatch.setenv("DATABASE_URL", "postgres://postgres@127.0.0.1:1/nothing")
-    monkeypatch.setenv("REDIS_URL", "redis://127.0.0.1:1/0")
-    monkeypatch.setenv("SWITCHYARD_VAR_DIR", str(var))
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        port = taken.getsockname()[1]
-        with pytest.raises(CommandError, match=r"migrate failed"):
-            call_command(
-                "up", port=free_port(), router_port=free_port(), worker_port=port, no_worker=True
-            )
-
-
 @pytest.mark.unit
-def test_the_procfile_runs_router_and_worker_and_no_worker_leaves_the_worker_out(
-    tmp_path: Path,
-) -> None:
+def test_the_procfile_runs_the_router_and_no_fixed_model_worker(tmp_path: Path) -> None:
+    """The model replicas are the autoscaler's (local actuator), not Procfile lines."""
     procfile = REPO / "platform" / "Procfile"
-    names = UpCommand._processes(procfile, with_worker=True)
-    assert names == ["web", "worker", "beat", "router", "vllm", "encoder"]
-    assert UpCommand._processes(procfile, with_worker=False) == [
-        "web", "worker", "beat", "router", "encoder",
-    ]  # fmt: skip
+    assert UpCommand._processes(procfile) == ["web", "worker", "beat", "router"]
     text = procfile.read_text()
     assert "python -m runtime.gateway --host 127.0.0.1" in text
     assert '"${SWITCHYARD_ROUTER_PORT:-8080}"' in text
-    assert "manage.py serve_model --model demo-llama --pool cpu" in text
-    assert '"${SWITCHYARD_WORKER_PORT:-8101}"' in text
+    assert "serve_model --" not in text
     with pytest.raises(CommandError, match="cannot read the Procfile"):
-        UpCommand._processes(tmp_path / "missing", with_worker=True)
+        UpCommand._processes(tmp_path / "missing")
 
 
 ENV = {
@@ -161,7 +130,7 @@ ENV = {
     "REDIS_URL": "redis://h/0",
     "SWITCHYARD_VAR_DIR": "/v",
 }
-AT = Addresses(web="http://127.0.0.1:1", router="http://127.0.0.1:2", worker="http://127.0.0.1:3")
+AT = Addresses(web="http://127.0.0.1:1", router="http://127.0.0.1:2", pool="cpu")
 KEY = "sy_abcdefgh_" + "A" * 40
 FIRST_RUN = {"operator_username": "operator", "operator_password": "pw",
              "api_keys": {"acme": KEY, "globex": "sy_other"}}  # fmt: skip
@@ -171,7 +140,7 @@ FIRST_RUN = {"operator_username": "operator", "operator_password": "pw",
 def test_the_first_banner_shows_ready_to_paste_examples_with_the_acme_key() -> None:
     text = banner(ENV, at=AT, seed=FIRST_RUN, worker_log="/v/vllm-worker.log")
     assert "router (OpenAI)  http://127.0.0.1:2/v1" in text
-    assert "vLLM worker      http://127.0.0.1:3 (demo-llama on CPU" in text
+    assert "model replicas   started by the autoscaler (demo-llama in pool cpu" in text
     assert "curl -N http://127.0.0.1:2/v1/chat/completions" in text
     assert f'-H "Authorization: Bearer {KEY}"' in text
     assert f'client = OpenAI(base_url="http://127.0.0.1:2/v1", api_key="{KEY}")' in text
@@ -186,9 +155,9 @@ def test_later_banners_and_no_worker_show_no_examples() -> None:
     assert "curl -N" not in later
     assert "demo data from an earlier run" in later
     assert "'Try it'" in later
-    bare = Addresses(web=AT.web, router=AT.router, worker=None)
+    bare = Addresses(web=AT.web, router=AT.router, pool=None)
     no_worker = banner(ENV, at=bare, seed=FIRST_RUN, worker_log="/v/l")
-    assert "vLLM worker      not started (--no-worker)" in no_worker
+    assert "model replicas   not started (--no-worker" in no_worker
     assert "curl -N" not in no_worker
 
 
@@ -231,21 +200,21 @@ def test_the_model_counts_as_ready_once_the_snapshot_holds_its_endpoint_ready() 
     client: redis.Redis[bytes] = redis.Redis.from_url(redis_url())
     worker = "http://127.0.0.1:3"
     try:
-        assert serving_version(client, prefix=publisher.prefix, worker=worker) is None
+        assert serving_endpoint(client, prefix=publisher.prefix, pool="cpu") is None
         world = World()
         world.add_model("demo-llama", 1)
         world.add_endpoint(1, 1, worker, state="starting")
         publisher.publish(world.snapshot())
-        assert serving_version(client, prefix=publisher.prefix, worker=worker) is None
+        assert serving_endpoint(client, prefix=publisher.prefix, pool="cpu") is None
         world.add_endpoint(1, 1, worker, state="ready")
         version = publisher.publish(world.snapshot())
-        assert serving_version(client, prefix=publisher.prefix, worker=worker) == version
-        assert serving_version(client, prefix=publisher.prefix, worker="http://x:1") is None
+        assert serving_endpoint(client, prefix=publisher.prefix, pool="cpu") == (version, worker)
+        assert serving_endpoint(client, prefix=publisher.prefix, pool="gpu") is None
     finally:
         client.close()
         publisher.cleanup()
     broken: redis.Redis[bytes] = redis.Redis.from_url("redis://127.0.0.1:1/0")
-    assert serving_version(broken, prefix="p", worker=worker) is None  # Redis down: not ready
+    assert serving_endpoint(broken, prefix="p", pool="cpu") is None  # Redis down: not ready
 
 
 @pytest.mark.integration
@@ -265,7 +234,7 @@ def test_model_ready_means_it_answered_a_request_not_only_a_ready_record(tmp_pat
             world.endpoints.clear()
             world.add_endpoint(1, 1, worker, state="ready")
             wait_ready(router, publisher.publish(world.snapshot()))
-            at = Addresses(web="http://127.0.0.1:1", router=router.base_url, worker=worker)
+            at = Addresses(web="http://127.0.0.1:1", router=router.base_url, pool="cpu")
             for api_key in (None, key):  # at the worker (later runs); through the router
                 found, release = checks(
                     at, redis_url=redis_url(), snapshot_prefix=publisher.prefix, api_key=api_key
@@ -383,7 +352,7 @@ def banner_python_example(output: str) -> str:
 
 @pytest.mark.e2e
 def test_up_runs_the_platform_streams_the_model_and_stops_every_process(var: Path) -> None:
-    ports = {"port": free_port(), "router-port": free_port(), "worker-port": free_port(),
+    ports = {"port": free_port(), "router-port": free_port(),
              "pg-port": free_port(), "redis-port": free_port()}  # fmt: skip
     web, router = ports["port"], ports["router-port"]
     started = time.monotonic()
@@ -462,7 +431,7 @@ def test_up_runs_the_platform_streams_the_model_and_stops_every_process(var: Pat
     assert code == 0, second.output[-4000:]
     assert second.leftovers() == []
     assert "demo data from an earlier run" in second.output
-    assert "vLLM worker      not started (--no-worker)" in second.output
+    assert "model replicas   not started (--no-worker" in second.output
     assert not re.search(r"sy_[a-z0-9]{8}_", second.output)
     assert "operator login   operator /" not in second.output
     assert "initdb" not in (var / "postgres.log").read_text().split("starting PostgreSQL")[-1]

@@ -60,7 +60,6 @@ def test_pool_create_defaults(db):
         ({"cost_per_replica_hour": "free"}, "cost_per_replica_hour"),
         ({"cost_per_replica_hour": Decimal("0.00001")}, "cost_per_replica_hour"),
         ({"min_replicas": 3, "max_replicas": 2, "warm_replicas": 2}, "min_replicas"),
-        ({"min_replicas": 1, "max_replicas": 4, "warm_replicas": 0}, "warm_replicas"),
         ({"max_replicas": 2, "warm_replicas": 3}, "warm_replicas"),
         ({"max_replicas": -1}, "max_replicas"),
         ({"policies": ["vtc"]}, "policies"),
@@ -334,3 +333,10 @@ def test_route_set_keeps_the_old_splits_when_refused(llm, published, draft):
     assert list(Route.objects.get(model=llm).splits.values_list("version_id", "weight")) == [
         (published.pk, 100)
     ]
+
+
+def test_warm_replicas_are_extra_to_the_minimum(db):
+    """Warm replicas are loaded but unrouted, on top of the serving ones (apps.scaling): a pool
+    may keep one replica serving and none warm."""
+    pool = pool_create(actor=None, **{**POOL, "min_replicas": 1, "max_replicas": 2})
+    assert (pool.min_replicas, pool.warm_replicas, pool.max_replicas) == (1, 0, 2)

@@ -4,6 +4,8 @@ the local actuator starting, promoting, draining and stopping real processes."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import threading
 import urllib.request
 import uuid
@@ -14,6 +16,7 @@ from typing import Any
 import pytest
 import redis
 from django.conf import settings
+from fixtures.wait import eventually
 
 from apps.models.models import Endpoint, Pool
 from apps.models.services import (
@@ -23,8 +26,9 @@ from apps.models.services import (
     model_version_create,
     model_version_publish,
     pool_create,
+    pool_update,
 )
-from apps.scaling.actuators.local import LocalActuator
+from apps.scaling.actuators.local import LocalActuator, Record
 from apps.scaling.models import ReplicaStart, ScalingDecision
 from apps.scaling.selectors import expected_start_s
 from apps.scaling.services import autoscale_all, pool_scaling_get_or_create, pool_scaling_update
@@ -148,8 +152,6 @@ def test_from_zero_out_with_warm_promotion_drained_in_and_back_to_zero(
     threads = [threading.Thread(target=serve, args=(e, n)) for e, n in ((a, 60), (b, 120))]
     for t in threads:
         t.start()
-    from fixtures.wait import eventually  # noqa: PLC0415
-
     from apps.scaling.actuators.local import engine_load  # noqa: PLC0415
 
     eventually(lambda: engine_load(a.base_url) + engine_load(b.base_url) == 2, timeout=10,
@@ -163,12 +165,14 @@ def test_from_zero_out_with_warm_promotion_drained_in_and_back_to_zero(
     assert len(ready(pool)) == 1
 
     # 4. Idle (idle_to_zero_s=0): to zero, every process stopped, every endpoint gone.
-    pids = list(client.hgetall(f"{namespace}:scaling:local:sim-pool").values())
+    pids = [record.pid for record in actuator.records(pool).values()]
+    assert len(pids) == 2  # the serving one and the warm one
     publish(client, namespace)
     fourth = tick()
     assert (fourth.action, fourth.desired) == ("zero", 0)
     assert not Endpoint.objects.filter(pool=pool).exclude(state=Endpoint.State.GONE).exists()
-    assert not any(pid_alive(int(p)) for p in pids)
+    assert not any(pid_alive(p) for p in pids)
+    assert actuator.records(pool) == {}
     assert ScalingDecision.objects.filter(pool=pool).count() == 4
 
 
@@ -214,3 +218,46 @@ def test_a_replica_it_did_not_start_is_never_stopped(
     assert (decisions[0].action, decisions[0].stopped) == ("zero", 0)
     foreign.refresh_from_db()
     assert foreign.state == Endpoint.State.READY
+
+
+def test_a_replica_that_dies_is_taken_out_and_replaced(
+    pool: Pool, actuator: LocalActuator, client: redis.Redis, namespace: str
+) -> None:
+    pool_update(actor=None, pool=pool, min_replicas=1)  # warm_replicas stays 1
+    publish(client, namespace)
+    first = autoscale_all(client=client, actuator=actuator, namespace=namespace)
+    assert first is not None
+    assert (first[0].action, first[0].started) == ("out", 1)  # up to min, one warm behind it
+    ((dead_id, record),) = [(i, r) for i, r in actuator.records(pool).items() if not r.warm]
+    os.kill(record.pid, signal.SIGKILL)
+    eventually(lambda: not pid_alive(record.pid), timeout=10, what="the replica gone")
+    publish(client, namespace)
+    again = autoscale_all(client=client, actuator=actuator, namespace=namespace)
+    assert again is not None
+    decision = again[0]
+    assert (decision.action, decision.current, decision.promoted) == ("out", 0, 1), decision.reason
+    assert Endpoint.objects.get(pk=dead_id).state == Endpoint.State.GONE
+    records = actuator.records(pool)
+    assert dead_id not in records
+    assert len(records) == 2  # the promoted one, and a new warm one
+    assert all(r.alive for r in records.values())
+    assert [e.pk for e in ready(pool)] == [i for i, r in records.items() if not r.warm]
+
+
+def test_a_reused_pid_is_not_taken_for_the_replica() -> None:
+    assert Record(os.getpid(), 1, warm=False).alive is False  # our pid, without "--port 1"
+    assert Record.decode(Record(7, 8, warm=True).encode()) == Record(7, 8, warm=True)
+
+
+def test_the_out_cooldown_counts_from_when_the_replica_serves(
+    pool: Pool, actuator: LocalActuator, client: redis.Redis, namespace: str
+) -> None:
+    """A start that takes long (vLLM: a minute or more) gets its whole cooldown afterwards."""
+    times = iter([100.0, 160.0])  # decided at 100, the replica served at 160
+    publish(client, namespace, queued={"1": 1})
+    decisions = autoscale_all(
+        client=client, actuator=actuator, namespace=namespace, clock=lambda: next(times)
+    )
+    assert decisions is not None
+    assert decisions[0].action == "out"
+    assert pool_scaling_get_or_create(pool=pool).last_out_at == 160.0

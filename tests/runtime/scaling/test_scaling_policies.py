@@ -142,3 +142,53 @@ def test_bounds_and_band_are_checked() -> None:
         Bounds(min=3, max=2)
     with pytest.raises(ValueError, match="low < high"):
         ScalingTarget(low=0.9, high=0.5)
+
+
+@pytest.mark.parametrize("name", POLICIES, ids=lambda n: f"policy_{n}_pool")
+def test_ttft_over_the_class_slo_adds_a_replica_while_busy(name: str) -> None:
+    policy = scaling_policy(name)
+    slow = sig(inflight=10, capacity=20, ttft_slo_ratio=1.6, ttft_p95_s={"interactive": 0.8})
+    need = policy.need(slow, current=2, target=TARGET)
+    assert need.replicas == 3
+    assert "TTFT p95 at 1.60x its class SLO" in need.why
+    within = sig(inflight=10, capacity=20, ttft_slo_ratio=0.9)
+    assert policy.need(within, current=2, target=TARGET).replicas == 2
+    idle = sig(inflight=0, capacity=20, ttft_slo_ratio=3.0)  # a past slow request, no load now
+    assert policy.need(idle, current=2, target=TARGET).replicas < 2
+
+
+def test_cpu_scales_encoder_pools_on_batch_fill_gpu_does_not() -> None:
+    full = sig(inflight=4, capacity=20, batch_fill=0.95, batch_compute_s=0.2)
+    cpu = scaling_policy("cpu").need(full, current=2, target=TARGET)
+    assert cpu.replicas > 2
+    assert "batch fill 0.95 above" in cpu.why
+    assert scaling_policy("gpu").need(full, current=2, target=TARGET).replicas < 2
+    half = sig(inflight=4, capacity=20, batch_fill=0.5)
+    assert scaling_policy("cpu").need(half, current=2, target=TARGET).replicas == 2
+
+
+def test_cpu_scales_in_after_a_queue_has_drained() -> None:
+    """A queue-wait p95 from requests that waited earlier does not hold replicas once nothing
+    is queued (the ramp test's scale-in)."""
+    drained = sig(inflight=1, capacity=12, wait_p95_s={"1": 1.1})
+    assert scaling_policy("cpu").need(drained, current=3, target=TARGET).replicas < 3
+    queued = sig(inflight=1, capacity=12, queued={"1": 1}, wait_p95_s={"1": 1.1})
+    assert scaling_policy("cpu").need(queued, current=3, target=TARGET).replicas == 4
+
+
+def test_aggregate_takes_the_worst_ttft_and_batch_readings() -> None:
+    a = sig(ttft_p95_s={"std": 0.4}, ttft_slo_ratio=0.2, batch_fill=0.3, batch_compute_s=0.1)
+    b = sig(ttft_p95_s={"std": 0.9, "int": 0.3}, ttft_slo_ratio=1.2)
+    total = aggregate("p", [a, b])
+    assert total.ttft_p95_s == {"std": 0.9, "int": 0.3}
+    assert total.ttft_slo_ratio == 1.2
+    assert (total.batch_fill, total.batch_compute_s) == (0.3, 0.1)
+    assert aggregate("p", [b]).batch_fill is None
+
+
+def test_a_pool_below_its_minimum_says_so() -> None:
+    plan = decide(scaling_policy("cpu"), sig(), current=0, warm_ready=0,
+                  bounds=Bounds(min=1, max=2), cooldowns=COOL, target=TARGET, history=History(),
+                  now=10)  # fmt: skip
+    assert (plan.action, plan.desired, plan.start) == ("out", 1, 1)
+    assert plan.why == "no replica serves and no demand; raised to the minimum of 1"

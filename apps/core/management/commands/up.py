@@ -3,10 +3,13 @@
 Starts embedded PostgreSQL / Redis for whichever of DATABASE_URL / REDIS_URL is unset (data under
 SWITCHYARD_VAR_DIR, default ./var, reused by the next run), migrates, collects static files, seeds
 the demo once, then runs platform/Procfile's processes under our supervisor (config.supervise) —
-control plane, Celery worker and beat, the router and one vLLM CPU worker serving the demo model
-(``--no-worker`` leaves it out). A process that exits is restarted with backoff (the embedded
-PostgreSQL and Redis too); the others keep running. Ctrl-C or SIGTERM stop every process, the
-embedded servers last. Each step runs as a child
+control plane, Celery worker and beat, the router. The model replicas are the autoscaler's: beat's
+tick runs the local actuator (SWITCHYARD_SCALING_ACTUATOR=local), which starts ``serve_model`` /
+``serve_encoder`` for the demo pools within their min/max (``--no-worker``: autoscaling off, no
+replica). A process that exits is restarted with backoff (the embedded PostgreSQL and Redis too);
+the others keep running. Ctrl-C or SIGTERM stop every process, then the replicas
+(``manage.py stop_replicas``; also run at start for replicas a killed ``up`` left), the embedded
+servers last. Each step runs as a child
 process with the services' URLs in its environment (this process's own settings were read before
 the servers existed). A background thread says when the admin, the router and the demo model
 are ready (apps.core.up_console).
@@ -27,17 +30,18 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from apps.core import up_console
+from apps.scaling.tasks import ENV_ACTUATOR
 from config.embedded import PortInUseError, ServiceStartError, port_from_env, switchyard_env
 from config.processes import ManagedServer
 from config.supervise import Command as SupervisedCommand
 from config.supervise import Server, Supervisor, procfile_entries
-from runtime.procs import ensure_port_free
+from runtime.procs import ensure_port_free, spawn, stop_group
 from runtime.snapshot_store import DEFAULT_PREFIX
 
 DEFAULT_PORT = 8000
 DEFAULT_ROUTER_PORT = 8080
-DEFAULT_WORKER_PORT = 8101
-WORKER_PROCESS = "vllm"  # the Procfile line --no-worker leaves out
+DEMO_POOL = "cpu"  # the demo model's pool (apps.core.demo_seed)
+STOP_REPLICAS_TIMEOUT_S = 90.0
 
 
 def _interrupt(_signum: int, _frame: object) -> NoReturn:
@@ -48,7 +52,6 @@ def _interrupt(_signum: int, _frame: object) -> NoReturn:
 PORTS = {
     "port": ("the control plane", "SWITCHYARD_WEB_PORT", DEFAULT_PORT),
     "router_port": ("the router", "SWITCHYARD_ROUTER_PORT", DEFAULT_ROUTER_PORT),
-    "worker_port": ("the vLLM worker", "SWITCHYARD_WORKER_PORT", DEFAULT_WORKER_PORT),
 }
 
 
@@ -66,7 +69,7 @@ class Command(BaseCommand):
         parser.add_argument(
             "--no-worker",
             action="store_true",
-            help="do not start the vLLM worker (a quicker start without the demo model)",
+            help="start no model replica: autoscaling off (a quicker start without the models)",
         )
         parser.add_argument(
             "--pg-port",
@@ -88,8 +91,6 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         ports: dict[str, tuple[str, int]] = {}
         for option, (what, variable, default) in PORTS.items():
-            if option == "worker_port" and options["no_worker"]:
-                continue
             port = options[option]
             if port is None:
                 try:
@@ -112,6 +113,7 @@ class Command(BaseCommand):
                     ports={flag: port for flag, (_what, port) in ports.items()},
                     procfile=options["procfile"],
                     servers=servers,
+                    autoscale=not options["no_worker"],
                 )
         except ServiceStartError as exc:
             raise CommandError(str(exc)) from exc
@@ -151,10 +153,10 @@ class Command(BaseCommand):
         ports: dict[str, int],
         procfile: Path,
         servers: list[ManagedServer],
+        autoscale: bool,
     ) -> int:
         base_dir = Path(settings.BASE_DIR)
         web, router = ports["--port"], ports["--router-port"]
-        worker = ports.get("--worker-port")
         env = {
             **env,
             "PATH": os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")]),
@@ -162,10 +164,13 @@ class Command(BaseCommand):
             "DJANGO_SETTINGS_MODULE": "config.settings",
             "SWITCHYARD_WEB_PORT": str(web),
             "SWITCHYARD_ROUTER_PORT": str(router),
-            "SWITCHYARD_WORKER_PORT": str(worker or DEFAULT_WORKER_PORT),
             "PORT": str(web),
         }
-        names = self._processes(procfile, with_worker=worker is not None)
+        if autoscale:
+            env[ENV_ACTUATOR] = "local"
+        else:
+            env.pop(ENV_ACTUATOR, None)
+        names = self._processes(procfile)
         commands = procfile_entries(procfile.read_text())
         manage = [sys.executable, str(base_dir / "manage.py")]
         self._step(env, [*manage, "migrate", "--noinput"], "migrate")
@@ -173,12 +178,13 @@ class Command(BaseCommand):
             env, [*manage, "collectstatic", "--noinput", "--verbosity", "0"], "collectstatic"
         )
         seed = self._seed(env, manage)
+        self._stop_replicas(env, manage)  # left by an earlier run that was killed
         at = up_console.Addresses(
             web=f"http://127.0.0.1:{web}",
             router=f"http://127.0.0.1:{router}",
-            worker=None if worker is None else f"http://127.0.0.1:{worker}",
+            pool=DEMO_POOL if autoscale else None,
         )
-        worker_log = str(Path(env["SWITCHYARD_VAR_DIR"]) / "vllm-worker.log")
+        worker_log = str(Path(env["SWITCHYARD_VAR_DIR"]) / "log" / "replicas")
         self.stdout.write(up_console.banner(env, at=at, seed=seed, worker_log=worker_log))
         self.stdout.flush()
         pending, release = up_console.checks(
@@ -207,15 +213,29 @@ class Command(BaseCommand):
             stop.set()
             watcher.join(5.0)
             release()
+            # The Celery worker is stopped (its replicas got SIGTERM with it); wait for them
+            # while PostgreSQL and Redis still run, so their endpoints end up gone.
+            self._stop_replicas(env, manage)
 
     @staticmethod
-    def _processes(procfile: Path, *, with_worker: bool) -> list[str]:
-        """The Procfile's process names up starts (without the vLLM worker's if asked)."""
+    def _processes(procfile: Path) -> list[str]:
+        """The Procfile's process names up starts."""
         try:
-            names = list(procfile_entries(procfile.read_text()))
+            return list(procfile_entries(procfile.read_text()))
         except OSError as exc:
             raise CommandError(f"cannot read the Procfile {procfile}: {exc.strerror}") from exc
-        return names if with_worker else [name for name in names if name != WORKER_PROCESS]
+
+    def _stop_replicas(self, env: dict[str, str], manage: list[str]) -> None:
+        """``manage.py stop_replicas`` in its own group (a second Ctrl-C does not cut it),
+        bounded; a failure is said, not raised (shutdown goes on)."""
+        proc = spawn([*manage, "stop_replicas"], env=env, death_signal=None)
+        try:
+            code = proc.wait(STOP_REPLICAS_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            stop_group(proc, grace_s=1.0)
+            code = None
+        if code != 0:
+            self._note(f"stopping the model replicas failed (exit code {code})")
 
     def _step(self, env: dict[str, str], argv: list[str], name: str) -> None:
         self._note(f"{name} ...")
