@@ -60,7 +60,10 @@ def test_warmup_without_ready_endpoints_aborts_with_the_reason(canary, ready_end
 
     assert rollout.state == "aborted"
     event = RolloutEvent.objects.get(rollout=rollout, kind="abort")
-    assert event.reason == "Warmup failed: The candidate version v2 has no ready endpoint."
+    assert event.reason == (
+        "Warmup failed: the candidate v2 has no ready endpoint and no configured scaling "
+        "actuator can start one (SWITCHYARD_SCALING_ACTUATOR=local)"
+    )
     assert not Route.objects.filter(model=rollout.model).exists()  # no traffic moved
 
 
