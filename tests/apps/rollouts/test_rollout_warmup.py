@@ -174,3 +174,22 @@ def test_a_candidate_without_replica_and_no_actuator_aborts(canary, ready_endpoi
     ready_endpoints(stable)
     reason = abort_reason(rollout_warm_up(actor=None, rollout=canary()))
     assert "has no ready endpoint and no configured scaling actuator" in reason
+
+
+def test_an_abort_after_the_actuator_started_a_replica_drains_it(
+    canary, ready_endpoints, stable, local_actuator, settings
+):
+    (stable_endpoint,) = ready_endpoints(stable)
+    # Enough time to ask for a replica, not to warm it: a Python process that serves HTTP takes
+    # well over 0.3 s to start, so the warm-up runs out of time right after the start.
+    settings.ROLLOUT_WARMUP_TIMEOUT_S = 0.3
+    rollout = rollout_warm_up(actor=None, rollout=canary())
+
+    assert "ran out of time" in abort_reason(rollout)
+    (started,) = rollout.warmup_endpoints
+    endpoint = Endpoint.objects.get(pk=started)
+    stable_endpoint.refresh_from_db()
+    assert (endpoint.state, stable_endpoint.state) == ("gone", "ready")
+    assert not answers(endpoint.base_url)
+    drain = RolloutEvent.objects.get(rollout=rollout, kind="drain")
+    assert (drain.data, drain.to_state) == ({"endpoints": [started]}, "aborted")
