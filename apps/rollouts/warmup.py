@@ -229,19 +229,28 @@ def rollout_warm_up(*, actor: AbstractBaseUser | None, rollout: Rollout) -> Roll
             if endpoint.state != Endpoint.State.READY:
                 endpoint_set_state(actor=actor, endpoint=endpoint, state=Endpoint.State.READY)
     except WarmupError as exc:
-        aborted = rollout_abort(
-            actor=actor, rollout=rollout, reason=f"Warmup failed: {exc}", data=warmup.as_dict()
-        )
-        candidate_drain(rollout=aborted)
-        return aborted
-    return rollout_warmed(actor=actor, rollout=rollout, data=warmup.as_dict())
+        try:
+            return rollout_abort(
+                actor=actor, rollout=rollout, reason=f"Warmup failed: {exc}", data=warmup.as_dict()
+            )
+        finally:
+            candidate_drain(rollout=rollout)
+    try:
+        return rollout_warmed(actor=actor, rollout=rollout, data=warmup.as_dict())
+    except ValidationError:  # rolled back or cancelled while it warmed: stop what it started
+        candidate_drain(rollout=rollout)
+        raise
 
 
 def candidate_drain(*, rollout: Rollout) -> list[int]:
-    """Drain and stop the candidate replicas the warm-up started (after a rollback or an
-    abort); the ids drained. Endpoints nobody here started, and stable's, are left alone."""
+    """Drain and stop the candidate replicas the warm-up started (after a rollback, an abort or
+    a cancel); the ids drained. Endpoints nobody here started, and stable's, are left alone."""
     rollout.refresh_from_db()
-    if rollout.state not in (Rollout.State.ROLLED_BACK, Rollout.State.ABORTED):
+    if rollout.state not in (
+        Rollout.State.ROLLED_BACK,
+        Rollout.State.ABORTED,
+        Rollout.State.CANCELLED,
+    ):
         return []
     endpoints = list(
         Endpoint.objects.select_related("pool")
