@@ -4,8 +4,9 @@
 ``settings.ROLLOUT_WARMUP_TIMEOUT_S``:
 
 1. the candidate's artifact is verified against the registry's digest
-   (:func:`runtime.artifacts.verify_artifact`) when it is a local ``file://`` folder; a remote
-   artifact is verified by the worker that loads it, and the event says so;
+   (:func:`runtime.artifacts.verify_artifact`) when it is a ``file://`` folder on this host; a
+   remote artifact, or a folder only the model hosts have, is verified by the worker that loads
+   it (``serve_model``), and the event says so;
 2. the candidate gets a replica: its ready endpoints, or, when it has none, one replica started
    by the configured scaling actuator (``apps.scaling.tasks.actuator_from_env``) in the pool
    that serves the stable version, *warm* (registered ``starting``, not routed); its endpoint id
@@ -78,6 +79,8 @@ def artifact_check(version: ModelVersion) -> str:
     if parts.scheme != "file":
         return f"{version.artifact_uri}: remote artifact, verified by the worker that loads it"
     root = Path(unquote(parts.path))
+    if not root.is_dir():  # the model hosts' disk, not this one's: the worker checks it there
+        return f"{root}: not on this host; the worker that loads it verifies the digest"
     files = version.manifest.get("files") if isinstance(version.manifest, dict) else None
     try:
         verify_artifact(root, version.digest, files if isinstance(files, dict) else None)

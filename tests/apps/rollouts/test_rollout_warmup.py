@@ -70,11 +70,17 @@ def test_a_digest_mismatch_aborts_before_any_request(canary, ready_endpoints, ca
     assert data["checks"] == []
 
 
-def test_a_missing_artifact_folder_aborts(canary, ready_endpoints, candidate):
+def test_an_artifact_folder_only_the_model_hosts_have_is_left_to_their_worker(
+    canary, ready_endpoints, candidate
+):
     ready_endpoints()
     ModelVersion.objects.filter(pk=candidate.pk).update(artifact_uri="file:///nonexistent/v2")
-    reason = abort_reason(rollout_warm_up(actor=None, rollout=canary()))
-    assert reason.startswith("Warmup failed: the artifact of tiny-llama:v2 does not verify")
+    rollout = rollout_warm_up(actor=None, rollout=canary())
+    assert rollout.state == "running"
+    warmup = RolloutEvent.objects.get(rollout=rollout, kind="warmed").data["warmup"]
+    assert warmup["artifact"] == (
+        "/nonexistent/v2: not on this host; the worker that loads it verifies the digest"
+    )
 
 
 @pytest.fixture
