@@ -86,7 +86,7 @@ def _world(tmp_path: Path) -> tuple[Rollout, Endpoint, dict[str, str], Process]:
     versions = []
     for label in ("v1", "v2"):
         version = model_version_create(
-            actor=None, model=model, label=label, runtime="vllm",
+            actor=None, model=model, label=label, runtime="simulator",
             **artifact(tmp_path / "artifacts" / label, content=label.encode()),
         )  # fmt: skip
         versions.append(model_version_publish(actor=None, version=version))

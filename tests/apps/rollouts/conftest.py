@@ -30,7 +30,7 @@ def make_version(db: Any, tmp_path: Path) -> Callable[..., ModelVersion]:
             actor=None,
             model=model,
             label=label,
-            runtime="vllm",
+            runtime="simulator",
             **artifact(tmp_path / "artifacts" / model.name / label),
         )
         return model_version_publish(actor=None, version=version) if publish else version
