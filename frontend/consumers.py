@@ -7,7 +7,9 @@ whether in the query string or in a later ``{"subscribe": "<slug>"}`` message. O
 the consumer sends ``{"type": "backfill", "docs": [...]}`` (the routers' recent documents
 from Redis, oldest first), then one
 ``{"type": "live", "doc": ...}`` per router per second, each cut down by
-:func:`frontend.access.filter_document`.
+:func:`frontend.access.filter_document`. Staff also join the staff group: on accept the latest
+``{"type": "control", "doc": ...}`` (rollouts, scaling, queued actions:
+:mod:`frontend.control_feed`), then one a second. Nobody else ever gets a control document.
 """
 
 from __future__ import annotations
@@ -22,8 +24,9 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
 
-from frontend.access import filter_document, may_watch, visible_tenants
-from frontend.relay import GROUP, backlog_key
+from frontend.access import ALL, filter_document, may_watch, visible_tenants
+from frontend.control_feed import STAFF_GROUP, control_key
+from frontend.relay import GROUP, backlog_key, live_namespace
 
 BACKFILL_S = 600.0  # what the charts keep
 CLOSE_UNAUTHENTICATED = 4401
@@ -50,6 +53,11 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]
         await self.accept()
         await self.channel_layer.group_add(GROUP, self.channel_name)
         await self.send_json({"type": "backfill", "docs": await self._backfill()})
+        if self.visible is ALL:
+            await self.channel_layer.group_add(STAFF_GROUP, self.channel_name)
+            latest = await self._latest_control()
+            if latest is not None:
+                await self.send_json({"type": "control", "doc": latest})
 
     async def _refuse(self, code: int) -> None:
         """Accept, then close with ``code``: a browser sees the code (a refused handshake
@@ -60,6 +68,7 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]
     async def disconnect(self, code: int) -> None:
         if self.channel_layer is not None:
             await self.channel_layer.group_discard(GROUP, self.channel_name)
+            await self.channel_layer.group_discard(STAFF_GROUP, self.channel_name)
 
     async def receive_json(self, content: Any, **kwargs: Any) -> None:
         tenant = content.get("subscribe") if isinstance(content, dict) else None
@@ -74,6 +83,18 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]
         await self.send_json(
             {"type": "live", "doc": filter_document(event["doc"], self.visible, self.tenant)}
         )
+
+    async def control_doc(self, event: dict[str, Any]) -> None:
+        if getattr(self, "visible", frozenset()) is ALL:  # only staff joined; checked again
+            await self.send_json({"type": "control", "doc": event["doc"]})
+
+    async def _latest_control(self) -> dict[str, Any] | None:
+        client = aioredis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=1.0)
+        try:
+            raw = await client.get(control_key(live_namespace()))
+        finally:
+            await client.aclose()  # type: ignore[attr-defined]
+        return None if raw is None else msgspec.json.decode(raw)
 
     async def _backfill(self) -> list[dict[str, Any]]:
         client = aioredis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=1.0)

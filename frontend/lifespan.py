@@ -1,4 +1,5 @@
-"""The control plane's ASGI lifespan: start and stop the dashboard's live relay."""
+"""The control plane's ASGI lifespan: start and stop the dashboard's live relay (with the
+staff feed's control source)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import Any
 
 from django.conf import settings
 
+from frontend.control_feed import ControlSource
 from frontend.relay import LiveRelay, live_namespace
 
 Message = MutableMapping[str, Any]
@@ -18,14 +20,18 @@ async def lifespan(
     send: Callable[[Message], Awaitable[None]],
 ) -> None:
     relay: LiveRelay | None = None
+    control: ControlSource | None = None
     while True:
         message = await receive()
         if message["type"] == "lifespan.startup":
-            relay = LiveRelay(settings.REDIS_URL, live_namespace())
+            control = ControlSource(settings.REDIS_URL, live_namespace())
+            relay = LiveRelay(settings.REDIS_URL, live_namespace(), control=control)
             await relay.start()
             await send({"type": "lifespan.startup.complete"})
         elif message["type"] == "lifespan.shutdown":
             if relay is not None:
                 await relay.stop()
+            if control is not None:
+                control.close()
             await send({"type": "lifespan.shutdown.complete"})
             return

@@ -5,7 +5,9 @@ Each control-plane process runs one :class:`LiveRelay` (started by the ASGI life
 in Redis (``{ns}:live:relay``, renewed every second) so a browser gets each document once
 however many processes serve websockets; if the holder dies, another takes over within
 :data:`LEASE_S`. The websocket consumers (:mod:`frontend.consumers`) are in group
-:data:`GROUP` and filter per user.
+:data:`GROUP` and filter per user. With a ``control`` source, the holder also sends operators
+the control document (rollouts, scaling, queued actions: :mod:`frontend.control_feed`) to
+:data:`~frontend.control_feed.STAFF_GROUP` once a second.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import contextlib
 import logging
 import os
 import socket
+from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
 import msgspec
@@ -23,6 +26,7 @@ from channels.layers import get_channel_layer
 from django.conf import settings
 from redis.exceptions import RedisError
 
+from frontend.control_feed import STAFF_GROUP
 from runtime import contract
 from runtime.redis_conn import cancel_and_wait, raise_if_cancelling
 from runtime.telemetry.live import live_backlog, live_channel
@@ -48,14 +52,19 @@ def backlog_key() -> str:
     return live_backlog(live_namespace())
 
 
+Control = Callable[[], Awaitable[dict[str, Any]]]
+
+
 class LiveRelay:
-    def __init__(self, redis_url: str, namespace: str) -> None:
+    def __init__(self, redis_url: str, namespace: str, control: Control | None = None) -> None:
         self._redis_url = redis_url
         self._namespace = namespace
+        self._control = control
         self._lease_key = f"{namespace}:live:relay"
         self._me = f"{socket.gethostname()}:{os.getpid()}:{id(self)}"
         self._task: asyncio.Task[None] | None = None
         self.forwarded = 0
+        self.controls = 0
 
     async def start(self) -> None:
         if self._task is None:
@@ -110,6 +119,19 @@ class LiveRelay:
                     renew_at = loop.time() + 1.0
                     if not await self._hold_lease(client):
                         return
+                    await self._send_control(layer)
         finally:
             with contextlib.suppress(RedisError, OSError):
                 await pubsub.aclose()  # type: ignore[attr-defined]
+
+    async def _send_control(self, layer: Any) -> None:
+        if self._control is None:
+            return
+        try:
+            document = await self._control()
+        except Exception:  # a bad read must not stop the live documents
+            raise_if_cancelling()
+            logger.exception("dashboard relay: building the control document failed")
+            return
+        await layer.group_send(STAFF_GROUP, {"type": "control.doc", "doc": document})
+        self.controls += 1

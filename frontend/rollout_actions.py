@@ -1,21 +1,29 @@
-"""The rollout buttons: which actions the dashboard offers and the service each one calls.
+"""The rollout buttons: which actions the dashboard offers, in which states, and how they run.
 
-Each action is a name, a label and the service that performs it (``None``: planned, shown
-disabled): the same services (apps/rollouts/transitions.py) that the admin's buttons, the REST
-API and the Celery tasks call. The dashboard calls them in the request, so the page says at once
-what happened (or why it was refused); the rollout's events tell the rest.
+Start, advance, pause, resume, promote and roll back queue the action's Celery task
+(``apps.rollouts.tasks``, the same tasks the REST API queues; each calls one service of
+``apps.rollouts.transitions``). The page answers at once ("queued") and the staff feed
+(:mod:`frontend.control_feed`) shows the task's progress and the rollout's new state live;
+a refusal shows the service's message. Cancel has no task: it calls its service in the
+request. ``states`` only enables the buttons; whether a transition is allowed is the
+service's call, under the row lock.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
+import redis
+from django.conf import settings
 from django.contrib.auth.base_user import AbstractBaseUser
 
-from apps.rollouts import transitions
+from apps.rollouts import tasks
 from apps.rollouts.models import Rollout
 from apps.rollouts.services import rollout_cancel
+from frontend.control_feed import task_error, task_note
+from frontend.relay import live_namespace
 
 Perform = Callable[[AbstractBaseUser, Rollout, str], object]
 
@@ -24,52 +32,74 @@ Perform = Callable[[AbstractBaseUser, Rollout, str], object]
 class RolloutAction:
     name: str
     label: str
-    perform: Perform | None  # None: not available yet (planned)
+    states: tuple[str, ...]  # the rollout states in which the button is enabled
+    task: Any = None  # a Celery task taking rollout_id, actor_id (and reason when takes_reason)
+    takes_reason: bool = False
+    perform: Perform | None = None  # run in the request (no task)
     needs_reason: bool = False
 
-    @property
-    def available(self) -> bool:  # templates call callables, so they test this, not perform
-        return self.perform is not None
+    def enabled_in(self, state: str) -> bool:
+        return state in self.states
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    level: str  # "success" | "error" | "info"
+    text: str
 
 
 def _cancel(actor: AbstractBaseUser, rollout: Rollout, reason: str) -> object:
     return rollout_cancel(actor=actor, rollout=rollout, reason=reason)
 
 
-def _start(actor: AbstractBaseUser, rollout: Rollout, reason: str) -> object:
-    """Start, then warm up (a failed warmup aborts the rollout with the reason)."""
-    started = transitions.rollout_start(actor=actor, rollout=rollout)
-    return transitions.rollout_warmup(actor=actor, rollout=started)
-
-
-def _advance(actor: AbstractBaseUser, rollout: Rollout, reason: str) -> object:
-    return transitions.rollout_advance(actor=actor, rollout=rollout, reason=reason)
-
-
-def _pause(actor: AbstractBaseUser, rollout: Rollout, reason: str) -> object:
-    return transitions.rollout_pause(actor=actor, rollout=rollout, reason=reason)
-
-
-def _resume(actor: AbstractBaseUser, rollout: Rollout, reason: str) -> object:
-    return transitions.rollout_resume(actor=actor, rollout=rollout)
-
-
-def _promote(actor: AbstractBaseUser, rollout: Rollout, reason: str) -> object:
-    return transitions.rollout_promote(actor=actor, rollout=rollout, reason=reason)
-
-
-def _rollback(actor: AbstractBaseUser, rollout: Rollout, reason: str) -> object:
-    return transitions.rollout_rollback(actor=actor, rollout=rollout, reason=reason)
-
-
 def rollout_actions() -> dict[str, RolloutAction]:
     actions = [
-        RolloutAction("start", "Start", _start),
-        RolloutAction("advance", "Advance", _advance),
-        RolloutAction("pause", "Pause", _pause),
-        RolloutAction("resume", "Resume", _resume),
-        RolloutAction("promote", "Promote", _promote),
-        RolloutAction("rollback", "Roll back", _rollback, needs_reason=True),
-        RolloutAction("cancel", "Cancel", _cancel, needs_reason=True),
+        RolloutAction("start", "Start", ("pending",), tasks.rollout_start),
+        RolloutAction("advance", "Advance", ("running",), tasks.rollout_advance, True),
+        RolloutAction("pause", "Pause", ("running",), tasks.rollout_pause, True),
+        RolloutAction("resume", "Resume", ("paused",), tasks.rollout_resume),
+        RolloutAction("promote", "Promote", ("running", "paused"), tasks.rollout_promote, True),
+        RolloutAction(
+            "rollback",
+            "Roll back",
+            ("warming", "running", "paused"),
+            tasks.rollout_rollback,
+            True,
+            needs_reason=True,
+        ),
+        RolloutAction(
+            "cancel", "Cancel", ("pending", "warming"), perform=_cancel, needs_reason=True
+        ),
     ]
     return {action.name: action for action in actions}
+
+
+def action_queue(
+    action: RolloutAction, *, actor: AbstractBaseUser, rollout: Rollout, reason: str
+) -> Outcome:
+    """Queue ``action``'s task and note it for the staff feed. An eager Celery (tests) has
+    already run it: then the outcome is final."""
+    kwargs: dict[str, Any] = {"rollout_id": rollout.pk, "actor_id": actor.pk}
+    if action.takes_reason:
+        kwargs["reason"] = reason
+    result = action.task.apply_async(kwargs=kwargs)
+    client: redis.Redis[bytes] = redis.Redis.from_url(
+        settings.REDIS_URL, socket_connect_timeout=1.0, socket_timeout=2.0
+    )
+    try:
+        task_note(
+            client,
+            live_namespace(),
+            task_id=result.id,
+            rollout=rollout.pk,
+            action=action.name,
+            label=action.label,
+        )
+    finally:
+        client.close()
+    prefix = f"Rollout #{rollout.pk}: {action.label.lower()}"
+    if not result.ready():
+        return Outcome("info", f"{prefix} queued (task {result.id[:8]}); its progress shows here.")
+    if result.failed():
+        return Outcome("error", task_error(result.result))
+    return Outcome("success", f"{prefix} done.")

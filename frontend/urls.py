@@ -18,6 +18,7 @@ urlpatterns = [
     path("dashboard/vendor/plotly.min.js", views.plotly_js, name="plotly"),
     path("dashboard/rollouts/", views.rollouts_page, name="rollouts"),
     path("dashboard/rollouts/<int:pk>/<slug:action>/", views.rollout_action, name="rollout_action"),
+    path("dashboard/scaling/", views.scaling_page, name="scaling"),
     path("dashboard/t/<slug:slug>/", views.tenant_page, name="tenant"),
     path("dashboard/t/<slug:slug>/keys/", key_views.key_create, name="key_create"),
     path(

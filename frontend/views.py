@@ -1,7 +1,8 @@
 """The dashboard's pages. Live numbers arrive over the websocket; pages render what is stored.
 
-Operator pages (fleet, traffic, stages, tenants, rollouts) are for staff; a tenant page is for
-staff and the tenant's members. Nothing here polls: the browser keeps the live series.
+Operator pages (fleet, traffic, stages, tenants, rollouts, scaling) are for staff; a tenant page
+is for staff and the tenant's members. Nothing here polls: the browser keeps the live series,
+and the staff feed (frontend/control_feed.py) updates the rollouts and scaling pages.
 """
 
 from __future__ import annotations
@@ -26,7 +27,9 @@ from apps.tenants.selectors import (
     tenant_get,
 )
 from frontend.access import may_watch, visible_tenants
-from frontend.rollout_actions import rollout_actions
+from frontend.rollout_actions import action_queue, rollout_actions
+from frontend.rollout_panels import rollout_view, rollouts_recent
+from frontend.scaling_panels import scaling_view
 from frontend.tenant_panels import balance, budget_rows, may_manage_keys
 
 OPERATOR_PAGES = ("fleet", "traffic", "stages", "tenants")
@@ -78,16 +81,19 @@ def tenant_page_render(request: HttpRequest, tenant: Tenant, new_secret: str = "
 
 @staff_required
 def rollouts_page(request: HttpRequest) -> HttpResponse:
-    rollouts = (
-        Rollout.objects.select_related("model", "stable_version", "candidate_version")
-        .prefetch_related("events")
-        .order_by("-created_at")[:50]
-    )
+    actions = list(rollout_actions().values())
+    rollouts = [
+        {
+            "view": view,
+            "buttons": [(action, action.enabled_in(view["state"])) for action in actions],
+        }
+        for view in (rollout_view(r) for r in rollouts_recent())
+    ]
     context = {
         "page": "rollouts",
         "rollouts": rollouts,
-        "actions": rollout_actions().values(),
         "ws_tenant": "",
+        "actions_states": {a.name: list(a.states) for a in actions},
     }
     return render(request, "frontend/rollouts.html", context)
 
@@ -96,17 +102,27 @@ def rollouts_page(request: HttpRequest) -> HttpResponse:
 @require_POST
 def rollout_action(request: HttpRequest, pk: int, action: str) -> HttpResponse:
     chosen = rollout_actions().get(action)
-    if chosen is None or chosen.perform is None:
+    if chosen is None:
         raise Http404("no such rollout action")
     rollout = get_object_or_404(Rollout, pk=pk)
     reason = request.POST.get("reason", "").strip() or f"{chosen.label} from the dashboard"
+    if chosen.task is not None:
+        outcome = action_queue(chosen, actor=request.user, rollout=rollout, reason=reason)  # type: ignore[arg-type]
+        getattr(messages, outcome.level)(request, outcome.text)
+        return redirect("dashboard:rollouts")
     try:
-        chosen.perform(request.user, rollout, reason)  # type: ignore[arg-type]
+        chosen.perform(request.user, rollout, reason)  # type: ignore[arg-type,misc]
     except ValidationError as exc:
         messages.error(request, "; ".join(exc.messages))
     else:
         messages.success(request, f"Rollout #{pk}: {chosen.label.lower()} done.")
     return redirect("dashboard:rollouts")
+
+
+@staff_required
+def scaling_page(request: HttpRequest) -> HttpResponse:
+    context = {"page": "scaling", "pools": scaling_view(), "ws_tenant": ""}
+    return render(request, "frontend/scaling.html", context)
 
 
 def plotly_js(request: HttpRequest) -> FileResponse:

@@ -2,7 +2,8 @@
 
 Plain dicts built from the snapshot in force and the router's own counters: the pools' queue
 depth per band, tenant shares and Jain's index; each endpoint's state, health, KV use and
-in-flight requests against its capacity; the request classes' TTFT SLOs.
+in-flight requests against its capacity; the request classes' TTFT SLOs; the routes this router
+follows (model -> version label -> weight) and its snapshot's version.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ def live_sources(state: RouterState) -> LiveSources:
         pools=lambda: _pools(state),
         endpoints=lambda: _endpoints(state),
         classes=lambda: _classes(state),
+        routes=lambda: _routes(state),
+        snapshot_version=lambda: None if state.snapshot is None else state.snapshot.version,
     )
 
 
@@ -74,3 +77,17 @@ def _classes(state: RouterState) -> dict[str, dict[str, Any]]:
         name: {"band": klass.priority_band, "ttft_slo_ms": klass.ttft_slo_ms}
         for name, klass in snapshot.classes.items()
     }
+
+
+def _routes(state: RouterState) -> dict[str, dict[str, int]]:
+    snapshot = state.snapshot
+    if snapshot is None:
+        return {}
+    routes: dict[str, dict[str, int]] = {}
+    for model, route in snapshot.routes.items():
+        weights = routes[model] = {}
+        for split in route.splits:
+            version = snapshot.versions.get(split.version)
+            label = str(split.version) if version is None else version.label
+            weights[label] = weights.get(label, 0) + split.weight
+    return routes

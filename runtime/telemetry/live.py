@@ -9,9 +9,14 @@ in flight vs capacity per endpoint, tenant shares, Jain's index) and publishes o
 - ``LPUSH {ns}:live:recent <doc>`` + ``LTRIM`` to :data:`BACKLOG` documents, so a browser
   that (re)connects backfills the last minutes.
 
-A row is one (tenant, model, version, class, pool) with requests, outcomes, 429s, shed, TTFT and
-end-to-end percentiles, mean per-stage latency (gateway → queue → upstream first token →
-stream) and tokens. A failed publish is logged and dropped: live data is not worth a retry.
+A row is one (tenant, model, version, class, pool) with requests, outcomes, 429s, shed, TTFT,
+inter-token (ITL) and end-to-end percentiles, mean per-stage latency (gateway → queue →
+upstream first token → stream) and tokens. A request's ITL is its ``itl`` timing when the
+gateway records one, else (streams only) its mean gap after the first token:
+(e2e - TTFT) / (tokens - 1).
+The document also carries the router's own view of the routes (model → version → weight) and
+the snapshot version it serves. A failed publish is logged and dropped: live data is not worth
+a retry.
 """
 
 from __future__ import annotations
@@ -62,6 +67,7 @@ class _Row:
     __slots__ = (
         "e2e",
         "errors",
+        "itl",
         "outcomes",
         "requests",
         "shed",
@@ -80,6 +86,7 @@ class _Row:
         self.outcomes: dict[str, int] = {}
         self.ttft: list[float] = []
         self.e2e: list[float] = []
+        self.itl: list[float] = []
         self.stages = [0.0, 0.0, 0.0, 0.0, 0.0]  # sums of STAGES, then how many requests
         self.tokens_in = 0
         self.tokens_out = 0
@@ -104,6 +111,12 @@ class _Row:
         if ttft is None or e2e is None:
             return
         _sample(self.ttft, ttft, self.requests)
+        itl = timings.get("itl")
+        tokens = record.completion_tokens or 0
+        if itl is None and record.stream and tokens > 1:  # unary: one body, no gaps seen
+            itl = max(e2e - ttft, 0.0) / (tokens - 1)
+        if itl is not None:
+            _sample(self.itl, itl, self.requests)
         queue = timings.get("queue", 0.0)
         upstream = timings.get("upstream_ttft", 0.0)
         stages = self.stages
@@ -128,6 +141,7 @@ class _Row:
             "shed": self.shed,
             "outcomes": self.outcomes,
             "ttft_ms": percentiles(self.ttft),
+            "itl_ms": percentiles(self.itl),
             "e2e_ms": percentiles(self.e2e),
             "stages_ms": {
                 name: round(self.stages[i] / served, 3) if served else None
@@ -166,6 +180,8 @@ class LiveSources:
     pools: Callable[[], Iterable[dict[str, Any]]] = lambda: ()
     endpoints: Callable[[], Iterable[dict[str, Any]]] = lambda: ()
     classes: Callable[[], dict[str, dict[str, Any]]] = dict
+    routes: Callable[[], dict[str, dict[str, int]]] = dict  # model -> version label -> weight
+    snapshot_version: Callable[[], int | None] = lambda: None
 
 
 @dataclass(slots=True)
@@ -209,6 +225,8 @@ class LiveAggregator:
             "pools": list(self.sources.pools()),
             "endpoints": list(self.sources.endpoints()),
             "classes": self.sources.classes(),
+            "routes": self.sources.routes(),
+            "snapshot_version": self.sources.snapshot_version(),
         }
 
     async def start(self) -> None:

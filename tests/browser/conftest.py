@@ -3,24 +3,18 @@ and Debian's Chromium through Playwright (never a downloaded browser)."""
 
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-from django.db import connection
+from browser_platform import MODEL, Platform, start_web
 from fixtures.router import (
-    REPO_ROOT,
     Process,
     Publisher,
     World,
-    redis_url,
     spawn,
     start_router,
     wait_ready,
@@ -36,18 +30,6 @@ CHROMIUM_ARGS = [
     "--disable-sync",
     "--no-first-run",
 ]
-MODEL = "sim-chat"
-
-
-@dataclass
-class Platform:
-    router: Process
-    web: Process
-    world: World
-
-    @property
-    def web_url(self) -> str:
-        return self.web.base_url
 
 
 @pytest.fixture(scope="module")
@@ -97,28 +79,8 @@ def platform(
     # What this test writes to the database publishes snapshots; keep them away from the
     # router's hand-built one (and under the prefix the publisher cleans up).
     settings.SNAPSHOT_REDIS_PREFIX = f"{prefix}:db:snapshot"
-    var_dir = tmp_path / "var"
-    settings_db = connection.settings_dict
-    env = {
-        **os.environ,
-        "DATABASE_URL": f"postgres://{settings_db['USER']}@{settings_db['HOST']}:"
-        f"{settings_db['PORT']}/{settings_db['NAME']}",
-        "REDIS_URL": redis_url(),
-        "SWITCHYARD_SNAPSHOT_PREFIX": prefix,
-        "SWITCHYARD_VAR_DIR": str(var_dir),
-        "SECRET_KEY": "browser-test-secret",
-        "PYTHONPATH": str(REPO_ROOT),
-    }
-    subprocess.run(
-        [sys.executable, "manage.py", "collectstatic", "--noinput", "--verbosity", "0"],
-        cwd=REPO_ROOT,
-        env=env,
-        check=True,
-        timeout=120,
-    )
-    web, _ = spawn(["uvicorn", "config.asgi:application", "--log-level", "warning"], env=env)
+    web = start_web(prefix, tmp_path / "var")
     try:
-        wait_until_up(web, "/accounts/login/")
         yield Platform(router=router, web=web, world=world)
     finally:
         web.stop()

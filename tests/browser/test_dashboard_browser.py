@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import MODEL, Platform
+from browser_platform import MODEL, Platform
 from django.contrib.auth.models import User
 from fixtures.wait import eventually
 
@@ -61,11 +61,12 @@ def traffic(platform: Platform, *, seconds: float = 20.0) -> Iterator[list[int]]
     stop = threading.Event()
     statuses: list[int] = []
 
-    def send(key: str) -> None:
+    def send(key: str, stream: bool) -> None:
         body = json.dumps(
             {
                 "model": MODEL,
                 "max_tokens": 8,
+                "stream": stream,  # streams give the inter-token latency
                 "messages": [{"role": "user", "content": "hello dashboard"}],
             }
         )
@@ -75,13 +76,14 @@ def traffic(platform: Platform, *, seconds: float = 20.0) -> Iterator[list[int]]
             headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
         )
         with urllib.request.urlopen(request, timeout=10) as response:
+            response.read()  # to the end (a stream's [DONE])
             statuses.append(response.status)
 
     def run() -> None:
         for i in range(int(seconds * 10)):
             if stop.wait(0.1):
                 return
-            send(platform.world.secrets["acme" if i % 2 else "globex"])
+            send(platform.world.secrets["acme" if i % 2 else "globex"], stream=i % 4 < 2)
 
     thread = threading.Thread(target=run, name="dashboard-traffic", daemon=True)
     thread.start()
@@ -121,6 +123,11 @@ def test_operator_watches_traffic_chart_move(
         page.wait_for_function(  # TTFT per class, with its SLO line
             "() => (document.getElementById('chart-ttft').data ?? [])"
             ".some(t => t.name.includes('SLO'))",
+            timeout=5_000,
+        )
+        page.wait_for_function(  # inter-token latency per class from the live aggregate
+            "() => (document.getElementById('chart-itl').data ?? [])"
+            ".some(t => t.name.endsWith('p95') && t.y.some(v => v > 0))",
             timeout=5_000,
         )
         page.wait_for_function(  # an operator sees every tenant
@@ -228,7 +235,8 @@ def test_operator_cancels_a_rollout(
     page.goto(f"{platform.web_url}/dashboard/rollouts/")
     card = page.locator(f"#rollout-{rollout.pk}")
     assert card.get_attribute("data-state") == "pending"
-    assert card.locator("button[value=rollback]").is_enabled()
+    assert card.locator("button[value=cancel]").is_enabled()
+    assert card.locator("button[value=rollback]").is_disabled()  # a draft does not run yet
     card.locator("input[aria-label='reason for Cancel']").fill("bad canary")
     card.locator("button[value=cancel]").click()
     page.wait_for_selector(f"#rollout-{rollout.pk}[data-state=cancelled]", timeout=5_000)

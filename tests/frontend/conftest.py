@@ -12,8 +12,15 @@ from django.contrib.auth.models import User
 from django.db import connections
 from fixtures.router import redis_url
 
+from apps.models.services import model_create, model_version_create, model_version_publish
+from apps.rollouts.models import Rollout
+from apps.rollouts.services import rollout_create
 from apps.tenants.models import Membership, Tenant
+from frontend.control_feed import control_key, tasks_key
+from runtime.artifacts import manifest_digest
 from runtime.telemetry.live import live_backlog
+
+FILES = {"model.safetensors": "cd" * 32}
 
 
 @pytest.fixture(autouse=True)
@@ -35,7 +42,7 @@ def namespace(settings: Any) -> Iterator[str]:
     settings.SNAPSHOT_REDIS_PREFIX = f"{ns}:snapshot"
     yield ns
     client = redis.Redis.from_url(redis_url())
-    client.delete(live_backlog(ns), f"{ns}:live:relay")
+    client.delete(live_backlog(ns), f"{ns}:live:relay", control_key(ns), tasks_key(ns))
     client.close()
 
 
@@ -64,3 +71,33 @@ def people(transactional_db: Any) -> dict[str, User]:
     Membership.objects.create(user=users["alice"], tenant=acme, role="viewer")
     Membership.objects.create(user=users["bob"], tenant=globex, role="owner")
     return users
+
+
+@pytest.fixture
+def rollout(people: dict[str, User], namespace: str) -> Rollout:
+    """A canary draft of tiny-llama v1 -> v2 (both published)."""
+    model = model_create(actor=None, name="tiny-llama", task="chat")
+    versions = []
+    for label in ("v1", "v2"):
+        version = model_version_create(
+            actor=None,
+            model=model,
+            label=label,
+            artifact_uri=f"file:///m/{label}",
+            digest=manifest_digest(FILES),
+            manifest={
+                "tokenizer": "tok",
+                "max_context": 2048,
+                "default_sampling": {},
+                "files": FILES,
+            },
+            runtime="vllm",
+        )
+        versions.append(model_version_publish(actor=None, version=version))
+    return rollout_create(
+        actor=people["staff"],
+        model=model,
+        stable_version=versions[0],
+        candidate_version=versions[1],
+        mode="canary",
+    )

@@ -1,62 +1,43 @@
-"""The dashboard's pages: login, who sees which page, plotly served locally, rollout buttons."""
+"""The dashboard's pages: login, who sees which page, plotly served locally, rollout buttons
+(queued as Celery tasks: eager here, a real worker in tests/browser), the scaling page."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
+import redis
 from django.contrib.auth.models import User
 from django.test import Client
+from fixtures.router import redis_url
 
 from apps.models.models import Route
-from apps.models.services import (
-    endpoint_register,
-    endpoint_set_state,
-    model_create,
-    model_version_create,
-    model_version_publish,
-    pool_create,
-)
+from apps.models.services import endpoint_register, endpoint_set_state, pool_create
+from apps.rollouts import tasks
 from apps.rollouts.models import Rollout
-from apps.rollouts.services import rollout_create
-from runtime.artifacts import manifest_digest
+from config.celery import app
+from frontend.control_feed import control_document, tasks_key
 
 pytestmark = pytest.mark.integration
 
-FILES = {"model.safetensors": "cd" * 32}
+
+@pytest.fixture
+def eager_celery(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Tasks run in the request, their results stored in the real result backend (Redis)."""
+    app.conf.task_always_eager = True
+    for name in ("start", "advance", "pause", "resume", "promote", "rollback"):
+        # A task reads task_store_eager_result once, when first bound: set it on each task.
+        monkeypatch.setattr(getattr(tasks, f"rollout_{name}"), "store_eager_result", True)
+    try:
+        yield
+    finally:
+        app.conf.task_always_eager = False
 
 
 def _client(user: User, *, csrf: bool = False) -> Client:
     client = Client(enforce_csrf_checks=csrf)
     client.force_login(user)
     return client
-
-
-@pytest.fixture
-def rollout(people: dict[str, User], namespace: str) -> Rollout:
-    model = model_create(actor=None, name="tiny-llama", task="chat")
-    versions = []
-    for label in ("v1", "v2"):
-        version = model_version_create(
-            actor=None,
-            model=model,
-            label=label,
-            artifact_uri=f"file:///m/{label}",
-            digest=manifest_digest(FILES),
-            manifest={
-                "tokenizer": "tok",
-                "max_context": 2048,
-                "default_sampling": {},
-                "files": FILES,
-            },
-            runtime="vllm",
-        )
-        versions.append(model_version_publish(actor=None, version=version))
-    return rollout_create(
-        actor=people["staff"],
-        model=model,
-        stable_version=versions[0],
-        candidate_version=versions[1],
-        mode="canary",
-    )
 
 
 def test_login_then_staff_land_on_traffic(people: dict[str, User]) -> None:
@@ -79,7 +60,7 @@ def test_wrong_password_is_refused(people: dict[str, User]) -> None:
     assert b"didn't match" in response.content
 
 
-@pytest.mark.parametrize("page", ["fleet", "traffic", "stages", "tenants", "rollouts"])
+@pytest.mark.parametrize("page", ["fleet", "traffic", "stages", "tenants", "rollouts", "scaling"])
 def test_operator_pages_render_for_staff(people: dict[str, User], page: str) -> None:
     response = _client(people["staff"]).get(f"/dashboard/{page}/")
     assert response.status_code == 200
@@ -104,7 +85,7 @@ def test_tenant_member_sees_only_their_tenant(people: dict[str, User]) -> None:
     assert b'data-ws-tenant="acme"' in response.content
     assert alice.get("/dashboard/t/globex/").status_code == 404
     assert alice.get("/dashboard/t/missing/").status_code == 404
-    for page in ("fleet", "traffic", "rollouts"):
+    for page in ("fleet", "traffic", "rollouts", "scaling"):
         response = alice.get(f"/dashboard/{page}/")
         assert response.status_code == 302
         assert "/accounts/login/" in response["Location"]
@@ -121,7 +102,8 @@ def test_cancel_button_cancels_with_csrf(people: dict[str, User], rollout: Rollo
     page = staff.get("/dashboard/rollouts/")
     assert f'id="rollout-{rollout.pk}"'.encode() in page.content
     assert b'value="cancel">Cancel</button>' in page.content  # wired: enabled
-    assert b'value="rollback">Roll back</button>' in page.content  # wired too
+    # a draft cannot be rolled back: the button is there, disabled until the rollout runs
+    assert b'value="rollback" disabled>Roll back</button>' in page.content
     url = f"/dashboard/rollouts/{rollout.pk}/cancel/"
     assert staff.post(url, {"reason": "x"}).status_code == 403  # no CSRF token
     token = staff.cookies["csrftoken"].value
@@ -155,10 +137,11 @@ def test_planned_action_and_non_staff_are_refused(
 
 
 def test_start_then_roll_back_from_the_page_moves_the_route_weights(
-    people: dict[str, User], rollout: Rollout
+    people: dict[str, User], rollout: Rollout, namespace: str, eager_celery: None
 ) -> None:
-    """The wired buttons: start (warm-up finds ready endpoints: the canary's first step takes
-    traffic), then roll back: the model's route goes back to stable, in the same request."""
+    """The wired buttons queue the Celery tasks (eager here): start (warm-up finds ready
+    endpoints: the canary's first step takes traffic), then roll back: the model's route goes
+    back to stable; the staff feed reports each task (done, or refused with the reason)."""
     pool = pool_create(actor=None, name="dash-cpu", hardware_tier="cpu", cost_per_replica_hour=1)
     for number, version in enumerate((rollout.stable_version, rollout.candidate_version)):
         endpoint = endpoint_register(
@@ -189,3 +172,37 @@ def test_start_then_roll_back_from_the_page_moves_the_route_weights(
     assert rollout.events.last().reason == "p95 too high"  # type: ignore[union-attr]
     refused = staff.post(f"{base}/advance/", {"csrfmiddlewaretoken": token}, follow=True)
     assert b"advance needs it to be running" in refused.content  # the service's refusal, shown
+    client: redis.Redis[bytes] = redis.Redis.from_url(redis_url())
+    try:
+        feed = control_document(client, namespace)
+    finally:
+        client.delete(tasks_key(namespace))
+        client.close()
+    noted = [(t["action"], t["state"]) for t in feed["tasks"]]
+    assert noted == [("advance", "refused"), ("rollback", "done"), ("start", "done")]
+    assert "advance needs it to be running" in feed["tasks"][0]["said"]
+    (view,) = [r for r in feed["rollouts"] if r["id"] == rollout.pk]
+    assert view["state"] == "rolled_back"
+    assert view["share"] == 0  # back on stable
+    assert view["events"][-1]["reason"] == "p95 too high"
+
+
+def test_without_a_worker_the_action_is_queued_and_shown_so(
+    people: dict[str, User], rollout: Rollout, namespace: str
+) -> None:
+    """No eager Celery and no worker: the page says queued; the feed says queued; nothing
+    changed yet (the worker makes the change, tests/browser runs one)."""
+    staff = _client(people["staff"])
+    response = staff.post(f"/dashboard/rollouts/{rollout.pk}/start/", {"reason": ""}, follow=True)
+    assert b"start queued (task" in response.content
+    client: redis.Redis[bytes] = redis.Redis.from_url(redis_url())
+    try:
+        (task,) = control_document(client, namespace)["tasks"]
+        assert (task["action"], task["state"], task["rollout"]) == ("start", "queued", rollout.pk)
+    finally:
+        client.delete(tasks_key(namespace))
+        client.close()
+        with app.connection_for_write() as connection:  # the message no worker will take
+            connection.default_channel.queue_purge(app.conf.task_default_queue)
+    rollout.refresh_from_db()
+    assert rollout.state == Rollout.State.PENDING

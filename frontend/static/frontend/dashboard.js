@@ -1,5 +1,6 @@
 // Switchyard dashboard: one websocket, per-second documents from every router, plotly charts.
 // Keeps at most WINDOW_S seconds of points; reconnects with backoff and backfills on (re)connect.
+// Operators also get the control document (rollouts, scaling, queued actions) once a second.
 (function () {
   "use strict";
   const WINDOW_S = 600;
@@ -9,6 +10,7 @@
   let dirty = true; // draw the (empty) axes at once
   let retry = 500;
   let socket = null;
+  let control = null; // the latest control document (staff only)
 
   function setStatus(state, text) { status.dataset.state = state; status.textContent = text; }
 
@@ -33,6 +35,7 @@
       const message = JSON.parse(event.data);
       if (message.type === "backfill") { docs.clear(); message.docs.forEach(add); render(); }
       else if (message.type === "live") add(message.doc);
+      else if (message.type === "control") { control = message.doc; renderControl(); }
     };
     ws.onclose = (event) => {
       if (event.code === 4401 || event.code === 4403) { setStatus("down", "not allowed"); return; }
@@ -92,23 +95,24 @@
   const line = (name, x, y, more) => Object.assign({ name, x, y, type: "scatter", mode: "lines" }, more || {});
 
   function perClass(groups, pick) {
+    const field = pick.field || "ttft_ms";
     const names = new Set();
-    groups.forEach(([, g]) => rowsOf(g).forEach((r) => r.ttft_ms && r.class !== undefined && names.add(r.class)));
+    groups.forEach(([, g]) => rowsOf(g).forEach((r) => r[field] && r.class !== undefined && names.add(r.class)));
     const traces = [];
     const slo = classes();
     const xs = groups.map(([s]) => when(s));
     for (const name of names) {
       const p50 = [], p95 = [];
       for (const [, g] of groups) {
-        const rows = rowsOf(g).filter((r) => r.class === name && r.ttft_ms);
+        const rows = rowsOf(g).filter((r) => r.class === name && r[field]);
         const n = sum(rows, (r) => r.requests);
-        p50.push(rows.length ? sum(rows, (r) => r.ttft_ms.p50 * r.requests) / n : null);
-        p95.push(rows.length ? Math.max(...rows.map((r) => r.ttft_ms.p95)) : null);
+        p50.push(rows.length ? sum(rows, (r) => r[field].p50 * r.requests) / n : null);
+        p95.push(rows.length ? Math.max(...rows.map((r) => r[field].p95)) : null);
       }
       const label = name || "(no class)";
       if (pick.p50) traces.push(line(label + " p50", xs, p50, { connectgaps: false }));
       traces.push(line(label + " p95", xs, p95, { connectgaps: false }));
-      if (slo[name] && xs.length) {
+      if (field === "ttft_ms" && slo[name] && xs.length) {
         traces.push(line(label + " SLO", [xs[0], xs[xs.length - 1]],
           [slo[name].ttft_slo_ms, slo[name].ttft_slo_ms], { line: { dash: "dash", width: 1 } }));
       }
@@ -125,6 +129,9 @@
     const page = body.dataset.page;
     if (page === "traffic" || page === "tenant") {
       draw("chart-ttft", perClass(groups, { p50: page === "traffic" }), { yaxis: { title: "ms", rangemode: "tozero" } });
+    }
+    if (page === "traffic") {
+      draw("chart-itl", perClass(groups, { p50: true, field: "itl_ms" }), { yaxis: { title: "ms", rangemode: "tozero" } });
     }
     draw("chart-rate", [
       line("requests/s", xs, groups.map(([, g]) => sum(rowsOf(g), (r) => r.requests))),
@@ -146,6 +153,7 @@
     }
     if (page === "tenants") renderTenants(groups, xs);
     if (page === "fleet") renderFleet(groups, xs);
+    if (page === "rollouts") renderCompare();
   }
 
   function renderTenants(groups, xs) {
@@ -212,14 +220,154 @@
     }));
   }
 
+  // --- rollouts: the control document, and live stable vs candidate from the routers ------
+  function cell(text) { const td = document.createElement("td"); td.textContent = String(text); return td; }
+  function rowOf(cells, cls) {
+    const tr = document.createElement("tr");
+    if (cls) tr.className = cls;
+    cells.forEach((c) => tr.append(c instanceof Node ? c : cell(c)));
+    return tr;
+  }
+  const actionStates = (() => {
+    const el = document.getElementById("action-states");
+    return el ? JSON.parse(el.textContent) : {};
+  })();
+
+  function renderControl() {
+    if (!control) return;
+    const page = body.dataset.page;
+    if (page === "rollouts") renderRollouts();
+    if (page === "scaling") renderScaling(control.scaling);
+  }
+
+  function renderRollouts() {
+    const latestTask = {};
+    for (const t of control.tasks || []) if (!latestTask[t.rollout]) latestTask[t.rollout] = t; // newest first
+    let unknown = false;
+    for (const r of control.rollouts) {
+      const card = document.getElementById("rollout-" + r.id);
+      if (!card) { if (["pending", "warming", "running", "paused"].includes(r.state)) unknown = true; continue; }
+      card.dataset.state = r.state;
+      card.querySelector(".state").textContent = r.state_label;
+      card.querySelector(".share").textContent = r.share + "%";
+      card.querySelector(".steps").replaceChildren(...r.steps.map((s, i) => {
+        const span = document.createElement("span");
+        span.className = "step" + (i < r.current_step ? " done" : i === r.current_step ? " current" : "");
+        span.textContent = s + "%";
+        return span;
+      }));
+      card.querySelectorAll(".actions button").forEach((b) => {
+        b.disabled = !(actionStates[b.value] || []).includes(r.state);
+      });
+      const task = latestTask[r.id];
+      card.querySelector(".task").textContent = task
+        ? "Last action: " + task.label + ": " + task.state + (task.said && task.state !== "done" ? " (" + task.said + ")" : "")
+        : "";
+      card.querySelector(".task").dataset.state = task ? task.state : "";
+      card.querySelector(".event-count").textContent = r.event_count;
+      card.querySelector(".events").replaceChildren(...r.events.map((e) => {
+        const li = document.createElement("li");
+        const time = document.createElement("time");
+        time.textContent = e.at;
+        li.append(time, " " + e.kind + " " + e.from + "→" + e.to + " step " + e.step + " by " + e.actor + (e.reason ? ": " + e.reason : ""));
+        return li;
+      }));
+      card.querySelector(".evidence-at").textContent = r.evidence_at ? r.evidence_at + ": " + r.evidence_decision : "none yet";
+      fillGates(card.querySelector(".evidence tbody"), r.evidence, "no evaluation recorded yet");
+      card.querySelector(".preview-at").textContent = r.preview_decision
+        ? "(" + r.preview_window_s + " s so far): " + r.preview_decision : "(not holding traffic)";
+      fillGates(card.querySelector(".preview tbody"), r.preview, "shown while the rollout holds traffic");
+      card.dataset.prices = JSON.stringify(r.prices || {});
+    }
+    document.getElementById("new-rollouts").hidden = !unknown;
+  }
+
+  function fillGates(tbody, groups, empty) {
+    const rows = [];
+    for (const g of groups) {
+      g.rows.forEach((row, i) => {
+        const gate = cell(i === 0 ? g.gate : "");
+        if (i === 0 && g.decision) {
+          const d = document.createElement("span");
+          d.className = "decision " + g.decision;
+          d.textContent = g.decision;
+          gate.append(" ", d);
+        }
+        rows.push(rowOf([gate, row.metric, row.stable, row.candidate]));
+      });
+      if (g.notes) { const note = cell(g.notes); note.colSpan = 3; rows.push(rowOf([cell(""), note], "note")); }
+    }
+    if (!rows.length) { const c = cell(empty); c.colSpan = 4; rows.push(rowOf([c])); }
+    if (tbody) tbody.replaceChildren(...rows);
+  }
+
+  function renderCompare() {
+    const since = Date.now() / 1000 - 60;
+    const recent = [...docs.values()].filter((d) => d.ts >= since);
+    const latest = latestPerRouter();
+    for (const card of document.querySelectorAll(".rollout")) {
+      const model = card.dataset.model;
+      const prices = JSON.parse(card.dataset.prices || "{}");
+      const side = (label, priceOf) => {
+        const rows = recent.flatMap((d) => d.rows).filter((r) => r.model === model && r.version === label);
+        const n = sum(rows, (r) => r.requests);
+        const wmean = (f) => {
+          const have = rows.filter((r) => r[f]);
+          const m = sum(have, (r) => r.requests);
+          return m ? (sum(have, (r) => r[f].p95 * r.requests) / m).toFixed(1) : "—";
+        };
+        const tin = sum(rows, (r) => r.tokens_in), tout = sum(rows, (r) => r.tokens_out);
+        const price = prices[priceOf];
+        const cost = price && tin + tout ? ((tin * price[0] + tout * price[1]) / (tin + tout)).toFixed(4) : "—";
+        return [n, n ? pct(sum(rows, (r) => r.errors) / n) : "—", wmean("ttft_ms"), wmean("itl_ms"), tin + " / " + tout, cost];
+      };
+      const stable = side(card.dataset.stable, "stable"), candidate = side(card.dataset.candidate, "candidate");
+      const names = ["requests (samples)", "error rate", "TTFT p95 ms (per-second, mean)", "ITL p95 ms (per-second, mean)", "tokens in / out", "cost per 1k tokens"];
+      const tbody = card.querySelector(".live-compare tbody");
+      if (tbody && recent.length) tbody.replaceChildren(...names.map((name, i) => rowOf([name, stable[i], candidate[i]])));
+      const routes = latest.filter((d) => d.routes && d.routes[model]).map((d) =>
+        d.router + " (snapshot " + d.snapshot_version + "): " + Object.entries(d.routes[model]).map(([v, w]) => v + " " + w + "%").join(" · "));
+      const el = card.querySelector(".routes");
+      if (el) {
+        el.textContent = routes.length ? "Routers' route: " + routes.join("; ") : "Routers' route: none for this model yet";
+        el.dataset.weights = JSON.stringify(latest.filter((d) => d.routes && d.routes[model]).map((d) => d.routes[model]));
+      }
+    }
+  }
+
+  // --- scaling: desired vs actual per pool, recent decisions --------------------------------
+  function renderScaling(pools) {
+    for (const p of pools) {
+      const card = document.getElementById("pool-" + p.pool);
+      if (!card) continue;
+      for (const k of ["serving", "warm", "draining"]) card.querySelector("." + k).textContent = p.replicas[k];
+      const since = Date.now() / 1000 - WINDOW_S;
+      const points = p.history.filter((h) => h[0] >= since);
+      const xs = points.map((h) => when(h[0]));
+      draw("chart-scaling-" + p.pool, [
+        line("actual", xs, points.map((h) => h[1]), { line: { shape: "hv" } }),
+        line("desired", xs, points.map((h) => h[2]), { line: { shape: "hv", dash: "dash" } }),
+      ], { yaxis: { title: "replicas", rangemode: "tozero", dtick: 1 } });
+      const rows = p.decisions.map((d) => rowOf([d.at, d.action, d.current + " → " + d.desired,
+        d.reason + (d.error ? " (error: " + d.error + ")" : ""), d.signals]));
+      card.querySelector(".decisions tbody").replaceChildren(...(rows.length ? rows : [rowOf(["no decisions yet"])]));
+      card.dataset.decisions = String(p.decisions.length);
+    }
+  }
+  if (body.dataset.page === "scaling") {
+    const initial = document.getElementById("scaling-data");
+    if (initial) renderScaling(JSON.parse(initial.textContent));
+  }
+
   // For tests and the console: how many documents are held, and whose rows they carry.
   window.switchyardDashboard = {
     documents: () => docs.size,
     drop: () => socket && socket.close(), // a lost connection: reconnects and backfills
+    controls: () => (control ? 1 : 0), // whether a control document arrived (staff)
     tenants: () => [...new Set([...docs.values()].flatMap((d) => d.rows.map((r) => r.tenant)))].sort(),
   };
   // light/dark follows the system; redraw with the new colours when it changes
-  matchMedia("(prefers-color-scheme: dark)").addEventListener("change", () => { dirty = true; render(); });
+  matchMedia("(prefers-color-scheme: dark)").addEventListener("change", () => { dirty = true; render(); renderControl(); });
   connect();
   setInterval(render, 1000);
 })();

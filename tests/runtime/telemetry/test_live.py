@@ -84,6 +84,33 @@ def test_rows_per_key_with_outcomes_stages_and_tokens() -> None:
     assert live.close_bucket()["rows"] == []  # a new second starts empty
 
 
+def test_itl_percentiles_from_timing_or_stream_and_router_routes() -> None:
+    routes = {"m": {"v1": 95, "v2": 5}}
+    live = LiveAggregator(
+        "redis://unused",
+        "ns",
+        LiveSources(routes=lambda: routes, snapshot_version=lambda: 42),
+        clock=lambda: 1.0,
+    )
+    streamed = _record("acme", e2e=140.0, ttft=40.0)
+    streamed.stream = True
+    live.record(streamed)  # 5 tokens: (140 - 40) / 4 = 25 ms
+    measured = _record("acme", e2e=140.0, ttft=40.0)
+    measured.timings_ms["itl"] = 7.5  # the gateway's own measure wins
+    live.record(measured)
+    one_token = _record("globex", e2e=140.0, ttft=40.0)
+    one_token.stream = True
+    one_token.completion_tokens = 1  # no gap after a single token
+    live.record(one_token)
+    live.record(_record("globex", e2e=140.0, ttft=40.0))  # unary: the body came at once
+    document = live.close_bucket()
+    rows = {r["tenant"]: r for r in document["rows"]}
+    assert rows["acme"]["itl_ms"] == {"p50": 7.5, "p95": 25.0, "p99": 25.0}
+    assert rows["globex"]["itl_ms"] is None
+    assert document["routes"] == routes
+    assert document["snapshot_version"] == 42
+
+
 def test_samples_are_capped_per_row() -> None:
     live = LiveAggregator("redis://unused", "ns")
     for i in range(MAX_SAMPLES * 3):
