@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import contextlib
+import functools
 import logging
 import time
 from collections import Counter
@@ -74,6 +75,7 @@ class VersionStats:
         self._interval_s = interval_s
         self._clock = clock
         self._pending: dict[str, Counter[str]] = {}
+        self._itl_bucket = functools.partial(bisect.bisect_left, ITL_BOUNDS_MS)  # C, no frame
         self._client: aioredis.Redis[bytes] | None = None
         self._task: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
@@ -103,8 +105,9 @@ class VersionStats:
             counts[f"err:{outcome or 'error'}"] += 1
         if ttft_ms is not None:
             counts[f"ttft:{ttft_bucket(ttft_ms)}"] += 1
-        for gap in itl_ms:
-            counts[f"itl:{itl_bucket(gap)}"] += 1
+        if itl_ms:  # one key per bucket touched, not per gap
+            for index, seen in Counter(map(self._itl_bucket, itl_ms)).items():
+                counts[f"itl:{index}"] += seen
         if prompt_tokens:
             counts["pt"] += prompt_tokens
         if completion_tokens:
