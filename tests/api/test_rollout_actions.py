@@ -234,3 +234,28 @@ def test_actions_are_queued_when_no_worker_runs(
         assert rollout.state == "pending"  # nothing ran in the request
     finally:
         app.control.purge()
+
+
+def test_create_takes_the_itl_threshold_and_a_sticky_header(
+    world: World, candidate: ModelVersion, staff_client: APIClient
+) -> None:
+    body = {"model": world.model.pk, "stable_version": world.version.pk,
+            "candidate_version": candidate.pk, "mode": "ab", "steps": [50]}  # fmt: skip
+    refused = staff_client.post(
+        f"{OPS}/rollouts/", {**body, "sticky_header": "Authorization"}, format="json"
+    )
+    assert refused.status_code == 400, refused.content
+    assert refused.json()["error"]["fields"] == {
+        "sticky_header": [
+            "'Authorization' cannot assign versions; use a header such as X-Session-Id."
+        ]
+    }
+    created = staff_client.post(
+        f"{OPS}/rollouts/",
+        {**body, "sticky_header": "X-Session-Id", "max_itl_p95_ratio": 1.5},
+        format="json",
+    )
+    assert created.status_code == 201, created.content
+    document = created.json()
+    assert (document["sticky_header"], document["max_itl_p95_ratio"]) == ("x-session-id", 1.5)
+    assert document["warmup_endpoints"] == []
