@@ -126,14 +126,6 @@ def rollout_start(*, actor: AbstractBaseUser | None, rollout: Rollout) -> Rollou
     )
 
 
-def rollout_warmup(*, actor: AbstractBaseUser | None, rollout: Rollout) -> Rollout:
-    """The real warm-up, :func:`apps.rollouts.warmup.rollout_warm_up` (this name is kept for
-    its callers; buttons should enqueue the ``rollout_start`` task, which runs both)."""
-    from apps.rollouts.warmup import rollout_warm_up  # noqa: PLC0415 (it imports this module)
-
-    return rollout_warm_up(actor=actor, rollout=rollout)
-
-
 def rollout_warmed(
     *, actor: AbstractBaseUser | None, rollout: Rollout, data: dict[str, Any] | None = None
 ) -> Rollout:

@@ -19,7 +19,8 @@ from apps.models.models import Route
 from apps.rollouts.evaluate import rollout_evaluate, rollouts_evaluate_running
 from apps.rollouts.models import Rollout, RolloutEvent
 from apps.rollouts.services import rollout_create
-from apps.rollouts.transitions import rollout_start, rollout_warmup
+from apps.rollouts.transitions import rollout_start
+from apps.rollouts.warmup import rollout_warm_up
 from runtime.telemetry.versions import VersionStats, itl_bucket, read_window
 
 pytestmark = [pytest.mark.db, pytest.mark.django_db]
@@ -71,7 +72,7 @@ def rollout(llm, stable, candidate, ready_endpoints) -> Rollout:
         mode="canary", steps=[10, 50, 100], min_samples=50, step_window_s=60,
     )  # fmt: skip
     rollout_start(actor=None, rollout=made)
-    return rollout_warmup(actor=None, rollout=made)
+    return rollout_warm_up(actor=None, rollout=made)
 
 
 def age_step(rollout: Rollout, seconds: float) -> None:
@@ -222,7 +223,7 @@ def test_a_failing_shadow_candidate_is_rolled_back_and_a_passing_one_waits(
         mode="shadow", steps=[20], min_samples=50, step_window_s=60,
     )  # fmt: skip
     rollout_start(actor=None, rollout=shadow)
-    rollout_warmup(actor=None, rollout=shadow)
+    rollout_warm_up(actor=None, rollout=shadow)
     send(namespace, "v1", n=200)
     send(namespace, "v2", n=60)
     age_step(shadow, 61)
