@@ -129,10 +129,17 @@ CELERY_BEAT_SCHEDULE = {
     "reconcile-credit-balances": {"task": "apps.billing.tasks.credit_reconcile", "schedule": 30.0},
     "evaluate-rollout-gates": {
         "task": "apps.rollouts.tasks.rollouts_evaluate",
-        "schedule": 2.0,
+        "schedule": float(os.environ.get("SWITCHYARD_ROLLOUT_EVALUATE_S", "2")),
     },
     "autoscale-pools": {"task": "apps.scaling.tasks.autoscale_tick", "schedule": 5.0},
 }
+# SWITCHYARD_BEAT_ONLY="name,name": beat sends only these entries (a test's private beat).
+_BEAT_ONLY = {name for name in os.environ.get("SWITCHYARD_BEAT_ONLY", "").split(",") if name}
+if _BEAT_ONLY:
+    CELERY_BEAT_SCHEDULE = {k: v for k, v in CELERY_BEAT_SCHEDULE.items() if k in _BEAT_ONLY}
+
+# A rollout's warm-up (digest, replica start, warm-up requests) must finish within this.
+ROLLOUT_WARMUP_TIMEOUT_S = float(os.environ.get("SWITCHYARD_ROLLOUT_WARMUP_TIMEOUT_S", "180"))
 
 # Routers record API-key last use in this Redis hash (prefix -> unix time); beat copies it.
 API_KEY_USAGE_HASH = os.environ.get(contract.ENV_KEY_USAGE_HASH, contract.KEY_USAGE_HASH)

@@ -138,6 +138,7 @@ class RouteSnap(msgspec.Struct, frozen=True, kw_only=True):
     model: str
     splits: tuple[RouteSplit, ...]
     sticky_key: str = "tenant"  # "tenant" | "user" | "none"
+    sticky_header: str = ""  # a rollout's header name (lower-case): its value is the key
     shadow_version: int | None = None
     shadow_share: float = 0.0
     # A running rollout's blast-radius limit: these tenants always get ``stable_version``.

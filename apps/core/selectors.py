@@ -282,12 +282,13 @@ def _routes(versions: Mapping[int, VersionSnap]) -> dict[str, RouteSnap]:
 def _rollout_route_fields(
     rollout: Rollout | None, versions: Mapping[int, VersionSnap]
 ) -> dict[str, Any]:
-    """A running or paused rollout's route fields: exclusions, and the shadow share."""
+    """A running or paused rollout's route fields: exclusions, sticky header, shadow share."""
     if rollout is None or rollout.stable_version_id not in versions:
         return {}
     fields: dict[str, Any] = {
         "stable_version": rollout.stable_version_id,
         "exclude_tenants": tuple(sorted(rollout.excluded_tenants)),
+        "sticky_header": rollout.sticky_header,
     }
     if rollout.mode == Rollout.Mode.SHADOW and rollout.candidate_version_id in versions:
         fields["shadow_version"] = rollout.candidate_version_id

@@ -45,11 +45,13 @@ CREATE_FIELDS = (
     "steps",
     "max_error_rate_delta",
     "max_ttft_p95_ratio",
+    "max_itl_p95_ratio",
     "max_cost_ratio",
     "step_window_s",
     "min_samples",
     "max_step_increase",
     "excluded_tenants",
+    "sticky_header",
 )
 EVENT_FIELDS = (
     "created_at",
@@ -111,6 +113,7 @@ class RolloutAdmin(_RolloutAdmin):
         "state",
         "current_step",
         "step_started_at",
+        "warmup_endpoints",
         "created_by",
         "created_at",
     )

@@ -53,8 +53,11 @@ class RolloutSerializer(serializers.ModelSerializer[Rollout]):
             "state",
             "max_error_rate_delta",
             "max_ttft_p95_ratio",
+            "max_itl_p95_ratio",
             "max_cost_ratio",
             "step_window_s",
+            "sticky_header",
+            "warmup_endpoints",
             "created_at",
             "updated_at",
         )
@@ -82,8 +85,12 @@ class RolloutCreateSerializer(serializers.Serializer[Any]):
     )
     max_error_rate_delta = serializers.FloatField(required=False, default=0.01)
     max_ttft_p95_ratio = serializers.FloatField(required=False, default=1.2)
+    max_itl_p95_ratio = serializers.FloatField(required=False, default=1.2)
     max_cost_ratio = serializers.FloatField(required=False, default=1.1)
     step_window_s = serializers.IntegerField(required=False, default=300)
+    sticky_header = serializers.CharField(
+        required=False, default="", allow_blank=True, trim_whitespace=False, max_length=200
+    )
 
 
 class RolloutCancelSerializer(serializers.Serializer[Any]):

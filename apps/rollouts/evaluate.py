@@ -31,7 +31,7 @@ from apps.rollouts import gates
 from apps.rollouts.models import Rollout
 from apps.rollouts.transitions import rollout_advance, rollout_rollback
 from runtime import contract
-from runtime.telemetry.versions import TTFT_BOUNDS_MS, WindowStats, read_window
+from runtime.telemetry.versions import ITL_BOUNDS_MS, TTFT_BOUNDS_MS, WindowStats, read_window
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +66,7 @@ def _cost(stats: WindowStats, price: tuple[float, float] | None) -> float | None
 def gate_results(
     rollout: Rollout, stable: WindowStats, candidate: WindowStats
 ) -> list[gates.GateResult]:
-    """The three gates of ``rollout`` over one window's totals."""
+    """The four gates of ``rollout`` over one window's totals (errors, TTFT, ITL, cost)."""
     minimum = rollout.min_samples
     return [
         gates.error_rate_gate(
@@ -84,6 +84,15 @@ def gate_results(
             candidate=candidate.ttft_counts,
             max_ratio=rollout.max_ttft_p95_ratio,
             min_samples=minimum,
+        ),
+        gates.latency_gate(
+            name="itl_p95",
+            bounds=ITL_BOUNDS_MS,
+            stable=stable.itl_counts,
+            candidate=candidate.itl_counts,
+            max_ratio=rollout.max_itl_p95_ratio,
+            min_samples=minimum,
+            requests=(stable.requests, candidate.requests),  # unary-only traffic has no ITL
         ),
         gates.cost_gate(
             stable_cost_per_1k=_cost(stable, _price_per_1k(rollout.stable_version)),

@@ -1,12 +1,16 @@
 """Gate math: candidate versus stable over the same window (pure functions, no I/O).
 
 Each gate returns a :class:`GateResult`: ``"pass"``, ``"fail"`` or ``"wait"`` (too few
-samples), with the numbers and the test behind it (recorded in the ``RolloutEvent``).
+samples), with the numbers and the test behind it (recorded in the ``RolloutEvent``). Every
+gate's evidence has the same top-level shape (``as_dict``): ``stable`` and ``candidate`` (the
+compared values), ``ratio`` (candidate / stable; the error gate also has ``delta``),
+``p_value``, ``threshold``, ``unit``, ``passed`` (None while waiting), plus the gate's details
+in ``numbers``.
 
 - error rate: one-sided two-proportion z-test of ``p_candidate - p_stable > max_delta``;
-- TTFT p95: the ratio of the histograms' p95s against a threshold, and a one-sided
-  Mann-Whitney U test (normal approximation, tie-corrected, on the histogram buckets) that the
-  candidate is slower; the gate fails only when both say so;
+- TTFT p95 and ITL p95 (inter-token latency): the ratio of the histograms' p95s against a
+  threshold, and a one-sided Mann-Whitney U test (normal approximation, tie-corrected, on the
+  histogram buckets) that the candidate is slower; the gate fails only when both say so;
 - cost per 1k tokens: the ratio of the two versions' cost per 1k tokens against a threshold.
 
 The normal CDF comes from ``math.erf`` (no scipy).
@@ -28,9 +32,27 @@ class GateResult:
     decision: str  # "pass" | "fail" | "wait"
     test: str
     numbers: dict[str, Any] = field(default_factory=dict)
+    stable: float | None = None  # the compared value (rate, p95 ms, credits per 1k tokens)
+    candidate: float | None = None
+    ratio: float | str | None = None  # candidate / stable ("inf" when stable is 0)
+    p_value: float | None = None
+    threshold: float | None = None  # the largest ratio (or, for errors, delta) that passes
+    unit: str = ""
+
+    @property
+    def passed(self) -> bool | None:
+        return None if self.decision == "wait" else self.decision == "pass"
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "passed": self.passed}
+
+
+def _ratio(candidate: float, stable: float) -> float | str | None:
+    if math.isnan(candidate) or math.isnan(stable):
+        return None
+    if stable == 0:
+        return 1.0 if candidate == 0 else "inf"
+    return _finite(candidate / stable)
 
 
 def normal_cdf(z: float) -> float:
@@ -57,8 +79,9 @@ def error_rate_gate(
         "alpha": alpha,
     }
     test = "two-proportion z-test (one-sided, margin max_delta)"
+    common: dict[str, Any] = {"threshold": max_delta, "unit": "error rate"}
     if min(stable_requests, candidate_requests) < min_samples:
-        return GateResult("error_rate", "wait", test, numbers)
+        return GateResult("error_rate", "wait", test, numbers, **common)
     p_s = stable_errors / stable_requests
     p_c = candidate_errors / candidate_requests
     pooled = (stable_errors + candidate_errors) / (stable_requests + candidate_requests)
@@ -74,7 +97,11 @@ def error_rate_gate(
         stable_rate=p_s, candidate_rate=p_c, z=_finite(z), p_value=p_value, delta=p_c - p_s
     )
     decision = "fail" if excess > 0 and p_value < alpha else "pass"
-    return GateResult("error_rate", decision, test, numbers)
+    numbers["delta"] = p_c - p_s
+    return GateResult(
+        "error_rate", decision, test, numbers, stable=p_s, candidate=p_c,
+        ratio=_ratio(p_c, p_s), p_value=p_value, **common,
+    )  # fmt: skip
 
 
 def histogram_quantile(bounds: Sequence[float], counts: Sequence[int], q: float) -> float:
@@ -128,9 +155,14 @@ def latency_gate(
     max_ratio: float,
     min_samples: int,
     alpha: float = ALPHA,
+    requests: tuple[int, int] | None = None,
 ) -> GateResult:
     """Fail when candidate p95 / stable p95 exceeds ``max_ratio`` and Mann-Whitney says the
-    candidate is slower at significance ``alpha``."""
+    candidate is slower at significance ``alpha``.
+
+    ``requests`` (stable, candidate), for a metric only some requests have (ITL: streamed
+    ones): once both versions have ``min_samples`` requests but too few samples, the gate
+    passes as not applicable instead of holding the rollout forever."""
     numbers: dict[str, Any] = {
         "stable_samples": sum(stable),
         "candidate_samples": sum(candidate),
@@ -139,8 +171,12 @@ def latency_gate(
         "alpha": alpha,
     }
     test = "p95 ratio + Mann-Whitney U (one-sided, normal approximation)"
+    common: dict[str, Any] = {"threshold": max_ratio, "unit": "ms"}
     if min(sum(stable), sum(candidate)) < min_samples:
-        return GateResult(name, "wait", test, numbers)
+        if requests is not None and min(requests) >= min_samples:
+            numbers["applicable"] = False
+            return GateResult(name, "pass", test + " (too few samples: n/a)", numbers, **common)
+        return GateResult(name, "wait", test, numbers, **common)
     p95_s = histogram_quantile(bounds, stable, 0.95)
     p95_c = histogram_quantile(bounds, candidate, 0.95)
     ratio = p95_c / p95_s if p95_s > 0 else math.inf
@@ -149,7 +185,10 @@ def latency_gate(
         stable_p95_ms=p95_s, candidate_p95_ms=p95_c, ratio=_finite(ratio), z=z, p_value=p_value
     )
     decision = "fail" if ratio > max_ratio and p_value < alpha else "pass"
-    return GateResult(name, decision, test, numbers)
+    return GateResult(
+        name, decision, test, numbers, stable=p95_s, candidate=p95_c, ratio=_finite(ratio),
+        p_value=p_value, **common,
+    )  # fmt: skip
 
 
 def cost_per_1k(
@@ -180,16 +219,23 @@ def cost_gate(
         "min_samples": min_samples,
     }
     test = "cost per 1k tokens ratio"
+    common: dict[str, Any] = {
+        "threshold": max_ratio,
+        "unit": "credits per 1k tokens",
+        "stable": stable_cost_per_1k,
+        "candidate": candidate_cost_per_1k,
+    }
     if min(stable_requests, candidate_requests) < min_samples:
-        return GateResult("cost", "wait", test, numbers)
+        return GateResult("cost", "wait", test, numbers, **common)
     if stable_cost_per_1k is None or candidate_cost_per_1k is None:
-        return GateResult("cost", "pass", test + " (unpriced or no tokens)", numbers)
+        return GateResult("cost", "pass", test + " (unpriced or no tokens)", numbers, **common)
     if stable_cost_per_1k == 0:
         ratio = math.inf if candidate_cost_per_1k > 0 else 1.0
     else:
         ratio = candidate_cost_per_1k / stable_cost_per_1k
     numbers["ratio"] = _finite(ratio)
-    return GateResult("cost", "fail" if ratio > max_ratio else "pass", test, numbers)
+    decision = "fail" if ratio > max_ratio else "pass"
+    return GateResult("cost", decision, test, numbers, ratio=_finite(ratio), **common)
 
 
 def overall(results: Sequence[GateResult]) -> str:

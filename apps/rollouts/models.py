@@ -43,6 +43,10 @@ class Rollout(models.Model):
         default=0.01, help_text="Candidate error rate may exceed stable's by at most this."
     )
     max_ttft_p95_ratio = models.FloatField(default=1.2)
+    max_itl_p95_ratio = models.FloatField(
+        default=1.2,
+        help_text="Candidate inter-token latency p95 may be at most this ratio to stable's.",
+    )
     max_cost_ratio = models.FloatField(default=1.1)
     step_window_s = models.PositiveIntegerField(
         default=300, help_text="Minimum seconds per step; also the gates' comparison window."
@@ -56,6 +60,19 @@ class Rollout(models.Model):
     )
     excluded_tenants = models.JSONField(
         default=list, blank=True, help_text="Tenant slugs that always get the stable version."
+    )
+    sticky_header = models.CharField(
+        max_length=64,
+        blank=True,
+        help_text="Assign versions by this request header's value (e.g. X-Session-Id) instead "
+        "of the route's key (tenant or the request's user field). Requests without the header "
+        "fall back to the route's key.",
+    )
+    warmup_endpoints = models.JSONField(
+        default=list,
+        blank=True,
+        help_text="Endpoint ids the warm-up started for the candidate (drained after a "
+        "rollback or an abort).",
     )
     step_started_at = models.DateTimeField(null=True, blank=True)
     created_by = models.ForeignKey(

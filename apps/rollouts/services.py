@@ -7,6 +7,7 @@ Every change writes a ``RolloutEvent`` (who and why) and an audit event.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from itertools import pairwise
 from typing import Any
@@ -32,14 +33,21 @@ ROLLOUT_FIELDS = (
     "current_step",
     "max_error_rate_delta",
     "max_ttft_p95_ratio",
+    "max_itl_p95_ratio",
     "max_cost_ratio",
     "step_window_s",
     "min_samples",
     "max_step_increase",
     "excluded_tenants",
+    "sticky_header",
 )
 SYSTEM_LABEL = "system"
 CANCELLABLE_STATES = ("pending", "warming")
+# An HTTP header name (RFC 9110 token); these never assign a version (secrets, framing).
+_HEADER_NAME = re.compile(r"[A-Za-z0-9!#$%&'*+.^_`|~-]{1,64}")
+REFUSED_STICKY_HEADERS = frozenset(
+    {"authorization", "cookie", "content-length", "content-type", "host", "transfer-encoding"}
+)
 
 
 def actor_label(actor: AbstractBaseUser | None) -> str:
@@ -106,6 +114,19 @@ def _tenants_error(excluded_tenants: object) -> str | None:
     return None
 
 
+def sticky_header_error(sticky_header: object) -> str | None:
+    """What is wrong with ``sticky_header`` (a header name, or "" for the route's key)."""
+    if not isinstance(sticky_header, str):
+        return "The sticky header must be a header name (or empty)."
+    if sticky_header == "":
+        return None
+    if _HEADER_NAME.fullmatch(sticky_header) is None:
+        return "The sticky header must be an HTTP header name (letters, digits, '-'; ≤ 64)."
+    if sticky_header.lower() in REFUSED_STICKY_HEADERS:
+        return f"{sticky_header!r} cannot assign versions; use a header such as X-Session-Id."
+    return None
+
+
 def _version_error(model: Model, version: ModelVersion | None, what: str) -> str | None:
     if version is None:
         return f"Choose the {what} version."
@@ -125,11 +146,13 @@ def rollout_validate(
     steps: Sequence[int],
     max_error_rate_delta: float = 0.01,
     max_ttft_p95_ratio: float = 1.2,
+    max_itl_p95_ratio: float = 1.2,
     max_cost_ratio: float = 1.1,
     step_window_s: int = 300,
     min_samples: int = 200,
     max_step_increase: int = 100,
     excluded_tenants: Sequence[str] = (),
+    sticky_header: str = "",
 ) -> None:
     """Every rule of :func:`rollout_create`, the one-active-rollout-per-model rule included."""
     errors: dict[str, Any] = {
@@ -142,6 +165,7 @@ def rollout_validate(
         "max_error_rate_delta": float_error(max_error_rate_delta, minimum=0.0, strict=False)
         or (None if max_error_rate_delta <= 1 else "Must be at most 1 (an error-rate fraction)."),
         "max_ttft_p95_ratio": float_error(max_ttft_p95_ratio, minimum=0.0, strict=True),
+        "max_itl_p95_ratio": float_error(max_itl_p95_ratio, minimum=0.0, strict=True),
         "max_cost_ratio": float_error(max_cost_ratio, minimum=0.0, strict=True),
         "step_window_s": None
         if is_int(step_window_s) and 1 <= step_window_s <= 86_400
@@ -151,6 +175,7 @@ def rollout_validate(
         else "Minimum samples must be a positive whole number.",
         "max_step_increase": _blast_radius_error(mode, steps, max_step_increase),
         "excluded_tenants": _tenants_error(excluded_tenants),
+        "sticky_header": sticky_header_error(sticky_header),
     }
     if (
         stable_version is not None
@@ -194,11 +219,13 @@ def rollout_create(
     steps: Sequence[int] = DEFAULT_STEPS,
     max_error_rate_delta: float = 0.01,
     max_ttft_p95_ratio: float = 1.2,
+    max_itl_p95_ratio: float = 1.2,
     max_cost_ratio: float = 1.1,
     step_window_s: int = 300,
     min_samples: int = 200,
     max_step_increase: int = 100,
     excluded_tenants: Sequence[str] = (),
+    sticky_header: str = "",
 ) -> Rollout:
     """Plan a rollout of ``candidate_version`` against ``stable_version`` (state ``pending``,
     shown as *Draft*; :func:`apps.rollouts.transitions.rollout_start` starts it).
@@ -207,16 +234,20 @@ def rollout_create(
     A/B, one share below 100; shadow, one mirrored share. At most one active rollout per model.
     ``max_step_increase`` bounds each canary step's jump (the blast radius); tenants in
     ``excluded_tenants`` always get the stable version; ``min_samples`` is the gates' minimum.
+    ``sticky_header`` (a header name, stored lower-case) makes the router assign versions by
+    that header's value while the rollout holds traffic.
     """
     config: dict[str, Any] = {
         "mode": mode,
         "max_error_rate_delta": max_error_rate_delta,
         "max_ttft_p95_ratio": max_ttft_p95_ratio,
+        "max_itl_p95_ratio": max_itl_p95_ratio,
         "max_cost_ratio": max_cost_ratio,
         "step_window_s": step_window_s,
         "min_samples": min_samples,
         "max_step_increase": max_step_increase,
         "excluded_tenants": list(excluded_tenants),
+        "sticky_header": sticky_header,
     }
     rollout_validate(
         model=model,
@@ -225,6 +256,7 @@ def rollout_create(
         steps=steps,
         **config,
     )
+    config["sticky_header"] = sticky_header.lower()
     with transaction.atomic():
         try:
             with transaction.atomic():

@@ -13,6 +13,7 @@ from django.contrib.auth.base_user import AbstractBaseUser
 from apps.rollouts import transitions
 from apps.rollouts.evaluate import rollouts_evaluate_running
 from apps.rollouts.models import Rollout
+from apps.rollouts.warmup import candidate_drain, rollout_warm_up
 
 
 def _actor(actor_id: int | None) -> AbstractBaseUser | None:
@@ -29,10 +30,16 @@ def _rollout(rollout_id: int) -> Rollout:
 
 @shared_task(name="apps.rollouts.tasks.rollout_start")
 def rollout_start(rollout_id: int, actor_id: int | None = None) -> str:
-    """Start, then warm up (the warmup aborts the rollout with the reason when it fails)."""
+    """Start, then warm up (the warm-up aborts the rollout with the reason when it fails)."""
     actor = _actor(actor_id)
     rollout = transitions.rollout_start(actor=actor, rollout=_rollout(rollout_id))
-    return transitions.rollout_warmup(actor=actor, rollout=rollout).state
+    return rollout_warm_up(actor=actor, rollout=rollout).state
+
+
+@shared_task(name="apps.rollouts.tasks.rollout_drain_candidate")
+def rollout_drain_candidate(rollout_id: int) -> list[int]:
+    """After a rollback: drain and stop the candidate replicas the warm-up started."""
+    return candidate_drain(rollout=_rollout(rollout_id))
 
 
 @shared_task(name="apps.rollouts.tasks.rollout_advance")

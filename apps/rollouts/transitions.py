@@ -2,11 +2,14 @@
 
 ::
 
-    pending (draft) ─start→ warming ─warmup ok→ running(step 0) ─advance→ running(step k) …
-         │                     └─warmup failed→ aborted
+    pending (draft) ─start→ warming ─warmed→ running(step 0) ─advance→ running(step k) …
+         │                     └─abort (warm-up failed)→ aborted
          running ⇄ paused (pause / resume; the candidate keeps its current share while paused)
          running | paused ─promote→ promoted   (route: candidate 100 %)
          running | paused ─roll back→ rolled_back (route: stable 100 %, one snapshot publish)
+
+The warm-up itself (artifact digest, a replica, warm-up requests) is ``apps.rollouts.warmup``;
+after a rollback the replicas it started are drained by a task (``rollout_drain_candidate``).
 
 Every transition locks the row, checks the state it starts from, writes a ``RolloutEvent``
 (who, why, evidence) and an audit event, and changes the model's route in the same
@@ -25,7 +28,7 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
-from apps.models.models import Endpoint, Route
+from apps.models.models import Route
 from apps.models.services.routes import route_set
 from apps.rollouts.models import Rollout
 from apps.rollouts.services import _event
@@ -111,20 +114,9 @@ def _enter_step(rollout: Rollout, *, actor: AbstractBaseUser | None, step: int) 
     return _route_to(rollout, actor=actor, share=candidate_share(rollout))
 
 
-def warmup_error(rollout: Rollout) -> str | None:
-    """Why the rollout's versions cannot take traffic yet, or None when both have ready
-    endpoints in the registry (starting engines is the supervisor's job, not this one's)."""
-    for version, what in (
-        (rollout.candidate_version, "candidate"),
-        (rollout.stable_version, "stable"),
-    ):
-        if not Endpoint.objects.filter(version=version, state=Endpoint.State.READY).exists():
-            return f"The {what} version {version.label} has no ready endpoint."
-    return None
-
-
 def rollout_start(*, actor: AbstractBaseUser | None, rollout: Rollout) -> Rollout:
-    """Draft → warming. The warmup (:func:`rollout_warmup`) then runs, as a task."""
+    """Draft → warming. The warm-up (:func:`apps.rollouts.warmup.rollout_warm_up`) then runs,
+    in the same task."""
 
     def change(locked: Rollout) -> None:
         locked.state = Rollout.State.WARMING
@@ -134,30 +126,45 @@ def rollout_start(*, actor: AbstractBaseUser | None, rollout: Rollout) -> Rollou
     )
 
 
-def rollout_warmup(*, actor: AbstractBaseUser | None, rollout: Rollout) -> Rollout:
-    """Warming → running at step 0 when the versions are ready; → aborted with the reason."""
-    rollout.refresh_from_db()
-    error = warmup_error(rollout)
-    if error is not None:
-
-        def abort(locked: Rollout) -> None:
-            locked.state = Rollout.State.ABORTED
-
-        return _transition(
-            rollout,
-            actor=actor,
-            action="abort",
-            allowed=[Rollout.State.WARMING],
-            change=abort,
-            reason=f"Warmup failed: {error}",
-        )
+def rollout_warmed(
+    *, actor: AbstractBaseUser | None, rollout: Rollout, data: dict[str, Any] | None = None
+) -> Rollout:
+    """Warming → running at step 0 (the warm-up passed; ``data`` is what it checked)."""
 
     def run(locked: Rollout) -> dict[str, Any]:
         locked.state = Rollout.State.RUNNING
         return _enter_step(locked, actor=actor, step=0)
 
     return _transition(
-        rollout, actor=actor, action="warmed", allowed=[Rollout.State.WARMING], change=run
+        rollout,
+        actor=actor,
+        action="warmed",
+        allowed=[Rollout.State.WARMING],
+        change=run,
+        data={"warmup": data} if data else None,
+    )
+
+
+def rollout_abort(
+    *,
+    actor: AbstractBaseUser | None,
+    rollout: Rollout,
+    reason: str,
+    data: dict[str, Any] | None = None,
+) -> Rollout:
+    """Warming → aborted: the warm-up failed (``reason``); no traffic ever moved."""
+
+    def abort(locked: Rollout) -> None:
+        locked.state = Rollout.State.ABORTED
+
+    return _transition(
+        rollout,
+        actor=actor,
+        action="abort",
+        allowed=[Rollout.State.WARMING],
+        change=abort,
+        reason=reason,
+        data={"warmup": data} if data else None,
     )
 
 
@@ -256,7 +263,8 @@ def rollout_rollback(
 ) -> Rollout:
     """Warming, running or paused → rolled_back: all traffic to stable in one publish.
 
-    The stable version's endpoints were never drained, so it takes the traffic back at once.
+    The stable version's endpoints were never drained, so it takes the traffic back at once;
+    after the commit, the candidate replicas the warm-up started are drained by a task.
     """
     if not isinstance(reason, str) or not reason.strip():
         raise ValidationError({"reason": "Say why the rollout is rolled back."})
@@ -265,7 +273,7 @@ def rollout_rollback(
         locked.state = Rollout.State.ROLLED_BACK
         return _route_to(locked, actor=actor, share=0)
 
-    return _transition(
+    rolled_back = _transition(
         rollout,
         actor=actor,
         action="rollback",
@@ -274,3 +282,12 @@ def rollout_rollback(
         reason=reason.strip(),
         data={"evidence": evidence} if evidence else None,
     )
+    if rolled_back.warmup_endpoints:
+        transaction.on_commit(lambda: _send_drain(rolled_back.pk))
+    return rolled_back
+
+
+def _send_drain(rollout_id: int) -> None:
+    from apps.rollouts.tasks import rollout_drain_candidate  # noqa: PLC0415 (tasks import us)
+
+    rollout_drain_candidate.delay(rollout_id)

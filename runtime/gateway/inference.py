@@ -161,6 +161,7 @@ class InferenceConsumer(GatewayConsumer):
             tasks=self.tasks,
             class_header=header(self.scope, b"x-switchyard-class"),
             timeout_header=header(self.scope, b"x-request-timeout"),
+            headers=self.scope.get("headers", ()),  # a rollout's sticky header
             record=record,
             labels=labels,
         )
@@ -314,6 +315,7 @@ class InferenceConsumer(GatewayConsumer):
         finally:
             await upstream.aclose()
         record.outcome = result.outcome
+        record.itl_ms = result.gaps_ms  # per-version ITL for the rollout gate
         if result.usage is not None:
             record.prompt_tokens = result.usage.prompt_tokens
             record.completion_tokens = result.usage.completion_tokens

@@ -36,7 +36,7 @@ from runtime.gateway.schema import (
 )
 from runtime.gateway.state import RouterState
 from runtime.gateway.tokens import text_overheads
-from runtime.routing.versions import NoVersionError, choose_version
+from runtime.routing.versions import Headers, NoVersionError, choose_version
 from runtime.snapshot import ModelSnap, RequestClassSnap, Snapshot, TenantSnap, VersionSnap
 from runtime.telemetry.logging import RequestRecord
 from runtime.telemetry.metrics import StageLabels
@@ -76,6 +76,7 @@ async def plan_request(
     timeout_header: bytes | None,
     record: RequestRecord,
     labels: StageLabels,
+    headers: Headers = (),
 ) -> Plan:
     """Everything decided before dispatch; raises ApiError for every refusal."""
     tenant = principal.tenant
@@ -91,7 +92,9 @@ async def plan_request(
     timeout_s = resolve_timeout(klass, timeout_header, state.config)
     deadline = asyncio.get_running_loop().time() + timeout_s
     try:
-        version = choose_version(snapshot, model, tenant=tenant.slug, user=view.user, rng=state.rng)
+        version = choose_version(
+            snapshot, model, tenant=tenant.slug, user=view.user, headers=headers, rng=state.rng
+        )
     except NoVersionError as exc:
         raise ApiError.of("model_not_found", str(exc), param="model") from None
     record.version = labels.version = version.label

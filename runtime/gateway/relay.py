@@ -66,6 +66,7 @@ class RelayResult(msgspec.Struct, kw_only=True):
     outcome: str = "ok"  # "ok" | "stream_broken" | "deadline_exceeded"
     usage: Usage | None = None
     events: int = 0
+    gaps_ms: list[float] = []  # inter-token latency: gaps between streamed events
 
 
 _usage_decoder = msgspec.json.Decoder(_UsageProbe)
@@ -158,6 +159,7 @@ async def relay_stream(
                 now = time.perf_counter()
                 if result.events:
                     inter_token.observe(now - last)
+                    result.gaps_ms.append((now - last) * 1000.0)
                 last = now
                 result.events += 1
                 if meta is None:

@@ -1,6 +1,9 @@
 """Version choice: the model's route split, sticky by a stable hash, or its newest version.
 
-Stickiness hashes ``"{model}\\0{sticky value}"`` with sha256 (not ``hash()``, which is salted
+The sticky value is the tenant, the request's ``user`` field (``RouteSnap.sticky_key``) or,
+while a rollout names one (``RouteSnap.sticky_header``), that request header's value (a request
+without the header falls back to the route's key). Stickiness hashes
+``"{model}\\0{sticky value}"`` with sha256 (not ``hash()``, which is salted
 per process), so every router replica sends a tenant (or user) to the same version. A key's
 point in ``[0, total)`` depends only on the key and the total weight, so with weights that
 keep their sum (percentages), growing the last split's share (a canary step) only moves keys
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import random
+from collections.abc import Iterable
 
 from runtime.snapshot import ModelSnap, RouteSnap, Snapshot, VersionSnap
 
@@ -28,10 +32,29 @@ def sticky_point(model: str, key: str, total: int) -> int:
     return int.from_bytes(digest[:8], "big") % total
 
 
-def sticky_value(route: RouteSnap | None, *, tenant: str, user: str | None) -> str | None:
+Headers = Iterable[tuple[bytes, bytes]]  # ASGI: lower-case names
+
+
+def header_value(headers: Headers, name: str) -> str | None:
+    """The first non-empty value of header ``name`` (lower case), or None."""
+    wanted = name.encode("latin-1")
+    for key, value in headers:
+        if key == wanted:
+            text = bytes(value).decode("latin-1").strip()
+            return text or None
+    return None
+
+
+def sticky_value(
+    route: RouteSnap | None, *, tenant: str, user: str | None, headers: Headers = ()
+) -> str | None:
     """The value the route is sticky on, or None for a fresh draw per request."""
     if route is None:
         return tenant
+    if route.sticky_header:
+        value = header_value(headers, route.sticky_header)
+        if value is not None:
+            return value
     if route.sticky_key == "none":
         return None
     if route.sticky_key == "user" and user:
@@ -45,6 +68,7 @@ def choose_version(
     *,
     tenant: str,
     user: str | None = None,
+    headers: Headers = (),
     rng: random.Random | None = None,
 ) -> VersionSnap:
     """The version that serves this request.
@@ -67,7 +91,7 @@ def choose_version(
         ]
         total = sum(weight for _, weight in splits)
         if total > 0:
-            key = sticky_value(route, tenant=tenant, user=user)
+            key = sticky_value(route, tenant=tenant, user=user, headers=headers)
             if key is None:
                 draw = rng.randrange if rng is not None else random.randrange
                 point = draw(total)

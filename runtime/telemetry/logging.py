@@ -63,6 +63,7 @@ class RequestRecord(msgspec.Struct, kw_only=True):
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     timings_ms: dict[str, float] = {}
+    itl_ms: list[float] = []  # gaps between streamed events (per-version telemetry; not logged)
     started: float = msgspec.field(default_factory=time.monotonic)
     # Tracing (runtime/telemetry/tracing.py); all empty while tracing is off.
     trace_id: str = ""
@@ -80,7 +81,7 @@ class RequestRecord(msgspec.Struct, kw_only=True):
     def fields(self) -> dict[str, Any]:
         document = msgspec.to_builtins(self)
         document.pop("started", None)
-        for name in ("marks", "parent_span_id", "upstream_span_id", "sampled"):
+        for name in ("marks", "parent_span_id", "upstream_span_id", "sampled", "itl_ms"):
             document.pop(name, None)
         if not self.trace_id:
             document.pop("trace_id", None)

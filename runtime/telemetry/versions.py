@@ -8,9 +8,11 @@ pipelined ``HINCRBY`` batch into time buckets::
 
 Fields: ``n`` requests, ``err`` server-side failures (status >= 500), ``err:<outcome>`` the
 same by kind, ``pt``/``ct`` prompt/completion tokens, ``ttft:<i>`` the TTFT histogram (bucket
-``i`` of :data:`TTFT_BOUNDS_MS`, the last one open). Every router replica adds into the same
-hashes; the rollout evaluator reads the same window for stable and candidate with
-:func:`read_window`. Buckets expire after :data:`TTL_S`. A failed flush keeps the counts.
+``i`` of :data:`TTFT_BOUNDS_MS`, the last one open), ``itl:<i>`` the inter-token latency
+histogram (every gap between two streamed events, buckets of :data:`ITL_BOUNDS_MS`). Every
+router replica adds into the same hashes; the rollout evaluator reads the same window for
+stable and candidate with :func:`read_window`. Buckets expire after :data:`TTL_S`. A failed
+flush keeps the counts.
 """
 
 from __future__ import annotations
@@ -18,10 +20,11 @@ from __future__ import annotations
 import asyncio
 import bisect
 import contextlib
+import functools
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,6 +42,10 @@ TTFT_BOUNDS_MS: tuple[float, ...] = (
     5, 10, 20, 35, 50, 75, 100, 150, 200, 300, 450, 700, 1000, 1500, 2500, 4000, 7000, 12000,
 )  # fmt: skip
 
+ITL_BOUNDS_MS: tuple[float, ...] = (
+    1, 2, 3, 5, 7.5, 10, 15, 20, 30, 45, 70, 100, 150, 250, 400, 700, 1000, 2000,
+)  # fmt: skip
+
 
 def stats_key(namespace: str, model: str, version: str, bucket: int) -> str:
     return f"{namespace}:vstats:{model}|{version}:{bucket}"
@@ -46,6 +53,10 @@ def stats_key(namespace: str, model: str, version: str, bucket: int) -> str:
 
 def ttft_bucket(ms: float) -> int:
     return bisect.bisect_left(TTFT_BOUNDS_MS, ms)
+
+
+def itl_bucket(ms: float) -> int:
+    return bisect.bisect_left(ITL_BOUNDS_MS, ms)
 
 
 class VersionStats:
@@ -64,6 +75,7 @@ class VersionStats:
         self._interval_s = interval_s
         self._clock = clock
         self._pending: dict[str, Counter[str]] = {}
+        self._itl_bucket = functools.partial(bisect.bisect_left, ITL_BOUNDS_MS)  # C, no frame
         self._client: aioredis.Redis[bytes] | None = None
         self._task: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
@@ -78,6 +90,7 @@ class VersionStats:
         ttft_ms: float | None,
         prompt_tokens: int | None,
         completion_tokens: int | None,
+        itl_ms: Sequence[float] = (),
     ) -> None:
         """Count one request that was routed to ``version`` (no I/O)."""
         if not model or not version:
@@ -92,6 +105,9 @@ class VersionStats:
             counts[f"err:{outcome or 'error'}"] += 1
         if ttft_ms is not None:
             counts[f"ttft:{ttft_bucket(ttft_ms)}"] += 1
+        if itl_ms:  # one key per bucket touched, not per gap
+            for index, seen in Counter(map(self._itl_bucket, itl_ms)).items():
+                counts[f"itl:{index}"] += seen
         if prompt_tokens:
             counts["pt"] += prompt_tokens
         if completion_tokens:
@@ -107,6 +123,7 @@ class VersionStats:
             ttft_ms=record.timings_ms.get("upstream_ttft"),
             prompt_tokens=record.prompt_tokens,
             completion_tokens=record.completion_tokens,
+            itl_ms=record.itl_ms,
         )
 
     @property
@@ -172,6 +189,7 @@ class WindowStats:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     ttft_counts: list[int] = field(default_factory=lambda: [0] * (len(TTFT_BOUNDS_MS) + 1))
+    itl_counts: list[int] = field(default_factory=lambda: [0] * (len(ITL_BOUNDS_MS) + 1))
 
     def add(self, fields: Mapping[bytes, bytes]) -> None:
         for raw_name, raw_value in fields.items():
@@ -188,9 +206,9 @@ class WindowStats:
             elif name == "ct":
                 self.completion_tokens += value
             elif name.startswith("ttft:"):
-                index = int(name[5:])
-                if 0 <= index < len(self.ttft_counts):
-                    self.ttft_counts[index] += value
+                _add_bucket(self.ttft_counts, name[5:], value)
+            elif name.startswith("itl:"):
+                _add_bucket(self.itl_counts, name[4:], value)
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -199,7 +217,15 @@ class WindowStats:
             "errors_by_kind": dict(self.errors_by_kind),
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
+            "ttft_samples": sum(self.ttft_counts),
+            "itl_samples": sum(self.itl_counts),
         }
+
+
+def _add_bucket(counts: list[int], raw_index: str, value: int) -> None:
+    index = int(raw_index)
+    if 0 <= index < len(counts):
+        counts[index] += value
 
 
 def read_window(

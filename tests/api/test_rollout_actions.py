@@ -8,9 +8,11 @@ status endpoint reads what a worker would have recorded.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+from fixtures.router import Process
 from rest_framework.test import APIClient
 
 from apps.models.models import Endpoint, ModelVersion
@@ -24,8 +26,8 @@ from apps.rollouts import tasks
 from apps.rollouts.models import Rollout, RolloutEvent
 from apps.rollouts.services import rollout_create
 from config.celery import app
-from runtime.artifacts import manifest_digest
-from tests.api.conftest import World, manifest
+from tests.api.conftest import World
+from tests.apps.rollouts.support import artifact, start_simulator
 
 OPS = "/api/v1/ops"
 ACTIONS = ("start", "advance", "pause", "resume", "promote", "rollback")
@@ -47,27 +49,32 @@ def eager_celery(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
             app.backend.forget(task_id)
 
 
+@pytest.fixture(scope="module")
+def simulator() -> Iterator[Process]:
+    """The candidate's replica (the warm-up sends its requests to it)."""
+    process = start_simulator()
+    try:
+        yield process
+    finally:
+        process.stop()
+
+
 @pytest.fixture
-def candidate(world: World) -> ModelVersion:
+def candidate(world: World, tmp_path: Path, simulator: Process) -> ModelVersion:
     version = model_version_create(
-        actor=None,
-        model=world.model,
-        label="v2",
-        artifact_uri="file:///models/tiny-llama/v2",
-        digest=manifest_digest(manifest()["files"]),
-        manifest=manifest(),
-        runtime="vllm",
+        actor=None, model=world.model, label="v2", runtime="vllm", **artifact(tmp_path / "v2")
     )
     return model_version_publish(actor=None, version=version)
 
 
-def _ready(world: World, *versions: ModelVersion) -> None:
+def _ready(world: World, *versions: ModelVersion, url: str = "") -> None:
+    """Ready endpoints for ``versions``; the candidate's (v2) at ``url``, a real simulator."""
     for version in versions:
         endpoint = Endpoint.objects.filter(version=version).first() or endpoint_register(
             actor=None,
             pool=world.pool,
             version=version,
-            base_url=f"http://127.0.0.1:{9100 + version.pk}",
+            base_url=url or f"http://127.0.0.1:{9100 + version.pk}",
             capacity=4,
         )
         endpoint_set_state(actor=None, endpoint=endpoint, state="ready")
@@ -106,9 +113,14 @@ def _done(result: dict[str, Any]) -> str:
 
 
 def test_canary_through_every_action(
-    world: World, candidate: ModelVersion, staff_client: APIClient, eager_celery: list[str]
+    world: World,
+    candidate: ModelVersion,
+    simulator: Process,
+    staff_client: APIClient,
+    eager_celery: list[str],
 ) -> None:
-    _ready(world, world.version, candidate)
+    _ready(world, world.version)
+    _ready(world, candidate, url=simulator.base_url)
     rollout = _rollout(world, candidate, steps=[5, 25, 50, 100])
     act = lambda action, **body: _act(staff_client, eager_celery, rollout, action, **body)  # noqa: E731
     assert _done(act("start")) == "running"
@@ -132,9 +144,14 @@ def test_canary_through_every_action(
 
 
 def test_rollback_needs_a_reason_and_restores_stable(
-    world: World, candidate: ModelVersion, staff_client: APIClient, eager_celery: list[str]
+    world: World,
+    candidate: ModelVersion,
+    simulator: Process,
+    staff_client: APIClient,
+    eager_celery: list[str],
 ) -> None:
-    _ready(world, world.version, candidate)
+    _ready(world, world.version)
+    _ready(world, candidate, url=simulator.base_url)
     rollout = _rollout(world, candidate)
     assert _done(_act(staff_client, eager_celery, rollout, "start")) == "running"
     url = f"{OPS}/rollouts/{rollout.pk}/rollback/"
@@ -173,16 +190,21 @@ def test_refused_transitions_fail_the_task_with_the_services_message(
     # The warmup is no refusal: the start succeeds and the rollout aborts with the reason.
     assert _done(act("start")) == "aborted"
     event = RolloutEvent.objects.filter(rollout=rollout).latest("id")
-    assert event.reason == "Warmup failed: The candidate version v2 has no ready endpoint."
+    assert event.reason.startswith("Warmup failed: the candidate v2 has no ready endpoint")
     assert f"Rollout #{rollout.pk} is aborted; start needs it to be pending." in _refused(
         act("start")
     )
 
 
 def test_a_non_canary_cannot_advance(
-    world: World, candidate: ModelVersion, staff_client: APIClient, eager_celery: list[str]
+    world: World,
+    candidate: ModelVersion,
+    simulator: Process,
+    staff_client: APIClient,
+    eager_celery: list[str],
 ) -> None:
-    _ready(world, world.version, candidate)
+    _ready(world, world.version)
+    _ready(world, candidate, url=simulator.base_url)
     rollout = _rollout(world, candidate, mode="ab", steps=[50])
     assert _done(_act(staff_client, eager_celery, rollout, "start")) == "running"
     error = _refused(_act(staff_client, eager_celery, rollout, "advance"))
@@ -212,3 +234,28 @@ def test_actions_are_queued_when_no_worker_runs(
         assert rollout.state == "pending"  # nothing ran in the request
     finally:
         app.control.purge()
+
+
+def test_create_takes_the_itl_threshold_and_a_sticky_header(
+    world: World, candidate: ModelVersion, staff_client: APIClient
+) -> None:
+    body = {"model": world.model.pk, "stable_version": world.version.pk,
+            "candidate_version": candidate.pk, "mode": "ab", "steps": [50]}  # fmt: skip
+    refused = staff_client.post(
+        f"{OPS}/rollouts/", {**body, "sticky_header": "Authorization"}, format="json"
+    )
+    assert refused.status_code == 400, refused.content
+    assert refused.json()["error"]["fields"] == {
+        "sticky_header": [
+            "'Authorization' cannot assign versions; use a header such as X-Session-Id."
+        ]
+    }
+    created = staff_client.post(
+        f"{OPS}/rollouts/",
+        {**body, "sticky_header": "X-Session-Id", "max_itl_p95_ratio": 1.5},
+        format="json",
+    )
+    assert created.status_code == 201, created.content
+    document = created.json()
+    assert (document["sticky_header"], document["max_itl_p95_ratio"]) == ("x-session-id", 1.5)
+    assert document["warmup_endpoints"] == []

@@ -9,7 +9,7 @@ import pytest
 import redis
 from django.contrib.auth.models import User
 from django.test import Client
-from fixtures.router import redis_url
+from fixtures.router import Process, redis_url
 
 from apps.models.models import Route
 from apps.models.services import endpoint_register, endpoint_set_state, pool_create
@@ -17,6 +17,7 @@ from apps.rollouts import tasks
 from apps.rollouts.models import Rollout
 from config.celery import app
 from frontend.control_feed import control_document, tasks_key
+from tests.apps.rollouts.support import start_simulator
 
 pytestmark = pytest.mark.integration
 
@@ -136,18 +137,31 @@ def test_planned_action_and_non_staff_are_refused(
     assert rollout.state == Rollout.State.PENDING
 
 
+@pytest.fixture
+def candidate_replica() -> Iterator[Process]:
+    process = start_simulator()  # serves tiny-llama, the rollout fixture's model
+    try:
+        yield process
+    finally:
+        process.stop()
+
+
 def test_start_then_roll_back_from_the_page_moves_the_route_weights(
-    people: dict[str, User], rollout: Rollout, namespace: str, eager_celery: None
+    people: dict[str, User],
+    rollout: Rollout,
+    namespace: str,
+    eager_celery: None,
+    candidate_replica: Process,
 ) -> None:
-    """The wired buttons queue the Celery tasks (eager here): start (warm-up finds ready
-    endpoints: the canary's first step takes traffic), then roll back: the model's route goes
-    back to stable; the staff feed reports each task (done, or refused with the reason)."""
+    """The wired buttons queue the Celery tasks (eager here): start (the warm-up's requests
+    reach the candidate's replica, a simulator: the canary's first step takes traffic), then
+    roll back: the model's route goes back to stable; the staff feed reports each task (done,
+    or refused with the reason)."""
     pool = pool_create(actor=None, name="dash-cpu", hardware_tier="cpu", cost_per_replica_hour=1)
-    for number, version in enumerate((rollout.stable_version, rollout.candidate_version)):
-        endpoint = endpoint_register(
-            actor=None, pool=pool, version=version, base_url=f"http://127.0.0.1:{9100 + number}",
-            capacity=4,
-        )  # fmt: skip
+    urls = ("http://127.0.0.1:9100", candidate_replica.base_url)
+    for url, version in zip(urls, (rollout.stable_version, rollout.candidate_version), strict=True):
+        endpoint = endpoint_register(actor=None, pool=pool, version=version, base_url=url,
+                                     capacity=4)  # fmt: skip
         endpoint_set_state(actor=None, endpoint=endpoint, state="ready")
     staff = _client(people["staff"], csrf=True)
     staff.get("/dashboard/rollouts/")

@@ -15,7 +15,7 @@ from apps.models.services import endpoint_register, endpoint_set_state, pool_cre
 from apps.rollouts import gates
 from apps.rollouts.evaluate import gate_results
 from apps.rollouts.models import Rollout
-from apps.rollouts.transitions import rollout_rollback, rollout_start, rollout_warmup
+from apps.rollouts.transitions import rollout_rollback, rollout_start, rollout_warmed
 from apps.scaling.models import ScalingDecision
 from frontend.control_feed import control_document
 from frontend.rollout_panels import evidence_rows
@@ -73,7 +73,7 @@ def test_rollouts_page_shows_latest_evidence_side_by_side(
             capacity=4,
         )  # fmt: skip
         endpoint_set_state(actor=None, endpoint=endpoint, state="ready")
-    running = rollout_warmup(actor=None, rollout=rollout_start(actor=None, rollout=rollout))
+    running = rollout_warmed(actor=None, rollout=rollout_start(actor=None, rollout=rollout))
     rollout_rollback(actor=None, rollout=running, reason="Gate failed: error_rate.",
                      evidence=_evidence(running))  # fmt: skip
     client = Client()
@@ -136,7 +136,7 @@ def test_gate_preview_reads_the_current_window_from_the_routers_counters(
     try:
         pending = control_document(client, namespace)["rollouts"][0]
         assert pending["preview"] == []  # a draft holds no traffic
-        rollout_warmup(actor=None, rollout=rollout_start(actor=None, rollout=rollout))
+        rollout_warmed(actor=None, rollout=rollout_start(actor=None, rollout=rollout))
         asyncio.run(_routers_counted(namespace, {"v1": 30, "v2": 20}))
         (view,) = control_document(client, namespace)["rollouts"]
     finally:
@@ -144,7 +144,7 @@ def test_gate_preview_reads_the_current_window_from_the_routers_counters(
         client.close()
     assert view["preview_decision"] == "wait"  # 200 samples needed, 20 seen
     groups = {g["gate"]: g for g in view["preview"]}
-    assert set(groups) == {"window totals", "error_rate", "ttft_p95", "cost"}
+    assert set(groups) == {"window totals", "error_rate", "ttft_p95", "itl_p95", "cost"}
     totals = {r["metric"]: (r["stable"], r["candidate"]) for r in groups["window totals"]["rows"]}
     assert totals["requests"] == ("30", "20")
     assert totals["errors"] == ("3", "2")

@@ -44,11 +44,13 @@ from apps.models.services import (
 from apps.rollouts.evaluate import rollouts_evaluate_running
 from apps.rollouts.models import Rollout, RolloutEvent
 from apps.rollouts.services import rollout_create
-from apps.rollouts.transitions import rollout_pause, rollout_resume, rollout_start, rollout_warmup
+from apps.rollouts.transitions import rollout_pause, rollout_resume, rollout_start
+from apps.rollouts.warmup import rollout_warm_up
 from apps.tenants.services import api_key_create, tenant_create
-from runtime import snapshot_store
-from runtime.artifacts import manifest_digest
+from runtime import contract, snapshot_store
 from runtime.routing.versions import choose_version
+from runtime.telemetry.versions import read_window
+from tests.apps.rollouts.support import artifact
 
 pytestmark = [
     pytest.mark.integration,
@@ -57,8 +59,6 @@ pytestmark = [
 ]
 
 MODEL = "tiny-llama"
-FILES = {"model.safetensors": "cd" * 32}
-MANIFEST = {"files": FILES, "max_context": 2048, "tokenizer": "tok", "default_sampling": {}}
 TENANTS = [f"team-{i}" for i in range(12)]
 EXCLUDED = "bank"
 
@@ -113,9 +113,8 @@ def stage(settings: Any, tmp_path: Path, request: pytest.FixtureRequest) -> Iter
         versions = []
         for label, sim in (("v1", stable_sim), ("v2", candidate_sim)):
             version = model_version_create(
-                actor=None, model=model, label=label, artifact_uri=f"file:///m/{label}",
-                digest=manifest_digest(FILES), manifest=MANIFEST,
-                runtime="vllm",
+                actor=None, model=model, label=label, runtime="vllm",
+                **artifact(tmp_path / "artifacts" / label),
             )  # fmt: skip
             version = model_version_publish(actor=None, version=version)
             endpoint = endpoint_register(
@@ -134,7 +133,7 @@ def stage(settings: Any, tmp_path: Path, request: pytest.FixtureRequest) -> Iter
         rollout = rollout_create(
             actor=None, model=model, stable_version=versions[0], candidate_version=versions[1],
             mode=mode, steps=steps, min_samples=15, step_window_s=1,
-            excluded_tenants=[EXCLUDED],
+            excluded_tenants=[EXCLUDED], sticky_header="X-Session-Id",
         )  # fmt: skip
         router = start_router(prefix, tmp_path / "router")
         started.append(router)
@@ -210,8 +209,8 @@ def _state(pk: int) -> str:
 
 def start(stage: Stage) -> None:
     rollout_start(actor=None, rollout=stage.rollout)
-    rollout_warmup(actor=None, rollout=stage.rollout)
-    assert stage.rollout.state == "running"
+    rollout_warm_up(actor=None, rollout=stage.rollout)  # digest, warm-up requests, health
+    assert stage.rollout.state == "running", list(stage.rollout.events.values("reason"))
     wait_ready(stage.router, stage.latest())
 
 
@@ -305,3 +304,56 @@ def test_shadow_mirrors_to_the_candidate_and_users_see_only_stable(stage: Stage)
     mirrored = _candidate_served(stage)
     assert 15 <= mirrored <= 45  # about half of 60 (binomial, p = 0.5), one copy per request
     print(f"shadow: {len(sent)} requests, {mirrored:.0f} mirrored to the candidate")
+
+
+async def stream_session(
+    http: aiohttp.ClientSession, stage: Stage, tenant: str, session: str
+) -> Sent:
+    at = time.time()
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 6,
+            "stream": True}  # fmt: skip
+    headers = {"Authorization": f"Bearer {stage.keys[tenant]}", "X-Session-Id": session}
+    async with http.post(
+        f"{stage.router.base_url}/v1/chat/completions", json=body, headers=headers
+    ) as resp:
+        text = await resp.text()
+        assert text.rstrip().endswith("data: [DONE]"), text[-200:]
+        return Sent(tenant, at, resp.status, resp.headers.get("x-switchyard-version", ""))
+
+
+@pytest.mark.parametrize("stage", [("0", "ab", [50])], indirect=True)
+def test_a_sticky_header_keeps_each_session_on_one_version_and_itl_is_recorded(
+    stage: Stage,
+) -> None:
+    start(stage)
+    sessions = [f"session-{i}" for i in range(16)]
+
+    async def go() -> list[tuple[str, Sent]]:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=20)) as http:
+            return [
+                (session, await stream_session(http, stage, TENANTS[n % len(TENANTS)], session))
+                for n in range(3)  # each session from three different tenants
+                for session in sessions
+            ]
+
+    sent = asyncio.run(go())
+
+    assert {s.status for _, s in sent} == {200}
+    versions: dict[str, set[str]] = {}
+    for session, one in sent:
+        versions.setdefault(session, set()).add(one.version)
+    assert all(len(seen) == 1 for seen in versions.values()), versions
+    assert {v for seen in versions.values() for v in seen} == {"v1", "v2"}
+    # The router measured the gaps between streamed chunks per version (the ITL gate's input).
+    namespace = contract.namespace_of(stage.prefix)
+
+    def itl_samples() -> dict[str, int]:
+        now = time.time()
+        totals = read_window(
+            stage.client, namespace=namespace, model=MODEL, versions=["v1", "v2"],
+            since=now - 60, until=now,
+        )  # fmt: skip
+        return {label: sum(stats.itl_counts) for label, stats in totals.items()}
+
+    eventually(lambda: min(itl_samples().values()) >= 5, timeout=10, what="ITL samples")
+    print(f"sticky header: {len(sessions)} sessions x 3 tenants; ITL samples {itl_samples()}")

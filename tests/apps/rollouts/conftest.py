@@ -1,11 +1,15 @@
-"""Fixtures for rollouts: a model with two published versions (stable and candidate)."""
+"""Fixtures for rollouts: a model with two published versions (stable and candidate), each
+with a real artifact folder, and ready endpoints served by real simulator processes (the
+warm-up verifies the digest and sends its requests to them)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+from fixtures.router import Process
 
 from apps.models.models import Endpoint, Model, ModelVersion
 from apps.models.services import (
@@ -16,27 +20,18 @@ from apps.models.services import (
     model_version_publish,
     pool_create,
 )
-from runtime.artifacts import manifest_digest
-
-MANIFEST = {
-    "tokenizer": "tok",
-    "max_context": 2048,
-    "default_sampling": {"temperature": 0.7},
-    "files": {"model.safetensors": "cd" * 32},
-}
+from tests.apps.rollouts.support import artifact, start_simulator
 
 
 @pytest.fixture
-def make_version(db: Any) -> Callable[..., ModelVersion]:
+def make_version(db: Any, tmp_path: Path) -> Callable[..., ModelVersion]:
     def make(model: Model, label: str, *, publish: bool = True) -> ModelVersion:
         version = model_version_create(
             actor=None,
             model=model,
             label=label,
-            artifact_uri=f"file:///models/{model.name}/{label}",
-            digest=manifest_digest(MANIFEST["files"]),
-            manifest=dict(MANIFEST),
-            runtime="vllm",
+            runtime="simulator",
+            **artifact(tmp_path / "artifacts" / model.name / label),
         )
         return model_version_publish(actor=None, version=version) if publish else version
 
@@ -58,21 +53,34 @@ def candidate(llm: Model, make_version: Callable[..., ModelVersion]) -> ModelVer
     return make_version(llm, "v2")
 
 
+@pytest.fixture(scope="module")
+def simulators() -> Iterator[dict[str, Process]]:
+    """One simulator per version label (v1, v2), shared by a module's tests."""
+    started: dict[str, Process] = {}
+    try:
+        for label in ("v1", "v2"):
+            started[label] = start_simulator()
+        yield started
+    finally:
+        for process in started.values():
+            process.stop()
+
+
 @pytest.fixture
 def ready_endpoints(
-    llm: Model, stable: ModelVersion, candidate: ModelVersion
+    llm: Model, stable: ModelVersion, candidate: ModelVersion, simulators: dict[str, Process]
 ) -> Callable[..., list[Any]]:
-    """Register a ready endpoint for each given version (the warmup's precondition)."""
+    """Register a ready endpoint (a real simulator) for each given version."""
     pool = pool_create(actor=None, name="cpu", hardware_tier="cpu", cost_per_replica_hour="1")
 
     def make(*versions: ModelVersion) -> list[Endpoint]:
         made = []
-        for index, version in enumerate(versions or (stable, candidate)):
+        for version in versions or (stable, candidate):
             endpoint = endpoint_register(
                 actor=None,
                 pool=pool,
                 version=version,
-                base_url=f"http://127.0.0.1:{9000 + version.pk * 10 + index}",
+                base_url=simulators[version.label].base_url,
                 capacity=4,
             )
             made.append(endpoint_set_state(actor=None, endpoint=endpoint, state="ready"))

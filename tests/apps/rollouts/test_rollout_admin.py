@@ -24,11 +24,13 @@ def form(llm, stable, candidate):
         "steps": json.dumps([1, 10, 100]),
         "max_error_rate_delta": "0.01",
         "max_ttft_p95_ratio": "1.2",
+        "max_itl_p95_ratio": "1.2",
         "max_cost_ratio": "1.1",
         "step_window_s": "300",
         "min_samples": "200",
         "max_step_increase": "100",
         "excluded_tenants": "[]",
+        "sticky_header": "",
     }
 
 

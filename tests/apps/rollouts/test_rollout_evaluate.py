@@ -19,8 +19,9 @@ from apps.models.models import Route
 from apps.rollouts.evaluate import rollout_evaluate, rollouts_evaluate_running
 from apps.rollouts.models import Rollout, RolloutEvent
 from apps.rollouts.services import rollout_create
-from apps.rollouts.transitions import rollout_start, rollout_warmup
-from runtime.telemetry.versions import VersionStats, read_window
+from apps.rollouts.transitions import rollout_start
+from apps.rollouts.warmup import rollout_warm_up
+from runtime.telemetry.versions import VersionStats, itl_bucket, read_window
 
 pytestmark = [pytest.mark.db, pytest.mark.django_db]
 
@@ -44,7 +45,7 @@ def client() -> Iterator[redis.Redis[bytes]]:
 
 
 def send(namespace: str, version: str, *, n: int, errors: int = 0, ttft_ms: float = 80.0,
-         model: str = "tiny-llama") -> None:  # fmt: skip
+         model: str = "tiny-llama", itl_ms: tuple[float, ...] = ()) -> None:  # fmt: skip
     """What a router records for ``n`` requests to ``version``, flushed to Redis."""
 
     async def go() -> None:
@@ -56,6 +57,7 @@ def send(namespace: str, version: str, *, n: int, errors: int = 0, ttft_ms: floa
                 model=model, version=version, status=502 if failed else 200,
                 outcome="upstream_error" if failed else "ok",
                 ttft_ms=None if failed else ttft_ms, prompt_tokens=20, completion_tokens=30,
+                itl_ms=() if failed else itl_ms,
             )  # fmt: skip
         await stats.stop()  # flushes
 
@@ -70,7 +72,7 @@ def rollout(llm, stable, candidate, ready_endpoints) -> Rollout:
         mode="canary", steps=[10, 50, 100], min_samples=50, step_window_s=60,
     )  # fmt: skip
     rollout_start(actor=None, rollout=made)
-    return rollout_warmup(actor=None, rollout=made)
+    return rollout_warm_up(actor=None, rollout=made)
 
 
 def age_step(rollout: Rollout, seconds: float) -> None:
@@ -118,6 +120,50 @@ def test_a_slow_candidate_is_rolled_back(namespace, client, rollout):
     assert RolloutEvent.objects.get(rollout=rollout, kind="rollback").reason == (
         "Gate failed: ttft_p95."
     )
+
+
+def test_the_inter_token_gaps_land_in_the_window(namespace, client):
+    send(namespace, "v1", n=3, itl_ms=(4.0, 12.0, 12.0))
+    now = time.time()
+    v1 = read_window(
+        client, namespace=namespace, model="tiny-llama", versions=["v1"], since=now - 10, until=now
+    )["v1"]
+    assert sum(v1.itl_counts) == 9
+    assert v1.itl_counts[itl_bucket(4.0)] == 3
+    assert v1.itl_counts[itl_bucket(12.0)] == 6
+    assert v1.summary()["itl_samples"] == 9
+
+
+def test_a_candidate_with_slow_inter_token_latency_is_rolled_back(namespace, client, rollout):
+    send(namespace, "v1", n=200, itl_ms=(10.0,) * 8)
+    send(namespace, "v2", n=60, itl_ms=(40.0,) * 8)  # TTFT, errors and cost as stable's
+
+    assert rollout_evaluate(rollout=rollout, client=client).action == "rollback"
+
+    event = RolloutEvent.objects.get(rollout=rollout, kind="rollback")
+    assert event.reason == "Gate failed: itl_p95."
+    gates = {g["gate"]: g for g in event.data["evidence"]["gates"]}
+    assert list(gates) == ["error_rate", "ttft_p95", "itl_p95", "cost"]
+    itl = gates["itl_p95"]
+    assert (itl["passed"], itl["threshold"], itl["unit"]) == (False, 1.2, "ms")
+    assert itl["stable"] <= 10.0 < 30.0 <= itl["candidate"] <= 45.0
+    assert itl["ratio"] > 2.5
+    assert itl["p_value"] < 0.001
+    # One shape for every gate, so a dashboard can show any of them.
+    shape = {"gate", "decision", "test", "numbers", "stable", "candidate", "ratio", "p_value",
+             "threshold", "unit", "passed"}  # fmt: skip
+    assert all(set(g) == shape for g in gates.values())
+    assert gates["ttft_p95"]["passed"] is True
+
+
+def test_unary_traffic_leaves_the_itl_gate_not_applicable(namespace, client, rollout):
+    send(namespace, "v1", n=200)
+    send(namespace, "v2", n=60)
+    age_step(rollout, 61)
+    evaluation = rollout_evaluate(rollout=rollout, client=client)
+    assert evaluation.action == "advance"
+    itl = next(g for g in evaluation.evidence["gates"] if g["gate"] == "itl_p95")
+    assert (itl["decision"], itl["numbers"]["applicable"]) == ("pass", False)
 
 
 def test_a_candidate_twice_as_expensive_is_rolled_back(namespace, client, rollout):
@@ -177,7 +223,7 @@ def test_a_failing_shadow_candidate_is_rolled_back_and_a_passing_one_waits(
         mode="shadow", steps=[20], min_samples=50, step_window_s=60,
     )  # fmt: skip
     rollout_start(actor=None, rollout=shadow)
-    rollout_warmup(actor=None, rollout=shadow)
+    rollout_warm_up(actor=None, rollout=shadow)
     send(namespace, "v1", n=200)
     send(namespace, "v2", n=60)
     age_step(shadow, 61)

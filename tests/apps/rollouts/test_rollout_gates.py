@@ -9,7 +9,7 @@ import random
 import pytest
 
 from apps.rollouts import gates
-from runtime.telemetry.versions import TTFT_BOUNDS_MS, ttft_bucket
+from runtime.telemetry.versions import ITL_BOUNDS_MS, TTFT_BOUNDS_MS, ttft_bucket
 
 pytestmark = pytest.mark.unit
 
@@ -143,3 +143,33 @@ def test_overall_decision() -> None:
     assert gates.overall([result("pass"), result("wait"), result("fail")]) == "fail"
     assert gates.overall([result("pass"), result("wait")]) == "wait"
     assert gates.overall([result("pass"), result("pass")]) == "pass"
+
+
+def test_a_latency_gate_over_optional_samples_is_not_applicable_once_requests_suffice() -> None:
+    empty = [0] * (len(ITL_BOUNDS_MS) + 1)
+    kwargs = {"name": "itl_p95", "bounds": ITL_BOUNDS_MS, "stable": empty, "candidate": empty,
+              "max_ratio": 1.2, "min_samples": 50}  # fmt: skip
+    assert gates.latency_gate(**kwargs).decision == "wait"  # type: ignore[arg-type]
+    assert gates.latency_gate(**kwargs, requests=(49, 500)).decision == "wait"  # type: ignore[arg-type]
+    na = gates.latency_gate(**kwargs, requests=(50, 50))  # type: ignore[arg-type]
+    assert (na.decision, na.passed, na.numbers["applicable"]) == ("pass", True, False)
+
+
+def test_gate_results_share_one_evidence_shape() -> None:
+    errors = error_gate(
+        stable_requests=1000, stable_errors=10, candidate_requests=500, candidate_errors=100
+    )
+    assert (errors.stable, errors.candidate, errors.threshold) == (0.01, 0.2, 0.01)
+    assert errors.ratio == pytest.approx(20.0)
+    assert errors.as_dict()["passed"] is False
+    cost = gates.cost_gate(
+        stable_cost_per_1k=1.0, candidate_cost_per_1k=1.05, stable_requests=9,
+        candidate_requests=9, max_ratio=1.1, min_samples=1,
+    )  # fmt: skip
+    assert (cost.passed, cost.ratio, cost.stable, cost.candidate) == (True, 1.05, 1.0, 1.05)
+    waiting = gates.cost_gate(
+        stable_cost_per_1k=None, candidate_cost_per_1k=None, stable_requests=0,
+        candidate_requests=0, max_ratio=1.1, min_samples=1,
+    )  # fmt: skip
+    assert waiting.as_dict()["passed"] is None
+    assert set(errors.as_dict()) == set(cost.as_dict()) == set(waiting.as_dict())

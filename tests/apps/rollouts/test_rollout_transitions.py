@@ -22,8 +22,8 @@ from apps.rollouts.transitions import (
     rollout_resume,
     rollout_rollback,
     rollout_start,
-    rollout_warmup,
 )
+from apps.rollouts.warmup import rollout_warm_up
 from apps.tenants.models import AuditEvent
 from config.celery import app
 
@@ -48,7 +48,7 @@ def weights(rollout: Rollout) -> dict[str, int]:
 
 def running(rollout: Rollout) -> Rollout:
     rollout_start(actor=None, rollout=rollout)
-    return rollout_warmup(actor=None, rollout=rollout)
+    return rollout_warm_up(actor=None, rollout=rollout)
 
 
 def test_warmup_without_ready_endpoints_aborts_with_the_reason(canary, ready_endpoints, stable):
@@ -56,11 +56,14 @@ def test_warmup_without_ready_endpoints_aborts_with_the_reason(canary, ready_end
     rollout = canary()
     rollout_start(actor=None, rollout=rollout)
     assert rollout.state == "warming"
-    rollout_warmup(actor=None, rollout=rollout)
+    rollout_warm_up(actor=None, rollout=rollout)
 
     assert rollout.state == "aborted"
     event = RolloutEvent.objects.get(rollout=rollout, kind="abort")
-    assert event.reason == "Warmup failed: The candidate version v2 has no ready endpoint."
+    assert event.reason == (
+        "Warmup failed: the candidate v2 has no ready endpoint and no configured scaling "
+        "actuator can start one (SWITCHYARD_SCALING_ACTUATOR=local)"
+    )
     assert not Route.objects.filter(model=rollout.model).exists()  # no traffic moved
 
 

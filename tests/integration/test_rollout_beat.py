@@ -1,0 +1,266 @@
+"""A rollout carried out by real Celery processes: a worker and beat (on a private broker),
+a real router, simulator replicas.
+
+The operator's button enqueues ``rollout_start``; the worker warms the candidate up (the local
+scaling actuator starts its simulator replica, warm-up requests, ``ready``), the rollout runs
+its first canary step, users' traffic flows through the router, beat evaluates the gates every
+0.5 s, and the candidate (priced twice as much per token: "correct but too expensive") fails the
+cost gate and is rolled back automatically, then drained and stopped.
+
+Measured: the time from the gate's decision to the last user request routed to the candidate
+(goal < 2 s); users saw no failed request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import redis
+from celery import Celery
+from django.db import connections
+from fixtures.celery_worker import Beat, Worker, database_url
+from fixtures.redis_server import private_redis
+from fixtures.router import Process, redis_url, start_router, wait_ready
+from fixtures.wait import eventually
+
+from apps.billing.services import credit_grant, price_set
+from apps.models.models import Endpoint, Pool
+from apps.models.services import (
+    endpoint_register,
+    endpoint_set_state,
+    model_create,
+    model_version_create,
+    model_version_publish,
+    pool_create,
+    route_set,
+)
+from apps.rollouts.models import Rollout, RolloutEvent
+from apps.rollouts.services import rollout_create
+from apps.scaling.actuators.local import LocalActuator
+from apps.tenants.services import api_key_create, tenant_create
+from runtime import contract, snapshot_store
+from tests.apps.rollouts.support import MODEL, artifact, start_simulator
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.timing,
+    pytest.mark.django_db(transaction=True),
+]
+
+TENANTS = [f"team-{i}" for i in range(12)]
+
+
+@dataclass
+class Sent:
+    tenant: str
+    at: float
+    status: int
+    version: str
+
+
+@dataclass
+class Stage:
+    prefix: str
+    router: Process
+    keys: dict[str, str]
+    rollout: Rollout
+    stable_endpoint: Endpoint
+    broker_url: str
+
+
+def _world(tmp_path: Path) -> tuple[Rollout, Endpoint, dict[str, str], Process]:
+    # Stable runs as the local actuator runs the candidate: only the price differs.
+    stable_sim = start_simulator("--decode-a-ms", "10", "--max-num-seqs", "8")
+    model = model_create(actor=None, name=MODEL, task="chat")
+    pool = pool_create(actor=None, name="sim", hardware_tier="cpu", cost_per_replica_hour="1")
+    versions = []
+    for label in ("v1", "v2"):
+        version = model_version_create(
+            actor=None, model=model, label=label, runtime="simulator",
+            **artifact(tmp_path / "artifacts" / label, content=label.encode()),
+        )  # fmt: skip
+        versions.append(model_version_publish(actor=None, version=version))
+    stable, candidate = versions
+    price_set(actor=None, version=stable, hardware_tier="cpu", input_per_1k="1", output_per_1k="2")
+    price_set(actor=None, version=candidate, hardware_tier="cpu",
+              input_per_1k="2", output_per_1k="4")  # fmt: skip
+    endpoint = endpoint_register(
+        actor=None, pool=pool, version=stable, base_url=stable_sim.base_url, capacity=16
+    )
+    endpoint = endpoint_set_state(actor=None, endpoint=endpoint, state="ready")
+    route_set(actor=None, model=model, splits=[(stable, 100)])
+    keys = {}
+    for slug in TENANTS:
+        tenant = tenant_create(
+            actor=None, slug=slug, name=slug, rpm_limit=100_000, tpm_limit=100_000_000,
+            max_concurrency=1000, max_context_tokens=2048, max_output_tokens=64,
+        )  # fmt: skip
+        credit_grant(actor=None, tenant=tenant, amount="1000", reason="test")
+        keys[slug] = api_key_create(actor=None, tenant=tenant, name="k")[1]
+    rollout = rollout_create(
+        actor=None, model=model, stable_version=stable, candidate_version=candidate,
+        mode="canary", steps=[25, 50, 100], min_samples=15, step_window_s=2,
+    )  # fmt: skip
+    return rollout, endpoint, keys, stable_sim
+
+
+@pytest.fixture
+def stage(settings: Any, tmp_path: Path) -> Iterator[Stage]:
+    namespace = f"switchyard:test:rollout-beat:{uuid.uuid4().hex[:10]}"
+    prefix = f"{namespace}:snapshot"
+    settings.SNAPSHOT_REDIS_PREFIX = prefix
+    settings.REDIS_URL = redis_url()
+    var_dir = tmp_path / "var"
+    (var_dir / "log" / "replicas").mkdir(parents=True)
+    client: redis.Redis[bytes] = redis.Redis.from_url(redis_url())
+    started: list[Any] = []
+    try:
+        with private_redis(tmp_path) as broker:
+            try:
+                rollout, stable_endpoint, keys, stable_sim = _world(tmp_path)
+                started.append(stable_sim)
+                env = {
+                    **os.environ, "DATABASE_URL": database_url(), "REDIS_URL": redis_url(),
+                    "CELERY_BROKER_URL": broker.url, "CELERY_RESULT_BACKEND": broker.url,
+                    contract.ENV_SNAPSHOT_PREFIX: prefix, "SWITCHYARD_VAR_DIR": str(var_dir),
+                    "SWITCHYARD_SCALING_ACTUATOR": "local",
+                    "SWITCHYARD_ROLLOUT_EVALUATE_S": "0.5",
+                    "SWITCHYARD_BEAT_ONLY": "evaluate-rollout-gates,drain-snapshot-outbox",
+                }  # fmt: skip
+                started.append(Worker("celery", env))
+                started.append(Beat(env, tmp_path / "beat"))
+                router = start_router(prefix, tmp_path / "router")
+                started.append(router)
+                version = snapshot_store.latest_version(client, prefix=prefix)
+                assert version is not None
+                wait_ready(router, version)
+                yield Stage(prefix, router, keys, rollout, stable_endpoint, broker.url)
+                connections.close_all()
+            finally:
+                for process in reversed(started):
+                    if isinstance(process, Worker | Beat):  # shown when the test fails
+                        print(process.output()[-4000:])
+                    process.stop()
+    finally:
+        actuator = LocalActuator(redis_url=redis_url(), namespace=namespace, log_dir=var_dir)
+        for pool in Pool.objects.all():  # a replica the test's drain did not stop
+            actuator.stop_all(pool)
+        keys_left = list(client.scan_iter(match=f"{namespace}:*", count=1000))
+        if keys_left:
+            client.delete(*keys_left)
+        client.close()
+
+
+async def send_one(http: aiohttp.ClientSession, stage: Stage, tenant: str) -> Sent:
+    at = time.time()
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    headers = {"Authorization": f"Bearer {stage.keys[tenant]}"}
+    try:
+        async with http.post(
+            f"{stage.router.base_url}/v1/chat/completions", json=body, headers=headers
+        ) as resp:
+            await resp.read()
+            return Sent(tenant, at, resp.status, resp.headers.get("x-switchyard-version", ""))
+    except (aiohttp.ClientError, TimeoutError):
+        return Sent(tenant, at, 0, "")
+
+
+def _state(pk: int) -> str:
+    try:
+        return Rollout.objects.values_list("state", flat=True).get(pk=pk)
+    finally:
+        connections.close_all()
+
+
+async def drive(stage: Stage, *, budget_s: float) -> list[Sent]:
+    """Traffic from every tenant (4 in flight) until the rollout leaves ``running`` (bounded
+    by ``budget_s``), then 3 s more."""
+    sent: list[Sent] = []
+    done_at: list[float] = []
+
+    async def user(index: int) -> None:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
+            i = index
+            while not done_at or time.monotonic() < done_at[0] + 3.0:
+                sent.append(await send_one(http, stage, TENANTS[i % len(TENANTS)]))
+                i += 4
+
+    async def watch() -> None:
+        give_up = time.monotonic() + budget_s
+        try:
+            while time.monotonic() < give_up:
+                if await asyncio.to_thread(_state, stage.rollout.pk) != "running":
+                    return
+                await asyncio.sleep(0.2)
+        finally:
+            done_at.append(time.monotonic())
+
+    await asyncio.gather(watch(), *(user(i) for i in range(4)))
+    return sent
+
+
+def answers(base_url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{base_url}/health", timeout=2) as resp:
+            return bool(resp.status == 200)
+    except OSError:
+        return False
+
+
+def test_beat_rolls_back_a_too_expensive_candidate_the_worker_warmed_up(stage: Stage) -> None:
+    started = time.monotonic()
+    button = Celery("operator", broker=stage.broker_url)  # what the admin's button does
+    button.send_task("apps.rollouts.tasks.rollout_start", args=(stage.rollout.pk,))
+    eventually(lambda: _state(stage.rollout.pk) not in ("pending", "warming"), timeout=90,
+               what="the worker's warm-up")  # fmt: skip
+    stage.rollout.refresh_from_db()
+    events = list(stage.rollout.events.values_list("kind", "reason"))
+    assert stage.rollout.state == "running", events
+    (candidate_id,) = stage.rollout.warmup_endpoints
+    candidate = Endpoint.objects.get(pk=candidate_id)
+    assert (candidate.state, candidate.version_id) == ("ready", stage.rollout.candidate_version_id)
+    client: redis.Redis[bytes] = redis.Redis.from_url(redis_url())
+    try:
+        wait_ready(stage.router, snapshot_store.latest_version(client, prefix=stage.prefix) or 0)
+    finally:
+        client.close()
+
+    sent = asyncio.run(drive(stage, budget_s=60))
+
+    stage.rollout.refresh_from_db()
+    kinds = [e.kind for e in stage.rollout.events.all()]
+    assert stage.rollout.state == "rolled_back", kinds
+    event = RolloutEvent.objects.get(rollout=stage.rollout, kind="rollback")
+    assert (event.reason, event.actor_label) == ("Gate failed: cost.", "system")
+    cost = next(g for g in event.data["evidence"]["gates"] if g["gate"] == "cost")
+    assert cost["ratio"] == pytest.approx(2.0, rel=0.05)
+    decided_at = event.data["evidence"]["decided_at"]
+    to_candidate = [s for s in sent if s.version == "v2"]
+    assert to_candidate, "no request reached the candidate"
+    lag = max(s.at for s in to_candidate) - decided_at
+    assert {s.status for s in sent} == {200}, [s.status for s in sent if s.status != 200][:10]
+    after = [s for s in sent if s.at > decided_at + 2.0]
+    assert after
+    assert {s.version for s in after} == {"v1"}
+    # The candidate's replica (started by the warm-up) is drained and stopped; stable stays.
+    eventually(lambda: RolloutEvent.objects.filter(rollout=stage.rollout, kind="drain").exists(),
+               timeout=60, what="the drain task")  # fmt: skip
+    candidate.refresh_from_db()
+    stage.stable_endpoint.refresh_from_db()
+    assert (candidate.state, stage.stable_endpoint.state) == ("gone", "ready")
+    assert not answers(candidate.base_url)
+    took = time.monotonic() - started
+    print(f"beat rollback: {len(sent)} requests ({len(to_candidate)} to the candidate); "
+          f"decision -> last request routed to the candidate {lag * 1000:.0f} ms; "
+          f"whole test body {took:.0f} s")  # fmt: skip
+    assert lag < 2.0
