@@ -121,7 +121,6 @@ def test_decisions_of_another_pool_are_not_listed(world: World, staff_client: AP
     assert listed["results"] == []
 
 
-
 def test_a_settings_change_is_audited_with_its_actor(world: World, staff_client: APIClient) -> None:
     url = f"{OPS}/pools/{world.pool.pk}/scaling/"
     assert _patch(staff_client, url, {"policy": "gpu"}).status_code == 200

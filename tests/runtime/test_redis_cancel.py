@@ -35,4 +35,3 @@ async def test_a_loop_that_checks_stops_at_the_first_cancellation() -> None:
     assert await cancel_and_wait(task, attempts=3, wait_s=0.5)
     assert task.cancelled()
     assert reads >= 1
-

@@ -26,8 +26,6 @@ def valid_manifest() -> dict[str, Any]:
     }
 
 
-
-
 @pytest.fixture
 def manifest() -> dict[str, Any]:
     return valid_manifest()
