@@ -23,6 +23,7 @@ Run it: ``pytest tests/chaos -m e2e -s`` (about 5 minutes on 2 cores; ``-s`` sho
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -30,6 +31,7 @@ import signal
 import socket
 import tempfile
 import time
+import urllib.request
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -65,6 +67,16 @@ def _ppid(pid: int) -> int:
 def leaders(pids: list[int]) -> list[int]:
     """The processes of ``pids`` whose parent is not one of them (a prefork pool's master)."""
     return [pid for pid in pids if _ppid(pid) not in pids]
+
+
+def engine_generating(up: PlatformUp) -> bool:
+    """vLLM's own gauge: a request is running in the engine now (not only in a client's
+    socket buffer: a loaded client may read a finished stream late)."""
+    url = f"http://127.0.0.1:{up.ports['worker-port']}/metrics"
+    with urllib.request.urlopen(url, timeout=2.0) as response:
+        text = response.read().decode()
+    running = [line for line in text.splitlines() if line.startswith("vllm:num_requests_running")]
+    return any(float(line.rsplit(" ", 1)[1]) > 0 for line in running)
 
 
 def redis_pings(port: int) -> bool:
@@ -106,7 +118,7 @@ VICTIMS = [
 
 
 @pytest.fixture(scope="module")
-def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PlatformUp]:
+def up(request: pytest.FixtureRequest) -> Iterator[PlatformUp]:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per request otherwise
     # outside pytest's basetemp: the embedded PostgreSQL runs as another user
     var = Path(tempfile.mkdtemp(prefix="switchyard-chaos-"))
@@ -118,12 +130,24 @@ def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PlatformUp]:
     finally:
         if platform.proc.poll() is None:
             platform.kill()
-        logs = tmp_path_factory.mktemp("chaos-logs")  # kept by pytest for a look afterwards
-        for name in ("up.log", "vllm-worker.log"):
-            if (var / name).exists():
-                shutil.copy(var / name, logs / name)
-        print(f"\nchaos: logs in {logs}")
+        if request.session.testsfailed:  # keep the logs for a look
+            logs = Path(tempfile.mkdtemp(prefix="switchyard-chaos-logs-"))
+            for name in ("up.log", "vllm-worker.log"):
+                if (var / name).exists():
+                    shutil.copy(var / name, logs / name)
+            print(f"\nchaos: logs kept in {logs}")
         shutil.rmtree(var, ignore_errors=True)
+
+
+def poll(check: Callable[[], bool], timeout_s: float) -> bool:
+    """Whether ``check()`` held within ``timeout_s`` (polled every 20 ms; errors: not yet)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError, ValueError):
+            if check():
+                return True
+        time.sleep(0.02)
+    return False
 
 
 def first_ok_after(results: list[Result], moment: float) -> float | None:
@@ -159,6 +183,10 @@ def test_kill_9_under_traffic(up: PlatformUp, victim: Victim) -> None:
         assert len(targets) == 1, (victim.pattern, [cmdline(p) for p in targets])
         killed = targets[0]
         before = up.output
+        # kill while client 0's long stream runs, so that a stream is cut mid-way
+        mid_stream = traffic.long_streaming.wait(timeout=30.0)
+        if victim.engine:  # and while the engine is generating it
+            mid_stream = mid_stream and poll(lambda: engine_generating(up), 30.0)
         killed_at = time.monotonic()
         os.kill(killed, signal.SIGKILL)
         bound = ENGINE_BOUND_S if victim.engine else OTHER_BOUND_S
@@ -173,6 +201,10 @@ def test_kill_9_under_traffic(up: PlatformUp, victim: Victim) -> None:
     finally:
         results = traffic.stop()
     outcomes = check_results(victim, results, killed_at)
+    terminal = sum(n for outcome, n in outcomes.items() if outcome.startswith("terminal:"))
+    if victim.engine and mid_stream:  # the stream it was serving ended with our event
+        around = [r for r in results if r.started <= killed_at <= r.ended]
+        assert terminal >= 1, (outcomes, around)
     assert not pid_alive(killed)
     if victim.engine:  # the old engine's processes are gone, one new engine runs
         assert len(leaders(up.find(API_SERVER))) == 1, up.find(API_SERVER)
@@ -181,7 +213,7 @@ def test_kill_9_under_traffic(up: PlatformUp, victim: Victim) -> None:
                              "requests": len(results), **outcomes}  # fmt: skip
     print(
         f"\nchaos: kill -9 {victim.name}: back {back_s:.2f} s, serving again {serving_s:.2f} s "
-        f"after the kill; {len(results)} requests: {dict(outcomes)}"
+        f"after the kill (mid-stream: {mid_stream}); {len(results)} requests: {dict(outcomes)}"
     )
 
 

@@ -1,7 +1,7 @@
 """Steady client traffic for the chaos suite: a few threads streaming short chat completions
 through the router, each request with its own deadline, every ending classified.
 
-Each client loops: one streaming request (8 tokens; client 0 asks for 96, so that a kill
+Each client loops: one streaming request (8 tokens; client 0 asks for 400, so that a kill
 lands mid-stream too) (``X-Request-Timeout`` = :data:`DEADLINE_S`, the HTTP
 client's own timeout a little longer, so a hang is seen as one), then a short pause. Each
 request becomes a :class:`Result` whose ``outcome`` is one of:
@@ -31,7 +31,8 @@ DEADLINE_S = 20.0  # each request's deadline (X-Request-Timeout)
 CLIENT_SLACK_S = 5.0  # the HTTP client gives up this much later: then it is a hang
 PAUSE_S = 0.4  # between a client's requests (acme's demo limit is 600 per minute)
 MAX_TOKENS = 8
-LONG_MAX_TOKENS = 96  # client 0: a longer stream, so that kills land mid-stream too
+LONG_MAX_TOKENS = 400  # client 0: a longer stream, so that kills land mid-stream too
+MID_STREAM_EVENTS = 4  # long_streaming is set once client 0's stream has this many events
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,7 @@ class Traffic:
     model: str = "demo-llama"
     clients: int = 3
     results: list[Result] = field(default_factory=list)
+    long_streaming: threading.Event = field(default_factory=threading.Event)  # client 0
     _stop: threading.Event = field(default_factory=threading.Event)
     _threads: list[threading.Thread] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -139,6 +141,7 @@ class Traffic:
             "model": self.model,
             "messages": [{"role": "user", "content": f"Say something, client {n}."}],
             "max_tokens": LONG_MAX_TOKENS if n == 0 else MAX_TOKENS,
+            "ignore_eos": n == 0,  # vLLM's: the demo model's random weights may end early
             "stream": True,
         }
         headers = {
@@ -157,7 +160,9 @@ class Traffic:
                     return Result(started, time.monotonic(), outcome, detail)
                 for line in resp.iter_lines():
                     if line.startswith("data: "):
-                        lines.append(line[6:])  # noqa: PERF401 - kept when it breaks
+                        lines.append(line[6:])
+                        if n == 0 and len(lines) == MID_STREAM_EVENTS:
+                            self.long_streaming.set()
         except httpx.ConnectError as exc:
             return Result(started, time.monotonic(), "unreachable", str(exc))
         except httpx.TimeoutException as exc:
@@ -167,5 +172,8 @@ class Traffic:
             if outcome == "ok":  # complete, then an unclean close: not a cut stream
                 return Result(started, time.monotonic(), outcome, detail)
             return Result(started, time.monotonic(), "cut", f"{exc!r} after {len(lines)}")
+        finally:
+            if n == 0:
+                self.long_streaming.clear()
         outcome, detail = classify_stream(lines)
-        return Result(started, time.monotonic(), outcome, detail)
+        return Result(started, time.monotonic(), outcome, detail or f"{len(lines)} events")
