@@ -18,7 +18,8 @@ completions through the router (deadline 20 s each) while the victim gets SIGKIL
   engine's processes are gone);
 - at the end, after ``up`` is stopped (Ctrl-C), no process of its tree or of vLLM is left.
 
-Run it: ``pytest tests/chaos -m e2e -s`` (about 5 minutes on 2 cores; ``-s`` shows the times).
+Run it: ``pytest tests/chaos -s`` (about 5 minutes on 2 cores; ``-s`` shows the times;
+``SWITCHYARD_CHAOS_LOGS=<dir>`` keeps ``up``'s and vLLM's logs there, as a failure always does).
 """
 
 from __future__ import annotations
@@ -130,8 +131,10 @@ def up(request: pytest.FixtureRequest) -> Iterator[PlatformUp]:
     finally:
         if platform.proc.poll() is None:
             platform.kill()
-        if request.session.testsfailed:  # keep the logs for a look
-            logs = Path(tempfile.mkdtemp(prefix="switchyard-chaos-logs-"))
+        wanted = os.environ.get("SWITCHYARD_CHAOS_LOGS")  # a directory: keep them there
+        if wanted or request.session.testsfailed:  # keep the logs for a look
+            logs = Path(wanted or tempfile.mkdtemp(prefix="switchyard-chaos-logs-"))
+            logs.mkdir(parents=True, exist_ok=True)
             for name in ("up.log", "vllm-worker.log"):
                 if (var / name).exists():
                     shutil.copy(var / name, logs / name)

@@ -20,7 +20,8 @@ from pathlib import Path
 import httpx
 import pytest
 from fixtures.net import port_accepts
-from fixtures.router import spawn, wait_until_up
+from fixtures.router import Process, http_get, metric_value, spawn, wait_until_up
+from fixtures.wait import eventually
 from gateway_fleet import (
     Publisher,
     World,
@@ -81,6 +82,11 @@ def test_sigterm_lets_an_in_flight_stream_finish(tmp_path: Path) -> None:
     assert finished_s > 0.5  # it really ran on after the signal (60 tokens at 50/s)
 
 
+def engine_running(sim: Process) -> float:
+    _status, text = http_get(f"{sim.base_url}/metrics")
+    return metric_value(text.decode(), "vllm:num_requests_running") or 0.0
+
+
 def test_grace_end_cuts_streams_with_our_terminal_event(tmp_path: Path) -> None:
     """Requests still running when the grace period ends (``--graceful-shutdown-s 1``, answers
     of ~20 s): the stream ends with our ``router_shutdown`` terminal chunk and ``[DONE]``, not
@@ -112,6 +118,7 @@ def test_grace_end_cuts_streams_with_our_terminal_event(tmp_path: Path) -> None:
             pending = pool.submit(
                 httpx.post, url, json=body, headers=headers, timeout=30
             )  # unary: nothing is sent before the whole answer
+            eventually(lambda: engine_running(sim) >= 1, timeout=20, interval=0.02)
             with httpx.stream(
                 "POST", url, json={**body, "stream": True}, headers=headers, timeout=30
             ) as resp:
