@@ -6,7 +6,10 @@ streams nobody reads the ASGI ``receive`` channel and ``http.disconnect`` is nev
 ``http_request`` returns; the receive loop then waits on the next message, which is
 ``http.disconnect`` — either the client going away (the task is cancelled at once, which
 aborts the upstream request) or uvicorn reporting the response complete (the task is
-already done). Either way the consumer then stops. A body still incomplete after the
+already done). Either way the consumer then stops. When uvicorn cancels the request itself
+(the router's SIGTERM grace period is over), the handler is cancelled with ``cut_reason``
+``router_shutdown``: a stream ends with that terminal event and ``[DONE]``, a request not yet
+answered gets a 503 ``router_shutdown``. A body still incomplete after the
 router's ``body_timeout_s`` is answered 408 ``request_timeout`` and its connection closed.
 
 Per request this consumer makes no channel-layer call and no database thread hop: it never
@@ -43,6 +46,8 @@ Send = Callable[[dict[str, Any]], Awaitable[None]]
 _REQUEST_ID_RE = re.compile(rb"[A-Za-z0-9._:\-]{1,128}")
 JSON_HEADERS: tuple[tuple[bytes, bytes], ...] = ((b"content-type", b"application/json"),)
 _CLOSE: tuple[tuple[bytes, bytes], ...] = ((b"connection", b"close"),)
+ROUTER_SHUTDOWN = "router_shutdown"
+CUT_WAIT_S = 2.0  # the cut handler's last writes; bounded, the router is exiting
 
 
 def header(scope: Scope, name: bytes) -> bytes | None:
@@ -74,6 +79,7 @@ class GatewayConsumer(AsyncHttpConsumer, metaclass=abc.ABCMeta):  # type: ignore
         self.request_id = ""
         self.response_started = False
         self.response_finished = False
+        self.cut_reason: str | None = None  # set when the router itself ends the request
 
     # -- the ASGI loop, without a channel layer -------------------------------------------
 
@@ -91,8 +97,24 @@ class GatewayConsumer(AsyncHttpConsumer, metaclass=abc.ABCMeta):  # type: ignore
         try:
             with contextlib.suppress(StopConsumer):
                 await await_many_dispatch([receive], self.dispatch)
+        except asyncio.CancelledError:
+            await self._cut(ROUTER_SHUTDOWN)
+            raise
         finally:
             timer.cancel()
+
+    async def _cut(self, reason: str) -> None:
+        """uvicorn cancelled this request: the router's SIGTERM grace period is over. The
+        handler task is cancelled with ``cut_reason`` set, so a running stream ends with our
+        terminal event and ``[DONE]``; a request not yet answered gets the 503 ``reason``."""
+        task, self._task = self._task, None
+        self.cut_reason = reason
+        if task is not None and not task.done():
+            task.cancel()
+            await asyncio.wait([task], timeout=CUT_WAIT_S)
+        if not self.response_started:
+            with contextlib.suppress(OSError, RuntimeError):  # the client may be gone too
+                await self.send_error(ApiError.of(reason, headers=_CLOSE))
 
     async def dispatch(self, message: dict[str, Any]) -> None:
         # Channels' dispatch first runs close_old_connections in a thread; we hold no DB.

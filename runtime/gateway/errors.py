@@ -5,7 +5,8 @@ HTTP status, its OpenAI ``type`` and a message template. ``ApiError.of(code, **f
 the template (``ApiError.of("model_not_found", model="x", param="model")``), so status, type
 and wording always come from the table; a code missing from the table is a ``KeyError`` at the
 raise, and tests/runtime/gateway/test_gateway_units.py checks every code the gateway
-names. The mid-stream terminal error (``stream_broken``) and upstream refusals
+names. The mid-stream terminal errors (``stream_broken``, ``deadline_exceeded``,
+``router_shutdown``) and upstream refusals
 (``upstream_rejected``, whose status is the engine's own 4xx) read the same table.
 """
 
@@ -128,6 +129,10 @@ ERROR_KINDS: Final[Mapping[str, ErrorKind]] = MappingProxyType(
         "upstream_error": ErrorKind(502, UPSTREAM, "The model server failed: {reason}"),
         "stream_broken": ErrorKind(502, UPSTREAM, "upstream failed mid-stream"),
         "not_ready": ErrorKind(503, SERVER, "The router has no configuration snapshot yet."),
+        # the router's SIGTERM grace period ended with this request still running
+        "router_shutdown": ErrorKind(
+            503, SERVER, "The router is shutting down; its grace period for this request ended."
+        ),
         "no_healthy_endpoint": ErrorKind(
             503, SERVER, "No healthy endpoint is available for the model '{model}'."
         ),

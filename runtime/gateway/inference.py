@@ -101,7 +101,10 @@ class InferenceConsumer(GatewayConsumer):
             record.status, record.outcome = exc.status, exc.code or "error"
             raise
         except asyncio.CancelledError:
-            record.status, record.outcome = record.status or 499, "client_disconnected"
+            if self.cut_reason is not None:  # the router's grace period ended
+                record.status, record.outcome = record.status or 503, self.cut_reason
+            else:
+                record.status, record.outcome = record.status or 499, "client_disconnected"
             raise
         except Exception:
             record.status, record.outcome = record.status or 500, "internal_error"
@@ -345,6 +348,7 @@ class InferenceConsumer(GatewayConsumer):
                 metrics=state.metrics,
                 labels=labels,
                 on_tokens=grant.charge_output,
+                cut=lambda: self.cut_reason,
             )
         return await relay_unary(sink, upstream, headers=extra)
 

@@ -7,7 +7,9 @@ choices' final chunks carry the ``system_fingerprint`` that chunk had, as vLLM p
 for a client that did not ask. The
 stream ends with ``data: [DONE]\\n\\n``. If the upstream breaks after the first byte, a
 terminal chunk with ``finish_reason: "error"`` and an ``error`` object goes out, then
-``[DONE]``.
+``[DONE]``. If the router cuts the stream itself (its SIGTERM grace period ended: the
+relay's task is cancelled while ``cut()`` names a reason), the terminal chunk carries that
+reason's error (``router_shutdown``), then ``[DONE]``: a client never sees a bare close.
 
 While streaming, ``on_tokens(n)`` reports the generated chunks in batches of
 :data:`TOKEN_BATCH` (one chunk is about one token; a chat stream's opening role-only chunk is
@@ -17,6 +19,7 @@ streams, without a call per token.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from collections.abc import Callable, Iterable
@@ -106,13 +109,16 @@ def _frames(payloads: list[bytes], fingerprint: str | None = None) -> bytes:
     return b"".join(b"data: " + _stamped(p, fingerprint) + b"\n\n" for p in payloads)
 
 
-def terminal_error_chunk(kind: str, meta: _Meta, error: StreamBroken) -> bytes:
-    """The last chunk of a stream that broke after its first byte; its ``error`` object is
-    the table's ``deadline_exceeded`` or ``stream_broken``."""
+def broken_error(error: StreamBroken) -> ApiError:
+    """The table's error for an upstream that broke mid-stream."""
     if error.reason == "deadline":
-        failure = ApiError.of("deadline_exceeded", when="mid-stream")
-    else:
-        failure = ApiError.of("stream_broken")
+        return ApiError.of("deadline_exceeded", when="mid-stream")
+    return ApiError.of("stream_broken")
+
+
+def terminal_error_chunk(kind: str, meta: _Meta, failure: ApiError) -> bytes:
+    """The last chunk of a stream that ended in ``failure`` after its first byte (the
+    table's ``deadline_exceeded``, ``stream_broken`` or ``router_shutdown``)."""
     choice: dict[str, object] = {"index": 0, "finish_reason": "error"}
     if kind == "chat":
         choice["delta"] = {}
@@ -129,6 +135,26 @@ def terminal_error_chunk(kind: str, meta: _Meta, error: StreamBroken) -> bytes:
     return msgspec.json.encode(document)
 
 
+class _TokenBatches:
+    """Reports generated chunks to ``on_tokens`` in batches of :data:`TOKEN_BATCH`."""
+
+    def __init__(self, on_tokens: Callable[[int], None] | None) -> None:
+        self.on_tokens = on_tokens
+        self.unreported = 0
+
+    def count(self) -> None:
+        if self.on_tokens is None:
+            return
+        self.unreported += 1
+        if self.unreported >= TOKEN_BATCH:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.on_tokens is not None and self.unreported:
+            self.on_tokens(self.unreported)
+        self.unreported = 0
+
+
 async def relay_stream(
     sink: ResponseSink,
     upstream: UpstreamResponse,
@@ -139,14 +165,18 @@ async def relay_stream(
     metrics: RouterMetrics,
     labels: StageLabels,
     on_tokens: Callable[[int], None] | None = None,
+    cut: Callable[[], str | None] | None = None,
 ) -> RelayResult:
-    """Relay an SSE stream; the first event is already buffered in ``upstream``."""
+    """Relay an SSE stream; the first event is already buffered in ``upstream``.
+
+    ``cut()``, asked when the relay is cancelled, names the error code the router cuts the
+    stream with (None: the client went away, nothing more is sent)."""
     inter_token = metrics.stage_observer("inter_token", labels)
     result = RelayResult()
     meta: _Meta | None = None
     await sink.start_response(200, [*SSE_HEADERS, *headers])
     last = time.perf_counter()  # not loop.time(): uvloop's clock ticks in milliseconds
-    unreported = 0
+    tokens = _TokenBatches(on_tokens)
     # The router asks upstream for usage even when the client did not; then each choice's
     # final chunk waits for the usage chunk (dropped), which tells what vLLM would have put
     # on it: the system fingerprint. The client sees what the engine alone would send.
@@ -175,25 +205,34 @@ async def relay_stream(
                 # A chat stream opens with a role-only chunk (no token); usage-only chunks
                 # carry none either.
                 opening = kind == "chat" and result.events == 1
-                if on_tokens is not None and not opening and (probe is None or probe.choices):
-                    unreported += 1
-                    if unreported >= TOKEN_BATCH:
-                        on_tokens(unreported)
-                        unreported = 0
+                if not opening and (probe is None or probe.choices):
+                    tokens.count()
                 if not include_usage and _is_final(payload):
                     held.append(payload)
                     continue
                 await sink.send_chunk(b"data: " + payload + b"\n\n")
     except StreamBroken as exc:
         result.outcome = "deadline_exceeded" if exc.reason == "deadline" else "stream_broken"
-        frame = terminal_error_chunk(kind, meta or _Meta(), exc)
-        await sink.send_chunk(_frames(held) + b"data: " + frame + b"\n\n" + DONE_FRAME, last=True)
+        await _end_with(sink, kind, meta, broken_error(exc), held)
         return result
+    except asyncio.CancelledError:
+        reason = cut() if cut is not None else None
+        if reason is not None:  # the router cuts it (held chunks are not final any more)
+            result.outcome = reason
+            await _end_with(sink, kind, meta, ApiError.of(reason), [])
+        raise
     finally:
-        if on_tokens is not None and unreported:
-            on_tokens(unreported)
+        tokens.flush()
     await sink.send_chunk(_frames(held) + DONE_FRAME, last=True)
     return result
+
+
+async def _end_with(
+    sink: ResponseSink, kind: str, meta: _Meta | None, failure: ApiError, held: list[bytes]
+) -> None:
+    """End a stream with the terminal chunk of ``failure`` and ``[DONE]``."""
+    frame = terminal_error_chunk(kind, meta or _Meta(), failure)
+    await sink.send_chunk(_frames(held) + b"data: " + frame + b"\n\n" + DONE_FRAME, last=True)
 
 
 async def relay_unary(

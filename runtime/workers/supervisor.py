@@ -113,6 +113,9 @@ class SupervisorSettings:
     warmup_timeout_s: float = 120.0
     grace_s: float = 30.0  # draining: how long in-flight requests may still run
     stop_timeout_s: float = 15.0  # SIGTERM -> SIGKILL
+    # After a death the rest of the engine is broken: SIGTERM -> SIGKILL this soon. (vLLM's
+    # engine core outlived its killed API server by ~10 s on SIGTERM, delaying the restart.)
+    dead_stop_timeout_s: float = 1.0
     heartbeat_ttl_s: float = 15.0
     drain_poll_s: float = 0.25
     handle_signals: bool = True  # False when run() is not on the main thread
@@ -292,7 +295,7 @@ class Supervisor:
             if heartbeat is not None:
                 await heartbeat.set_state("restarting")
             await self._hooks.on_unhealthy(died)  # routers stop sending it traffic at once
-            await engine.stop(self._settings.stop_timeout_s)  # the rest of its group
+            await engine.stop(self._settings.dead_stop_timeout_s)  # the rest of its group
             log.warning("%s: endpoint marked unhealthy, the engine's group stopped", died)
             return died
         if heartbeat is not None:

@@ -13,7 +13,7 @@ from gateway_fleet import World
 from runtime.gateway.admit import _LIMIT_CODES
 from runtime.gateway.config import ConfigError, RouterConfig
 from runtime.gateway.errors import ERROR_KINDS, ApiError, error_body, upstream_refusal
-from runtime.gateway.relay import _Meta, terminal_error_chunk
+from runtime.gateway.relay import _Meta, broken_error, terminal_error_chunk
 from runtime.gateway.resolve import resolve_class, resolve_model, resolve_timeout
 from runtime.gateway.upstream_errors import dispatch_error
 from runtime.scheduling.interfaces import DropReason
@@ -189,16 +189,15 @@ TEXT_END = {"index": 0, "finish_reason": "error", "text": ""}
         ("chat", "disconnected", CHAT_END, "stream_broken"),
         ("completion", "truncated", TEXT_END, "stream_broken"),
         ("chat", "deadline", CHAT_END, "deadline_exceeded"),
+        ("chat", "", CHAT_END, "router_shutdown"),  # the router cuts it at the grace's end
+        ("completion", "", TEXT_END, "router_shutdown"),
     ],
 )
 def test_terminal_error_chunk(
     kind: str, reason: str, expected_choice: dict[str, object], code: str
 ) -> None:
-    chunk = json.loads(
-        terminal_error_chunk(
-            kind, _Meta(id="c1", created=5, model="m"), StreamBroken("x", reason=reason)
-        )
-    )
+    failure = broken_error(StreamBroken("x", reason=reason)) if reason else ApiError.of(code)
+    chunk = json.loads(terminal_error_chunk(kind, _Meta(id="c1", created=5, model="m"), failure))
     assert chunk["id"] == "c1"
     assert chunk["created"] == 5
     assert chunk["object"] == ("chat.completion.chunk" if kind == "chat" else "text_completion")

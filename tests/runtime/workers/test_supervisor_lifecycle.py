@@ -255,6 +255,34 @@ async def test_death_of_any_engine_process_restarts_it_after_a_fresh_warmup(
     assert heartbeat(redis_client) is None
 
 
+async def test_after_a_death_the_rest_of_the_group_is_killed_without_a_long_grace(
+    spec, tmp_path, redis_client
+):
+    """kill -9 of the leader (vLLM's API server) leaves a process that ignores SIGTERM (vLLM's
+    engine core took ~10 s): it is SIGKILLed after ``dead_stop_timeout_s`` (1 s), not after
+    the drain-time ``stop_timeout_s`` (15 s), so the restart starts at once."""
+    hooks = Recorder()
+    once = tmp_path / "deaf-started"  # only the first engine gets the SIGTERM-deaf process
+    deaf = f"[ -e {once} ] || {{ touch {once}; (trap '' TERM; exec sleep 301) & }}"
+    sidekick_spec = with_sidekick(spec, tmp_path, body=deaf)
+    supervisor = make_supervisor(sidekick_spec, hooks, tmp_path, restart_backoff_s=0.1)
+    run = asyncio.create_task(supervisor.run())
+    await wait_event(hooks.events["ready"])
+    first = supervisor.engine
+    members = first.members()
+    await asyncio.sleep(WATCH_SETTLE_S)  # the scenario: a failure once it serves, not a helper
+    killed_at = time.monotonic()
+    os.kill(first.pid, signal.SIGKILL)
+    await async_eventually(lambda: supervisor.engine is not first, timeout=30, what="restart")
+    restarted_s = time.monotonic() - killed_at
+    assert not [pid for pid in members if pid_alive(pid)]  # the SIGTERM-deaf one too
+    print(f"\nrest of the dead engine's group gone, restart begun {restarted_s:.2f} s after kill")
+    assert restarted_s < 5.0
+    await wait_for_call(hooks, "ready", 2)
+    supervisor.request_stop()
+    await asyncio.wait_for(run, 60)
+
+
 async def test_a_crash_loop_gives_up_and_says_why(spec, tmp_path, redis_client):
     launches = tmp_path / "launches"
     # The first launch serves; every later one exits at once with code 3.
