@@ -40,6 +40,11 @@ import msgspec
 import redis.asyncio as aioredis
 from redis.exceptions import NoScriptError, RedisError
 
+from runtime.admission.allowance import (
+    GRANT_LUA,
+    RETURN_LUA,
+    Allowances,
+)
 from runtime.admission.credits import (
     NO_ASK,
     CreditAsk,
@@ -241,6 +246,7 @@ class RedisLimits:
         lease_ttl_s: float = 30.0,
         timeout_s: float = 0.5,
         retry_s: float = 2.0,
+        allowance_ttl_s: float | None = 1.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if not lease_ttl_s > 0:
@@ -260,6 +266,15 @@ class RedisLimits:
         self._admit: Any = None
         self._settle: Any = None
         self._renew: Any = None
+        self._grant: Any = None
+        self._return: Any = None
+        # Pre-granted allowances (see :mod:`.allowance`); None: every request goes to Redis.
+        self.allowances = (
+            None if allowance_ttl_s is None else Allowances(ttl_s=allowance_ttl_s, clock=clock)
+        )
+        self._share = 4 * replicas
+        self._allowance_wake = asyncio.Event()
+        self._allowance_task: asyncio.Task[None] | None = None
         self._down_until = 0.0
         self._down = False
         self._active: dict[str, Lease] = {}
@@ -291,11 +306,17 @@ class RedisLimits:
         self._admit = self._client.register_script(ADMIT_LUA)
         self._settle = self._client.register_script(SETTLE_LUA)
         self._renew = self._client.register_script(RENEW_LUA)
+        self._grant = self._client.register_script(GRANT_LUA)
+        self._return = self._client.register_script(RETURN_LUA)
         if self._spool is not None:
             self._spool.open()
             self._replay_spool()
         self._stopping = False
         self._task = asyncio.create_task(self._run(), name="limits-settler")
+        if self.allowances is not None:
+            self._allowance_task = asyncio.create_task(
+                self._run_allowances(), name="limits-allowances"
+            )
 
     def _replay_spool(self) -> None:
         """Queue what an earlier run left in the spool (applied once: see SETTLE_LUA)."""
@@ -315,6 +336,11 @@ class RedisLimits:
     async def stop(self) -> None:
         """Stop the background task after one last settlement flush; close the client."""
         self._stopping = True
+        self._allowance_wake.set()
+        allowance_task, self._allowance_task = self._allowance_task, None
+        if allowance_task is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await allowance_task
         self._wake.set()
         task, self._task = self._task, None
         if task is not None:
@@ -335,6 +361,12 @@ class RedisLimits:
         """Admit one request of ``tokens`` (prompt + max_tokens) whose worst case costs
         ``ask.need_uc``, or raise :class:`~.limits.LimitExceededError` /
         :class:`~.credits.CreditRefusedError`."""
+        if self.allowances is not None and ask.need_uc <= 0:  # escrow is not leased
+            taken = self.allowances.take(tenant, quota, tokens)
+            if self.allowances.wants:
+                self._allowance_wake.set()
+            if taken is not None:
+                return taken
         lease_id = uuid.uuid4().hex
         if self._admit is None or self._clock() < self._down_until:
             return self._acquire_local(lease_id, tenant, quota, tokens, ask)
@@ -385,7 +417,16 @@ class RedisLimits:
         if lease.settled:
             return
         lease.settled = True
-        if lease.source == "local":
+        drop = not served
+        if lease.source == "allowance":
+            assert self.allowances is not None
+            refund = settle_refund(lease, actual_tokens=actual_tokens, served=served)
+            refund, release = self.allowances.put_back(lease, refund)
+            if release:  # its allowance was given back meanwhile: free the slot in Redis
+                self._queue(Settlement(lease.tenant, lease.slot, 0, False, 0, "", "", ""))
+            if served and refund == 0 and cost_uc <= 0 and not event:
+                return  # memory only
+        elif lease.source == "local":
             self.local.settle(lease, actual_tokens=actual_tokens, served=served)
             refund, drop = 0, False  # its limits were local: only the credits go to Redis
             if cost_uc <= 0 and not event:
@@ -393,11 +434,12 @@ class RedisLimits:
         else:
             self._active.pop(lease.id, None)
             refund = settle_refund(lease, actual_tokens=actual_tokens, served=served)
-            drop = not served
         day, month = period_fields()
-        item = Settlement(tenant=lease.tenant, lease=lease.id, refund=refund, drop_rpm=drop,
-                          cost_uc=max(0, cost_uc), day=day, month=month,
-                          event=event.decode())  # fmt: skip
+        self._queue(Settlement(tenant=lease.tenant, lease=lease.id, refund=refund,
+                               drop_rpm=drop, cost_uc=max(0, cost_uc), day=day, month=month,
+                               event=event.decode()))  # fmt: skip
+
+    def _queue(self, item: Settlement) -> None:
         if self._spool is not None:
             self._spool.append(_SPOOL_ENCODER.encode(item))
         if len(self._settles) < _MAX_PENDING_SETTLES:  # beyond: the spool still has it
@@ -461,14 +503,16 @@ class RedisLimits:
 
     async def renew(self) -> int:
         """Push the lease expiry of this router's running requests (one pipeline)."""
-        if not self._active or self._client is None:
+        if self._client is None or not (self._active or self.allowances is not None):
             return 0
-        by_tenant: dict[str, list[str]] = {}
+        by_tenant = {} if self.allowances is None else self.allowances.slots()
         for lease in self._active.values():
             by_tenant.setdefault(lease.tenant, []).append(lease.id)
         calls = [
             ([self.keys(tenant)[2]], [self._lease_ms, *ids]) for tenant, ids in by_tenant.items()
         ]
+        if not calls:
+            return 0
         try:
             await self._pipelined(self._renew, RENEW_LUA, calls)
         except (RedisError, OSError) as exc:
@@ -495,6 +539,75 @@ class RedisLimits:
                 await self._client.script_load(source)  # type: ignore[no-untyped-call]
             else:
                 return
+
+    async def _run_allowances(self) -> None:
+        """Grant, drop and give back allowances: on demand, and every quarter ttl."""
+        assert self.allowances is not None
+        tick = self.allowances.ttl_s / 4.0
+        while not self._stopping:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(tick):
+                    await self._allowance_wake.wait()
+            self._allowance_wake.clear()
+            await self.allowance_round()
+        await self.allowance_round(everything=True)
+
+    async def allowance_round(self, *, everything: bool = False) -> None:
+        """One pipeline: the grants asked for and the unused allowance given back."""
+        assert self.allowances is not None
+        asks = [] if everything else self.allowances.asks()
+        gives = self.allowances.expire(everything=everything)
+        if (not asks and not gives) or self._client is None or self._clock() < self._down_until:
+            for ask in asks:
+                self.allowances.failed(ask)
+            return
+        window_ms = int(WINDOW_S * 1000)
+        ttl_ms = int(self.allowances.ttl_s * 1000)
+        calls: list[tuple[Any, str, list[str], list[Any]]] = [
+            (self._grant, GRANT_LUA, self.keys(a.tenant)[:3],
+             a.args(ttl_ms=ttl_ms, lease_ms=self._lease_ms, window_ms=window_ms,
+                    share=self._share))
+            for a in asks
+        ]  # fmt: skip
+        calls += [(self._return, RETURN_LUA, self.keys(g.tenant)[:3], g.args()) for g in gives]
+        try:
+            answers = await self._evaluate(calls)
+        except (RedisError, OSError) as exc:
+            self._went_down(exc)
+            for ask in asks:  # what was granted meanwhile, if anything, expires on its own
+                self.allowances.failed(ask)
+            return
+        for ask, answer in zip(asks, answers, strict=False):
+            requests, tokens, slots = (int(x) for x in answer)
+            self.allowances.granted(ask, requests, tokens, slots)
+
+    async def _evaluate(self, calls: list[tuple[Any, str, list[str], list[Any]]]) -> list[Any]:
+        """Run scripts in one pipeline and return their answers; a script Redis forgot is
+        loaded and its calls run again (a grant twice: the same entries and slots, its
+        tokens debited twice, which errs on the safe side)."""
+        assert self._client is not None
+        answers: list[Any] = [None] * len(calls)
+        todo = list(range(len(calls)))
+        for attempt in range(2):
+            pipe = self._client.pipeline(transaction=False)
+            for i in todo:
+                script, _, keys, args = calls[i]
+                pipe.evalsha(script.sha, len(keys), *keys, *args)
+            results = await pipe.execute(raise_on_error=False)
+            missing = []
+            for i, result in zip(todo, results, strict=True):
+                if isinstance(result, NoScriptError) and not attempt:
+                    missing.append(i)
+                elif isinstance(result, Exception):
+                    raise result
+                else:
+                    answers[i] = result
+            if not missing:
+                break
+            for source in {calls[i][1] for i in missing}:
+                await self._client.script_load(source)  # type: ignore[no-untyped-call]
+            todo = missing
+        return answers
 
     def _went_down(self, exc: BaseException) -> None:
         self._down_until = self._clock() + self._retry_s
