@@ -60,7 +60,7 @@ local tokens, ts = tonumber(b[1]), tonumber(b[2])
 if tokens == nil or ts == nil then tokens, ts = tpm, now end
 tokens = math.min(tpm, tokens + math.max(0, now - ts) * tpm / window)
 local tk = math.min(want_t, math.floor(math.max(0, tokens) / share))
-local held = redis.call('ZCOUNT', KEYS[3], now, '+inf')
+local held = #redis.call('ZRANGEBYSCORE', KEYS[3], now, '+inf')
 local c = math.min(want_c, math.floor((conc - held) / share))
 if r < min_r or tk < 1 or (want_c > 0 and c < 1) then return {0, 0, 0} end
 for i = 1, r do redis.call('ZADD', KEYS[1], now + ttl, gid .. ':r' .. i) end

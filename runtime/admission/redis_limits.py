@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 import uuid
 from collections.abc import Callable
@@ -273,8 +274,6 @@ class RedisLimits:
             None if allowance_ttl_s is None else Allowances(ttl_s=allowance_ttl_s, clock=clock)
         )
         self._share = 4 * replicas
-        self._allowance_wake = asyncio.Event()
-        self._allowance_task: asyncio.Task[None] | None = None
         self._down_until = 0.0
         self._down = False
         self._active: dict[str, Lease] = {}
@@ -313,10 +312,6 @@ class RedisLimits:
             self._replay_spool()
         self._stopping = False
         self._task = asyncio.create_task(self._run(), name="limits-settler")
-        if self.allowances is not None:
-            self._allowance_task = asyncio.create_task(
-                self._run_allowances(), name="limits-allowances"
-            )
 
     def _replay_spool(self) -> None:
         """Queue what an earlier run left in the spool (applied once: see SETTLE_LUA)."""
@@ -336,11 +331,6 @@ class RedisLimits:
     async def stop(self) -> None:
         """Stop the background task after one last settlement flush; close the client."""
         self._stopping = True
-        self._allowance_wake.set()
-        allowance_task, self._allowance_task = self._allowance_task, None
-        if allowance_task is not None:
-            with contextlib.suppress(asyncio.CancelledError):
-                await allowance_task
         self._wake.set()
         task, self._task = self._task, None
         if task is not None:
@@ -364,7 +354,7 @@ class RedisLimits:
         if self.allowances is not None and ask.need_uc <= 0:  # escrow is not leased
             taken = self.allowances.take(tenant, quota, tokens)
             if self.allowances.wants:
-                self._allowance_wake.set()
+                self._wake.set()
             if taken is not None:
                 return taken
         lease_id = uuid.uuid4().hex
@@ -451,8 +441,10 @@ class RedisLimits:
     async def _run(self) -> None:
         renew_every = self._lease_ms / 3000.0
         next_renew = self._clock() + renew_every
+        tick = math.inf if self.allowances is None else self.allowances.ttl_s / 4.0
+        next_tick = self._clock() + tick
         while not self._stopping:
-            timeout = max(0.0, next_renew - self._clock())
+            timeout = max(0.0, min(next_renew, next_tick) - self._clock())
             if self._settles and self._down:
                 timeout = min(timeout, self._retry_s)
             with contextlib.suppress(TimeoutError):
@@ -460,9 +452,16 @@ class RedisLimits:
                     await self._wake.wait()
             self._wake.clear()
             await self.flush()
+            if self.allowances is not None and (
+                self.allowances.wants or self._clock() >= next_tick
+            ):  # grants asked for, entries past validity, idle tenants (see .allowance)
+                await self.allowance_round()
+                next_tick = self._clock() + tick
             if self._clock() >= next_renew:
                 await self.renew()
                 next_renew = self._clock() + renew_every
+        if self.allowances is not None:
+            await self.allowance_round(everything=True)
         await self.flush()
 
     async def flush(self) -> int:
@@ -539,18 +538,6 @@ class RedisLimits:
                 await self._client.script_load(source)  # type: ignore[no-untyped-call]
             else:
                 return
-
-    async def _run_allowances(self) -> None:
-        """Grant, drop and give back allowances: on demand, and every quarter ttl."""
-        assert self.allowances is not None
-        tick = self.allowances.ttl_s / 4.0
-        while not self._stopping:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(tick):
-                    await self._allowance_wake.wait()
-            self._allowance_wake.clear()
-            await self.allowance_round()
-        await self.allowance_round(everything=True)
 
     async def allowance_round(self, *, everything: bool = False) -> None:
         """One pipeline: the grants asked for and the unused allowance given back."""

@@ -36,8 +36,10 @@ def test_the_first_requests_go_the_exact_way_and_ask_for_a_grant() -> None:
     assert allowances.take("acme", QUOTA, 10) is None
     assert allowances.wants
     (ask,) = allowances.asks()
-    assert ask.tenant == "acme" and ask.quota == QUOTA
-    assert ask.requests >= MIN_GRANT and ask.tokens >= ask.requests * 10 - 1
+    assert ask.tenant == "acme"
+    assert ask.quota == QUOTA
+    assert ask.requests >= MIN_GRANT
+    assert ask.tokens >= ask.requests * 10 - 1
     assert ask.slots >= 2
     assert allowances.asks() == []  # one grant in flight per tenant
 
@@ -50,8 +52,10 @@ def test_requests_spend_the_grant_from_memory_and_settle_back_into_it() -> None:
     ask = granted(allowances, requests=10, tokens=100, slots=2)
     first = allowances.take("acme", QUOTA, 40)
     second = allowances.take("acme", QUOTA, 40)
-    assert first is not None and second is not None
-    assert first.source == "allowance" and first.id.startswith(ask.grant_id)
+    assert first is not None
+    assert second is not None
+    assert first.source == "allowance"
+    assert first.id.startswith(ask.grant_id)
     assert {first.slot, second.slot} == {f"{ask.grant_id}:c1", f"{ask.grant_id}:c2"}
     assert allowances.held("acme") == (8, 20.0, 0, 2)
     assert allowances.take("acme", QUOTA, 10) is None  # no free slot: the exact way
@@ -71,7 +75,9 @@ def test_entries_are_valid_for_less_than_the_ttl_and_stale_ones_are_given_back()
     clock.now += 0.96  # the grant was asked at 100.0: local validity ends at 100.95
     assert allowances.take("acme", QUOTA, 10) is None
     (give,) = allowances.expire()
-    assert give.tenant == "acme" and give.tokens == 0.0 and give.slots == ()
+    assert give.tenant == "acme"
+    assert give.tokens == 0.0
+    assert give.slots == ()
     assert set(give.entries) == {f"{ask.grant_id}:r{i}" for i in range(2, 6)}
     assert allowances.expire() == []
 
