@@ -39,6 +39,8 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, help="output folder (bench/results/<stamp>)")
     parser.add_argument("--no-pin", action="store_true",
                         help="do not pin routers to one core (taskset)")  # fmt: skip
+    parser.add_argument("--no-flame", action="store_true",
+                        help="no py-spy flame graphs of the Switchyard routers")  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -70,6 +72,7 @@ def _run_kwargs(args: argparse.Namespace, scenario: Scenario) -> dict[str, Any]:
         "redis_url": os.environ.get("REDIS_URL") or DEFAULT_REDIS_URL,
         "command": ["python", "-m", "bench", *sys.argv[1:]],
         "pin": not args.no_pin,
+        "flame": not args.no_flame,
     }
 
 

@@ -132,6 +132,8 @@ class _Allowance:
     since: float = 0.0
     avg_tokens: float = 0.0
     stale: list[str] = field(default_factory=list)  # entries past validity, to return
+    target: int = MIN_GRANT  # entries wanted at hand (from the demand at the last ask)
+    slot_target: int = 2
     asking: bool = False
     hungry: bool = False
     backoff_until: float = 0.0
@@ -148,8 +150,8 @@ class Allowances:
         *,
         ttl_s: float = 1.0,
         idle_s: float = 2.0,
-        max_requests: int = 64,
-        max_slots: int = 32,
+        max_requests: int = 256,
+        max_slots: int = 256,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if not ttl_s > 2 * _MARGIN_S:
@@ -186,7 +188,12 @@ class Allowances:
         a.busy.add(slot)
         a.tokens -= tokens
         a.last_used = now
-        if len(a.entries) < 2 or not a.free or a.tokens < 2 * a.avg_tokens:
+        low = max(2, a.target // 2)  # refill at half, so the next chunk comes before it ends
+        if (
+            len(a.entries) < low
+            or len(a.free) < a.slot_target // 4 + 1
+            or (a.tokens < low * a.avg_tokens)
+        ):
             a.hungry = True
         return Lease(id=entry, tenant=tenant, quota=quota, tokens=tokens, source="allowance",
                      slot=slot)  # fmt: skip
@@ -224,6 +231,7 @@ class Allowances:
             held = len(a.busy) + len(a.free)
             want_slots = min(self.max_slots, max(2, len(a.busy) + 2 + len(a.busy) // 2))
             slots = max(0, want_slots - held)
+            a.target, a.slot_target = target, want_slots
             a.asking, a.hungry = True, False
             out.append(GrantAsk(tenant, a.quota, uuid.uuid4().hex[:16], requests, tokens,
                                 slots, now))  # fmt: skip

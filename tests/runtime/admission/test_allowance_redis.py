@@ -21,7 +21,6 @@ from runtime.contract import limits_keys
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
 
 Factory = Callable[..., RedisLimits]
-MAX_GRANT = 64  # Allowances' default max_requests
 
 
 @pytest.fixture
@@ -74,7 +73,10 @@ async def test_two_routers_at_the_rpm_limit_never_admit_more_than_it(
     from_memory = sum(1 for lease in admitted if lease.source == "allowance")
     held = sum(r.allowances.held("acme")[0] for r in routers if r.allowances is not None)
     assert len(admitted) + held <= quota.rpm  # no overshoot, ever
-    assert len(admitted) >= quota.rpm - 2 * MAX_GRANT  # under-admission: within the bound
+    # Under-admission is what the other router holds unused at the end (each grant is at
+    # most 1/8 of the free headroom here: 2 assumed replicas); typically none is left.
+    assert len(admitted) >= quota.rpm * 3 // 4
+    print(f"\nadmitted {len(admitted)} (from memory {from_memory}), held unused {held}")
     assert from_memory >= len(admitted) // 2, (from_memory, len(admitted))
     for limits in routers:
         await limits.stop()  # gives the unused entries back
@@ -97,12 +99,13 @@ async def test_two_routers_at_the_concurrency_limit_hold_at_most_it(
         await limits.start()
     quota = Quota(rpm=100_000, tpm=10_000_000, concurrency=40)
     holding: list[tuple[RedisLimits, Lease]] = []
-    peak = 0
+    peak = from_memory = 0
     for step in range(300):
         limits = routers[step % 2]
         lease = await attempt(limits, quota, 10)
         if lease is not None:
             holding.append((limits, lease))
+            from_memory += lease.source == "allowance"
         if step % 3 == 2 and holding:  # one ends for every three that start
             owner, done = holding.pop(0)
             owner.settle(done, actual_tokens=10, served=True)
@@ -114,7 +117,7 @@ async def test_two_routers_at_the_concurrency_limit_hold_at_most_it(
         assert client.zcount(limits_keys(prefix, "acme")[2], "-inf", "+inf") <= quota.concurrency
     finally:
         client.close()
-    assert any(lease.source == "allowance" for _, lease in holding)
+    assert from_memory > 0  # slots came from allowances while there was headroom
 
 
 async def test_the_tpm_bucket_is_never_overdrawn_through_allowances(
