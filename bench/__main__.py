@@ -34,7 +34,9 @@ def _targets(text: str | None, scenario: Scenario) -> list[str]:
 
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scenario", type=Path, required=True, help="scenario TOML file")
-    parser.add_argument("--size", choices=SIZES, default="smoke", help="(%(default)s)")
+    sizes = ", ".join(SIZES)
+    parser.add_argument("--size", default="smoke",
+                        help=f"{sizes} or one the scenario adds (%(default)s)")  # fmt: skip
     parser.add_argument("--targets", help=f"comma-separated, from: {', '.join(ALL)}")
     parser.add_argument("--out", type=Path, help="output folder (bench/results/<stamp>)")
     parser.add_argument("--no-pin", action="store_true",
