@@ -128,8 +128,9 @@ class _Allowance:
     free: list[str] = field(default_factory=list)
     busy: set[str] = field(default_factory=set)
     last_used: float = 0.0
-    demand: int = 0  # requests (admitted here or not) since the last grant
+    demand: int = 0  # requests (admitted here or not) since ``since``
     since: float = 0.0
+    rate: float = 0.0  # requests/s over the last full ttl
     avg_tokens: float = 0.0
     stale: list[str] = field(default_factory=list)  # entries past validity, to return
     target: int = MIN_GRANT  # entries wanted at hand (from the demand at the last ask)
@@ -177,6 +178,8 @@ class Allowances:
         if a is None:
             a = self._by_tenant[tenant] = _Allowance(quota=quota, since=now, last_used=now)
         a.demand += 1
+        if now - a.since >= self.ttl_s:  # a new rate window
+            a.rate, a.demand, a.since = a.demand / (now - a.since), 0, now
         a.avg_tokens = tokens if a.avg_tokens == 0 else 0.8 * a.avg_tokens + 0.2 * tokens
         while a.entries and a.entries[0][1] <= now:
             a.stale.append(a.entries.popleft()[0])  # past its validity: :meth:`expire` returns it
@@ -191,7 +194,7 @@ class Allowances:
         low = max(2, a.target // 2)  # refill at half, so the next chunk comes before it ends
         if (
             len(a.entries) < low
-            or len(a.free) < a.slot_target // 4 + 1
+            or len(a.free) < max(2, a.slot_target // 4)
             or (a.tokens < low * a.avg_tokens)
         ):
             a.hungry = True
@@ -221,15 +224,15 @@ class Allowances:
         now = self._clock()
         out: list[GrantAsk] = []
         for tenant, a in self._by_tenant.items():
-            if not a.hungry or a.asking or now < a.backoff_until or a.demand < 2:
+            rate = max(a.rate, a.demand / max(now - a.since, 0.05))
+            if not a.hungry or a.asking or now < a.backoff_until or a.demand + a.rate < 2:
                 continue
-            rate = a.demand / max(now - a.since, 0.1)
             target = min(self.max_requests, max(MIN_GRANT, math.ceil(rate * self.ttl_s * 2)))
             valid = sum(1 for _, until in a.entries if until > now)
             requests = max(MIN_GRANT, target - valid)
-            tokens = max(1, math.ceil(requests * a.avg_tokens - max(a.tokens, 0.0)))
+            tokens = max(1, math.ceil((valid + requests) * a.avg_tokens - max(a.tokens, 0.0)))
             held = len(a.busy) + len(a.free)
-            want_slots = min(self.max_slots, max(2, len(a.busy) + 2 + len(a.busy) // 2))
+            want_slots = min(self.max_slots, 2 * len(a.busy) + 4)
             slots = max(0, want_slots - held)
             a.target, a.slot_target = target, want_slots
             a.asking, a.hungry = True, False
@@ -249,7 +252,6 @@ class Allowances:
                 a.asking = False
             return
         a.asking = False
-        a.demand, a.since = 0, now
         if requests == 0:
             a.backoff_until = now + self.ttl_s
             return
