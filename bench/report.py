@@ -218,16 +218,30 @@ def contention(scenario: Scenario, phases: Mapping[str, Any]) -> dict[str, Any] 
     return out
 
 
-def workers(per_core: Mapping[str, Any]) -> dict[str, Any] | None:
+def _peak_rps(phases: Mapping[str, Any], target: str) -> float | None:
+    """The highest requests/s ``target`` achieved in a phase, errors within bounds."""
+    rates = [d["targets"][target]["achieved_rps"] for d in phases.values()
+             if target in d["targets"]
+             and d["targets"][target]["error_rate"] <= MAX_ERROR_RATE]  # fmt: skip
+    return max(rates, default=None)
+
+
+def workers(
+    per_core: Mapping[str, Any], phases: Mapping[str, Any] | None = None
+) -> dict[str, Any] | None:
     """Requests/s at the added-p99 budget with one router worker and with two
-    (``switchyard`` vs ``switchyard-2w``); None unless both ran."""
+    (``switchyard`` vs ``switchyard-2w``), and the peak requests/s each sustained at any
+    latency; None unless both ran."""
     one, two = per_core.get("switchyard"), per_core.get("switchyard-2w")
     if one is None or two is None:
         return None
     a, b = one.get("achieved_rps"), two.get("achieved_rps")
     bound = bool(one.get("lower_bound")) or bool(two.get("lower_bound"))
+    peak_a = _peak_rps(phases or {}, "switchyard")
+    peak_b = _peak_rps(phases or {}, "switchyard-2w")
     return {"one_worker_rps": a, "two_workers_rps": b, "ratio": _ratio(b, a),
-            "lower_bound": bound}  # fmt: skip
+            "lower_bound": bound, "one_worker_peak_rps": peak_a,
+            "two_workers_peak_rps": peak_b, "peak_ratio": _ratio(peak_b, peak_a)}  # fmt: skip
 
 
 def goals(
@@ -290,7 +304,7 @@ def analyse(
     per_core = rps_per_core(phases, added, cpus, scenario.report.added_p99_budget_ms)
     eff = cpu_efficiency(phases)
     cont = contention(scenario, phases)
-    scaling = workers(per_core)
+    scaling = workers(per_core, phases)
     return {
         "comparisons": {
             "added_latency": added,

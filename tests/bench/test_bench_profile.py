@@ -46,7 +46,14 @@ def test_two_workers_against_one_at_the_budget() -> None:
         "switchyard": {"achieved_rps": 100.0, "lower_bound": False},
         "switchyard-2w": {"achieved_rps": 170.0, "lower_bound": False},
     }
-    assert workers(per_core) == {
+    phases = {
+        "a": {"targets": {"switchyard": {"achieved_rps": 120.0, "error_rate": 0.0},
+                          "switchyard-2w": {"achieved_rps": 240.0, "error_rate": 0.0}}},
+        "b": {"targets": {"switchyard": {"achieved_rps": 130.0, "error_rate": 0.4},
+                          "switchyard-2w": {"achieved_rps": 300.0, "error_rate": 0.0}}},
+    }  # fmt: skip
+    assert workers(per_core, phases) == {
         "one_worker_rps": 100.0, "two_workers_rps": 170.0, "ratio": 1.7, "lower_bound": False,
+        "one_worker_peak_rps": 120.0, "two_workers_peak_rps": 300.0, "peak_ratio": 2.5,
     }  # fmt: skip
     assert workers({"switchyard": per_core["switchyard"]}) is None
