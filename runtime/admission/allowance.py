@@ -20,8 +20,9 @@ Global correctness (the bound):
 - **Bounded under-admission.** Another router may be refused while this one holds unused
   allowance. Each grant takes at most ``1 / share`` of the free headroom (``share`` = 4 x
   the assumed replica count), at most ``max_requests`` entries and ``max_slots`` slots,
-  and nothing when that is under :data:`MIN_GRANT` (so a tenant near its limit, or one
-  with a small limit, is admitted exactly). Unused entries go back within ``ttl`` plus
+  and nothing when that is under :data:`MIN_GRANT` entries or the tokens of
+  :data:`MIN_GRANT` average requests (so a tenant near its limit, or one with a small
+  limit, is admitted exactly). Unused entries go back within ``ttl`` plus
   one background tick; a leased request's entry counts in the window up to ``ttl`` longer.
 
 Everything here is pure logic on an injected clock; :class:`~.redis_limits.RedisLimits`
@@ -43,8 +44,8 @@ MIN_GRANT = 2  # fewer RPM entries than this: no allowance (exact per-request pa
 _MARGIN_S = 0.05  # local validity ends this much before Redis's score (clock drift, RTT)
 
 # KEYS: rpm, tpm, conc. ARGV: grant id, rpm, tpm, concurrency, wanted entries, tokens,
-# slots, ttl ms, lease ms, window ms, share, min entries. Returns {entries, tokens, slots}
-# granted (all 0: none, the tenant is near a limit).
+# slots, ttl ms, lease ms, window ms, share, min entries, min tokens. Returns {entries,
+# tokens, slots} granted (all 0: none, the tenant is near a limit).
 GRANT_LUA = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -52,7 +53,7 @@ local gid = ARGV[1]
 local rpm, tpm, conc = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local want_r, want_t, want_c = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
 local ttl, lease, window = tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
-local share, min_r = tonumber(ARGV[11]), tonumber(ARGV[12])
+local share, min_r, min_t = tonumber(ARGV[11]), tonumber(ARGV[12]), tonumber(ARGV[13])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - window)
 local r = math.min(want_r, math.floor((rpm - redis.call('ZCARD', KEYS[1])) / share))
 local b = redis.call('HMGET', KEYS[2], 'tokens', 'ts')
@@ -62,7 +63,7 @@ tokens = math.min(tpm, tokens + math.max(0, now - ts) * tpm / window)
 local tk = math.min(want_t, math.floor(math.max(0, tokens) / share))
 local held = #redis.call('ZRANGEBYSCORE', KEYS[3], now, '+inf')
 local c = math.min(want_c, math.floor((conc - held) / share))
-if r < min_r or tk < 1 or (want_c > 0 and c < 1) then return {0, 0, 0} end
+if r < min_r or tk < min_t or (want_c > 0 and c < 1) then return {0, 0, 0} end
 for i = 1, r do redis.call('ZADD', KEYS[1], now + ttl, gid .. ':r' .. i) end
 redis.call('PEXPIRE', KEYS[1], window + ttl + 1000)
 local left = tokens - tk
@@ -100,11 +101,13 @@ class GrantAsk:
     tokens: int
     slots: int
     asked_at: float  # the local clock when asked: validity counts from here
+    min_tokens: int = 1  # fewer tokens than this (MIN_GRANT average requests): no grant
 
     def args(self, *, ttl_ms: int, lease_ms: int, window_ms: int, share: int) -> list[object]:
         q = self.quota
         return [self.grant_id, q.rpm, q.tpm, q.concurrency, self.requests, self.tokens,
-                self.slots, ttl_ms, lease_ms, window_ms, share, MIN_GRANT]  # fmt: skip
+                self.slots, ttl_ms, lease_ms, window_ms, share, MIN_GRANT,
+                self.min_tokens]  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,8 +239,9 @@ class Allowances:
             slots = max(0, want_slots - held)
             a.target, a.slot_target = target, want_slots
             a.asking, a.hungry = True, False
-            out.append(GrantAsk(tenant, a.quota, uuid.uuid4().hex[:16], requests, tokens,
-                                slots, now))  # fmt: skip
+            least = max(1, math.ceil(MIN_GRANT * a.avg_tokens))
+            out.append(GrantAsk(tenant, a.quota, uuid.uuid4().hex[:16], requests,
+                                max(tokens, least), slots, now, least))  # fmt: skip
         return out
 
     def granted(self, ask: GrantAsk, requests: int, tokens: int, slots: int) -> None:
