@@ -155,7 +155,7 @@ class Allowances:
         ttl_s: float = 1.0,
         idle_s: float = 2.0,
         max_requests: int = 256,
-        max_slots: int = 256,
+        max_slots: int = 1024,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if not ttl_s > 2 * _MARGIN_S:
