@@ -34,11 +34,15 @@ def _targets(text: str | None, scenario: Scenario) -> list[str]:
 
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scenario", type=Path, required=True, help="scenario TOML file")
-    parser.add_argument("--size", choices=SIZES, default="smoke", help="(%(default)s)")
+    sizes = ", ".join(SIZES)
+    parser.add_argument("--size", default="smoke",
+                        help=f"{sizes} or one the scenario adds (%(default)s)")  # fmt: skip
     parser.add_argument("--targets", help=f"comma-separated, from: {', '.join(ALL)}")
     parser.add_argument("--out", type=Path, help="output folder (bench/results/<stamp>)")
     parser.add_argument("--no-pin", action="store_true",
                         help="do not pin routers to one core (taskset)")  # fmt: skip
+    parser.add_argument("--no-flame", action="store_true",
+                        help="no py-spy flame graphs of the Switchyard routers")  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -70,6 +74,7 @@ def _run_kwargs(args: argparse.Namespace, scenario: Scenario) -> dict[str, Any]:
         "redis_url": os.environ.get("REDIS_URL") or DEFAULT_REDIS_URL,
         "command": ["python", "-m", "bench", *sys.argv[1:]],
         "pin": not args.no_pin,
+        "flame": not args.no_flame,
     }
 
 

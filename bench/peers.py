@@ -28,6 +28,9 @@ class Peer:
 PEERS = (
     Peer("vllm-router", "vllm-router==0.1.17", "vllm-router", "vllm-router", ("--help",)),
     Peer("litellm", "litellm[proxy]==1.106.2", "litellm[proxy]", "litellm", ("--version",)),
+    # Not a peer router: the sampling profiler whose flame graph of the router goes in the
+    # report (bench/profile.py); a wheel with its own binary, kept out of our venv too.
+    Peer("py-spy", "py-spy==0.4.3", "py-spy", "py-spy", ("--version",)),
 )
 CHECK_ENV = {"PATH": "/usr/bin:/bin", "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
 

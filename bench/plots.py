@@ -141,9 +141,15 @@ def tenant_share(report: Mapping[str, Any], path: Path) -> None:
 
 
 def router_resources(report: Mapping[str, Any], path: Path) -> None:
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (left, right, lag) = plt.subplots(1, 3, figsize=(16, 4))
     phases = _phases_by_load(report)
     for target in _targets(report):
+        lags = [(d["offered_rps"], d["targets"][target].get("event_loop_lag") or {})
+                for _, d in phases if target in d["targets"]]  # fmt: skip
+        lags = [(x, g) for x, g in lags if g.get("samples")]
+        if lags:
+            lag.plot([x for x, _ in lags], [g["mean_ms"] for _, g in lags], marker="o",
+                     label=target)  # fmt: skip
         pts = [(d["offered_rps"], d["targets"][target].get("usage")) for _, d in phases
                if target in d["targets"]]  # fmt: skip
         pts = [(x, u) for x, u in pts if u]
@@ -155,7 +161,8 @@ def router_resources(report: Mapping[str, Any], path: Path) -> None:
                    label=target)  # fmt: skip
     left.set(title="router CPU", xlabel="offered requests/s", ylabel="cores used")
     right.set(title="router memory", xlabel="offered requests/s", ylabel="peak RSS (MiB)")
-    for ax in (left, right):
+    lag.set(title="router event-loop lag", xlabel="offered requests/s", ylabel="mean lag (ms)")
+    for ax in (left, right, lag):
         ax.legend(fontsize=7)
         ax.grid(alpha=0.3)
     _save(fig, path)

@@ -23,10 +23,11 @@ SCHEMA = 1
 DIRECT = "direct"
 BARE = "bare-proxy"
 MAX_ERROR_RATE = 0.01  # a load counts as sustained only below this error rate
-GOALS = {
-    "added_ttft_p50_ms_unloaded": 0.7,
-    "added_ttft_p99_ms_unloaded": 2.0,
-    "rps_per_core_vs_bare_proxy": 0.7,
+GOALS = {  # issue #14's
+    "added_ttft_p50_ms_unloaded": 1.0,
+    "added_ttft_p99_ms_unloaded": 3.0,
+    "rps_per_core_vs_bare_proxy": 0.8,
+    "two_workers_vs_one": 1.7,
     "interactive_slo_attainment_under_flood": 0.99,
     "well_behaved_ttft_p95_flood_over_baseline": 1.2,
 }
@@ -217,12 +218,40 @@ def contention(scenario: Scenario, phases: Mapping[str, Any]) -> dict[str, Any] 
     return out
 
 
+def _peak_rps(phases: Mapping[str, Any], target: str) -> float | None:
+    """The highest requests/s ``target`` achieved in a phase, errors within bounds."""
+    rates = [d["targets"][target]["achieved_rps"] for d in phases.values()
+             if target in d["targets"]
+             and d["targets"][target]["error_rate"] <= MAX_ERROR_RATE]  # fmt: skip
+    return max(rates, default=None)
+
+
+def workers(
+    per_core: Mapping[str, Any], phases: Mapping[str, Any] | None = None
+) -> dict[str, Any] | None:
+    """Requests/s at the added-p99 budget with one router worker and with two
+    (``switchyard`` vs ``switchyard-2w``), and the peak requests/s each sustained at any
+    latency; None unless both ran."""
+    one, two = per_core.get("switchyard"), per_core.get("switchyard-2w")
+    if one is None or two is None:
+        return None
+    a, b = one.get("achieved_rps"), two.get("achieved_rps")
+    bound = bool(one.get("lower_bound")) or bool(two.get("lower_bound"))
+    peak_a = _peak_rps(phases or {}, "switchyard")
+    peak_b = _peak_rps(phases or {}, "switchyard-2w")
+    return {"one_worker_rps": a, "two_workers_rps": b, "ratio": _ratio(b, a),
+            "lower_bound": bound, "one_worker_peak_rps": peak_a,
+            "two_workers_peak_rps": peak_b, "peak_ratio": _ratio(peak_b, peak_a)}  # fmt: skip
+
+
 def goals(
     phases: Mapping[str, Any],
     added: Mapping[str, Any],
     per_core: Mapping[str, Any],
     eff: Mapping[str, Any],
     cont: Mapping[str, Any] | None,
+    *,
+    scaling: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The issue's targets for Switchyard, with what this run measured (not assertions).
 
@@ -249,10 +278,15 @@ def goals(
             target, phases, added, per_core, eff
         )
         measured["rps_per_core_vs_bare_proxy"] = ratio
+        if scaling is not None:
+            measured["two_workers_vs_one"] = scaling["ratio"]
+            notes["two_workers_vs_one"] = "requests/s at the added-p99 budget" + (
+                " (a lower bound: within budget at every load offered)"
+                if scaling["lower_bound"] else "")  # fmt: skip
     out: dict[str, Any] = {}
     for name, goal in GOALS.items():
         value = measured[name]
-        higher_is_better = name in ("rps_per_core_vs_bare_proxy",
+        higher_is_better = name in ("rps_per_core_vs_bare_proxy", "two_workers_vs_one",
                                     "interactive_slo_attainment_under_flood")  # fmt: skip
         met = None if value is None else (value >= goal if higher_is_better else value <= goal)
         out[name] = {"goal": goal, "measured": value, "met": met,
@@ -270,14 +304,16 @@ def analyse(
     per_core = rps_per_core(phases, added, cpus, scenario.report.added_p99_budget_ms)
     eff = cpu_efficiency(phases)
     cont = contention(scenario, phases)
+    scaling = workers(per_core, phases)
     return {
         "comparisons": {
             "added_latency": added,
             "rps_per_core": per_core,
             "cpu_efficiency": eff,
             "contention": cont,
+            "workers": scaling,
         },
-        "goals": goals(phases, added, per_core, eff, cont),
+        "goals": goals(phases, added, per_core, eff, cont, scaling=scaling),
     }
 
 

@@ -25,6 +25,7 @@ from bench.backends import start_backends, wait_idle
 from bench.loadgen import HeadersFor, run_phase
 from bench.metrics import phase_figures
 from bench.procs import Child, CpuSampler, StartError, router_cpus
+from bench.profile import FlameGraph, lag_figures, scrape_lag
 from bench.scenario import Scenario, SizeSpec
 from bench.targets import FACTORIES, Target, TargetContext, TargetUnavailableError
 from bench.workload import PhasePlan, Planned, plan_phase
@@ -119,13 +120,24 @@ async def measure(
     session: aiohttp.ClientSession,
     backends: Sequence[Child],
     keys: Mapping[str, str],
+    out_dir: Path | None = None,
 ) -> dict[str, Any]:
-    """Play ``plan`` against ``target`` from idle backends; its figures for the phase."""
+    """Play ``plan`` against ``target`` from idle backends; its figures for the phase.
+
+    A Switchyard router's phase also gets its event-loop lag and, with ``out_dir``, a
+    py-spy flame graph there (:mod:`bench.profile`).
+    """
     idle = await wait_idle(list(backends), session, timeout_s=max(spec.drain_timeout_s, 5.0))
     logger.info("phase %s (%.1f rps, %d requests) -> %s", plan.phase, plan.offered_rps,
                 len(plan.requests), target.name)  # fmt: skip
     stop = asyncio.Event()
     pids = target.pids()
+    profiled = target.name.startswith("switchyard") and bool(pids)
+    lag_before = await scrape_lag(session, target.base_urls[0]) if profiled else None
+    flame = None
+    if profiled and out_dir is not None:
+        flame = FlameGraph(pids[0], out_dir / f"flame-{target.name}-{plan.phase}.svg")
+        await flame.start()
     sampling = asyncio.create_task(CpuSampler(pids).run(stop))
     try:
         run = await run_phase(
@@ -137,7 +149,13 @@ async def measure(
     finally:
         stop.set()
         usage = await sampling
+        flamed = await flame.stop() if flame is not None else None
     figures = phase_figures(scenario, plan, run, usage if pids else None)
+    if lag_before is not None:
+        lag_after = await scrape_lag(session, target.base_urls[0])
+        figures["event_loop_lag"] = lag_figures(lag_before, lag_after or {})
+    if flamed is not None:
+        figures["flame_graph"] = flamed
     figures["backends_idle_at_start"] = idle
     return figures
 
@@ -159,6 +177,7 @@ async def execute(
     redis_url: str,
     command: list[str],
     routers: tuple[int, ...] = (),
+    flame: bool = True,
 ) -> dict[str, Any]:
     """Run ``scenario`` at ``size`` against ``target_names``; return the report's figures.
 
@@ -206,7 +225,7 @@ async def execute(
                     continue  # fmt: skip
                 entry["targets"][target.name] = await measure(
                     target, plan, scenario=scenario, spec=spec, session=session,
-                    backends=backends, keys=keys,
+                    backends=backends, keys=keys, out_dir=out_dir if flame else None,
                 )  # fmt: skip
             order = [t.name for t in targets]
             entry["targets"] = {n: entry["targets"][n] for n in order if n in entry["targets"]}

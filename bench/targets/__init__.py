@@ -18,6 +18,7 @@ FACTORIES: MappingProxyType[str, Callable[[], Target]] = MappingProxyType(
         "bare-proxy": lambda: BareProxyTarget(name="bare-proxy"),
         "switchyard-fcfs": lambda: SwitchyardTarget(name="switchyard-fcfs", fairness="fcfs"),
         "switchyard": lambda: SwitchyardTarget(name="switchyard"),
+        "switchyard-2w": lambda: SwitchyardTarget(name="switchyard-2w", workers=2),
         "vllm-router": lambda: VllmRouterTarget(name="vllm-router"),
         "litellm": lambda: LitellmTarget(name="litellm"),
     }

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -76,9 +77,20 @@ def build_snapshot(
     return world.snapshot()
 
 
+def worker_cpus(router_cpus: tuple[int, ...], workers: int) -> tuple[int, ...]:
+    """The routers' core, plus the next allowed ones down for extra workers (on a 2-core
+    machine a second worker shares a core with the load generator and backends)."""
+    if not router_cpus or workers <= 1:
+        return router_cpus
+    allowed = sorted(os.sched_getaffinity(0) | set(router_cpus), reverse=True)
+    extra = [c for c in allowed if c not in router_cpus][: workers - len(router_cpus)]
+    return (*router_cpus, *extra)
+
+
 @dataclass
 class SwitchyardTarget(Target):
     fairness: str | None = None  # overrides the scenario's pool policy "fairness"
+    workers: int = 1  # router processes (--workers); each gets a core of its own if it can
     _prefix: str = ""
     _redis_url: str = ""
     _env_keys: list[str] = field(default_factory=list)
@@ -118,11 +130,13 @@ class SwitchyardTarget(Target):
                 **ctx.scenario.switchyard.env,
             }
         )
+        cpus = worker_cpus(ctx.router_cpus, self.workers)
         argv = python_argv(
-            "runtime.gateway", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+            "runtime.gateway", "--host", "127.0.0.1", "--port", str(port),
+            "--workers", str(self.workers),
             "--log-level", ctx.scenario.switchyard.log_level, "--graceful-shutdown-s", "2",
         )  # fmt: skip
-        child = spawn(self.name, pinned(argv, ctx.router_cpus), port=port,
+        child = spawn(self.name, pinned(argv, cpus), port=port,
                       log_dir=ctx.work_dir, env=env, cwd=REPO_ROOT)  # fmt: skip
         self.children.append(child)
         await wait_http(child, ctx.session, "/readyz", timeout_s=ctx.start_timeout_s)
@@ -132,10 +146,11 @@ class SwitchyardTarget(Target):
                       timeout_s=ctx.start_timeout_s, child=child)  # fmt: skip
         self.base_urls = [child.base_url]
         self.info = {
-            "kind": "switchyard router (python -m runtime.gateway, 1 worker)",
+            "kind": f"switchyard router (python -m runtime.gateway, {self.workers} worker(s))",
             "policies": policies,
             "snapshot_prefix": f"{self._prefix}:snapshot",
-            "cpus": list(ctx.router_cpus),
+            "workers": self.workers,
+            "cpus": list(cpus),
         }
 
     def _publish(self, snapshot: Snapshot) -> None:

@@ -94,11 +94,12 @@ class Lease:
     tenant: str
     quota: Quota
     tokens: int  # debited from the TPM bucket at admission
-    source: str  # "redis" or "local": where it was admitted (and must be settled)
+    source: str  # "redis", "local" or "allowance": where it was admitted (and is settled)
     settled: bool = False
     ask: CreditAsk = NO_ASK  # the credit check it passed (see :mod:`.credits`)
     hold_uc: int = 0  # micro-credits held in escrow until settlement
     overdraft: bool = False  # admitted without escrow as best effort (overdraft to batch)
+    slot: str = ""  # the allowance's concurrency slot it holds (see :mod:`.allowance`)
 
 
 def settle_refund(lease: Lease, *, actual_tokens: int | None, served: bool) -> int:

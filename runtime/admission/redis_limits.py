@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 import uuid
 from collections.abc import Callable
@@ -40,6 +41,11 @@ import msgspec
 import redis.asyncio as aioredis
 from redis.exceptions import NoScriptError, RedisError
 
+from runtime.admission.allowance import (
+    GRANT_LUA,
+    RETURN_LUA,
+    Allowances,
+)
 from runtime.admission.credits import (
     NO_ASK,
     CreditAsk,
@@ -56,6 +62,7 @@ from runtime.admission.limits import (
     refusal,
     settle_refund,
 )
+from runtime.admission.scripts import ADMIT_LUA, RENEW_LUA, SETTLE_LUA
 from runtime.contract import (
     LIMITS_PREFIX,
     NAMESPACE,
@@ -70,135 +77,6 @@ from runtime.metering.spool import Spool
 from runtime.redis_conn import async_client
 
 logger = logging.getLogger(__name__)
-
-# KEYS: rpm, tpm, conc, credit, escrow. ARGV: lease id, rpm, tpm, concurrency, tokens,
-# lease ms, window ms, then the credit ask: need µc, day field, month field, day cap, month
-# cap (-1: none), overdraft ("1": admit without escrow when short).
-# Returns {status, retry_ms, detail, available µc, budget room µc (-1: no cap), held µc}:
-# status "ok" | "overdraft" | "rpm" | "tpm" | "concurrency" | "credits" | "budget".
-ADMIT_LUA = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local id = ARGV[1]
-local rpm, tpm, conc = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local debit, lease, window = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
-local need = tonumber(ARGV[8])
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - window)
-local used = redis.call('ZCARD', KEYS[1])
-if used >= rpm then
-  local oldest = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
-  return {'rpm', math.max(1, tonumber(oldest[2]) + window - now), used, 0, -1, 0}
-end
-local b = redis.call('HMGET', KEYS[2], 'tokens', 'ts')
-local tokens, ts = tonumber(b[1]), tonumber(b[2])
-if tokens == nil or ts == nil then tokens, ts = tpm, now end
-tokens = math.min(tpm, tokens + math.max(0, now - ts) * tpm / window)
-local want = math.min(debit, tpm)
-if tokens < want then
-  local wait = math.max(1, math.ceil((want - tokens) * window / tpm))
-  return {'tpm', wait, math.floor(tokens), 0, -1, 0}
-end
-local dead = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now)
-for _, lid in ipairs(dead) do
-  local amount = redis.call('HGET', KEYS[5], lid)
-  if amount then
-    redis.call('HDEL', KEYS[5], lid)
-    redis.call('HINCRBY', KEYS[4], 'escrow', -tonumber(amount))
-  end
-end
-redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
-local held = redis.call('ZCARD', KEYS[3])
-if held >= conc then
-  return {'concurrency', 1000, held, 0, -1, 0}
-end
-local status, hold, avail, room, capped = 'ok', 0, 0, 0, false
-if need > 0 then
-  local c = redis.call('HMGET', KEYS[4], 'balance', 'escrow', ARGV[9], ARGV[10])
-  local escrow = tonumber(c[2]) or 0
-  avail = (tonumber(c[1]) or 0) - escrow
-  local caps = {{tonumber(ARGV[11]), tonumber(c[3]) or 0},
-                {tonumber(ARGV[12]), tonumber(c[4]) or 0}}
-  for _, cap in ipairs(caps) do
-    if cap[1] >= 0 then
-      local left = cap[1] - cap[2] - escrow
-      if not capped or left < room then room = left end
-      capped = true
-    end
-  end
-  if capped and room < need then
-    return {'budget', 0, need, avail, math.max(0, room), 0}
-  end
-  if avail < need then
-    if ARGV[13] ~= '1' then return {'credits', 0, need, avail, capped and room or -1, 0} end
-    status = 'overdraft'
-  else
-    hold = need
-  end
-end
-redis.call('ZADD', KEYS[1], now, id)
-redis.call('PEXPIRE', KEYS[1], window + 1000)
-local left = tokens - debit
-redis.call('HSET', KEYS[2], 'tokens', tostring(left), 'ts', now)
-redis.call('PEXPIRE', KEYS[2], math.ceil((tpm - left) * window / tpm) + window)
-redis.call('ZADD', KEYS[3], now + lease, id)
-redis.call('PEXPIRE', KEYS[3], lease * 2)
-if hold > 0 then
-  redis.call('HSET', KEYS[5], id, hold)
-  redis.call('HINCRBY', KEYS[4], 'escrow', hold)
-  avail = avail - hold
-  room = room - hold
-end
-return {status, 0, 0, avail, capped and math.max(0, room) or -1, hold}
-"""
-
-# KEYS: rpm, tpm, conc, credit, escrow, usage stream, done marker. ARGV: lease id, tokens to
-# credit back, "1" to drop the RPM entry, cost µc, day field, month field, usage event ("" for
-# none), done TTL s. Charges min(cost, available after releasing this lease's escrow), so a
-# balance never goes negative (unless Redis lost the balance: then the full cost, and the
-# reconciliation re-bases it on the ledger); appends the event with the amount charged. A
-# lease settled before (a spool replay) changes nothing. Returns the µc charged (-1: replay).
-SETTLE_LUA = """
-if redis.call('SET', KEYS[7], '1', 'NX', 'EX', tonumber(ARGV[8])) == false then return -1 end
-redis.call('ZREM', KEYS[3], ARGV[1])
-if ARGV[3] == '1' then redis.call('ZREM', KEYS[1], ARGV[1]) end
-local refund = tonumber(ARGV[2])
-if refund ~= 0 and redis.call('EXISTS', KEYS[2]) == 1 then
-  redis.call('HINCRBYFLOAT', KEYS[2], 'tokens', refund)
-end
-local held = tonumber(redis.call('HGET', KEYS[5], ARGV[1]) or '0')
-if held > 0 then
-  redis.call('HDEL', KEYS[5], ARGV[1])
-  redis.call('HINCRBY', KEYS[4], 'escrow', -held)
-end
-local cost, charge = tonumber(ARGV[4]), 0
-if cost > 0 then
-  local c = redis.call('HMGET', KEYS[4], 'balance', 'escrow')
-  if c[1] == false then
-    charge = cost  -- a Redis that lost the balance: charge in full; reconciliation re-bases it
-  else
-    charge = math.max(0, math.min(cost, tonumber(c[1]) - (tonumber(c[2]) or 0)))
-  end
-  if charge > 0 then
-    redis.call('HINCRBY', KEYS[4], 'balance', -charge)
-    redis.call('HINCRBY', KEYS[4], ARGV[5], charge)
-    redis.call('HINCRBY', KEYS[4], ARGV[6], charge)
-  end
-end
-if ARGV[7] ~= '' then
-  redis.call('XADD', KEYS[6], '*', 'event', ARGV[7], 'charged', charge)
-end
-return charge
-"""
-
-# KEYS: conc. ARGV: lease ms, then lease ids. Pushes the expiry of leases still held.
-RENEW_LUA = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local lease = tonumber(ARGV[1])
-for i = 2, #ARGV do redis.call('ZADD', KEYS[1], 'XX', now + lease, ARGV[i]) end
-redis.call('PEXPIRE', KEYS[1], lease * 2)
-return #ARGV - 1
-"""
 
 _KINDS = {b"rpm": LimitKind.RPM, b"tpm": LimitKind.TPM, b"concurrency": LimitKind.CONCURRENCY}
 _CREDIT_KINDS = {b"credits": CreditKind.CREDITS, b"budget": CreditKind.BUDGET}
@@ -241,6 +119,7 @@ class RedisLimits:
         lease_ttl_s: float = 30.0,
         timeout_s: float = 0.5,
         retry_s: float = 2.0,
+        allowance_ttl_s: float | None = 1.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if not lease_ttl_s > 0:
@@ -260,6 +139,13 @@ class RedisLimits:
         self._admit: Any = None
         self._settle: Any = None
         self._renew: Any = None
+        self._grant: Any = None
+        self._return: Any = None
+        # Pre-granted allowances (see :mod:`.allowance`); None: every request goes to Redis.
+        self.allowances = (
+            None if allowance_ttl_s is None else Allowances(ttl_s=allowance_ttl_s, clock=clock)
+        )
+        self._share = 4 * replicas
         self._down_until = 0.0
         self._down = False
         self._active: dict[str, Lease] = {}
@@ -291,6 +177,8 @@ class RedisLimits:
         self._admit = self._client.register_script(ADMIT_LUA)
         self._settle = self._client.register_script(SETTLE_LUA)
         self._renew = self._client.register_script(RENEW_LUA)
+        self._grant = self._client.register_script(GRANT_LUA)
+        self._return = self._client.register_script(RETURN_LUA)
         if self._spool is not None:
             self._spool.open()
             self._replay_spool()
@@ -335,6 +223,12 @@ class RedisLimits:
         """Admit one request of ``tokens`` (prompt + max_tokens) whose worst case costs
         ``ask.need_uc``, or raise :class:`~.limits.LimitExceededError` /
         :class:`~.credits.CreditRefusedError`."""
+        if self.allowances is not None and ask.need_uc <= 0:  # escrow is not leased
+            taken = self.allowances.take(tenant, quota, tokens)
+            if self.allowances.wants:
+                self._wake.set()
+            if taken is not None:
+                return taken
         lease_id = uuid.uuid4().hex
         if self._admit is None or self._clock() < self._down_until:
             return self._acquire_local(lease_id, tenant, quota, tokens, ask)
@@ -385,7 +279,16 @@ class RedisLimits:
         if lease.settled:
             return
         lease.settled = True
-        if lease.source == "local":
+        drop = not served
+        if lease.source == "allowance":
+            assert self.allowances is not None
+            refund = settle_refund(lease, actual_tokens=actual_tokens, served=served)
+            refund, release = self.allowances.put_back(lease, refund)
+            if release:  # its allowance was given back meanwhile: free the slot in Redis
+                self._queue(Settlement(lease.tenant, lease.slot, 0, False, 0, "", "", ""))
+            if served and refund == 0 and cost_uc <= 0 and not event:
+                return  # memory only
+        elif lease.source == "local":
             self.local.settle(lease, actual_tokens=actual_tokens, served=served)
             refund, drop = 0, False  # its limits were local: only the credits go to Redis
             if cost_uc <= 0 and not event:
@@ -393,11 +296,12 @@ class RedisLimits:
         else:
             self._active.pop(lease.id, None)
             refund = settle_refund(lease, actual_tokens=actual_tokens, served=served)
-            drop = not served
         day, month = period_fields()
-        item = Settlement(tenant=lease.tenant, lease=lease.id, refund=refund, drop_rpm=drop,
-                          cost_uc=max(0, cost_uc), day=day, month=month,
-                          event=event.decode())  # fmt: skip
+        self._queue(Settlement(tenant=lease.tenant, lease=lease.id, refund=refund,
+                               drop_rpm=drop, cost_uc=max(0, cost_uc), day=day, month=month,
+                               event=event.decode()))  # fmt: skip
+
+    def _queue(self, item: Settlement) -> None:
         if self._spool is not None:
             self._spool.append(_SPOOL_ENCODER.encode(item))
         if len(self._settles) < _MAX_PENDING_SETTLES:  # beyond: the spool still has it
@@ -409,8 +313,10 @@ class RedisLimits:
     async def _run(self) -> None:
         renew_every = self._lease_ms / 3000.0
         next_renew = self._clock() + renew_every
+        tick = math.inf if self.allowances is None else self.allowances.ttl_s / 4.0
+        next_tick = self._clock() + tick
         while not self._stopping:
-            timeout = max(0.0, next_renew - self._clock())
+            timeout = max(0.0, min(next_renew, next_tick) - self._clock())
             if self._settles and self._down:
                 timeout = min(timeout, self._retry_s)
             with contextlib.suppress(TimeoutError):
@@ -418,9 +324,16 @@ class RedisLimits:
                     await self._wake.wait()
             self._wake.clear()
             await self.flush()
+            if self.allowances is not None and (
+                self.allowances.wants or self._clock() >= next_tick
+            ):  # grants asked for, entries past validity, idle tenants (see .allowance)
+                await self.allowance_round()
+                next_tick = self._clock() + tick
             if self._clock() >= next_renew:
                 await self.renew()
                 next_renew = self._clock() + renew_every
+        if self.allowances is not None:
+            await self.allowance_round(everything=True)
         await self.flush()
 
     async def flush(self) -> int:
@@ -461,14 +374,16 @@ class RedisLimits:
 
     async def renew(self) -> int:
         """Push the lease expiry of this router's running requests (one pipeline)."""
-        if not self._active or self._client is None:
+        if self._client is None or not (self._active or self.allowances is not None):
             return 0
-        by_tenant: dict[str, list[str]] = {}
+        by_tenant = {} if self.allowances is None else self.allowances.slots()
         for lease in self._active.values():
             by_tenant.setdefault(lease.tenant, []).append(lease.id)
         calls = [
             ([self.keys(tenant)[2]], [self._lease_ms, *ids]) for tenant, ids in by_tenant.items()
         ]
+        if not calls:
+            return 0
         try:
             await self._pipelined(self._renew, RENEW_LUA, calls)
         except (RedisError, OSError) as exc:
@@ -495,6 +410,63 @@ class RedisLimits:
                 await self._client.script_load(source)  # type: ignore[no-untyped-call]
             else:
                 return
+
+    async def allowance_round(self, *, everything: bool = False) -> None:
+        """One pipeline: the grants asked for and the unused allowance given back."""
+        assert self.allowances is not None
+        asks = [] if everything else self.allowances.asks()
+        gives = self.allowances.expire(everything=everything)
+        if (not asks and not gives) or self._client is None or self._clock() < self._down_until:
+            for ask in asks:
+                self.allowances.failed(ask)
+            return
+        window_ms = int(WINDOW_S * 1000)
+        ttl_ms = int(self.allowances.ttl_s * 1000)
+        calls: list[tuple[Any, str, list[str], list[Any]]] = [
+            (self._grant, GRANT_LUA, self.keys(a.tenant)[:3],
+             a.args(ttl_ms=ttl_ms, lease_ms=self._lease_ms, window_ms=window_ms,
+                    share=self._share))
+            for a in asks
+        ]  # fmt: skip
+        calls += [(self._return, RETURN_LUA, self.keys(g.tenant)[:3], g.args()) for g in gives]
+        try:
+            answers = await self._evaluate(calls)
+        except (RedisError, OSError) as exc:
+            self._went_down(exc)
+            for ask in asks:  # what was granted meanwhile, if anything, expires on its own
+                self.allowances.failed(ask)
+            return
+        for ask, answer in zip(asks, answers, strict=False):
+            requests, tokens, slots = (int(x) for x in answer)
+            self.allowances.granted(ask, requests, tokens, slots)
+
+    async def _evaluate(self, calls: list[tuple[Any, str, list[str], list[Any]]]) -> list[Any]:
+        """Run scripts in one pipeline and return their answers; a script Redis forgot is
+        loaded and its calls run again (a grant twice: the same entries and slots, its
+        tokens debited twice, which errs on the safe side)."""
+        assert self._client is not None
+        answers: list[Any] = [None] * len(calls)
+        todo = list(range(len(calls)))
+        for attempt in range(2):
+            pipe = self._client.pipeline(transaction=False)
+            for i in todo:
+                script, _, keys, args = calls[i]
+                pipe.evalsha(script.sha, len(keys), *keys, *args)
+            results = await pipe.execute(raise_on_error=False)
+            missing = []
+            for i, result in zip(todo, results, strict=True):
+                if isinstance(result, NoScriptError) and not attempt:
+                    missing.append(i)
+                elif isinstance(result, Exception):
+                    raise result
+                else:
+                    answers[i] = result
+            if not missing:
+                break
+            for source in {calls[i][1] for i in missing}:
+                await self._client.script_load(source)  # type: ignore[no-untyped-call]
+            todo = missing
+        return answers
 
     def _went_down(self, exc: BaseException) -> None:
         self._down_until = self._clock() + self._retry_s

@@ -36,6 +36,7 @@ from runtime.snapshot_loader import SnapshotLoader, SnapshotUnavailableError
 from runtime.telemetry.collectors import EndpointView
 from runtime.telemetry.live import LiveAggregator
 from runtime.telemetry.logging import REQUEST_LOGGER
+from runtime.telemetry.loop_lag import LoopLagProbe
 from runtime.telemetry.metrics import PoolView, RouterMetrics
 from runtime.telemetry.tracing import Tracing
 from runtime.telemetry.versions import VersionStats
@@ -75,6 +76,7 @@ class RouterState:
     rng: random.Random = field(default_factory=random.Random)
     request_log: logging.Logger = field(default_factory=lambda: logging.getLogger(REQUEST_LOGGER))
     snapshot_task: asyncio.Task[None] | None = None
+    loop_lag: LoopLagProbe | None = None  # the event loop's lag histogram (issue #14)
     coalescer: Coalescer | None = None  # runtime/batching, made on the first unary torch request
     cache: CacheFront | None = None  # runtime/cache, made on the first chat/completion request
     scaling: SignalsPublisher | None = None  # runtime/scaling: per-pool signals to Redis
@@ -139,6 +141,8 @@ class RouterState:
 
     async def start(self) -> None:
         """Start the background work; a missing snapshot is retried, not fatal (not ready)."""
+        if self.loop_lag is not None:
+            self.loop_lag.start()
         await self.key_usage.start()
         await self.version_stats.start()
         await self.shadow.start()
@@ -192,6 +196,8 @@ class RouterState:
         if self.cache is not None:
             await self.cache.close()
         await self.client.close()
+        if self.loop_lag is not None:
+            await self.loop_lag.stop()
         self.tracing.shutdown()
 
 
@@ -284,6 +290,7 @@ def build_state(config: RouterConfig) -> RouterState:
         meter=PoolMeter(SnapshotFleet(current, signals), engines=EngineScraper(current)),
         interval_s=config.scaling_signals_s,
     )
+    state.loop_lag = LoopLagProbe(metrics.registry)
     state.loader.add_swap_callback(state.on_snapshot)
     metrics.attach_scheduling(state.pool_views)
     metrics.attach_snapshot(loader)

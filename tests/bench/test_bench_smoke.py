@@ -35,7 +35,7 @@ REPORT_KEYS = {
     "schema", "scenario", "size", "seed", "command", "machine", "capacity_rps_estimate",
     "targets", "phases", "comparisons", "goals", "plots",
 }  # fmt: skip
-COMPARISON_KEYS = {"added_latency", "rps_per_core", "cpu_efficiency", "contention"}
+COMPARISON_KEYS = {"added_latency", "rps_per_core", "cpu_efficiency", "contention", "workers"}
 FIGURE_KEYS = {
     "sent", "ok", "achieved_rps", "error_rate", "rejected", "errors", "ttft_ms", "e2e_ms",
     "itl_ms", "send_lag_ms", "classes", "tenants", "jain_weighted", "jain_maxmin", "usage",
@@ -50,10 +50,12 @@ def _router_importable() -> bool:
     return True
 
 
-def _targets(*, litellm: bool) -> list[str]:
+def _targets(*, litellm: bool, workers: bool = False) -> list[str]:
     names = ["direct", "bare-proxy"]
     if _router_importable():
         names.append("switchyard")
+        if workers:
+            names.append("switchyard-2w")
     if VLLM_ROUTER.exists():
         names.append("vllm-router")
     if litellm and LITELLM.exists():
@@ -93,9 +95,23 @@ def _run(scenario: str, targets: list[str], out: Path) -> dict[str, object]:
 
 
 def test_latency_smoke(tmp_path: Path) -> None:
-    report = _run("latency", _targets(litellm=True), tmp_path / "latency")
+    targets = _targets(litellm=True, workers=True)
+    report = _run("latency", targets, tmp_path / "latency")
     assert set(report["phases"]) == {"unloaded", "load-100"}
     assert report["goals"]["added_ttft_p50_ms_unloaded"]["basis"] == "unloaded"
+    if "switchyard-2w" in targets:
+        assert report["comparisons"]["workers"] is not None
+    # The routers' profile: the event loop's lag, and a flame graph (or why not).
+    for phase in report["phases"].values():
+        for name in ("switchyard", "switchyard-2w"):
+            figures = phase["targets"].get(name)
+            if figures is None:
+                continue
+            assert figures["event_loop_lag"]["samples"] > 0
+            flame = figures["flame_graph"]
+            assert "svg" in flame or flame["skipped"]
+            if "svg" in flame:
+                assert (tmp_path / "latency" / flame["svg"]).read_text().startswith("<?xml")
 
 
 def test_contention_smoke(tmp_path: Path) -> None:

@@ -28,7 +28,8 @@ from apps.billing.services import (
 )
 from apps.core.selectors import snapshot_build
 from apps.tenants.models import AuditEvent, Tenant
-from runtime.admission.redis_limits import DONE_TTL_S, SETTLE_LUA
+from runtime.admission.redis_limits import DONE_TTL_S
+from runtime.admission.scripts import SETTLE_LUA
 from runtime.contract import USAGE_GROUP, credit_key, done_key, period_fields, usage_stream
 from runtime.metering.events import UsageEvent, encode_event
 

@@ -2,9 +2,10 @@
 
 A private ``redis-server`` makes every command attributable to the router under test. The
 router talks to Redis for the snapshot (load + pub/sub follow), the batched key-usage flush,
-the batched fairness-counter sync, and the tenant limits: per inference request exactly one
-``EVALSHA`` to admit it (RPM, TPM and concurrency, atomically) and one to settle it (batched
-with other settlements when requests overlap). Nothing else is added per request.
+the batched fairness-counter sync, and the tenant limits: at most one ``EVALSHA`` to admit a
+request (RPM, TPM and concurrency, atomically; a busy tenant's requests mostly come from a
+pre-granted allowance, one grant per chunk: runtime/admission/allowance.py) and one to settle
+it (batched with other settlements when requests overlap). Nothing else is added per request.
 """
 
 from __future__ import annotations
@@ -105,8 +106,8 @@ def test_requests_do_not_touch_redis_for_a_channel_layer(
         )
         assert not CHANNEL_LAYER_COMMANDS & set(busy)
         assert not [k for k in client.keys("*") if k.startswith(b"asgi")]
-        # The limits: one EVALSHA to admit and at most one to settle, per request (plus the
-        # first call of each script, which a fresh Redis answers NOSCRIPT, then loads).
+        # The limits: at most one EVALSHA to admit (allowance grants included) and one to
+        # settle, per request (plus the first call of each script: NOSCRIPT, then loaded).
         assert REQUESTS <= busy.get("evalsha", 0) <= 2 * REQUESTS + 4, busy
         # Besides: the snapshot follower's keep-alives, one key-usage flush per 5 s, the
         # fairness counters' push (once a second while no queue is contended) and the

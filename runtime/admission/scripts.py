@@ -1,0 +1,138 @@
+"""The per-request Lua scripts of :class:`~.redis_limits.RedisLimits` (admit, settle, renew).
+
+Each runs atomically in Redis; see :mod:`.redis_limits` for the keys and :mod:`.limits` for
+the semantics. The allowance scripts (grant, return) are in :mod:`.allowance`.
+"""
+
+from __future__ import annotations
+
+# KEYS: rpm, tpm, conc, credit, escrow. ARGV: lease id, rpm, tpm, concurrency, tokens,
+# lease ms, window ms, then the credit ask: need µc, day field, month field, day cap, month
+# cap (-1: none), overdraft ("1": admit without escrow when short).
+# Returns {status, retry_ms, detail, available µc, budget room µc (-1: no cap), held µc}:
+# status "ok" | "overdraft" | "rpm" | "tpm" | "concurrency" | "credits" | "budget".
+ADMIT_LUA = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local id = ARGV[1]
+local rpm, tpm, conc = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local debit, lease, window = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
+local need = tonumber(ARGV[8])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - window)
+local used = redis.call('ZCARD', KEYS[1])
+if used >= rpm then
+  local oldest = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+  return {'rpm', math.max(1, tonumber(oldest[2]) + window - now), used, 0, -1, 0}
+end
+local b = redis.call('HMGET', KEYS[2], 'tokens', 'ts')
+local tokens, ts = tonumber(b[1]), tonumber(b[2])
+if tokens == nil or ts == nil then tokens, ts = tpm, now end
+tokens = math.min(tpm, tokens + math.max(0, now - ts) * tpm / window)
+local want = math.min(debit, tpm)
+if tokens < want then
+  local wait = math.max(1, math.ceil((want - tokens) * window / tpm))
+  return {'tpm', wait, math.floor(tokens), 0, -1, 0}
+end
+local dead = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now)
+for _, lid in ipairs(dead) do
+  local amount = redis.call('HGET', KEYS[5], lid)
+  if amount then
+    redis.call('HDEL', KEYS[5], lid)
+    redis.call('HINCRBY', KEYS[4], 'escrow', -tonumber(amount))
+  end
+end
+redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
+local held = redis.call('ZCARD', KEYS[3])
+if held >= conc then
+  return {'concurrency', 1000, held, 0, -1, 0}
+end
+local status, hold, avail, room, capped = 'ok', 0, 0, 0, false
+if need > 0 then
+  local c = redis.call('HMGET', KEYS[4], 'balance', 'escrow', ARGV[9], ARGV[10])
+  local escrow = tonumber(c[2]) or 0
+  avail = (tonumber(c[1]) or 0) - escrow
+  local caps = {{tonumber(ARGV[11]), tonumber(c[3]) or 0},
+                {tonumber(ARGV[12]), tonumber(c[4]) or 0}}
+  for _, cap in ipairs(caps) do
+    if cap[1] >= 0 then
+      local left = cap[1] - cap[2] - escrow
+      if not capped or left < room then room = left end
+      capped = true
+    end
+  end
+  if capped and room < need then
+    return {'budget', 0, need, avail, math.max(0, room), 0}
+  end
+  if avail < need then
+    if ARGV[13] ~= '1' then return {'credits', 0, need, avail, capped and room or -1, 0} end
+    status = 'overdraft'
+  else
+    hold = need
+  end
+end
+redis.call('ZADD', KEYS[1], now, id)
+redis.call('PEXPIRE', KEYS[1], window + 1000)
+local left = tokens - debit
+redis.call('HSET', KEYS[2], 'tokens', tostring(left), 'ts', now)
+redis.call('PEXPIRE', KEYS[2], math.ceil((tpm - left) * window / tpm) + window)
+redis.call('ZADD', KEYS[3], now + lease, id)
+redis.call('PEXPIRE', KEYS[3], lease * 2)
+if hold > 0 then
+  redis.call('HSET', KEYS[5], id, hold)
+  redis.call('HINCRBY', KEYS[4], 'escrow', hold)
+  avail = avail - hold
+  room = room - hold
+end
+return {status, 0, 0, avail, capped and math.max(0, room) or -1, hold}
+"""
+
+# KEYS: rpm, tpm, conc, credit, escrow, usage stream, done marker. ARGV: lease id, tokens to
+# credit back, "1" to drop the RPM entry, cost µc, day field, month field, usage event ("" for
+# none), done TTL s. Charges min(cost, available after releasing this lease's escrow), so a
+# balance never goes negative (unless Redis lost the balance: then the full cost, and the
+# reconciliation re-bases it on the ledger); appends the event with the amount charged. A
+# lease settled before (a spool replay) changes nothing. Returns the µc charged (-1: replay).
+SETTLE_LUA = """
+if redis.call('SET', KEYS[7], '1', 'NX', 'EX', tonumber(ARGV[8])) == false then return -1 end
+redis.call('ZREM', KEYS[3], ARGV[1])
+if ARGV[3] == '1' then redis.call('ZREM', KEYS[1], ARGV[1]) end
+local refund = tonumber(ARGV[2])
+if refund ~= 0 and redis.call('EXISTS', KEYS[2]) == 1 then
+  redis.call('HINCRBYFLOAT', KEYS[2], 'tokens', refund)
+end
+local held = tonumber(redis.call('HGET', KEYS[5], ARGV[1]) or '0')
+if held > 0 then
+  redis.call('HDEL', KEYS[5], ARGV[1])
+  redis.call('HINCRBY', KEYS[4], 'escrow', -held)
+end
+local cost, charge = tonumber(ARGV[4]), 0
+if cost > 0 then
+  local c = redis.call('HMGET', KEYS[4], 'balance', 'escrow')
+  if c[1] == false then
+    charge = cost  -- a Redis that lost the balance: charge in full; reconciliation re-bases it
+  else
+    charge = math.max(0, math.min(cost, tonumber(c[1]) - (tonumber(c[2]) or 0)))
+  end
+  if charge > 0 then
+    redis.call('HINCRBY', KEYS[4], 'balance', -charge)
+    redis.call('HINCRBY', KEYS[4], ARGV[5], charge)
+    redis.call('HINCRBY', KEYS[4], ARGV[6], charge)
+  end
+end
+if ARGV[7] ~= '' then
+  redis.call('XADD', KEYS[6], '*', 'event', ARGV[7], 'charged', charge)
+end
+return charge
+"""
+
+# KEYS: conc. ARGV: lease ms, then lease ids. Pushes the expiry of leases still held.
+RENEW_LUA = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local lease = tonumber(ARGV[1])
+for i = 2, #ARGV do redis.call('ZADD', KEYS[1], 'XX', now + lease, ARGV[i]) end
+redis.call('PEXPIRE', KEYS[1], lease * 2)
+return #ARGV - 1
+"""
+
+__all__ = ["ADMIT_LUA", "RENEW_LUA", "SETTLE_LUA"]
