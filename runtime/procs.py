@@ -26,6 +26,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -108,6 +109,35 @@ def pid_alive(pid: int) -> bool:
         return _stat_fields(pid)[0] != "Z"
     except (OSError, IndexError):
         return True
+
+
+LIFELINE_ENV = "SWITCHYARD_EXIT_WITH_PID"
+
+
+def watch_lifeline(
+    environ: Mapping[str, str] | None = None, *, interval_s: float = 0.5
+) -> threading.Thread | None:
+    """Stop this process (SIGTERM to ourselves: its graceful path) once the process named by
+    ``SWITCHYARD_EXIT_WITH_PID`` is gone; None when the variable is unset.
+
+    ``switchyard up`` names itself there, so a model replica the autoscaler started (a child of
+    whichever Celery process ran the tick) outlives that Celery process — its death or restart
+    does not take the model down — but not ``up`` itself, even on ``kill -9``. PR_SET_PDEATHSIG
+    cannot do this: it follows the direct parent only.
+    """
+    raw = (os.environ if environ is None else environ).get(LIFELINE_ENV, "").strip()
+    if not raw.isdigit():
+        return None
+    pid = int(raw)
+
+    def watch() -> None:
+        while pid_alive(pid):
+            time.sleep(interval_s)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    thread = threading.Thread(target=watch, name="lifeline", daemon=True)
+    thread.start()
+    return thread
 
 
 def _proc_table() -> list[tuple[int, str, int, int]]:

@@ -12,6 +12,7 @@ from django.conf import settings
 
 from apps.scaling import services
 from apps.scaling.actuators.base import Actuator
+from runtime.procs import LIFELINE_ENV
 
 ENV_ACTUATOR = "SWITCHYARD_SCALING_ACTUATOR"  # "local" | "kubernetes"; unset: autoscaling off
 
@@ -30,9 +31,11 @@ def actuator_from_env() -> Actuator | None:
             redis_url=settings.REDIS_URL,
             namespace=services.scaling_namespace(),
             log_dir=replica_log_dir(),
-            # A replica dies with the Celery process that started it (so with `up`, even on
-            # kill -9); the controller starts a replacement if the pool still needs one.
-            death_signal=signal.SIGTERM,
+            # Under `up` (SWITCHYARD_EXIT_WITH_PID set) a replica outlives the Celery process
+            # that started it and stops when `up` is gone (runtime.procs.watch_lifeline), so a
+            # Celery crash or restart does not take the model down. Elsewhere it dies with that
+            # Celery process; the controller starts a replacement if the pool still needs one.
+            death_signal=None if os.environ.get(LIFELINE_ENV) else signal.SIGTERM,
         )
     if kind == "kubernetes":
         from apps.scaling.actuators.kubernetes import KubernetesActuator  # noqa: PLC0415

@@ -97,3 +97,35 @@ def test_wait_http_says_why_it_gave_up(tmp_path: Path) -> None:
     with pytest.raises(StartError, match="did not answer in 1 s"):
         wait_http(url, timeout_s=1.0)
     assert time.monotonic() - started < 3
+
+
+LIFELINE_CHILD = (
+    "import sys, time; from runtime.procs import watch_lifeline; "
+    "watcher = watch_lifeline(interval_s=0.05); print('watching' if watcher else 'unset', "
+    "flush=True); time.sleep(60)"
+)
+
+
+def test_a_process_stops_once_its_lifeline_is_gone_not_with_its_parent(tmp_path: Path) -> None:
+    """``up`` names itself in SWITCHYARD_EXIT_WITH_PID: a replica outlives the (Celery) process
+    that started it, and stops (SIGTERM to itself) once ``up`` is gone."""
+    lifeline = spawn(["sleep", "60"])
+    log = tmp_path / "child.log"
+    env = {"SWITCHYARD_EXIT_WITH_PID": str(lifeline.pid), "PYTHONPATH": str(Path.cwd())}
+    child = spawn([sys.executable, "-c", LIFELINE_CHILD], log=log, env=env, death_signal=None)
+    try:
+        eventually(lambda: "watching" in log.read_text())
+        time.sleep(0.3)  # scenario: several watch intervals pass while the lifeline lives
+        assert child.poll() is None
+        stop_group(lifeline, grace_s=1.0)
+        assert eventually(lambda: child.poll(), timeout=10.0) == -signal.SIGTERM
+    finally:
+        stop_group(child, grace_s=1.0)
+        stop_group(lifeline, grace_s=1.0)
+
+
+def test_no_lifeline_no_watcher() -> None:
+    from runtime.procs import watch_lifeline  # noqa: PLC0415
+
+    assert watch_lifeline({}) is None
+    assert watch_lifeline({"SWITCHYARD_EXIT_WITH_PID": "not-a-pid"}) is None

@@ -6,6 +6,7 @@ import argparse
 import logging
 from collections.abc import Sequence
 
+from runtime.procs import watch_lifeline
 from runtime.workers.simulator.config import SimulatorConfig
 from runtime.workers.simulator.server import run
 from runtime.workers.simulator.timing import Capacity, TimingModel
@@ -93,6 +94,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         args.host,
         args.port,
     )
+    watch_lifeline()  # started by `up`'s autoscaler: stop once `up` is gone
     run(config, host=args.host, port=args.port)
 
 

@@ -169,7 +169,7 @@ def test_a_worker_that_exits_while_starting_is_an_error(
 def test_a_replica_dies_with_the_process_that_started_it(
     pool: Pool, prefix: str, tmp_path: Path
 ) -> None:
-    """``death_signal`` (what `up`'s Celery worker uses): the replica gets SIGTERM when its
+    """``death_signal`` (a Celery worker outside `up` uses it): the replica gets SIGTERM when its
     starter goes (PR_SET_PDEATHSIG follows the starting thread, so a thread stands in for a
     killed process), and the next observation takes its endpoint out."""
     actuator = LocalActuator(

@@ -35,7 +35,7 @@ from config.embedded import PortInUseError, ServiceStartError, port_from_env, sw
 from config.processes import ManagedServer
 from config.supervise import Command as SupervisedCommand
 from config.supervise import Server, Supervisor, procfile_entries
-from runtime.procs import ensure_port_free, spawn, stop_group
+from runtime.procs import LIFELINE_ENV, ensure_port_free, spawn, stop_group
 from runtime.snapshot_store import DEFAULT_PREFIX
 
 DEFAULT_PORT = 8000
@@ -166,6 +166,7 @@ class Command(BaseCommand):
             "SWITCHYARD_ROUTER_PORT": str(router),
             "PORT": str(web),
         }
+        env[LIFELINE_ENV] = str(os.getpid())  # replicas stop once `up` is gone (kill -9 too)
         if autoscale:
             env[ENV_ACTUATOR] = "local"
         else:
@@ -213,7 +214,7 @@ class Command(BaseCommand):
             stop.set()
             watcher.join(5.0)
             release()
-            # The Celery worker is stopped (its replicas got SIGTERM with it); wait for them
+            # The Celery worker is stopped; stop the replicas it started (they outlive it)
             # while PostgreSQL and Redis still run, so their endpoints end up gone.
             self._stop_replicas(env, manage)
 

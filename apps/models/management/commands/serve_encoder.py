@@ -23,6 +23,7 @@ from django.db import connections
 from apps.models.management.commands.serve_model import RegistryHooks, artifact_dir
 from apps.models.models import Model, ModelVersion, Pool
 from apps.models.selectors import model_get_by_name, model_versions_published
+from runtime.procs import watch_lifeline
 from runtime.workers.encoder.options import policy_arguments, policy_from
 from runtime.workers.encoder.worker import EncoderSpec, EncoderWorker
 from runtime.workers.supervisor import WorkerError
@@ -85,6 +86,7 @@ class Command(BaseCommand):
         )
         worker = EncoderWorker(spec, hooks=hooks, redis_url=settings.REDIS_URL)
         self.stdout.write(f"serving {version} (torch, cpu, {spec.threads} threads) in {pool}")
+        watch_lifeline()  # under `up`: stop (draining) once `up` is gone
         try:
             asyncio.run(self._serve(worker))
         except WorkerError as exc:

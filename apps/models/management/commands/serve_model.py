@@ -28,6 +28,7 @@ from redis.exceptions import RedisError
 from apps.models.models import Endpoint, Model, ModelVersion, Pool
 from apps.models.selectors import endpoints_live, model_get_by_name, model_versions_published
 from apps.models.services import endpoint_register, endpoint_set_state
+from runtime.procs import watch_lifeline
 from runtime.workers.heartbeat import endpoint_heartbeat_key
 from runtime.workers.launch import Backend, WorkerSpec
 from runtime.workers.supervisor import Supervisor, SupervisorSettings, WorkerError
@@ -206,6 +207,7 @@ class Command(BaseCommand):
             ),
         )
         self.stdout.write(f"serving {version} ({backend}, {options['device']}) in pool {pool}")
+        watch_lifeline()  # under `up`: stop (draining) once `up` is gone
         try:
             asyncio.run(self._supervise(supervisor))
         except WorkerError as exc:
