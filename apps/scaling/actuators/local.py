@@ -173,9 +173,16 @@ class LocalActuator:
         return list(found.order_by("id"))
 
     def observe(self, pool: Pool) -> Replicas:
+        """Serving: ready endpoints, plus routed replicas of ours whose process runs while their
+        endpoint is out of routing — a worker restarting its engine (``draining`` until its
+        fresh warm-up); counting it as gone would start a second cold replica beside it."""
         records = self.reconcile(pool)
         serving = sum(1 for e in self._live(pool) if e.state == Endpoint.State.READY)
-        return Replicas(serving=serving, warm=len(self._warm(pool, records)))
+        routed = [i for i, r in records.items() if not r.warm]
+        recovering = Endpoint.objects.filter(
+            pool=pool, id__in=routed, state__in=(Endpoint.State.STARTING, Endpoint.State.DRAINING)
+        ).count()
+        return Replicas(serving=serving + recovering, warm=len(self._warm(pool, records)))
 
     def _version(self, pool: Pool) -> ModelVersion:
         """What the pool runs: the version of its last endpoint, else the one its scaling

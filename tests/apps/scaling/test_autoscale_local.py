@@ -261,3 +261,24 @@ def test_the_out_cooldown_counts_from_when_the_replica_serves(
     assert decisions is not None
     assert decisions[0].action == "out"
     assert pool_scaling_get_or_create(pool=pool).last_out_at == 160.0
+
+
+def test_a_replica_restarting_its_engine_still_counts_and_gets_no_twin(
+    pool: Pool, actuator: LocalActuator, client: redis.Redis, namespace: str
+) -> None:
+    """A worker whose engine died takes its endpoint out of routing (``draining``) while it
+    restarts the engine; its process lives, so the pool still has that replica (the chaos suite
+    saw a second cold vLLM start beside the restarting one)."""
+    pool_update(actor=None, pool=pool, min_replicas=1, warm_replicas=0)
+    publish(client, namespace)
+    first = autoscale_all(client=client, actuator=actuator, namespace=namespace)
+    assert first is not None
+    assert (first[0].action, first[0].started) == ("out", 1), first[0].reason
+    ((endpoint,),) = [ready(pool)]
+    endpoint_set_state(actor=None, endpoint=endpoint, state=Endpoint.State.DRAINING)
+    assert actuator.observe(pool).serving == 1
+    publish(client, namespace)
+    again = autoscale_all(client=client, actuator=actuator, namespace=namespace)
+    assert again is not None
+    assert again[0].started == 0, again[0].reason
+    assert list(actuator.records(pool)) == [endpoint.pk]
