@@ -59,7 +59,7 @@ class PlatformUp:
     def __init__(self, var: Path) -> None:
         self.var = var
         self.ports = {name: free_port() for name in
-                      ("port", "router-port", "worker-port", "pg-port", "redis-port")}  # fmt: skip
+                      ("port", "router-port", "pg-port", "redis-port")}  # fmt: skip
         self.encoder_port = free_port()
         self.log = var / "up.log"
         env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
@@ -74,6 +74,7 @@ class PlatformUp:
                 stderr=subprocess.STDOUT, start_new_session=True,
             )  # fmt: skip
         self.seen: set[int] = set()
+        self.engine_ports: set[int] = set()  # every engine port seen (the stray-process check)
 
     @property
     def router(self) -> str:

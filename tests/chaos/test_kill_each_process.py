@@ -55,6 +55,7 @@ HANG_SLACK_S = 2.0  # a request may end this much after its deadline
 
 API_SERVER = r"vllm\.entrypoints\.openai\.api_server"
 ENGINE_CORE = r"VLLM::EngineCore"
+REPLICA = r"manage\.py serve_model"  # the worker supervisor `up`'s autoscaler started
 MEASURED: dict[str, dict[str, float | int | str]] = {}
 
 
@@ -70,10 +71,20 @@ def leaders(pids: list[int]) -> list[int]:
     return [pid for pid in pids if _ppid(pid) not in pids]
 
 
-def engine_generating(up: PlatformUp) -> bool:
+def engine_port(pid: int) -> int:
+    """The port of the engine ``pid`` belongs to: the ``--port`` on its vLLM API server's
+    command line (an engine core's parent is its API server; 0 when none is found)."""
+    for candidate in (pid, _ppid(pid)):
+        argv = cmdline(candidate).split()
+        if "--port" in argv:
+            return int(argv[argv.index("--port") + 1])
+    return 0
+
+
+def engine_generating(port: int) -> bool:
     """vLLM's own gauge: a request is running in the engine now (not only in a client's
     socket buffer: a loaded client may read a finished stream late)."""
-    url = f"http://127.0.0.1:{up.ports['worker-port']}/metrics"
+    url = f"http://127.0.0.1:{port}/metrics"
     with urllib.request.urlopen(url, timeout=2.0) as response:
         text = response.read().decode()
     running = [line for line in text.splitlines() if line.startswith("vllm:num_requests_running")]
@@ -135,9 +146,10 @@ def up(request: pytest.FixtureRequest) -> Iterator[PlatformUp]:
         if wanted or request.session.testsfailed:  # keep the logs for a look
             logs = Path(wanted or tempfile.mkdtemp(prefix="switchyard-chaos-logs-"))
             logs.mkdir(parents=True, exist_ok=True)
-            for name in ("up.log", "vllm-worker.log"):
-                if (var / name).exists():
-                    shutil.copy(var / name, logs / name)
+            if (var / "up.log").exists():
+                shutil.copy(var / "up.log", logs / "up.log")
+            if (var / "log" / "replicas").is_dir():  # the replicas' and their engines' logs
+                shutil.copytree(var / "log" / "replicas", logs / "replicas", dirs_exist_ok=True)
             print(f"\nchaos: logs kept in {logs}")
         shutil.rmtree(var, ignore_errors=True)
 
@@ -183,13 +195,21 @@ def test_kill_9_under_traffic(up: PlatformUp, victim: Victim) -> None:
         up.wait_for("traffic flowing", lambda: first_ok_after(traffic.snapshot(), 0) is not None,
                     60.0)  # fmt: skip
         targets = leaders(up.find(victim.pattern))
-        assert len(targets) == 1, (victim.pattern, [cmdline(p) for p in targets])
+        # one of each, but the autoscaler may run a second model replica (pool max 2)
+        assert len(targets) == 1 or (victim.engine and targets), (
+            victim.pattern, [cmdline(p) for p in targets])  # fmt: skip
         killed = targets[0]
+        up.engine_ports.update(engine_port(p) for p in leaders(up.find(API_SERVER)))
         before = up.output
         # kill while client 0's long stream runs, so that a stream is cut mid-way
         mid_stream = traffic.long_streaming.wait(timeout=30.0)
-        if victim.engine:  # and while the engine is generating it
-            mid_stream = mid_stream and poll(lambda: engine_generating(up), 30.0)
+        if victim.engine:  # and the engine generating it (of the replicas the autoscaler runs)
+            busy = [p for p in targets if engine_port(p)]
+            mid_stream = mid_stream and poll(
+                lambda: any(engine_generating(engine_port(p)) for p in busy), 30.0
+            )
+            with contextlib.suppress(OSError, ValueError):
+                killed = next((p for p in busy if engine_generating(engine_port(p))), killed)
         killed_at = time.monotonic()
         os.kill(killed, signal.SIGKILL)
         bound = ENGINE_BOUND_S if victim.engine else OTHER_BOUND_S
@@ -209,9 +229,11 @@ def test_kill_9_under_traffic(up: PlatformUp, victim: Victim) -> None:
         around = [r for r in results if r.started <= killed_at <= r.ended]
         assert terminal >= 1, (outcomes, around)
     assert not pid_alive(killed)
-    if victim.engine:  # the old engine's processes are gone, one new engine runs
-        assert len(leaders(up.find(API_SERVER))) == 1, up.find(API_SERVER)
-        assert len(up.find(ENGINE_CORE)) == 1, up.find(ENGINE_CORE)
+    if victim.engine:  # the old engine's processes are gone: one engine per model replica
+        replicas = len(leaders(up.find(REPLICA)))
+        assert replicas >= 1, up.find(REPLICA)
+        assert len(leaders(up.find(API_SERVER))) == replicas, up.find(API_SERVER)
+        assert len(up.find(ENGINE_CORE)) == replicas, up.find(ENGINE_CORE)
     MEASURED[victim.name] = {"back_s": round(back_s, 2), "serving_s": round(serving_s, 2),
                              "requests": len(results), **outcomes}  # fmt: skip
     print(
@@ -223,14 +245,15 @@ def test_kill_9_under_traffic(up: PlatformUp, victim: Victim) -> None:
 @pytest.mark.timeout(300)
 def test_nothing_is_left_after_up_stops(up: PlatformUp) -> None:
     assert up.pids(), "the platform is not running"
-    worker_port = str(up.ports["worker-port"])
+    up.engine_ports.update(engine_port(p) for p in leaders(up.find(API_SERVER)))
     code = up.stop()
     assert code == 0, up.output[-4000:]
     assert up.leftovers() == []
     stray = [
         f"{p}: {cmdline(p)}"
         for p in (int(e.name) for e in Path("/proc").glob("[0-9]*"))
-        if worker_port in cmdline(p) and p != os.getpid()
+        if p != os.getpid()
+        and any(f"--port {port}" in cmdline(p) for port in up.engine_ports if port)
     ]
     assert stray == []
     print("\nchaos: measured recovery (seconds after kill -9):")
