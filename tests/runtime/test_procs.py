@@ -118,7 +118,7 @@ def test_a_process_stops_once_its_lifeline_is_gone_not_with_its_parent(tmp_path:
         time.sleep(0.3)  # scenario: several watch intervals pass while the lifeline lives
         assert child.poll() is None
         stop_group(lifeline, grace_s=1.0)
-        assert eventually(lambda: child.poll(), timeout=10.0) == -signal.SIGTERM
+        assert eventually(child.poll, timeout=10.0) == -signal.SIGTERM
     finally:
         stop_group(child, grace_s=1.0)
         stop_group(lifeline, grace_s=1.0)
