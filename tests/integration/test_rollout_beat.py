@@ -219,8 +219,13 @@ def answers(base_url: str) -> bool:
 
 def test_beat_rolls_back_a_too_expensive_candidate_the_worker_warmed_up(stage: Stage) -> None:
     started = time.monotonic()
-    button = Celery("operator", broker=stage.broker_url)  # what the admin's button does
-    button.send_task("apps.rollouts.tasks.rollout_start", args=(stage.rollout.pk,))
+    # What the admin's button does. Not the current app: shared tasks bind to the current app,
+    # so later tests would send through this test's (stopped) private broker.
+    button = Celery("operator", broker=stage.broker_url, set_as_current=False)
+    try:
+        button.send_task("apps.rollouts.tasks.rollout_start", args=(stage.rollout.pk,))
+    finally:
+        button.close()
     eventually(lambda: _state(stage.rollout.pk) not in ("pending", "warming"), timeout=90,
                what="the worker's warm-up")  # fmt: skip
     stage.rollout.refresh_from_db()
