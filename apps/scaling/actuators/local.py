@@ -3,8 +3,10 @@
 What runs for a replica is chosen by name from the version's runtime
 (:mod:`apps.scaling.actuators.launchers`): ``manage.py serve_model`` (vLLM),
 ``manage.py serve_encoder`` (PyTorch encoders), or the bare simulator. Each is started in its
-own process group (:func:`runtime.procs.spawn`), with ``death_signal`` when it must not outlive
-the process that started it (``switchyard up``'s Celery worker). The real workers register
+own process group (:func:`runtime.procs.spawn`). Under ``switchyard up`` it outlives the Celery
+process that started it and stops once ``up`` is gone (``SWITCHYARD_EXIT_WITH_PID``,
+:func:`runtime.procs.watch_lifeline`); elsewhere ``death_signal`` ties it to that Celery
+process (:func:`apps.scaling.tasks.actuator_from_env` chooses). The real workers register
 their own endpoint and move it to ``ready`` after their warm-up; the actuator waits for that.
 For the simulator the actuator waits for ``/health`` and registers it through the registry
 services. A replica is ``ready`` (routed) or *warm* (loaded, not routed: ``starting`` for the
