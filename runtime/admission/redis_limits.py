@@ -14,9 +14,13 @@ Keys, per tenant (the ``{tenant}`` hash tag keeps them in one cluster slot)::
 Settlement (concurrency release, TPM correction, RPM give-back, the credit charge and the
 usage event) is queued by :meth:`settle` without network I/O — it is written to the local
 spool (:mod:`runtime.metering.spool`) — and sent by a background task in one pipeline per
-batch, as soon as it can; the settle script appends the usage event to the stream in the same
+batch; the settle script appends the usage event to the stream in the same
 atomic step that charges the balance (the usage stream is a second key outside the tenant's
 slot: one Redis, not a cluster).
+A batch waits at most ``settle_linger_s`` (default 20 ms) from its first settlement, or until
+``_FLUSH_AT`` are queued, so under load one script call pipeline (and one spool rotation) carries
+many requests instead of one each; a settlement that frees a concurrency slot held in Redis (the
+exact path) is sent at once, so a client at its concurrency limit never waits on the linger.
 The same task renews the leases of this router's running requests every third of the lease
 TTL, so only a crashed router's leases expire.
 
@@ -81,6 +85,7 @@ logger = logging.getLogger(__name__)
 _KINDS = {b"rpm": LimitKind.RPM, b"tpm": LimitKind.TPM, b"concurrency": LimitKind.CONCURRENCY}
 _CREDIT_KINDS = {b"credits": CreditKind.CREDITS, b"budget": CreditKind.BUDGET}
 _MAX_PENDING_SETTLES = 100_000
+_FLUSH_AT = 256  # queued settlements that are sent without waiting out the linger
 DONE_TTL_S = 3600
 
 
@@ -120,10 +125,14 @@ class RedisLimits:
         timeout_s: float = 0.5,
         retry_s: float = 2.0,
         allowance_ttl_s: float | None = 1.0,
+        settle_linger_s: float = 0.02,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if not lease_ttl_s > 0:
             raise ValueError("lease_ttl_s must be > 0")
+        if settle_linger_s < 0:
+            raise ValueError("settle_linger_s must be >= 0")
+        self._linger_s = settle_linger_s
         self._redis_url = redis_url
         self._prefix = prefix
         self._stream = usage_stream
@@ -150,6 +159,7 @@ class RedisLimits:
         self._down = False
         self._active: dict[str, Lease] = {}
         self._settles: list[Settlement] = []
+        self._settles_due = math.inf  # when the queued batch must be sent
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
@@ -198,6 +208,7 @@ class RedisLimits:
                     logger.warning("limits: skipping a torn spool line in %s", path)
             self._segments.append(path)
         if replayed:
+            self._settles_due = -math.inf  # sent by the task's first round
             logger.warning("limits: replaying %d settlements from the spool", replayed)
 
     async def stop(self) -> None:
@@ -285,7 +296,9 @@ class RedisLimits:
             refund = settle_refund(lease, actual_tokens=actual_tokens, served=served)
             refund, release = self.allowances.put_back(lease, refund)
             if release:  # its allowance was given back meanwhile: free the slot in Redis
-                self._queue(Settlement(lease.tenant, lease.slot, 0, False, 0, "", "", ""))
+                self._queue(
+                    Settlement(lease.tenant, lease.slot, 0, False, 0, "", "", ""), urgent=True
+                )
             if served and refund == 0 and cost_uc <= 0 and not event:
                 return  # memory only
         elif lease.source == "local":
@@ -299,14 +312,23 @@ class RedisLimits:
         day, month = period_fields()
         self._queue(Settlement(tenant=lease.tenant, lease=lease.id, refund=refund,
                                drop_rpm=drop, cost_uc=max(0, cost_uc), day=day, month=month,
-                               event=event.decode()))  # fmt: skip
+                               event=event.decode()),
+                    urgent=lease.source == "redis")  # fmt: skip
 
-    def _queue(self, item: Settlement) -> None:
+    def _queue(self, item: Settlement, *, urgent: bool = False) -> None:
+        """Spool ``item`` and queue it for the next batch: sent once the batch's linger is
+        over, at once when ``urgent`` (it frees a concurrency slot held in Redis) or when
+        the batch is full."""
         if self._spool is not None:
             self._spool.append(_SPOOL_ENCODER.encode(item))
         if len(self._settles) < _MAX_PENDING_SETTLES:  # beyond: the spool still has it
             self._settles.append(item)
-        self._wake.set()
+        if urgent or len(self._settles) >= _FLUSH_AT:
+            self._settles_due = -math.inf
+            self._wake.set()
+        elif self._settles_due == math.inf:  # the batch's first: the task arms its timer
+            self._settles_due = self._clock() + self._linger_s
+            self._wake.set()
 
     # -- background -----------------------------------------------------------------------
 
@@ -316,14 +338,16 @@ class RedisLimits:
         tick = math.inf if self.allowances is None else self.allowances.ttl_s / 4.0
         next_tick = self._clock() + tick
         while not self._stopping:
-            timeout = max(0.0, min(next_renew, next_tick) - self._clock())
-            if self._settles and self._down:
-                timeout = min(timeout, self._retry_s)
+            wake_at = min(next_renew, next_tick)
+            if self._settles:  # the batch's linger; while Redis is down, the retry interval
+                due = self._clock() + self._retry_s if self._down else self._settles_due
+                wake_at = min(wake_at, due)
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(timeout):
+                async with asyncio.timeout(max(0.0, wake_at - self._clock())):
                     await self._wake.wait()
             self._wake.clear()
-            await self.flush()
+            if self._settles and (self._down or self._clock() >= self._settles_due):
+                await self.flush()
             if self.allowances is not None and (
                 self.allowances.wants or self._clock() >= next_tick
             ):  # grants asked for, entries past validity, idle tenants (see .allowance)
@@ -341,6 +365,7 @@ class RedisLimits:
         if not self._settles or self._client is None or self._clock() < self._down_until:
             return 0
         batch, self._settles = self._settles, []
+        self._settles_due = math.inf
         if self._spool is not None:
             segment = self._spool.rotate()
             if segment is not None:
@@ -351,6 +376,7 @@ class RedisLimits:
         except (RedisError, OSError) as exc:
             self._went_down(exc)
             self._settles = batch + self._settles
+            self._settles_due = -math.inf  # retried once Redis answers again
             return 0
         self._came_back()
         if self._spool is not None:

@@ -71,6 +71,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         http=BoundedHttpToolsProtocol,  # httptools, with a bounded request head
         lifespan="on",
         access_log=False,
+        proxy_headers=False,  # the router reads no client address: skip the middleware
         log_config=logging_config(args.log_level.upper()),
         # whole seconds (uvicorn's type); rounded up so that 0.5 does not become no grace
         timeout_graceful_shutdown=math.ceil(args.graceful_shutdown_s),

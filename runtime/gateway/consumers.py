@@ -31,7 +31,6 @@ from typing import Any, ClassVar
 from channels.consumer import get_handler_name
 from channels.exceptions import StopConsumer
 from channels.generic.http import AsyncHttpConsumer
-from channels.utils import await_many_dispatch
 
 from runtime.gateway.errors import ApiError
 from runtime.gateway.state import STATE_KEY, RouterState
@@ -96,7 +95,8 @@ class GatewayConsumer(AsyncHttpConsumer, metaclass=abc.ABCMeta):  # type: ignore
         )
         try:
             with contextlib.suppress(StopConsumer):
-                await await_many_dispatch([receive], self.dispatch)
+                while True:  # one receive channel: no per-message task (await_many_dispatch)
+                    await self.dispatch(await receive())
         except asyncio.CancelledError:
             await self._cut(ROUTER_SHUTDOWN)
             raise

@@ -263,6 +263,7 @@ def build_state(config: RouterConfig) -> RouterState:
             spool_dir=config.snapshot_cache_path.parent / "usage-spool",
             replicas=config.assumed_replicas,
             lease_ttl_s=config.lease_ttl_s,
+            settle_linger_s=config.settle_linger_s,
         ),
         shared=shared,
         dispatchers=Dispatchers(

@@ -92,7 +92,8 @@ class RequestRecord(msgspec.Struct, kw_only=True):
 
 def log_request(logger: logging.Logger, record: RequestRecord) -> None:
     level = logging.WARNING if record.status >= 500 else logging.INFO
-    logger.log(level, "request", extra={"fields": record.fields()})
+    if logger.isEnabledFor(level):  # the fields are built only for a line that is written
+        logger.log(level, "request", extra={"fields": record.fields()})
 
 
 def logging_config(level: str = "INFO") -> dict[str, Any]:
