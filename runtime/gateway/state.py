@@ -210,8 +210,8 @@ def build_state(config: RouterConfig) -> RouterState:
             )
         )
     )
-    breakers = BreakerBook()
     health = HealthMonitor(client, HealthConfig(interval_s=config.health_interval_s))
+    breakers = BreakerBook(on_success=health.note_success)  # real successes: passive health
     inflight = InFlight()
     loader = SnapshotLoader(
         config.redis_url,

@@ -7,11 +7,15 @@ re-opens it for another cooldown, and a probe that ends without a verdict (cance
 the request's own deadline ran out) gives the probe slot back.
 
 The clock is injected (``time.monotonic`` by default) so tests drive time explicitly.
+A book's ``on_success`` hears the endpoint id of every success a breaker records: the gateway
+passes :meth:`HealthMonitor.note_success <runtime.upstream.health.HealthMonitor.note_success>`,
+so real traffic that succeeds is passive health evidence.
 """
 
 from __future__ import annotations
 
 import enum
+import functools
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -38,13 +42,26 @@ class BreakerConfig:
 class CircuitBreaker:
     """The breaker of one endpoint. Not thread-safe; lives on one event loop."""
 
-    __slots__ = ("_clock", "_config", "_failures", "_opened_at", "_probe_out", "_state")
+    __slots__ = (
+        "_clock",
+        "_config",
+        "_failures",
+        "_on_success",
+        "_opened_at",
+        "_probe_out",
+        "_state",
+    )
 
     def __init__(
-        self, config: BreakerConfig, *, clock: Callable[[], float] = time.monotonic
+        self,
+        config: BreakerConfig,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        on_success: Callable[[], None] | None = None,
     ) -> None:
         self._config = config
         self._clock = clock
+        self._on_success = on_success
         self._state = BreakerState.CLOSED
         self._failures = 0
         self._opened_at = 0.0
@@ -87,6 +104,8 @@ class CircuitBreaker:
         self._state = BreakerState.CLOSED
         self._failures = 0
         self._probe_out = False
+        if self._on_success is not None:
+            self._on_success()
 
     def record_failure(self) -> None:
         """The endpoint failed: count it; open at the threshold, re-open from half-open."""
@@ -116,22 +135,26 @@ class CircuitBreaker:
 class BreakerBook:
     """The breakers of all endpoints, keyed by endpoint id, created on first use."""
 
-    __slots__ = ("_breakers", "_clock", "_config")
+    __slots__ = ("_breakers", "_clock", "_config", "_on_success")
 
     def __init__(
         self,
         config: BreakerConfig | None = None,
         *,
         clock: Callable[[], float] = time.monotonic,
+        on_success: Callable[[int], None] | None = None,
     ) -> None:
         self._config = config or BreakerConfig()
         self._clock = clock
+        self._on_success = on_success
         self._breakers: dict[int, CircuitBreaker] = {}
 
     def get(self, endpoint_id: int) -> CircuitBreaker:
         breaker = self._breakers.get(endpoint_id)
         if breaker is None:
-            breaker = CircuitBreaker(self._config, clock=self._clock)
+            tell = self._on_success
+            on_success = None if tell is None else functools.partial(tell, endpoint_id)
+            breaker = CircuitBreaker(self._config, clock=self._clock, on_success=on_success)
             self._breakers[endpoint_id] = breaker
         return breaker
 

@@ -5,8 +5,10 @@ already tried for this request and those whose breaker refused. A failure before
 byte that is retryable (connect refused or timed out, connection dropped, no first byte
 within the TTFT cap, 5xx, 429) is recorded on the endpoint's breaker and retried on another
 endpoint after an exponential backoff with full jitter, never sleeping past the deadline.
-A 4xx is the client's and goes back at once. After the first byte nothing is retried; the
-returned response reports a broken stream to the endpoint's breaker.
+A 4xx is the client's and goes back at once. An opened response is a success on the
+endpoint's breaker (its book passes that on as passive health evidence, see ``health.py``).
+After the first byte nothing is retried; the returned response reports a broken stream to
+the endpoint's breaker.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Active health checks and load gauges for every endpoint in the snapshot.
+"""Active health checks and load gauges for every endpoint in the snapshot, plus passive evidence.
 
 One task per endpoint scrapes ``/metrics`` every ``interval_s`` (vLLM's gauges: requests
 running and waiting, KV-cache use) and checks ``/health`` every ``health_every`` scrapes.
@@ -6,6 +6,18 @@ The router reads the latest :class:`EndpointStatus` synchronously (:meth:`status
 endpoint is healthy once a scrape and a health check have succeeded and until
 ``unhealthy_after`` consecutive failures of either; one success of that kind recovers it.
 A worker without ``/metrics`` (404) is judged by ``/health`` alone and reports no gauges.
+
+Passive evidence: the router tells the monitor whenever a real request to an endpoint got
+its first byte (:meth:`note_success`; the gateway wires it to every breaker success). A run
+of probe failures that are all *timeouts* (no answer within ``probe_timeout_s``) does not
+make an endpoint unhealthy while real traffic to it succeeded within ``passive_window_s``: an
+engine busy serving a flood on a starved CPU answers its requests and only misses the probes.
+Such a status reads ``healthy`` with ``passive`` set and ``last_success`` saying why. Once the
+window passes without a success (a hung engine answers nothing) the timeouts count as before,
+at the next probe. A definite failure is never excused: a refused connection (the process is
+gone), a dropped one, a non-200 ``/health`` or a failing ``/metrics`` in the run ejects the
+endpoint after ``unhealthy_after`` as without traffic; failing real requests are the circuit
+breaker's to count.
 """
 
 from __future__ import annotations
@@ -13,12 +25,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 
 from runtime.snapshot import EndpointSnap
 from runtime.upstream.client import UpstreamClient
-from runtime.upstream.errors import UpstreamError
+from runtime.upstream.errors import DeadlineExceeded, FirstByteTimeout, UpstreamError
 from runtime.upstream.promtext import parse_samples
 
 RUNNING = "vllm:num_requests_running"
@@ -36,38 +48,59 @@ class HealthConfig:
     health_every: int = 4  # /health once every this many /metrics scrapes
     unhealthy_after: int = 3
     probe_timeout_s: float = 1.0
+    # Probe timeouts are excused while a real request succeeded this recently; 0 turns it off.
+    passive_window_s: float = 5.0
 
     def __post_init__(self) -> None:
         if not (self.interval_s > 0 and self.probe_timeout_s > 0):
             raise ValueError("interval_s and probe_timeout_s must be > 0")
         if self.health_every < 1 or self.unhealthy_after < 1:
             raise ValueError("health_every and unhealthy_after must be >= 1")
+        if not self.passive_window_s >= 0:
+            raise ValueError("passive_window_s must be >= 0")
 
 
 @dataclass(frozen=True, slots=True)
 class EndpointStatus:
-    """What the last probes of one endpoint said. Times are loop times; gauges None = unknown."""
+    """What the last probes of one endpoint said. Times are the monitor's clock (the loop's by
+    default); gauges None = unknown. ``passive``: healthy only because real traffic succeeded
+    at ``last_success`` (as of the last probe) while the probes timed out."""
 
     endpoint_id: int
     base_url: str
     healthy: bool = False
     consecutive_failures: int = 0  # /metrics scrapes in a row that failed
     health_failures: int = 0  # /health checks in a row that failed
+    metrics_timeouts: int = 0  # of consecutive_failures, those that got no answer in time
+    health_timeouts: int = 0  # of health_failures, those that got no answer in time
     last_scrape: float | None = None  # last successful /metrics scrape
     last_health: float | None = None  # last successful /health check
     running: float | None = None
     waiting: float | None = None
     kv_usage: float | None = None  # 0..1, the fullest engine's
     last_error: str | None = None
+    last_success: float | None = None  # last real request it answered (passive evidence)
+    passive: bool = False
 
 
 class HealthMonitor:
-    """Watches a set of endpoints; ``start()`` in the lifespan, ``stop()`` at shutdown."""
+    """Watches a set of endpoints; ``start()`` in the lifespan, ``stop()`` at shutdown.
 
-    def __init__(self, client: UpstreamClient, config: HealthConfig | None = None) -> None:
+    ``clock`` stamps probes and noted successes (the running loop's time by default).
+    """
+
+    def __init__(
+        self,
+        client: UpstreamClient,
+        config: HealthConfig | None = None,
+        *,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
         self._client = client
         self.config = config or HealthConfig()
+        self._clock = clock or _loop_time
         self._statuses: dict[int, EndpointStatus] = {}
+        self._last_success: dict[int, float] = {}  # per watched endpoint, from note_success
         self._states: dict[int, str] = {}  # each watched endpoint's state in the snapshot
         self._tasks: dict[int, asyncio.Task[None]] = {}
         self._running = False
@@ -77,6 +110,19 @@ class HealthMonitor:
 
     def statuses(self) -> Mapping[int, EndpointStatus]:
         return dict(self._statuses)
+
+    def note_success(self, endpoint_id: int) -> None:
+        """A real request to this endpoint got its first byte now (ignored if not watched).
+
+        On the request path: one clock read and one dict write; the status takes it in at
+        the endpoint's next probe.
+        """
+        if endpoint_id in self._statuses:
+            self._last_success[endpoint_id] = self._clock()
+
+    def last_success(self, endpoint_id: int) -> float | None:
+        """When a real request to this endpoint last succeeded, if it is watched and one did."""
+        return self._last_success.get(endpoint_id)
 
     def set_endpoints(self, endpoints: Iterable[EndpointSnap]) -> None:
         """Watch exactly these endpoints (those not ``gone``); call on every snapshot swap.
@@ -132,29 +178,43 @@ class HealthMonitor:
             status = _merge(scraped, checked)
         else:
             status = await self._scrape(status)
-        unhealthy_after = self.config.unhealthy_after
-        status = replace(
-            status,
-            healthy=status.last_scrape is not None
-            and status.last_health is not None
-            and status.consecutive_failures < unhealthy_after
-            and status.health_failures < unhealthy_after,
-        )
+        status = self._judge(status, self._last_success.get(endpoint_id))
         current = self._statuses.get(endpoint_id)
         if current is not None and current.base_url == status.base_url:
             self._statuses[endpoint_id] = status  # unless forgotten or moved meanwhile
         return status
 
+    def _judge(self, status: EndpointStatus, last_success: float | None) -> EndpointStatus:
+        """Set ``healthy`` and ``passive`` from the failure runs and the passive evidence."""
+        limit = self.config.unhealthy_after
+        window = self.config.passive_window_s
+        recent = window > 0 and last_success is not None and self._clock() - last_success <= window
+
+        def holds(failures: int, timeouts: int) -> bool:
+            return failures < limit or (recent and timeouts == failures)
+
+        probed = status.last_scrape is not None and status.last_health is not None
+        healthy = (
+            probed
+            and holds(status.consecutive_failures, status.metrics_timeouts)
+            and holds(status.health_failures, status.health_timeouts)
+        )
+        actively = status.consecutive_failures < limit and status.health_failures < limit
+        return replace(
+            status, healthy=healthy, passive=healthy and not actively, last_success=last_success
+        )
+
     async def _scrape(self, status: EndpointStatus) -> EndpointStatus:
-        loop = asyncio.get_running_loop()
         try:
             code, body = await self._client.probe(
                 status.base_url, "/metrics", timeout_s=self.config.probe_timeout_s
             )
         except UpstreamError as exc:
-            return _metrics_failed(status, f"/metrics: {exc}")
+            return _metrics_failed(status, f"/metrics: {exc}", timed_out=_no_answer(exc))
         if code == 404:
-            return replace(status, consecutive_failures=0, last_scrape=loop.time())
+            return replace(
+                status, consecutive_failures=0, metrics_timeouts=0, last_scrape=self._clock()
+            )
         if code != 200:
             return _metrics_failed(status, f"/metrics: HTTP {code}")
         samples = parse_samples(body.decode("utf-8", "replace"), _GAUGES)
@@ -162,7 +222,8 @@ class HealthMonitor:
         return replace(
             status,
             consecutive_failures=0,
-            last_scrape=loop.time(),
+            metrics_timeouts=0,
+            last_scrape=self._clock(),
             running=sum(samples[RUNNING]) if RUNNING in samples else None,
             waiting=sum(samples[WAITING]) if WAITING in samples else None,
             kv_usage=max(kv) if kv else None,
@@ -174,10 +235,10 @@ class HealthMonitor:
                 status.base_url, "/health", timeout_s=self.config.probe_timeout_s
             )
         except UpstreamError as exc:
-            return _health_failed(status, f"/health: {exc}")
+            return _health_failed(status, f"/health: {exc}", timed_out=_no_answer(exc))
         if code != 200:
             return _health_failed(status, f"/health: HTTP {code}")
-        return replace(status, health_failures=0, last_health=asyncio.get_running_loop().time())
+        return replace(status, health_failures=0, health_timeouts=0, last_health=self._clock())
 
     async def _watch(self, endpoint_id: int) -> None:
         loop = asyncio.get_running_loop()
@@ -202,17 +263,43 @@ class HealthMonitor:
     def _forget(self, endpoint_id: int) -> None:
         del self._statuses[endpoint_id]
         self._states.pop(endpoint_id, None)
+        self._last_success.pop(endpoint_id, None)
         task = self._tasks.pop(endpoint_id, None)
         if task is not None:
             task.cancel()
 
 
-def _metrics_failed(status: EndpointStatus, error: str) -> EndpointStatus:
-    return replace(status, consecutive_failures=status.consecutive_failures + 1, last_error=error)
+def _loop_time() -> float:
+    return asyncio.get_running_loop().time()
 
 
-def _health_failed(status: EndpointStatus, error: str) -> EndpointStatus:
-    return replace(status, health_failures=status.health_failures + 1, last_error=error)
+def _no_answer(exc: UpstreamError) -> bool:
+    """The probe timed out: no answer at all, unlike a refused or dropped connection."""
+    return isinstance(exc, DeadlineExceeded | FirstByteTimeout) or isinstance(
+        exc.__cause__, TimeoutError
+    )
+
+
+def _metrics_failed(
+    status: EndpointStatus, error: str, *, timed_out: bool = False
+) -> EndpointStatus:
+    return replace(
+        status,
+        consecutive_failures=status.consecutive_failures + 1,
+        metrics_timeouts=status.metrics_timeouts + int(timed_out),
+        last_error=error,
+    )
+
+
+def _health_failed(
+    status: EndpointStatus, error: str, *, timed_out: bool = False
+) -> EndpointStatus:
+    return replace(
+        status,
+        health_failures=status.health_failures + 1,
+        health_timeouts=status.health_timeouts + int(timed_out),
+        last_error=error,
+    )
 
 
 def _merge(scraped: EndpointStatus, checked: EndpointStatus) -> EndpointStatus:
@@ -220,6 +307,7 @@ def _merge(scraped: EndpointStatus, checked: EndpointStatus) -> EndpointStatus:
     return replace(
         scraped,
         health_failures=checked.health_failures,
+        health_timeouts=checked.health_timeouts,
         last_health=checked.last_health,
         last_error=checked.last_error if checked.health_failures else scraped.last_error,
     )

@@ -149,3 +149,15 @@ def test_book_creates_per_endpoint_breakers_and_forgets_removed(clock: FakeClock
     book.retain([8])
     assert book.states() == {}
     assert book.available(7)
+
+
+def test_book_reports_each_recorded_success_with_its_endpoint(clock: FakeClock) -> None:
+    seen: list[int] = []
+    book = BreakerBook(BreakerConfig(failure_threshold=1, cooldown_s=0.0), on_success=seen.append)
+    book.get(3).record_success()
+    book.get(4).record_failure()  # failures and verdict-less releases are not reported
+    book.get(4).release()
+    assert seen == [3]
+    assert book.get(4).try_acquire()  # half-open probe
+    book.get(4).record_success()
+    assert seen == [3, 4]
