@@ -61,6 +61,8 @@ def _endpoints(state: RouterState) -> list[dict[str, Any]]:
                 "version": "" if version is None else version.label,
                 "state": endpoint.state,
                 "healthy": status is not None and status.healthy,
+                # healthy on real traffic's successes alone: its probes time out (overload)
+                "passive": status is not None and status.passive,
                 "kv_usage": None if status is None else status.kv_usage,
                 "inflight": state.inflight.get(endpoint.id),
                 "capacity": endpoint.capacity,
