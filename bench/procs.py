@@ -26,6 +26,7 @@ __all__ = [
     "CpuSampler",
     "StartError",
     "Usage",
+    "extra_router_cpus",
     "free_port",
     "pinned",
     "router_cpus",
@@ -41,6 +42,15 @@ def router_cpus() -> tuple[int, ...]:
     """The core routers are pinned to (the last one we may use), or () with a single core."""
     allowed = sorted(os.sched_getaffinity(0))
     return (allowed[-1],) if len(allowed) > 1 else ()
+
+
+def extra_router_cpus(routers: Sequence[int], count: int) -> tuple[int, ...]:
+    """The cores for ``count`` more router workers: those just below the routers' core, in
+    the order a run hands them out (the same whatever this process is pinned to)."""
+    if not routers or count <= 0:
+        return ()
+    below = [c for c in range(min(routers) - 1, -1, -1) if c not in routers]
+    return tuple(below[:count])
 
 
 def pinned(argv: Sequence[str], cpus: Sequence[int]) -> list[str]:

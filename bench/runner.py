@@ -24,7 +24,7 @@ from bench import plots, report
 from bench.backends import start_backends, wait_idle
 from bench.loadgen import HeadersFor, run_phase
 from bench.metrics import phase_figures
-from bench.procs import Child, CpuSampler, StartError, router_cpus
+from bench.procs import Child, CpuSampler, StartError, extra_router_cpus, router_cpus
 from bench.profile import FlameGraph, lag_figures, scrape_lag
 from bench.scenario import Scenario, SizeSpec
 from bench.targets import FACTORIES, Target, TargetContext, TargetUnavailableError
@@ -41,9 +41,14 @@ def new_key() -> str:
 
 
 def client_cpus(routers: tuple[int, ...]) -> tuple[int, ...]:
-    """The cores for the load generator and the backends: all but the routers' one."""
+    """The cores for the load generator and the backends: all but the routers' one, and on
+    a machine of four cores or more also but the one a second router worker takes
+    (:func:`bench.procs.extra_router_cpus`), so ``switchyard-2w`` has two cores to itself."""
     allowed = sorted(os.sched_getaffinity(0))
-    rest = tuple(c for c in allowed if c not in routers)
+    held = set(routers)
+    if len(set(allowed) | held) >= 4:
+        held.update(extra_router_cpus(routers, 1))
+    rest = tuple(c for c in allowed if c not in held)
     return rest or tuple(allowed)
 
 

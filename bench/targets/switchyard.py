@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import redis
 
-from bench.procs import free_port, pinned, spawn, wait_http
+from bench.procs import extra_router_cpus, free_port, pinned, spawn, wait_http
 from bench.scenario import Scenario
 from bench.targets.base import (
     REPO_ROOT,
@@ -78,13 +77,13 @@ def build_snapshot(
 
 
 def worker_cpus(router_cpus: tuple[int, ...], workers: int) -> tuple[int, ...]:
-    """The routers' core, plus the next allowed ones down for extra workers (on a 2-core
-    machine a second worker shares a core with the load generator and backends)."""
+    """The routers' core, plus the ones just below it for extra workers. On four cores or
+    more the run keeps the second one free of the load generator and backends
+    (:func:`bench.runner.client_cpus`); on a 2-core machine a second worker shares a core
+    with them."""
     if not router_cpus or workers <= 1:
         return router_cpus
-    allowed = sorted(os.sched_getaffinity(0) | set(router_cpus), reverse=True)
-    extra = [c for c in allowed if c not in router_cpus][: workers - len(router_cpus)]
-    return (*router_cpus, *extra)
+    return (*router_cpus, *extra_router_cpus(router_cpus, workers - len(router_cpus)))
 
 
 @dataclass

@@ -224,3 +224,23 @@ def test_the_switchyard_target_snapshot_is_what_the_router_accepts() -> None:
     assert model.name == scenario.backends.model
     assert snap.versions[model.versions[-1]].runtime in {"simulator", "vllm"}
     assert set(snap.classes) == set(scenario.classes)
+
+
+def test_a_second_router_worker_gets_the_core_below_and_clients_keep_off_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from bench import runner  # noqa: PLC0415 - the module under test, imported where used
+    from bench.procs import extra_router_cpus  # noqa: PLC0415
+    from bench.targets.switchyard import worker_cpus  # noqa: PLC0415
+
+    assert extra_router_cpus((7,), 1) == (6,)
+    assert extra_router_cpus((7,), 0) == ()
+    assert extra_router_cpus((), 1) == ()
+    assert worker_cpus((7,), 2) == (7, 6)
+    assert worker_cpus((7,), 1) == (7,)
+    monkeypatch.setattr(runner.os, "sched_getaffinity", lambda _pid: set(range(8)))
+    assert runner.client_cpus((7,)) == (0, 1, 2, 3, 4, 5)  # 6 is the second worker's
+    monkeypatch.setattr(runner.os, "sched_getaffinity", lambda _pid: set(range(6)))
+    assert runner.client_cpus((7,)) == (0, 1, 2, 3, 4, 5)  # pinned already: the same set
+    monkeypatch.setattr(runner.os, "sched_getaffinity", lambda _pid: {0, 1})
+    assert runner.client_cpus((1,)) == (0,)  # two cores: a second worker shares core 0
