@@ -244,3 +244,33 @@ def test_a_second_router_worker_gets_the_core_below_and_clients_keep_off_it(
     assert runner.client_cpus((7,)) == (0, 1, 2, 3, 4, 5)  # pinned already: the same set
     monkeypatch.setattr(runner.os, "sched_getaffinity", lambda _pid: {0, 1})
     assert runner.client_cpus((1,)) == (0,)  # two cores: a second worker shares core 0
+
+
+def test_the_ttft_slo_is_judged_on_streams_and_per_tenant() -> None:
+    """A unary answer's "TTFT" is its whole generation: it does not count against the TTFT
+    SLO (``slo_attainment``), only in ``slo_attainment_all``; a failed stream is a miss."""
+    from bench.loadgen import Result  # noqa: PLC0415
+    from bench.metrics import class_figures  # noqa: PLC0415
+    from bench.workload import Planned  # noqa: PLC0415
+
+    scenario = load(Path("bench/scenarios/contention.toml"))
+    slo_s = scenario.classes["interactive"].ttft_slo_ms / 1000
+
+    def result(i: int, tenant: str, *, stream: bool, ttft: float, error: str = "") -> Result:
+        planned = Planned(index=i, at=0.0, tenant=tenant, klass="interactive",
+                          prompt_tokens=10, max_tokens=10, stream=stream)  # fmt: skip
+        return Result(planned=planned, sent=0.0, status=200, ttft=ttft, end=ttft, error=error)
+
+    results = [
+        result(0, "acme", stream=True, ttft=slo_s / 2),
+        result(1, "acme", stream=False, ttft=slo_s * 3),  # a long unary answer: not a miss
+        result(2, "floodco", stream=True, ttft=slo_s * 2),  # a late first token: a miss
+        result(3, "floodco", stream=True, ttft=0.0, error="timeout"),  # failed: a miss
+    ]
+    figures = class_figures(scenario, results, duration=10.0)["interactive"]
+    assert figures["slo_attainment"] == pytest.approx(1 / 3)
+    assert figures["slo_attainment_all"] == pytest.approx(1 / 4)
+    assert figures["by_tenant"]["acme"]["slo_attainment"] == 1.0
+    assert figures["by_tenant"]["acme"]["streams"] == 1
+    assert figures["by_tenant"]["floodco"]["slo_attainment"] == 0.0
+    assert figures["unary_e2e_ms"]["p50"] == pytest.approx(slo_s * 3 * 1000, rel=1e-3)
