@@ -202,7 +202,9 @@ def _behaved_attainment(
 def _p95(phase: Mapping[str, Any] | None, tenant: str) -> float | None:
     """A tenant's TTFT p95 over its streams (older reports: over every request)."""
     found = _get(phase, "tenants", tenant, "stream_ttft_ms", "p95")
-    return found if found is not None else _get(phase, "tenants", tenant, "ttft_ms", "p95")
+    if found is None:
+        found = _get(phase, "tenants", tenant, "ttft_ms", "p95")
+    return None if found is None else float(found)
 
 
 def contention(scenario: Scenario, phases: Mapping[str, Any]) -> dict[str, Any] | None:
