@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 import httpx
@@ -45,6 +46,21 @@ class Result:
     @property
     def took_s(self) -> float:
         return self.ended - self.started
+
+
+def sse_lines(chunks: Iterable[bytes]) -> Iterator[str]:
+    """The lines of an SSE body, split only where SSE splits them (LF, CRLF). httpx's
+    ``iter_lines`` splits like ``str.splitlines``, also at U+0085, U+2028 and U+2029, which
+    JSON leaves unescaped inside strings: the tiny random model does emit them, and an event
+    cut there would read as a malformed (not ours) chunk."""
+    pending = b""
+    for chunk in chunks:
+        pending += chunk
+        *complete, pending = pending.split(b"\n")
+        for raw in complete:
+            yield raw.removesuffix(b"\r").decode("utf-8", "replace")
+    if pending:
+        yield pending.removesuffix(b"\r").decode("utf-8", "replace")
 
 
 def _ours(error: object) -> bool:
@@ -158,7 +174,7 @@ class Traffic:
                 if resp.status_code != 200:
                     outcome, detail = classify_refusal(resp.status_code, resp.read())
                     return Result(started, time.monotonic(), outcome, detail)
-                for line in resp.iter_lines():
+                for line in sse_lines(resp.iter_bytes()):
                     if line.startswith("data: "):
                         lines.append(line[6:])
                         if n == 0 and len(lines) == MID_STREAM_EVENTS:
