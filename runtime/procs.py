@@ -140,6 +140,25 @@ def watch_lifeline(
     return thread
 
 
+def lifeline_strays(owner: int) -> list[int]:
+    """Live processes started with ``SWITCHYARD_EXIT_WITH_PID=<owner>`` that are not
+    descendants of ``owner``: the replicas an autoscaler tick of that ``up`` launched (their
+    Celery parent gone), including one still importing, before its own lifeline watch runs."""
+    mine = set(descendant_pids(owner))
+    wanted = f"{LIFELINE_ENV}={owner}".encode()
+    found = []
+    for pid, state, _ppid, _pgid in _proc_table():
+        if pid == owner or pid in mine or state == "Z":
+            continue
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes()
+        except OSError:
+            continue
+        if wanted in environ.split(b"\0"):
+            found.append(pid)
+    return sorted(found)
+
+
 def _proc_table() -> list[tuple[int, str, int, int]]:
     """(pid, state, ppid, pgid) of every process in /proc."""
     rows = []

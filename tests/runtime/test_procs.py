@@ -129,3 +129,25 @@ def test_no_lifeline_no_watcher() -> None:
 
     assert watch_lifeline({}) is None
     assert watch_lifeline({"SWITCHYARD_EXIT_WITH_PID": "not-a-pid"}) is None
+
+
+def test_lifeline_strays_are_the_processes_named_for_an_owner_outside_its_tree() -> None:
+    """What ``up`` sweeps at the end of its shutdown: processes started with its pid as their
+    lifeline that are not its own descendants (a replica an autoscaler tick was launching)."""
+    from runtime.procs import lifeline_strays  # noqa: PLC0415
+
+    # The owner starts one child of its own with the variable set: not a stray.
+    owner = spawn(["sh", "-c", "SWITCHYARD_EXIT_WITH_PID=$$ exec sleep 60 & wait"])
+    env = {"SWITCHYARD_EXIT_WITH_PID": str(owner.pid), "PATH": "/usr/bin:/bin"}
+    stray = spawn(["sleep", "60"], env=env)  # started elsewhere, naming the owner
+    other = spawn(["sleep", "60"], env={**env, "SWITCHYARD_EXIT_WITH_PID": "1"})
+    try:
+        eventually(
+            lambda: [p for p in group_pids(owner.pid) if p != owner.pid], what="its own child"
+        )
+        assert lifeline_strays(owner.pid) == [stray.pid]
+        stop_group(stray, grace_s=1.0)
+        assert eventually(lambda: lifeline_strays(owner.pid) == [], timeout=5.0)
+    finally:
+        for proc in (stray, other, owner):
+            stop_group(proc, grace_s=1.0)

@@ -17,12 +17,14 @@ are ready (apps.core.up_console).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -35,13 +37,21 @@ from config.embedded import PortInUseError, ServiceStartError, port_from_env, sw
 from config.processes import ManagedServer
 from config.supervise import Command as SupervisedCommand
 from config.supervise import Server, Supervisor, procfile_entries
-from runtime.procs import LIFELINE_ENV, ensure_port_free, spawn, stop_group
+from runtime.procs import (
+    LIFELINE_ENV,
+    ensure_port_free,
+    lifeline_strays,
+    pid_alive,
+    spawn,
+    stop_group,
+)
 from runtime.snapshot_store import DEFAULT_PREFIX
 
 DEFAULT_PORT = 8000
 DEFAULT_ROUTER_PORT = 8080
 DEMO_POOL = "cpu"  # the demo model's pool (apps.core.demo_seed)
 STOP_REPLICAS_TIMEOUT_S = 90.0
+STRAY_GRACE_S = 10.0  # a replica started during shutdown: its SIGTERM path, then SIGKILL
 
 
 def _interrupt(_signum: int, _frame: object) -> NoReturn:
@@ -217,6 +227,7 @@ class Command(BaseCommand):
             # The Celery worker is stopped; stop the replicas it started (they outlive it)
             # while PostgreSQL and Redis still run, so their endpoints end up gone.
             self._stop_replicas(env, manage)
+            self._stop_strays()
 
     @staticmethod
     def _processes(procfile: Path) -> list[str]:
@@ -237,6 +248,23 @@ class Command(BaseCommand):
             code = None
         if code != 0:
             self._note(f"stopping the model replicas failed (exit code {code})")
+
+    def _stop_strays(self) -> None:
+        """SIGTERM, then SIGKILL after a bound, to replicas launched under this ``up`` that
+        ``stop_replicas`` did not know of (a tick was starting one as ``up`` stopped)."""
+        strays = lifeline_strays(os.getpid())
+        if not strays:
+            return
+        self._note(f"stopping {len(strays)} replica process(es) started during shutdown ...")
+        for pid in strays:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + STRAY_GRACE_S
+        while time.monotonic() < deadline and any(pid_alive(pid) for pid in strays):
+            time.sleep(0.1)
+        for pid in lifeline_strays(os.getpid()):  # stragglers, their children included
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
 
     def _step(self, env: dict[str, str], argv: list[str], name: str) -> None:
         self._note(f"{name} ...")
