@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 import pytest_asyncio
@@ -20,6 +20,7 @@ from runtime.admission.redis_limits import RedisLimits
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
 
 LONG_LINGER_S = 30.0  # far longer than any bound below: only urgency or stop() can send
+Factory = Callable[..., Awaitable[RedisLimits]]
 QUOTA = Quota(rpm=100_000, tpm=100_000_000, concurrency=100_000)
 
 
@@ -28,15 +29,17 @@ def redis_url() -> str:
 
 
 @pytest_asyncio.fixture
-async def made() -> AsyncIterator[tuple[Callable[..., RedisLimits], str, redis.Redis]]:
+async def made() -> AsyncIterator[tuple[Factory, str, redis.Redis]]:
     prefix = f"switchyard:test:linger:{uuid.uuid4().hex[:10]}"
     stream = f"{prefix}:usage"
     routers: list[RedisLimits] = []
     client = redis.Redis.from_url(redis_url())
 
-    def factory(**kwargs: object) -> RedisLimits:
+    async def factory(**kwargs: object) -> RedisLimits:
+        """A started router's limits, stopped at the end of the test."""
         limits = RedisLimits(redis_url(), prefix=prefix, usage_stream=stream, **kwargs)  # type: ignore[arg-type]
         routers.append(limits)
+        await limits.start()
         return limits
 
     yield factory, stream, client
@@ -70,11 +73,10 @@ async def memory_leases(limits: RedisLimits, count: int) -> list[Lease]:
 
 
 async def test_memory_path_settlements_wait_for_the_linger_and_stop_sends_them(
-    made: tuple[Callable[..., RedisLimits], str, redis.Redis],
+    made: tuple[Factory, str, redis.Redis],
 ) -> None:
     factory, stream, client = made
-    limits = factory(settle_linger_s=LONG_LINGER_S)
-    await limits.start()
+    limits = await factory(settle_linger_s=LONG_LINGER_S)
     memory = await memory_leases(limits, 5)
     for i, lease in enumerate(memory):
         limits.settle(lease, actual_tokens=10, served=True, event=event(i))
@@ -85,11 +87,10 @@ async def test_memory_path_settlements_wait_for_the_linger_and_stop_sends_them(
 
 
 async def test_a_settlement_freeing_a_redis_slot_is_sent_at_once(
-    made: tuple[Callable[..., RedisLimits], str, redis.Redis],
+    made: tuple[Factory, str, redis.Redis],
 ) -> None:
     factory, stream, client = made
-    limits = factory(settle_linger_s=LONG_LINGER_S, allowance_ttl_s=None)  # the exact path
-    await limits.start()
+    limits = await factory(settle_linger_s=LONG_LINGER_S, allowance_ttl_s=None)  # exact path
     quota = Quota(rpm=100, tpm=10_000, concurrency=1)
     lease = await limits.acquire("acme", quota, tokens=1)
     assert lease.source == "redis"
@@ -105,13 +106,12 @@ async def test_a_settlement_freeing_a_redis_slot_is_sent_at_once(
 
 
 async def test_a_full_batch_is_sent_without_waiting_out_the_linger(
-    made: tuple[Callable[..., RedisLimits], str, redis.Redis],
+    made: tuple[Factory, str, redis.Redis],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(redis_limits, "_FLUSH_AT", 4)
     factory, stream, client = made
-    limits = factory(settle_linger_s=LONG_LINGER_S)
-    await limits.start()
+    limits = await factory(settle_linger_s=LONG_LINGER_S)
     memory = await memory_leases(limits, 4)
     for i, lease in enumerate(memory):
         limits.settle(lease, actual_tokens=10, served=True, event=event(i))
@@ -119,11 +119,10 @@ async def test_a_full_batch_is_sent_without_waiting_out_the_linger(
 
 
 async def test_a_zero_linger_sends_each_settlement_at_once(
-    made: tuple[Callable[..., RedisLimits], str, redis.Redis],
+    made: tuple[Factory, str, redis.Redis],
 ) -> None:
     factory, stream, client = made
-    limits = factory(settle_linger_s=0.0)
-    await limits.start()
+    limits = await factory(settle_linger_s=0.0)
     lease = await limits.acquire("acme", QUOTA, tokens=10)
     limits.settle(lease, actual_tokens=10, served=True, event=event(0))
     await async_eventually(lambda: client.xlen(stream) == 1, timeout=5, what="the event sent")

@@ -6,17 +6,26 @@ Simulators run as subprocesses of ``python -m runtime.workers.simulator`` on fre
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
+import pytest_asyncio
 from fixtures.net import free_port
 from fixtures.router import Process, spawn, wait_until_up
 
 from runtime.snapshot import EndpointSnap
 from runtime.testing.snapshots import endpoint_snap
-from runtime.upstream import UpstreamResponse
+from runtime.upstream import UpstreamClient, UpstreamResponse
 
 SIM_MODEL = "sim-model"
+
+
+@pytest_asyncio.fixture
+async def client() -> AsyncIterator[UpstreamClient]:
+    """An upstream client with the default configuration (a test file may define its own)."""
+    c = UpstreamClient()
+    yield c
+    await c.close()
 
 
 def endpoint(endpoint_id: int, base_url: str, *, capacity: int = 8) -> EndpointSnap:

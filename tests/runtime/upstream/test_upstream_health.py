@@ -25,13 +25,6 @@ FAST = HealthConfig(interval_s=0.05, health_every=2, unhealthy_after=2, probe_ti
 
 
 @pytest_asyncio.fixture
-async def client() -> AsyncIterator[UpstreamClient]:
-    c = UpstreamClient()
-    yield c
-    await c.close()
-
-
-@pytest_asyncio.fixture
 async def monitor(client: UpstreamClient) -> AsyncIterator[HealthMonitor]:
     m = HealthMonitor(client, FAST)
     yield m

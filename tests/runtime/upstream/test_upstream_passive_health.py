@@ -90,13 +90,6 @@ class Worker:
 
 
 @pytest_asyncio.fixture
-async def client() -> AsyncIterator[UpstreamClient]:
-    c = UpstreamClient()
-    yield c
-    await c.close()
-
-
-@pytest_asyncio.fixture
 async def worker() -> AsyncIterator[Worker]:
     w = Worker()
     yield w

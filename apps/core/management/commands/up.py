@@ -17,14 +17,12 @@ are ready (apps.core.up_console).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -41,9 +39,9 @@ from runtime.procs import (
     LIFELINE_ENV,
     ensure_port_free,
     lifeline_strays,
-    pid_alive,
     spawn,
     stop_group,
+    stop_pid,
 )
 from runtime.snapshot_store import DEFAULT_PREFIX
 
@@ -251,20 +249,14 @@ class Command(BaseCommand):
 
     def _stop_strays(self) -> None:
         """SIGTERM, then SIGKILL after a bound, to replicas launched under this ``up`` that
-        ``stop_replicas`` did not know of (a tick was starting one as ``up`` stopped)."""
+        ``stop_replicas`` did not know of (a tick was starting one as ``up`` stopped). The
+        list holds their children too; those a parent's stop already ended go at once."""
         strays = lifeline_strays(os.getpid())
         if not strays:
             return
         self._note(f"stopping {len(strays)} replica process(es) started during shutdown ...")
         for pid in strays:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + STRAY_GRACE_S
-        while time.monotonic() < deadline and any(pid_alive(pid) for pid in strays):
-            time.sleep(0.1)
-        for pid in lifeline_strays(os.getpid()):  # stragglers, their children included
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
+            stop_pid(pid, signal.SIGTERM, timeout=STRAY_GRACE_S)
 
     def _step(self, env: dict[str, str], argv: list[str], name: str) -> None:
         self._note(f"{name} ...")
