@@ -13,7 +13,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from apps.core.api_support import etag_read, etag_update
-from apps.models.models import Pool
+from apps.models.models import ModelVersion, Pool
 from apps.scaling.models import PoolScaling, ScalingDecision
 from apps.scaling.selectors import pool_decisions
 from apps.scaling.services import pool_scaling_get_or_create, pool_scaling_update
@@ -50,6 +50,7 @@ class PoolScalingSerializer(serializers.ModelSerializer[PoolScaling]):
             "out_cooldown_s",
             "in_cooldown_s",
             "idle_to_zero_s",
+            "version",
             "last_out_at",
             "last_in_at",
             "idle_since",
@@ -71,6 +72,13 @@ class PoolScalingPatchSerializer(serializers.Serializer[Any]):
     in_cooldown_s = serializers.FloatField(required=False)
     idle_to_zero_s = serializers.FloatField(
         required=False, allow_null=True, help_text="Null: never scale to zero."
+    )
+    version = serializers.PrimaryKeyRelatedField(
+        queryset=ModelVersion.objects.all(),
+        required=False,
+        allow_null=True,
+        help_text="What the local actuator starts in a pool that never ran a replica "
+        "(a published version's id), or null.",
     )
 
 
@@ -107,6 +115,7 @@ SETTINGS_EXAMPLE = OpenApiExample(
         "out_cooldown_s": 5.0,
         "in_cooldown_s": 60.0,
         "idle_to_zero_s": 300.0,
+        "version": 7,
         "last_out_at": 1795868400.5,
         "last_in_at": None,
         "idle_since": None,

@@ -6,7 +6,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -63,14 +63,24 @@ def pool_scaling_get_or_create(*, pool: Pool) -> PoolScaling:
 
 def _scaling_errors(scaling: PoolScaling) -> dict[str, str]:
     """What the model's own validators miss: a policy the registry knows, a non-negative idle
-    time (the controller would otherwise crash or scale to zero at once)."""
+    time (the controller would otherwise crash or scale to zero at once), a published version
+    (the actuator verifies and loads only published artifacts)."""
     errors = {}
     if scaling.policy and scaling.policy not in scaling_policy_names():
         known = ", ".join(scaling_policy_names())
         errors["policy"] = f"Unknown scaling policy {scaling.policy!r}; known: {known} (or blank)."
     if scaling.idle_to_zero_s is not None and scaling.idle_to_zero_s < 0:
         errors["idle_to_zero_s"] = "Give a non-negative number of seconds, or null (never)."
+    if scaling.version is not None and not scaling.version.is_published:
+        errors["version"] = (
+            f"Version {scaling.version.pk} is not published; only a published version can run."
+        )
     return errors
+
+
+def _stored(scaling: PoolScaling, names: Iterable[str]) -> dict[str, object]:
+    """The fields' stored values (a foreign key's id, not the object) for the audit log."""
+    return {name: getattr(scaling, f"{name}_id" if name == "version" else name) for name in names}
 
 
 def pool_scaling_update(
@@ -78,7 +88,7 @@ def pool_scaling_update(
 ) -> PoolScaling:
     """Change a pool's autoscaling settings (validated, audited); the autoscaler reads them at
     its next tick."""
-    before = {name: getattr(scaling, name) for name in changes}
+    before = _stored(scaling, changes)
     for name, value in changes.items():
         setattr(scaling, name, value)
     scaling.full_clean()
@@ -87,7 +97,7 @@ def pool_scaling_update(
         raise ValidationError(errors)
     with transaction.atomic():
         scaling.save()
-        old, new = audit_changes(before, {name: getattr(scaling, name) for name in changes})
+        old, new = audit_changes(before, _stored(scaling, changes))
         audit_record(
             actor=actor, action="pool_scaling.update", target=scaling, before=old, after=new
         )

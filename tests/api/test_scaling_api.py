@@ -7,7 +7,7 @@ from typing import Any
 
 from rest_framework.test import APIClient
 
-from apps.models.services import pool_create
+from apps.models.services import model_version_create, pool_create
 from apps.scaling.actuators.base import Actuation
 from apps.scaling.services import scaling_decision_record
 from apps.tenants.models import AuditEvent
@@ -60,6 +60,34 @@ def test_refusals_carry_the_service_message(world: World, staff_client: APIClien
     below = _patch(staff_client, url, {"wait_slo_s": 0})
     assert list(below.json()["error"]["fields"]) == ["wait_slo_s"]
     assert staff_client.get(url).json()["policy"] == ""  # nothing was written
+
+
+def test_the_version_to_start_is_read_and_set(world: World, staff_client: APIClient) -> None:
+    url = f"{OPS}/pools/{world.pool.pk}/scaling/"
+    assert staff_client.get(url).json()["version"] is None
+    changed = _patch(staff_client, url, {"version": world.version.pk})
+    assert changed.status_code == 200, changed.content
+    assert changed.json()["version"] == world.version.pk
+    world.pool.scaling.refresh_from_db()
+    assert world.pool.scaling.version_id == world.version.pk
+    event = AuditEvent.objects.filter(action="pool_scaling.update").latest("id")
+    assert (event.before, event.after) == ({"version": None}, {"version": world.version.pk})
+    draft = model_version_create(
+        actor=None, model=world.version.model, label="draft",
+        artifact_uri="file:///models/tiny-llama/draft", digest=world.version.digest,
+        manifest=world.version.manifest, runtime="vllm",
+    )  # fmt: skip
+    refused = _patch(staff_client, url, {"version": draft.pk})
+    assert refused.status_code == 400, refused.content
+    assert refused.json()["error"]["fields"] == {
+        "version": [f"Version {draft.pk} is not published; only a published version can run."]
+    }
+    missing = _patch(staff_client, url, {"version": 987654})
+    assert missing.status_code == 400, missing.content
+    assert list(missing.json()["error"]["fields"]) == ["version"]
+    cleared = _patch(staff_client, url, {"version": None})
+    assert cleared.status_code == 200, cleared.content
+    assert cleared.json()["version"] is None
 
 
 def test_updates_need_a_current_if_match(world: World, staff_client: APIClient) -> None:
