@@ -127,7 +127,7 @@ def test_digest_mismatch_refuses_to_start(damage, make_version, pool, artifact):
         ("v1", ["--label", "v9"], f"model '{MODEL}' has no version labelled 'v9'"),
         ("draft", ["--label", "v1"], f"{MODEL}:v1 is not published; publish it before serving"),
         ("v1", ["--pool", "gpu"], "no pool named 'gpu'"),
-        ("s3", [], "serve_model serves local folders only (file:///path)"),
+        ("s3", [], "a replica serves local folders only (file:///path)"),
         ("torch", [], f"{MODEL}:v1 runs on the torch runtime"),
         ("v1", ["--capacity", "0"], "--capacity must be a positive integer"),
         ("v1", ["--grace", "-1"], "--grace must be >= 0"),

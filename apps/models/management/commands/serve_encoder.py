@@ -4,29 +4,28 @@ Resolves the version (``--label``, default the newest published), verifies its a
 against the registry's digest, loads it in this process (the PyTorch CPU worker with its
 dynamic batcher, :mod:`runtime.workers.encoder`), warms it up, registers the endpoint in
 ``--pool`` and moves it through starting → ready → draining → gone; SIGTERM or Ctrl-C drains.
-The registry hooks are ``serve_model``'s.
+The registry hooks are shared with ``serve_model`` (:mod:`apps.models.management.replica`).
 """
 
 from __future__ import annotations
 
-import asyncio
 import os
-import socket
 from typing import Any
 
-from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import connections
 
-from apps.models.management.commands.serve_model import RegistryHooks, artifact_dir
-from apps.models.models import Model, ModelVersion, Pool
-from apps.models.selectors import model_get_by_name, model_versions_published
-from runtime.procs import watch_lifeline
+from apps.models.management.replica import (
+    RegistryHooks,
+    advertised_url,
+    artifact_dir,
+    pool_named,
+    published_version,
+    serve,
+)
+from apps.models.models import ModelVersion
 from runtime.workers.encoder.options import policy_arguments, policy_from
 from runtime.workers.encoder.worker import EncoderSpec, EncoderWorker
-from runtime.workers.supervisor import WorkerError
 
 
 class Command(BaseCommand):
@@ -50,12 +49,10 @@ class Command(BaseCommand):
         policy_arguments(parser)
 
     def handle(self, *args: Any, **options: Any) -> None:
-        version = self._version(options["model"], options["label"])
+        version = published_version(options["model"], options["label"])
         if version.runtime != ModelVersion.Runtime.TORCH:
             raise CommandError(f"{version} runs on {version.runtime}; use serve_model for it")
-        pool = Pool.objects.filter(name=options["pool"]).first()
-        if pool is None:
-            raise CommandError(f"no pool named {options['pool']!r}")
+        pool = pool_named(options["pool"])
         if options["capacity"] < 1 or options["port"] < 1 or options["threads"] < 1:
             raise CommandError("--capacity, --port and --threads must be positive integers")
         try:
@@ -78,43 +75,10 @@ class Command(BaseCommand):
             grace_s=options["grace"],
             heartbeat_ttl_s=options["heartbeat_ttl"],
         )
-        advertised = options["base_url"]
-        if advertised is None and options["host"] in ("0.0.0.0", "::"):  # noqa: S104
-            advertised = f"http://{socket.gethostname()}:{options['port']}"
+        advertised = advertised_url(options["host"], options["port"], options["base_url"])
         hooks = RegistryHooks(
             pool=pool, version=version, capacity=options["capacity"], base_url=advertised
         )
         worker = EncoderWorker(spec, hooks=hooks, redis_url=settings.REDIS_URL)
         self.stdout.write(f"serving {version} (torch, cpu, {spec.threads} threads) in {pool}")
-        watch_lifeline()  # under `up`: stop (draining) once `up` is gone
-        try:
-            asyncio.run(self._serve(worker))
-        except WorkerError as exc:
-            raise CommandError(str(exc)) from exc
-        except ValidationError as exc:
-            raise CommandError(f"the registry refused the endpoint: {exc.messages}") from exc
-        endpoint = hooks.endpoint
-        self.stdout.write(f"stopped; endpoint {endpoint.pk if endpoint else '-'} is gone")
-
-    @staticmethod
-    async def _serve(worker: EncoderWorker) -> None:
-        try:
-            await worker.run()
-        finally:  # the hooks' connection lives in asgiref's thread: close it there
-            await sync_to_async(connections.close_all)()
-
-    def _version(self, model_name: str, label: str | None) -> ModelVersion:
-        model: Model | None = model_get_by_name(model_name)
-        if model is None:
-            raise CommandError(f"no model named {model_name!r}")
-        if label is None:
-            version = model_versions_published(model).last()
-            if version is None:
-                raise CommandError(f"model {model_name!r} has no published version")
-            return version
-        version = model.versions.select_related("model").filter(label=label).first()
-        if version is None:
-            raise CommandError(f"model {model_name!r} has no version labelled {label!r}")
-        if not version.is_published:
-            raise CommandError(f"{version} is not published; publish it before serving it")
-        return version
+        self.stdout.write(serve(worker.run(), hooks))
