@@ -18,47 +18,17 @@ from collections.abc import Sequence
 
 from runtime.scheduling.dispatcher import PoolDispatcher
 from runtime.scheduling.grant import Grant, Ticket
-from runtime.scheduling.interfaces import EndpointLoad
 from runtime.scheduling.settings import PoolSettings
-from runtime.snapshot import EndpointSnap
-from runtime.testing.snapshots import endpoint_snap
-
-
-class _Placement:
-    """The dispatcher's Placement protocol over two in-memory endpoints."""
-
-    def __init__(self, capacity: int) -> None:
-        self.endpoints = [endpoint_snap(i, 1, pool="p", capacity=capacity) for i in (1, 2)]
-        self.inflight = {e.id: 0 for e in self.endpoints}
-
-    def candidates(self, version: int, exclude: frozenset[int]) -> Sequence[EndpointSnap]:
-        return [e for e in self.endpoints if e.id not in exclude]
-
-    def load(self, endpoint: EndpointSnap) -> tuple[int, EndpointLoad]:
-        return self.inflight[endpoint.id], EndpointLoad()
-
-    def choose(self, endpoints: Sequence[EndpointSnap], affinity_key: str | None) -> EndpointSnap:
-        return min(endpoints, key=lambda e: self.inflight[e.id])
-
-    def fallback(
-        self, version: int, exclude: frozenset[int], affinity_key: str | None
-    ) -> EndpointSnap | None:
-        return None
-
-    def capacity(self) -> int:
-        return sum(e.capacity for e in self.endpoints)
-
-    def acquire(self, endpoint_id: int) -> None:
-        self.inflight[endpoint_id] += 1
-
-    def release(self, endpoint_id: int) -> None:
-        self.inflight[endpoint_id] -= 1
+from runtime.testing.fleet import HandFleet
 
 
 async def measure(requests: int, *, window: int = 32, repeats: int = 3) -> float:
     """Best CPU seconds per request over ``repeats`` passes of ``requests`` requests."""
     loop = asyncio.get_running_loop()
-    dispatcher = PoolDispatcher("p", PoolSettings(), _Placement(64), clock=loop.time)
+    fleet = HandFleet()
+    for endpoint_id in (1, 2):
+        fleet.add(endpoint_id, capacity=64)
+    dispatcher = PoolDispatcher("p", PoolSettings(), fleet, clock=loop.time)
     dispatcher.start()
     tickets = [
         Ticket(tenant=f"t{i % 4}", version=1, input_tokens=10, max_output_tokens=10, band=0,

@@ -10,8 +10,12 @@ reserve of slots that only tenants below their share may take. The rule, precise
   within the last ``window_s`` seconds;
 - a tenant's *share* of slots: the pool's capacity ``C`` (summed over its usable endpoints)
   times its weight over the active tenants' total weight;
-- *over* tenants hold at least their share in flight; the others are *under*. With no under
-  tenant (or no over tenant) nothing is gated;
+- *over* tenants hold more than their share in flight; the others are *under*. With no under
+  tenant (or no over tenant) nothing is gated. (A tenant holding exactly its share is under:
+  counted as over, a well-behaved tenant at its share during a burst would be gated together
+  with a flooder past it, and wait for the flooder's excess to drain. Measured with
+  ``python -m bench.dispatch_sim``: that was most of the well-behaved tenants' tail under a
+  flood);
 - the reserve ``R`` adds up, over the under tenants, each one's peak demand (in flight +
   queued) within the last ``window_s``, capped at its share; it is at least
   ``floor(C * fraction)`` and at most the under tenants' shares added up (so the over tenants
@@ -103,7 +107,7 @@ class HeadroomRule:
             demand = inflight.get(tenant, 0) + queued.get(tenant, 0)
             if demand >= seen.peak or now - seen.peak_at > self.window_s:
                 seen.peak, seen.peak_at = demand, now
-            if inflight.get(tenant, 0) >= share:
+            if inflight.get(tenant, 0) > share:
                 over.append(tenant)
             else:
                 under_share += share

@@ -16,7 +16,7 @@ def rule(fraction: float = 0.25) -> HeadroomRule:
     return r
 
 
-def test_a_tenant_over_its_share_is_gated_below_the_reserve() -> None:
+def test_a_tenant_past_its_share_is_gated_below_the_reserve() -> None:
     r = rule()
     gate = r.gate(inflight={"flood": 6}, queued={"flood": 30}, capacity=12, now=1.0)
     # shares: 4 each; light and idle are under (demand 0): reserve max(0, floor(12 / 4)) = 3.
@@ -69,10 +69,18 @@ def test_weights_set_the_shares() -> None:
     r = HeadroomRule(fraction=0.25, window_s=10.0)
     r.note("big", 3.0, now=0.0)
     r.note("small", 1.0, now=0.0)
-    assert r.gate(inflight={"big": 5}, queued={}, capacity=8, now=1.0) is OPEN  # 5 < 6
-    assert r.gate(inflight={"big": 6}, queued={}, capacity=8, now=1.0) == Gate(
+    assert r.gate(inflight={"big": 6}, queued={}, capacity=8, now=1.0) is OPEN  # its share
+    assert r.gate(inflight={"big": 7}, queued={}, capacity=8, now=1.0) == Gate(
         frozenset({"big"}), 6
     )
+
+
+def test_a_tenant_holding_exactly_its_share_is_not_gated_with_one_past_it() -> None:
+    r = rule()
+    gate = r.gate(inflight={"flood": 6, "light": 4}, queued={"light": 1}, capacity=12, now=1.0)
+    # shares 4: light holds its share and wants one more; only flood is past its share.
+    # The reserve holds light's demand (capped at its share) and the fraction's 3 slots.
+    assert gate == Gate(frozenset({"flood"}), 8)
 
 
 def test_bad_settings_are_refused() -> None:
