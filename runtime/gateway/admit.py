@@ -261,5 +261,5 @@ async def acquire_slot(
         ) from None
     except NoEndpointError as exc:
         raise _no_endpoint(state, plan, exc.retry_after_s) from None
-    state.metrics.queue_wait.labels(pool, str(ticket.band)).observe(grant.waited_s)
+    state.metrics.observe_queue_wait(pool, ticket.band, grant.waited_s)
     return grant

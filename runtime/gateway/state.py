@@ -230,9 +230,6 @@ def build_state(config: RouterConfig) -> RouterState:
     def current() -> Snapshot | None:
         return None if loader.version is None else loader.current
 
-    def on_slot(endpoint_id: int, delta: int) -> None:
-        metrics.inflight.labels(str(endpoint_id)).inc(delta)
-
     def placement_for(pool: str) -> FleetPlacement:
         return FleetPlacement(
             pool,
@@ -242,7 +239,7 @@ def build_state(config: RouterConfig) -> RouterState:
             health=health,
             inflight=inflight,
             clock=_loop_time,
-            on_slot=on_slot,
+            on_slot=metrics.inflight_delta,
         )
 
     version_stats = VersionStats(config.redis_url, namespace=config.namespace)

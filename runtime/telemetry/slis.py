@@ -88,6 +88,19 @@ class SliCounters:
             ["sli", "class", "model"],
             registry=registry,
         )
+        # Labelled children by (sli, class, model), made on first use like ``labels()`` does
+        # (which validates and locks on every call); the names come from the snapshot.
+        self._events: dict[tuple[str, str, str], Counter] = {}
+        self._good: dict[tuple[str, str, str], Counter] = {}
+
+    @staticmethod
+    def _child(
+        metric: Counter, children: dict[tuple[str, str, str], Counter], key: tuple[str, str, str]
+    ) -> Counter:
+        child = children.get(key)
+        if child is None:
+            child = children[key] = metric.labels(*key)
+        return child
 
     def observe(self, record: RequestRecord, snapshot: Snapshot | None) -> None:
         """Count one finished request (``record.klass``/``record.model`` name the series)."""
@@ -100,6 +113,7 @@ class SliCounters:
         for sli, good in verdict.items():
             if good is None:
                 continue
-            self.events.labels(sli, record.klass, record.model).inc()
+            key = (sli, record.klass, record.model)
+            self._child(self.events, self._events, key).inc()
             if good:
-                self.good.labels(sli, record.klass, record.model).inc()
+                self._child(self.good, self._good, key).inc()

@@ -27,6 +27,9 @@ class BreakerState(enum.Enum):
     HALF_OPEN = "half_open"
 
 
+_CLOSED = BreakerState.CLOSED
+
+
 @dataclass(frozen=True, slots=True)
 class BreakerConfig:
     failure_threshold: int = 5
@@ -80,6 +83,8 @@ class CircuitBreaker:
 
     def available(self) -> bool:
         """Would :meth:`try_acquire` admit a request now? (No side effect; for filters.)"""
+        if self._state is _CLOSED:  # the common case, asked per endpoint per request
+            return True
         state = self.state
         if state is BreakerState.CLOSED:
             return True

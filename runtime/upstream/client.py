@@ -70,7 +70,11 @@ class UpstreamClient:
                 limit_per_host=self.config.limit_per_host,
                 keepalive_timeout=self.config.keepalive_s,
             )
-            session = aiohttp.ClientSession(connector=connector)
+            # No cookie jar: a worker's cookies must never follow one tenant's request into
+            # another's, and filtering an empty jar is work on every request.
+            session = aiohttp.ClientSession(
+                connector=connector, cookie_jar=aiohttp.DummyCookieJar()
+            )
             self._sessions[key] = session
         return session
 
