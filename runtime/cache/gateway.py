@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import redis.asyncio as aioredis
@@ -43,7 +43,7 @@ from runtime.cache.policy import (
 )
 from runtime.cache.store import ResultStore, StoreConfig
 from runtime.contract import cache_purge_channel
-from runtime.gateway.relay import SSE_HEADERS, ResponseSink, Usage
+from runtime.gateway.relay import SSE_HEADERS, ResponseSink, Usage, end_cut
 from runtime.gateway.state import RouterState
 from runtime.redis_conn import cancel_and_wait
 from runtime.snapshot import ModelSnap, TenantSnap, VersionSnap
@@ -118,9 +118,11 @@ class CacheJob:
 
 async def send_entry(
     sink: ResponseSink, entry: Entry, *, streaming: bool, include_usage: bool,
-    headers: Iterable[tuple[bytes, bytes]],
+    headers: Iterable[tuple[bytes, bytes]], cut: Callable[[], str | None] | None = None,
 ) -> None:  # fmt: skip
-    """A stored answer, as JSON or as SSE in OpenAI's framing."""
+    """A stored answer, as JSON or as SSE in OpenAI's framing. A stream cancelled after its
+    headers while ``cut()`` names a reason (the router's grace period ended) ends with that
+    terminal chunk and ``[DONE]``, as a relayed stream does."""
     if not streaming:
         body = unary_body(entry)
         length = (b"content-length", str(len(body)).encode("ascii"))
@@ -129,7 +131,14 @@ async def send_entry(
         return
     frames = sse_frames(entry, include_usage=include_usage)
     await sink.start_response(200, [*SSE_HEADERS, *headers])
-    await sink.send_chunk(b"".join(frames), last=True)
+    try:
+        await sink.send_chunk(b"".join(frames), last=True)
+    except asyncio.CancelledError:
+        reason = cut() if cut is not None else None
+        if reason is not None:
+            await end_cut(sink, kind=entry.kind, reason=reason, id=entry.id,
+                          created=entry.created, model=entry.model)  # fmt: skip
+        raise
 
 
 class CacheFront:

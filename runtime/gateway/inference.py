@@ -229,8 +229,8 @@ class InferenceConsumer(GatewayConsumer):
         record.completion_tokens = entry.usage.completion_tokens
         headers = [(b"x-switchyard-version", plan.version.label.encode("latin-1")),
                    (HIT_HEADER, how)]  # fmt: skip
-        await send_entry(self, entry, streaming=plan.streaming,
-                         include_usage=plan.include_usage, headers=headers)  # fmt: skip
+        await send_entry(self, entry, streaming=plan.streaming, include_usage=plan.include_usage,
+                         headers=headers, cut=lambda: self.cut_reason)  # fmt: skip
 
     @staticmethod
     def _settle(

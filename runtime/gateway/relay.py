@@ -227,6 +227,15 @@ async def relay_stream(
     return result
 
 
+async def end_cut(
+    sink: ResponseSink, *, kind: str, reason: str, id: str = "", created: int = 0, model: str = ""
+) -> None:
+    """End a stream the router cuts itself (``reason``: the table's code, e.g.
+    ``router_shutdown``) with its terminal chunk and ``[DONE]``."""
+    meta = _Meta(id=id, created=created, model=model)
+    await _end_with(sink, kind, meta, ApiError.of(reason), [])
+
+
 async def _end_with(
     sink: ResponseSink, kind: str, meta: _Meta | None, failure: ApiError, held: list[bytes]
 ) -> None:

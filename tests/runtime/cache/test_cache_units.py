@@ -219,3 +219,55 @@ async def test_single_flight_across_routers_and_a_dead_leaders_lease(
         keys = [k async for k in client.scan_iter(match=f"{ns}:*")]
         if keys:
             await client.delete(*keys)
+
+
+class _StuckSink:
+    """A client that reads the headers, then stops reading (the body's send never returns)
+    until the task is cancelled; what it is sent after that is kept."""
+
+    def __init__(self) -> None:
+        self.started: asyncio.Event = asyncio.Event()
+        self.after_cancel: list[tuple[bytes, bool]] = []
+        self._stuck = True
+
+    async def start_response(self, status: int, headers: Any) -> None:
+        self.started.set()
+
+    async def send_chunk(self, data: bytes, *, last: bool = False) -> None:
+        if self._stuck:
+            self._stuck = False
+            await asyncio.Event().wait()
+        self.after_cancel.append((data, last))
+
+
+@pytest.mark.unit
+@pytest.mark.asyncio
+@pytest.mark.parametrize("reason", ["router_shutdown", None])
+async def test_a_stored_stream_cut_by_the_router_ends_with_its_terminal_chunk(
+    reason: str | None,
+) -> None:
+    from runtime.cache.gateway import send_entry  # noqa: PLC0415
+
+    entry = Entry(kind="chat", id="chatcmpl-1", created=7, model="m", chunks=("Hi",),
+                  finish_reason="stop", usage=CachedUsage(1, 1, 2))  # fmt: skip
+    sink = _StuckSink()
+    sending = send_entry(
+        sink, entry, streaming=True, include_usage=False, headers=(), cut=lambda: reason
+    )
+    task = asyncio.get_running_loop().create_task(sending)
+    await asyncio.wait_for(sink.started.wait(), 5)
+    await asyncio.sleep(0)  # into the stuck send
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    if reason is None:  # the client went away: nothing more is written
+        assert sink.after_cancel == []
+        return
+    ((data, last),) = sink.after_cancel
+    assert last
+    assert data.endswith(b"data: [DONE]\n\n")
+    (payload,) = parse_sse(data)  # the terminal chunk alone, then [DONE]
+    terminal = msgspec.json.decode(payload)
+    assert terminal["id"] == "chatcmpl-1"
+    assert terminal["choices"][0]["finish_reason"] == "error"
+    assert terminal["error"]["code"] == "router_shutdown"
