@@ -8,14 +8,11 @@ copies that hash into PostgreSQL. A failed flush keeps the batch for the next on
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 
-import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from runtime.redis_conn import async_client
+from runtime.flusher import PeriodicFlusher
 
 logger = logging.getLogger(__name__)
 
@@ -33,15 +30,11 @@ return n
 """
 
 
-class KeyUsageRecorder:
+class KeyUsageRecorder(PeriodicFlusher):
     def __init__(self, redis_url: str, *, hash_key: str, interval_s: float = 5.0) -> None:
-        self._redis_url = redis_url
+        super().__init__(redis_url, interval_s=interval_s, name="switchyard-key-usage")
         self._hash_key = hash_key
-        self._interval_s = interval_s
         self._pending: dict[str, float] = {}
-        self._client: aioredis.Redis[bytes] | None = None
-        self._task: asyncio.Task[None] | None = None
-        self._stopping = asyncio.Event()
 
     def record(self, prefix: str, when: float) -> None:
         """Note a use of the key ``prefix`` at unix time ``when`` (no I/O)."""
@@ -51,28 +44,6 @@ class KeyUsageRecorder:
     @property
     def pending(self) -> int:
         return len(self._pending)
-
-    async def start(self) -> None:
-        if self._task is not None:
-            raise RuntimeError("KeyUsageRecorder already started")
-        self._client = async_client(
-            self._redis_url, name="switchyard-key-usage", timeout_s=5.0, connect_timeout_s=1.0
-        )
-        self._stopping.clear()
-        self._task = asyncio.create_task(self._run(), name="key-usage-flusher")
-
-    async def stop(self) -> None:
-        """Stop the timer, flush what is pending once more, close the connection."""
-        self._stopping.set()
-        task, self._task = self._task, None
-        if task is not None:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        await self.flush()
-        client, self._client = self._client, None
-        if client is not None:
-            with contextlib.suppress(RedisError, OSError):
-                await client.aclose()  # type: ignore[attr-defined]
 
     async def flush(self) -> int:
         """Write the pending batch; returns how many keys moved forward (0 on failure)."""
@@ -91,10 +62,3 @@ class KeyUsageRecorder:
                 self.record(prefix, when)
             return 0
         return int(moved)
-
-    async def _run(self) -> None:
-        while not self._stopping.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stopping.wait(), timeout=self._interval_s)
-            if not self._stopping.is_set():
-                await self.flush()

@@ -17,9 +17,7 @@ flush keeps the counts.
 
 from __future__ import annotations
 
-import asyncio
 import bisect
-import contextlib
 import functools
 import logging
 import time
@@ -29,9 +27,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import redis
-import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from runtime.flusher import PeriodicFlusher
 from runtime.telemetry.logging import RequestRecord
 
 logger = logging.getLogger(__name__)
@@ -59,7 +57,7 @@ def itl_bucket(ms: float) -> int:
     return bisect.bisect_left(ITL_BOUNDS_MS, ms)
 
 
-class VersionStats:
+class VersionStats(PeriodicFlusher):
     """The router's pending per-version counts and their flusher."""
 
     def __init__(
@@ -70,15 +68,11 @@ class VersionStats:
         interval_s: float = 1.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self._redis_url = redis_url
+        super().__init__(redis_url, interval_s=interval_s, name="switchyard-version-stats")
         self._namespace = namespace
-        self._interval_s = interval_s
         self._clock = clock
         self._pending: dict[str, Counter[str]] = {}
         self._itl_bucket = functools.partial(bisect.bisect_left, ITL_BOUNDS_MS)  # C, no frame
-        self._client: aioredis.Redis[bytes] | None = None
-        self._task: asyncio.Task[None] | None = None
-        self._stopping = asyncio.Event()
 
     def record(
         self,
@@ -130,28 +124,6 @@ class VersionStats:
     def pending(self) -> int:
         return len(self._pending)
 
-    async def start(self) -> None:
-        if self._task is not None:
-            raise RuntimeError("VersionStats already started")
-        self._client = aioredis.Redis.from_url(
-            self._redis_url, socket_connect_timeout=1.0, socket_timeout=5.0
-        )
-        self._stopping.clear()
-        self._task = asyncio.create_task(self._run(), name="version-stats-flusher")
-
-    async def stop(self) -> None:
-        """Stop the timer, flush once more, close the connection."""
-        self._stopping.set()
-        task, self._task = self._task, None
-        if task is not None:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        await self.flush()
-        client, self._client = self._client, None
-        if client is not None:
-            with contextlib.suppress(RedisError, OSError):
-                await client.aclose()  # type: ignore[attr-defined]
-
     async def flush(self) -> int:
         """Write the pending counts; returns how many buckets were written (0 on failure)."""
         if not self._pending or self._client is None:
@@ -170,13 +142,6 @@ class VersionStats:
                 self._pending.setdefault(key, Counter()).update(counts)
             return 0
         return len(batch)
-
-    async def _run(self) -> None:
-        while not self._stopping.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stopping.wait(), timeout=self._interval_s)
-            if not self._stopping.is_set():
-                await self.flush()
 
 
 @dataclass(slots=True)
