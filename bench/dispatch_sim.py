@@ -15,7 +15,7 @@ It prints, per phase, tenant and class, the TTFT p50 / p95 in ms over the reques
 slot, and for each tenant that does not flood its p95 under the flood over its baseline's.
 Runs take seconds and repeat exactly, so a change to a scheduling policy can be judged here
 before a (noisy) harness run; the figures are the scheduler's share of the latency, not a
-router's. The flood phase starts after the baseline has drained.
+router's. Each phase starts once the previous one has drained, as in ``bench run``.
 """
 
 from __future__ import annotations
@@ -34,8 +34,6 @@ from runtime.scheduling.dispatcher import PoolDispatcher
 from runtime.scheduling.grant import Grant, SchedulingError, Ticket
 from runtime.scheduling.settings import PoolSettings
 from runtime.testing.fleet import HandFleet
-
-GAP_S = 120.0  # between phases: long enough for the baseline to drain
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,41 +74,43 @@ async def simulate(
     dispatcher.start()
     weights = {t.name: t.weight for t in scenario.tenants}
     order = itertools.count()
-    events: list[tuple[float, int, Planned | Grant, str]] = []
-    for number, phase in enumerate(scenario.phases):
-        plan = plan_phase(scenario, phase, duration_s=phase_s, max_requests=max_requests)
-        start = number * (phase_s + GAP_S)
-        for p in plan.requests:
-            heapq.heappush(events, (start + p.at, next(order), p, phase.name))
-    waiting: dict[int, tuple[asyncio.Task[Grant], str, Planned, float]] = {}
     outcomes: list[Outcome] = []
     loop = asyncio.get_running_loop()
     try:
-        while events:
-            at, key, item, phase_name = heapq.heappop(events)
-            clock.now = at
-            if isinstance(item, Planned):
-                ticket = _ticket(scenario, item, at, weights[item.tenant])
-                waiting[key] = (loop.create_task(dispatcher.acquire(ticket)), phase_name, item, at)
-            else:
-                item.release()
-            for _ in range(4):  # let the woken acquire() calls return
-                await asyncio.sleep(0)
-            for wait_key, (task, name, p, arrived) in list(waiting.items()):
-                if not task.done():
-                    continue
-                del waiting[wait_key]
-                if isinstance(task.exception(), SchedulingError):
-                    outcomes.append(Outcome(name, p.tenant, p.klass, None))
-                    continue
-                grant = task.result()
-                endpoint = grant.endpoint
-                batch = fleet.inflight.get(endpoint.id, 1) if endpoint is not None else 1
-                step = (b.decode_a_ms + b.decode_b_ms * batch) / 1000.0
-                prefill = p.prompt_tokens / b.prefill_tps
-                outcomes.append(Outcome(name, p.tenant, p.klass, at - arrived + prefill + step))
-                done = at + prefill + p.max_tokens * step
-                heapq.heappush(events, (done, next(order), grant, name))
+        for phase in scenario.phases:  # each starts once the previous one drained, as in `run`
+            plan = plan_phase(scenario, phase, duration_s=phase_s, max_requests=max_requests)
+            start = clock.now
+            events: list[tuple[float, int, Planned | Grant]] = [
+                (start + p.at, next(order), p) for p in plan.requests
+            ]
+            heapq.heapify(events)
+            waiting: dict[int, tuple[asyncio.Task[Grant], Planned, float]] = {}
+            while events:
+                at, key, item = heapq.heappop(events)
+                clock.now = at
+                if isinstance(item, Planned):
+                    ticket = _ticket(scenario, item, at, weights[item.tenant])
+                    waiting[key] = (loop.create_task(dispatcher.acquire(ticket)), item, at)
+                else:
+                    item.release()
+                for _ in range(4):  # let the woken acquire() calls return
+                    await asyncio.sleep(0)
+                for wait_key, (task, p, arrived) in list(waiting.items()):
+                    if not task.done():
+                        continue
+                    del waiting[wait_key]
+                    if isinstance(task.exception(), SchedulingError):
+                        outcomes.append(Outcome(phase.name, p.tenant, p.klass, None))
+                        continue
+                    grant = task.result()
+                    endpoint = grant.endpoint
+                    batch = fleet.inflight.get(endpoint.id, 1) if endpoint is not None else 1
+                    step = (b.decode_a_ms + b.decode_b_ms * batch) / 1000.0
+                    prefill = p.prompt_tokens / b.prefill_tps
+                    ttft = at - arrived + prefill + step
+                    outcomes.append(Outcome(phase.name, p.tenant, p.klass, ttft))
+                    done = at + prefill + p.max_tokens * step
+                    heapq.heappush(events, (done, next(order), grant))
     finally:
         await dispatcher.stop()
     return outcomes
