@@ -10,7 +10,8 @@ request becomes a :class:`Result` whose ``outcome`` is one of:
 - ``terminal:<code>``: HTTP 200 ending with our terminal chunk (``finish_reason: "error"`` and
   an ``error`` object whose code is in the gateway's table) then ``[DONE]``;
 - ``refused:<code>``: a non-200 answer with our OpenAI error document (503, 429, 504...);
-- ``unreachable``: the router did not accept the connection (it is down);
+- ``unreachable``: the router did not accept the connection or closed it before any
+  response byte (it is down);
 - ``cut``: a stream that ended without ``[DONE]`` or a terminal chunk (a bare close);
 - ``raw_error``: an error that is not ours (vLLM's error event or document, a non-JSON body);
 - ``hang``: the client's timeout passed (the router never ended the request in time).
@@ -167,10 +168,12 @@ class Traffic:
         }
         started = time.monotonic()
         lines: list[str] = []
+        answered = False
         try:
             with client.stream(
                 "POST", f"{self.router}/v1/chat/completions", json=body, headers=headers
             ) as resp:
+                answered = True
                 if resp.status_code != 200:
                     outcome, detail = classify_refusal(resp.status_code, resp.read())
                     return Result(started, time.monotonic(), outcome, detail)
@@ -184,6 +187,8 @@ class Traffic:
         except httpx.TimeoutException as exc:
             return Result(started, time.monotonic(), "hang", repr(exc))
         except httpx.HTTPError as exc:  # the connection closed mid-answer
+            if not answered:  # before any response byte (a kept-alive connection to a dead
+                return Result(started, time.monotonic(), "unreachable", repr(exc))  # router)
             outcome, detail = classify_stream(lines)
             if outcome == "ok":  # complete, then an unclean close: not a cut stream
                 return Result(started, time.monotonic(), outcome, detail)
