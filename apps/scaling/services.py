@@ -80,7 +80,9 @@ def _scaling_errors(scaling: PoolScaling) -> dict[str, str]:
 
 def _stored(scaling: PoolScaling, names: Iterable[str]) -> dict[str, object]:
     """The fields' stored values (a foreign key's id, not the object) for the audit log."""
-    return {name: getattr(scaling, f"{name}_id" if name == "version" else name) for name in names}
+    fields = scaling._meta
+    attnames = {name: getattr(fields.get_field(name), "attname", name) for name in names}
+    return {name: getattr(scaling, attname) for name, attname in attnames.items()}
 
 
 def pool_scaling_update(

@@ -136,7 +136,7 @@ async def send_entry(
     except asyncio.CancelledError:
         reason = cut() if cut is not None else None
         if reason is not None:
-            await end_cut(sink, kind=entry.kind, reason=reason, id=entry.id,
+            await end_cut(sink, kind=entry.kind, reason=reason, chunk_id=entry.id,
                           created=entry.created, model=entry.model)  # fmt: skip
         raise
 

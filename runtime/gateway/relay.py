@@ -228,11 +228,13 @@ async def relay_stream(
 
 
 async def end_cut(
-    sink: ResponseSink, *, kind: str, reason: str, id: str = "", created: int = 0, model: str = ""
-) -> None:
+    sink: ResponseSink, *, kind: str, reason: str, chunk_id: str = "", created: int = 0,
+    model: str = "",
+) -> None:  # fmt: skip
     """End a stream the router cuts itself (``reason``: the table's code, e.g.
-    ``router_shutdown``) with its terminal chunk and ``[DONE]``."""
-    meta = _Meta(id=id, created=created, model=model)
+    ``router_shutdown``) with its terminal chunk and ``[DONE]``; ``chunk_id``, ``created`` and
+    ``model`` are the stream's own, for the terminal chunk."""
+    meta = _Meta(id=chunk_id, created=created, model=model)
     await _end_with(sink, kind, meta, ApiError.of(reason), [])
 
 

@@ -57,6 +57,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 from runtime.snapshot import Snapshot
+from runtime.telemetry.children import Children
 from runtime.telemetry.collectors import (
     EndpointViews,
     FleetCollector,
@@ -251,12 +252,10 @@ class RouterMetrics:
         )
         self._scheduling: _SchedulingCollector | None = None
         self.slis = SliCounters(self.registry)
-        # Labelled children by label values: prometheus_client's ``labels()`` validates and
-        # locks on every call; the values are bounded (snapshot names), so are these maps.
-        self._stages: dict[tuple[str, str, str, str, str], Histogram] = {}
-        self._requests: dict[tuple[str, str, str, str], Counter] = {}
-        self._inflight: dict[int, Gauge] = {}
-        self._queue_waits: dict[tuple[str, int], Histogram] = {}
+        self._stages = Children(self.stage_seconds)
+        self._requests = Children(self.requests_total)
+        self._inflight = Children(self.inflight)
+        self._queue_waits = Children(self.queue_wait)
 
     def attach_scheduling(self, views: PoolViews) -> None:
         """Export the dispatchers' state, read from ``views()`` at every scrape."""
@@ -290,32 +289,18 @@ class RouterMetrics:
 
     def stage_observer(self, stage: str, labels: StageLabels) -> Histogram:
         """The labelled child for ``stage`` (fetch once, observe many: inter-token gaps)."""
-        key = labels.values(stage)
-        child = self._stages.get(key)
-        if child is None:
-            child = self._stages[key] = self.stage_seconds.labels(*key)
-        return child
+        return self._stages(*labels.values(stage))
 
     def count(self, *, model: str, klass: str, outcome: str, tenant: str) -> None:
-        key = (model, klass, outcome, self.tenant_label(tenant))
-        child = self._requests.get(key)
-        if child is None:
-            child = self._requests[key] = self.requests_total.labels(*key)
-        child.inc()
+        self._requests(model, klass, outcome, self.tenant_label(tenant)).inc()
 
     def observe_queue_wait(self, pool: str, band: int, seconds: float) -> None:
         """``switchyard_queue_wait_seconds{pool, band}``."""
-        child = self._queue_waits.get((pool, band))
-        if child is None:
-            child = self._queue_waits[(pool, band)] = self.queue_wait.labels(pool, str(band))
-        child.observe(seconds)
+        self._queue_waits(pool, str(band)).observe(seconds)
 
     def inflight_delta(self, endpoint_id: int, delta: int) -> None:
         """Move ``switchyard_inflight_requests{endpoint}`` by ``delta``."""
-        child = self._inflight.get(endpoint_id)
-        if child is None:
-            child = self._inflight[endpoint_id] = self.inflight.labels(str(endpoint_id))
-        child.inc(delta)
+        self._inflight(str(endpoint_id)).inc(delta)
 
     def render(self) -> tuple[bytes, str]:
         """The exposition text and its content type, for ``GET /metrics``."""

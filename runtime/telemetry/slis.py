@@ -27,6 +27,7 @@ from typing import Final
 from prometheus_client import CollectorRegistry, Counter
 
 from runtime.snapshot import Snapshot
+from runtime.telemetry.children import Children
 from runtime.telemetry.logging import RequestRecord
 
 SLIS: Final = ("availability", "ttft", "e2e", "stream_completion")
@@ -88,19 +89,8 @@ class SliCounters:
             ["sli", "class", "model"],
             registry=registry,
         )
-        # Labelled children by (sli, class, model), made on first use like ``labels()`` does
-        # (which validates and locks on every call); the names come from the snapshot.
-        self._events: dict[tuple[str, str, str], Counter] = {}
-        self._good: dict[tuple[str, str, str], Counter] = {}
-
-    @staticmethod
-    def _child(
-        metric: Counter, children: dict[tuple[str, str, str], Counter], key: tuple[str, str, str]
-    ) -> Counter:
-        child = children.get(key)
-        if child is None:
-            child = children[key] = metric.labels(*key)
-        return child
+        self._events = Children(self.events)
+        self._good = Children(self.good)
 
     def observe(self, record: RequestRecord, snapshot: Snapshot | None) -> None:
         """Count one finished request (``record.klass``/``record.model`` name the series)."""
@@ -113,7 +103,6 @@ class SliCounters:
         for sli, good in verdict.items():
             if good is None:
                 continue
-            key = (sli, record.klass, record.model)
-            self._child(self.events, self._events, key).inc()
+            self._events(sli, record.klass, record.model).inc()
             if good:
-                self._child(self.good, self._good, key).inc()
+                self._good(sli, record.klass, record.model).inc()

@@ -27,9 +27,6 @@ class BreakerState(enum.Enum):
     HALF_OPEN = "half_open"
 
 
-_CLOSED = BreakerState.CLOSED
-
-
 @dataclass(frozen=True, slots=True)
 class BreakerConfig:
     failure_threshold: int = 5
@@ -83,12 +80,9 @@ class CircuitBreaker:
 
     def available(self) -> bool:
         """Would :meth:`try_acquire` admit a request now? (No side effect; for filters.)"""
-        if self._state is _CLOSED:  # the common case, asked per endpoint per request
+        if self._state is BreakerState.CLOSED:  # asked per endpoint per request: no property
             return True
-        state = self.state
-        if state is BreakerState.CLOSED:
-            return True
-        return state is BreakerState.HALF_OPEN and not self._probe_out
+        return self.state is BreakerState.HALF_OPEN and not self._probe_out
 
     def try_acquire(self) -> bool:
         """Admit one request, or refuse it. In half-open, admits exactly one probe."""

@@ -226,16 +226,15 @@ class _StuckSink:
     until the task is cancelled; what it is sent after that is kept."""
 
     def __init__(self) -> None:
-        self.started: asyncio.Event = asyncio.Event()
+        self.stuck: asyncio.Event = asyncio.Event()  # set once the body's send hangs
         self.after_cancel: list[tuple[bytes, bool]] = []
-        self._stuck = True
 
     async def start_response(self, status: int, headers: Any) -> None:
-        self.started.set()
+        return
 
     async def send_chunk(self, data: bytes, *, last: bool = False) -> None:
-        if self._stuck:
-            self._stuck = False
+        if not self.stuck.is_set():
+            self.stuck.set()
             await asyncio.Event().wait()
         self.after_cancel.append((data, last))
 
@@ -255,8 +254,7 @@ async def test_a_stored_stream_cut_by_the_router_ends_with_its_terminal_chunk(
         sink, entry, streaming=True, include_usage=False, headers=(), cut=lambda: reason
     )
     task = asyncio.get_running_loop().create_task(sending)
-    await asyncio.wait_for(sink.started.wait(), 5)
-    await asyncio.sleep(0)  # into the stuck send
+    await asyncio.wait_for(sink.stuck.wait(), 5)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
