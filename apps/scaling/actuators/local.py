@@ -300,14 +300,18 @@ class LocalActuator:
         left of their groups; endpoints -> gone, records dropped."""
         records = self.records(pool)
         mine = [(e, records[e.pk]) for e in endpoints if e.pk in records]
+        signalled: set[int] = set()
         for _endpoint, record in mine:
             if record.alive:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(record.pid, signal.SIGTERM)
+                    signalled.add(record.pid)
         deadline = self._clock() + self._grace_s + 30.0
         for endpoint, record in mine:
             child = self._children.pop(record.pid, None)
-            while record.alive and self._clock() < deadline:
+            # Wait for the process itself to be gone, not for ``record.alive`` to turn false:
+            # an exiting process loses its command line (so its ``--port``) before it dies.
+            while record.pid in signalled and pid_alive(record.pid) and self._clock() < deadline:
                 if child is not None:
                     child.poll()
                 time.sleep(POLL_S)
