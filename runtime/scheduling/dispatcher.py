@@ -411,15 +411,20 @@ class PoolDispatcher:
             gated_full = bool(gate) and sum(self._inflight[t] for t in gate.tenants) >= gate.limit
             rooms: dict[int, list[EndpointSnap]] = {}
 
-            def admissible(req: QueuedRequest) -> bool:
-                if gated_full and req.tenant in gate.tenants:  # noqa: B023
-                    return False
+            def has_room(req: QueuedRequest) -> bool:
                 version = self._waiting[req.id].ticket.version
                 if version not in rooms:  # noqa: B023
                     rooms[version] = self._roomy(version, frozenset())  # noqa: B023
                 return bool(rooms[version])  # noqa: B023
 
-            req = self._queue.pop(admissible)
+            def under(req: QueuedRequest) -> bool:
+                return req.tenant not in gate.tenants and has_room(req)  # noqa: B023
+
+            # Tenants past their share yield to the others whatever the band: an over tenant's
+            # interactive request goes after an under tenant's batch one (:mod:`.headroom`).
+            req = self._queue.pop(under if gate else has_room)
+            if req is None and gate and not gated_full:
+                req = self._queue.pop(has_room)
             if req is None:
                 return
             waiter = self._waiting[req.id]

@@ -276,6 +276,31 @@ async def test_headroom_keeps_a_slot_for_a_tenant_below_its_share(
         await d.stop()
 
 
+async def test_a_tenant_past_its_share_yields_to_the_others_whatever_the_band() -> None:
+    fleet = HandFleet()
+    fleet.add(1, capacity=9)  # three tenants: shares of 3
+    d = dispatcher(fleet)
+    try:
+        held = [await d.acquire(ticket("c"))]
+        held += [await d.acquire(ticket("b")) for _ in range(3)]
+        flood = [await d.acquire(ticket("a")) for _ in range(5)]  # a: past its share
+        urgent = waiting(d, ticket("a", band=0))
+        batch = waiting(d, ticket("b", band=2))
+        await settle()
+        assert not urgent.done()
+        assert not batch.done()
+        flood.pop().release()  # a still holds 4, past its share, below its limit (9 - 4)
+        await settle()
+        # Strict band order would send a's band-0 request; a past its share yields instead.
+        assert batch.done()
+        assert not urgent.done()
+        urgent.cancel()
+        for grant in [*held, *flood, batch.result()]:
+            grant.release()
+    finally:
+        await d.stop()
+
+
 async def test_reassign_moves_to_another_endpoint_with_room_else_the_fallback() -> None:
     fleet = HandFleet()
     fleet.add(1, capacity=1)

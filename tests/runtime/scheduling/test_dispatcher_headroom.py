@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
-from runtime.scheduling.headroom import OPEN, Gate, HeadroomRule
+from runtime.scheduling.headroom import BURST_CAP, BURST_GAIN, OPEN, Gate, HeadroomRule
 
 pytestmark = pytest.mark.unit
 
@@ -81,6 +83,49 @@ def test_a_tenant_holding_exactly_its_share_is_not_gated_with_one_past_it() -> N
     # shares 4: light holds its share and wants one more; only flood is past its share.
     # The reserve holds light's demand (capped at its share) and the fraction's 3 slots.
     assert gate == Gate(frozenset({"flood"}), 8)
+
+
+def two() -> HeadroomRule:
+    r = HeadroomRule(fraction=0.25, window_s=10.0)
+    for tenant in ("flood", "light"):
+        r.note(tenant, 1.0, now=0.0)
+    return r
+
+
+def test_a_tenant_that_used_less_than_its_share_may_burst_past_it_within_its_credit() -> None:
+    r = two()  # capacity 16: shares 8
+    r.gate(inflight={"flood": 8, "light": 5}, queued={}, capacity=16, now=0.0)
+    for tenant in ("flood", "light"):
+        r.note(tenant, 1.0, now=10.0)
+    # light held 5 for one time constant: usage 5 + 3/e = 6.10, credit min(8 * BURST_CAP,
+    # BURST_GAIN * 1.90) slots.
+    credit = min(8 * BURST_CAP, BURST_GAIN * (8 - (5 + 3 / math.e)))
+    allowed = math.floor(8 + credit)
+    queued = {"flood": 40, "light": 3}
+    within = {"flood": 16 - allowed, "light": allowed}
+    assert r.gate(inflight=within, queued=queued, capacity=16, now=10.0) is OPEN
+    # Past its share and its credit it is over, and flood (at its share on average) is kept
+    # its demand, up to its share.
+    past = r.gate(inflight={"flood": 0, "light": allowed + 1}, queued=queued, capacity=16, now=10.0)
+    assert past == Gate(frozenset({"light"}), 8)
+
+
+def test_a_fresh_tenant_has_no_credit() -> None:
+    r = rule()
+    gate = r.gate(inflight={"flood": 5}, queued={"flood": 40}, capacity=12, now=1.0)
+    assert gate.tenants == frozenset({"flood"})  # first seen: usage = share, credit 0
+
+
+def test_no_room_is_kept_for_a_tenant_above_its_share_on_average() -> None:
+    r = two()
+    r.gate(inflight={"flood": 10, "light": 6}, queued={"flood": 50}, capacity=16, now=0.0)
+    for tenant in ("flood", "light"):
+        r.note(tenant, 1.0, now=20.0)
+    # After two time constants: flood's usage 10 - 2/e^2 = 9.73, above its share of 8; light's
+    # 6 + 2/e^2 = 6.27. Light past share + credit (at most one share) is over, and flood,
+    # squeezed under its share with a long queue, is kept no room: only the fraction's floor.
+    gate = r.gate(inflight={"flood": 0, "light": 17}, queued={"flood": 50}, capacity=16, now=20.0)
+    assert gate == Gate(frozenset({"light"}), 16 - 4)
 
 
 def test_bad_settings_are_refused() -> None:
