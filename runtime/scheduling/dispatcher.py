@@ -26,7 +26,8 @@ The *pump* (synchronous, run on every push and release and on the loop's ticks):
 
 Room: the pool's :class:`~runtime.scheduling.interfaces.SaturationDetector` over the router's
 in-flight count against the endpoint's capacity and the scraped engine gauges. Tenants over
-their share may not eat into the headroom kept for the others (:mod:`.headroom`).
+their share may not eat into the headroom kept for the others, and their requests are popped
+only when no other tenant's request (of any band) may go (:mod:`.headroom`).
 
 Several versions in one pool queue (a canary): a head request whose version has no room is
 passed over for this round (``PoolQueue.pop(admissible)``); it holds back only the later
