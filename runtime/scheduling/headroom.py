@@ -32,10 +32,10 @@ per-request trace, router log at ``info``):
   for the flooder's excess to drain;
 - the credit: a well-behaved tenant bursting past an equal split was gated together with the
   flooder, and the freed slots went to the flooder, which the burst had pushed just under its
-  share. On the quiet machine that wait was the well-behaved tenants' whole flood tail (their
-  queue p95 0.6-2.9 s; the engines' time unchanged). The credit is capped and shrinks as the
-  average catches up, so a tenant that turns into a flooder gets at most ``1 + BURST_CAP``
-  shares, for a few seconds;
+  share. On the quiet machine, before the credit, that wait was the well-behaved tenants'
+  whole flood tail (their queue p95 0.6-2.9 s; the engines' time unchanged). The credit is
+  capped and shrinks as the average catches up, so a tenant that turns into a flooder gets
+  at most ``1 + BURST_CAP`` shares, for a few seconds;
 - the yield across bands: with the flooder's interactive requests (band 0) ahead of
   everyone's batch (band 2), the well-behaved tenants' batch streams waited behind a tenant
   past its share;
