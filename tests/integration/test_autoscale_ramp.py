@@ -225,19 +225,18 @@ def test_a_load_ramp_scales_the_pool_out_and_back_in_with_no_failed_request(
                 # The router measures first-token times against the class SLO (2 s) under the
                 # load. Read from the published signals: a decision's own snapshot of them
                 # holds only the last 0.2 s interval, which a slow machine can leave empty.
-                eventually(lambda: "standard" in class_ttfts(), timeout=OUT_WITHIN_S,
-                           interval=0.05, what="the router's TTFT signal")  # fmt: skip
-                time.sleep(2.0)  # serve a while on three replicas (the load, not a sync)
-
-            def class_ttfts() -> dict[str, float]:
                 client = redis.Redis.from_url(settings.REDIS_URL)
                 try:
-                    signals = pool_signals_read(
-                        client=client, namespace=namespace_of(prefix), pool=pool.name,
-                        now=time.time(),
-                    )  # fmt: skip
+                    eventually(lambda: "standard" in class_ttfts(client), timeout=OUT_WITHIN_S,
+                               interval=0.05, what="the router's TTFT signal")  # fmt: skip
                 finally:
                     client.close()
+                time.sleep(2.0)  # serve a while on three replicas (the load, not a sync)
+
+            def class_ttfts(client: redis.Redis[bytes]) -> dict[str, float]:
+                signals = pool_signals_read(
+                    client=client, namespace=namespace_of(prefix), pool=pool.name, now=time.time()
+                )
                 return signals.ttft_p95_s
 
             def scaled_in() -> None:

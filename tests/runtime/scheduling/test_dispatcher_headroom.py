@@ -122,7 +122,7 @@ def test_no_room_is_kept_for_a_tenant_above_its_share_on_average() -> None:
     for tenant in ("flood", "light"):
         r.note(tenant, 1.0, now=20.0)
     # After two time constants: flood's usage 10 - 2/e^2 = 9.73, above its share of 8; light's
-    # 6 + 2/e^2 = 6.27. Light past share + credit (at most one share) is over, and flood,
+    # 6 + 2/e^2 = 6.27. Light past share + credit (at most half a share) is over, and flood,
     # squeezed under its share with a long queue, is kept no room: only the fraction's floor.
     gate = r.gate(inflight={"flood": 0, "light": 17}, queued={"flood": 50}, capacity=16, now=20.0)
     assert gate == Gate(frozenset({"light"}), 16 - 4)
