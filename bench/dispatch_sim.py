@@ -6,22 +6,30 @@ schedule the harness sends, :func:`bench.workload.plan_phase`) through a real
 :class:`~runtime.scheduling.dispatcher.PoolDispatcher` over an in-memory fleet
 (:class:`~runtime.testing.fleet.HandFleet`: the scenario's backends, each with
 ``max_num_seqs`` slots), with a virtual clock that jumps from event to event. An engine is
-modelled as the simulator's timing (``runtime.workers.simulator``): a request's first token
-comes one prefill plus one decode step after its dispatch, at the batch size it joins; it
-holds its slot for the prefill plus ``max_tokens`` decode steps. Engines never queue (the
-router's slots equal their sequences), so every wait here is the router's.
+modelled as the simulator worker runs it (``runtime.workers.simulator``): one step loop per
+engine; a step takes in every request granted since the last one, lasts their prompts'
+prefill plus one decode step at the batch size (``prompt_tokens / prefill_tps + decode_a_ms +
+decode_b_ms * batch``) and gives every running request a token; a request's first token comes
+at the end of the step that took it in, and it holds its slot until its ``max_tokens``-th.
+Newcomers' prefill slows everyone's step, so a burst stretches the generations in flight, as
+on the harness (an earlier model that charged a request only its own prefill showed a quarter
+of the harness's contention tail). Engines never queue (the router's slots equal their
+sequences), so every wait before a step is the router's.
 
 It prints, per phase, tenant and class, the TTFT p50 / p95 in ms over the requests that got a
 slot, and for each tenant that does not flood its p95 under the flood over its baseline's.
 Runs take seconds and repeat exactly, so a change to a scheduling policy can be judged here
 before a (noisy) harness run; the figures are the scheduler's share of the latency, not a
-router's. Each phase starts once the previous one has drained, as in ``bench run``.
+router's. ``--seed N`` plays another schedule of the same scenario: a rule tuned on one
+schedule's bursts should hold on others. Each phase starts once the previous one has drained,
+as in ``bench run``.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import heapq
 import itertools
 from collections.abc import Sequence
@@ -34,6 +42,7 @@ from runtime.scheduling.dispatcher import PoolDispatcher
 from runtime.scheduling.grant import Grant, SchedulingError, Ticket
 from runtime.scheduling.settings import PoolSettings
 from runtime.testing.fleet import HandFleet
+from runtime.workers.simulator.timing import TimingModel
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,59 +70,121 @@ def _ticket(scenario: Scenario, p: Planned, now: float, weight: float) -> Ticket
     )  # fmt: skip
 
 
+@dataclass(slots=True)
+class _Seq:
+    grant: Grant
+    planned: Planned
+    arrived: float
+    left: int  # tokens still to produce
+    started: bool = False
+
+
+@dataclass(slots=True)
+class _Engine:
+    """One backend as the simulator worker runs it: a step takes in every request granted
+    since the last one, prefills their prompts and gives every running request a token."""
+
+    running: list[_Seq]
+    fresh: list[_Seq]
+    stepping: bool = False
+
+    def duration(self, timing: TimingModel) -> float:
+        return timing.step_seconds(
+            batch_size=len(self.running) + len(self.fresh),
+            prefill_tokens=sum(s.planned.prompt_tokens for s in self.fresh),
+        )
+
+
+class _Run:
+    """The engines, the event heap (arrivals and step ends) and what came out."""
+
+    def __init__(self, scenario: Scenario, settings: PoolSettings) -> None:
+        self.scenario = scenario
+        b = scenario.backends
+        self.timing = TimingModel(
+            prefill_tps=b.prefill_tps, decode_a_ms=b.decode_a_ms, decode_b_ms=b.decode_b_ms
+        )
+        fleet = HandFleet()
+        self.engines: dict[int, _Engine] = {}
+        for endpoint_id in range(1, scenario.backends.count + 1):
+            fleet.add(endpoint_id, capacity=scenario.backends.max_num_seqs)
+            self.engines[endpoint_id] = _Engine([], [])
+        self.clock = _Clock()
+        self.dispatcher = PoolDispatcher("p", settings, fleet, clock=self.clock, tick_s=3600.0)
+        self.weights = {t.name: t.weight for t in scenario.tenants}
+        self.order = itertools.count()
+        self.events: list[tuple[float, int, Planned | int]] = []  # arrivals, step ends
+        self.outcomes: list[Outcome] = []
+
+    def step(self, endpoint_id: int) -> None:
+        """Start the engine's next step, if it has anything to run."""
+        engine = self.engines[endpoint_id]
+        engine.stepping = bool(engine.running or engine.fresh)
+        if engine.stepping:
+            ends = self.clock.now + engine.duration(self.timing)
+            heapq.heappush(self.events, (ends, next(self.order), endpoint_id))
+            engine.running.extend(engine.fresh)
+            engine.fresh.clear()
+
+    def step_ended(self, endpoint_id: int, phase: str) -> None:
+        engine = self.engines[endpoint_id]
+        for seq in list(engine.running):
+            if not seq.started:
+                seq.started = True
+                ttft = self.clock.now - seq.arrived
+                self.outcomes.append(Outcome(phase, seq.planned.tenant, seq.planned.klass, ttft))
+            seq.left -= 1
+            if seq.left <= 0:
+                engine.running.remove(seq)
+                seq.grant.release()
+        self.step(endpoint_id)
+
+    async def phase(self, phase: str, requests: Sequence[Planned]) -> None:
+        """Play one phase's requests until every one has finished or failed."""
+        loop = asyncio.get_running_loop()
+        start = self.clock.now
+        for p in requests:
+            heapq.heappush(self.events, (start + p.at, next(self.order), p))
+        waiting: dict[int, tuple[asyncio.Task[Grant], Planned, float]] = {}
+        while self.events:
+            at, key, item = heapq.heappop(self.events)
+            self.clock.now = at
+            if isinstance(item, Planned):
+                ticket = _ticket(self.scenario, item, at, self.weights[item.tenant])
+                waiting[key] = (loop.create_task(self.dispatcher.acquire(ticket)), item, at)
+            else:
+                self.step_ended(item, phase)
+            for _ in range(4):  # let the woken acquire() calls return
+                await asyncio.sleep(0)
+            for wait_key, (task, p, arrived) in list(waiting.items()):
+                if task.done():
+                    del waiting[wait_key]
+                    self.granted(task, p, arrived, phase)
+
+    def granted(self, task: asyncio.Task[Grant], p: Planned, arrived: float, phase: str) -> None:
+        if isinstance(task.exception(), SchedulingError):
+            self.outcomes.append(Outcome(phase, p.tenant, p.klass, None))
+            return
+        grant = task.result()
+        endpoint_id = grant.endpoint.id if grant.endpoint is not None else 1
+        self.engines[endpoint_id].fresh.append(_Seq(grant, p, arrived, max(p.max_tokens, 1)))
+        if not self.engines[endpoint_id].stepping:
+            self.step(endpoint_id)
+
+
 async def simulate(
     scenario: Scenario, settings: PoolSettings, *, phase_s: float, max_requests: int = 100_000
 ) -> list[Outcome]:
     """Every request of every phase, in virtual time; see the module docstring."""
-    b = scenario.backends
-    fleet = HandFleet()
-    for endpoint_id in range(1, b.count + 1):
-        fleet.add(endpoint_id, capacity=b.max_num_seqs)
-    clock = _Clock()
-    dispatcher = PoolDispatcher("p", settings, fleet, clock=clock, tick_s=3600.0)
-    dispatcher.start()
-    weights = {t.name: t.weight for t in scenario.tenants}
-    order = itertools.count()
-    outcomes: list[Outcome] = []
-    loop = asyncio.get_running_loop()
+    run = _Run(scenario, settings)
+    run.dispatcher.start()
     try:
         for phase in scenario.phases:  # each starts once the previous one drained, as in `run`
             plan = plan_phase(scenario, phase, duration_s=phase_s, max_requests=max_requests)
-            start = clock.now
-            events: list[tuple[float, int, Planned | Grant]] = [
-                (start + p.at, next(order), p) for p in plan.requests
-            ]
-            heapq.heapify(events)
-            waiting: dict[int, tuple[asyncio.Task[Grant], Planned, float]] = {}
-            while events:
-                at, key, item = heapq.heappop(events)
-                clock.now = at
-                if isinstance(item, Planned):
-                    ticket = _ticket(scenario, item, at, weights[item.tenant])
-                    waiting[key] = (loop.create_task(dispatcher.acquire(ticket)), item, at)
-                else:
-                    item.release()
-                for _ in range(4):  # let the woken acquire() calls return
-                    await asyncio.sleep(0)
-                for wait_key, (task, p, arrived) in list(waiting.items()):
-                    if not task.done():
-                        continue
-                    del waiting[wait_key]
-                    if isinstance(task.exception(), SchedulingError):
-                        outcomes.append(Outcome(phase.name, p.tenant, p.klass, None))
-                        continue
-                    grant = task.result()
-                    endpoint = grant.endpoint
-                    batch = fleet.inflight.get(endpoint.id, 1) if endpoint is not None else 1
-                    step = (b.decode_a_ms + b.decode_b_ms * batch) / 1000.0
-                    prefill = p.prompt_tokens / b.prefill_tps
-                    ttft = at - arrived + prefill + step
-                    outcomes.append(Outcome(phase.name, p.tenant, p.klass, ttft))
-                    done = at + prefill + p.max_tokens * step
-                    heapq.heappush(events, (done, next(order), grant))
+            await run.phase(phase.name, plan.requests)
     finally:
-        await dispatcher.stop()
-    return outcomes
+        await run.dispatcher.stop()
+    return run.outcomes
 
 
 def _pct(values: Sequence[float], q: float) -> float | None:
@@ -168,8 +239,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--policy", action="append", default=[], metavar="KEY=VALUE",
         help="a pool policy (as in PoolSnap.policies), e.g. headroom=0.5",
     )  # fmt: skip
+    parser.add_argument(
+        "--seed", type=int, default=None, help="another schedule than the scenario's seed gives"
+    )
     args = parser.parse_args(argv)
     scenario = load(args.scenario)
+    if args.seed is not None:
+        scenario = dataclasses.replace(scenario, seed=args.seed)
     policies = dict(scenario.switchyard.policies)
     for item in args.policy:
         key, sep, value = item.partition("=")

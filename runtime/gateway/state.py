@@ -105,6 +105,7 @@ class RouterState:
         views: list[PoolView] = []
         for dispatcher in dispatchers:
             fairness = dispatcher.served.fairness(now)
+            gate = dispatcher.held_back()
             views.append(
                 PoolView(
                     pool=dispatcher.pool,
@@ -114,6 +115,10 @@ class RouterState:
                     entitled_share=fairness.entitled_share,
                     counters=dispatcher.counters(),
                     jain=fairness.jain,
+                    over=gate.tenants,
+                    over_limit=gate.limit,
+                    flooding=gate.flooders,
+                    flood_limit=gate.flood_limit,
                 )
             )
         return views

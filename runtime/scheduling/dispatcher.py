@@ -26,8 +26,9 @@ The *pump* (synchronous, run on every push and release and on the loop's ticks):
 
 Room: the pool's :class:`~runtime.scheduling.interfaces.SaturationDetector` over the router's
 in-flight count against the endpoint's capacity and the scraped engine gauges. Tenants over
-their share may not eat into the headroom kept for the others, and their requests are popped
-only when no other tenant's request (of any band) may go (:mod:`.headroom`).
+their share may not eat into the headroom kept for the others, flooding tenants may hold no
+more than the others' recent peak leaves, and their requests are popped only when no other
+tenant's request (of any band) may go (:mod:`.headroom`).
 
 Several versions in one pool queue (a canary): a head request whose version has no room is
 passed over for this round (``PoolQueue.pop(admissible)``); it holds back only the later
@@ -55,7 +56,7 @@ from runtime.scheduling.grant import (
     QueueRejectedError,
     Ticket,
 )
-from runtime.scheduling.headroom import HeadroomRule
+from runtime.scheduling.headroom import Gate, HeadroomRule
 from runtime.scheduling.interfaces import DropReason, QueuedRequest, token_cost
 from runtime.scheduling.ports import CounterSink, Placement
 from runtime.scheduling.queue import QueueFull
@@ -243,9 +244,7 @@ class PoolDispatcher:
             capacity=self.placement.capacity(),
             now=now,
         )
-        if ticket.tenant in gate.tenants and (
-            sum(self._inflight[t] for t in gate.tenants) >= gate.limit
-        ):
+        if gate.blocks(ticket.tenant, self._inflight):
             return None
         seq = next(self._seq)
         req = QueuedRequest(
@@ -409,7 +408,7 @@ class PoolDispatcher:
             gate = self._headroom.gate(
                 inflight=self._inflight, queued=self._queued, capacity=capacity, now=now
             )
-            gated_full = bool(gate) and sum(self._inflight[t] for t in gate.tenants) >= gate.limit
+            gated_full = bool(gate) and all(gate.blocks(t, self._inflight) for t in gate.tenants)
             rooms: dict[int, list[EndpointSnap]] = {}
 
             def has_room(req: QueuedRequest) -> bool:
@@ -425,7 +424,9 @@ class PoolDispatcher:
             # interactive request goes after an under tenant's batch one (:mod:`.headroom`).
             req = self._queue.pop(under if gate else has_room)
             if req is None and gate and not gated_full:
-                req = self._queue.pop(has_room)
+                req = self._queue.pop(
+                    lambda r: not gate.blocks(r.tenant, self._inflight) and has_room(r)  # noqa: B023
+                )
             if req is None:
                 return
             waiter = self._waiting[req.id]
@@ -530,3 +531,15 @@ class PoolDispatcher:
 
     def inflight(self) -> dict[str, int]:
         return dict(self._inflight)
+
+    def held_back(self) -> Gate:
+        """The headroom gate as of now: who is held back, and the limits (:mod:`.headroom`).
+
+        Computing it is one more look for the rule's averages and peaks (as every dispatch
+        is): harmless at any moment, since they integrate what was held between looks."""
+        return self._headroom.gate(
+            inflight=self._inflight,
+            queued=self._queued,
+            capacity=self.placement.capacity(),
+            now=self._clock(),
+        )

@@ -141,6 +141,11 @@ class PoolView:
     entitled_share: Mapping[str, float] = field(default_factory=dict)
     counters: Mapping[tuple[int, str], float] = field(default_factory=dict)
     jain: float = 1.0
+    # The headroom gate (runtime.scheduling.headroom): tenants held back and their limits.
+    over: frozenset[str] = frozenset()  # over their share (flooders included): they yield
+    over_limit: int = 0  # slots the over tenants may hold together
+    flooding: frozenset[str] = frozenset()
+    flood_limit: int = 0  # slots the flooding tenants may hold together
 
 
 PoolViews = Callable[[], Iterable[PoolView]]
@@ -176,7 +181,9 @@ class _SchedulingCollector(Collector):
             "Fairness counter (weighted tokens) per tenant and band, shared across replicas.",
             labels=["pool", "band", "tenant"],
         )
+        held, limits = self._gate_families()
         for view in self._views():
+            self._add_gate(view, held, limits)
             for band, length in sorted(view.queued.items()):
                 queue.add_metric([view.pool, str(band)], length)
             tokens: dict[str, list[int]] = {}
@@ -199,7 +206,37 @@ class _SchedulingCollector(Collector):
                 label = self._tenant(tenant)
                 if label != OTHER:
                     counter.add_metric([view.pool, str(band), label], value)
-        yield from (queue, served, share, jain, counter)
+        yield from (queue, served, share, jain, counter, held, limits)
+
+    @staticmethod
+    def _gate_families() -> tuple[GaugeMetricFamily, GaugeMetricFamily]:
+        held = GaugeMetricFamily(
+            "switchyard_tenant_held_back",
+            "1 for a tenant the headroom gate holds back now: rule over_share (past its share "
+            "and its burst credit: it yields to the others) or flooding (asking for more than "
+            "twice its share on average: held to what the others' recent peak leaves).",
+            labels=["pool", "tenant", "rule"],
+        )
+        limits = GaugeMetricFamily(
+            "switchyard_headroom_limit_slots",
+            "Slots the tenants held back may hold together, per group (over_share, flooding); "
+            "only while the gate holds someone back.",
+            labels=["pool", "group"],
+        )
+        return held, limits
+
+    def _add_gate(self, view: PoolView, held: GaugeMetricFamily, limits: GaugeMetricFamily) -> None:
+        if not view.over:
+            return
+        limits.add_metric([view.pool, "over_share"], view.over_limit)
+        if view.flooding:
+            limits.add_metric([view.pool, "flooding"], view.flood_limit)
+        rules: dict[tuple[str, str], float] = {}
+        for tenant in view.over:
+            rule = "flooding" if tenant in view.flooding else "over_share"
+            rules[(self._tenant(tenant), rule)] = 1.0
+        for (tenant, rule), value in sorted(rules.items()):
+            held.add_metric([view.pool, tenant, rule], value)
 
 
 class RouterMetrics:

@@ -7,9 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from bench.dispatch_sim import main, simulate, table
+from bench.dispatch_sim import _Engine, _Seq, main, simulate, table
 from bench.scenario import load
+from bench.workload import Planned
 from runtime.scheduling.settings import PoolSettings
+from runtime.workers.simulator.timing import TimingModel
 
 pytestmark = pytest.mark.unit
 
@@ -50,3 +52,29 @@ def test_the_command_prints_the_table_and_refuses_a_bad_policy(
     with pytest.raises(SystemExit):
         main(["--scenario", str(CONTENTION), "--policy", "headroom"])
     assert "KEY=VALUE" in capsys.readouterr().err
+
+
+def test_a_step_prefills_every_newcomer_and_slows_everyone_running() -> None:
+    b = load(CONTENTION).backends  # prefill 5000 tok/s, decode 10 + 0.5 * batch ms
+    timing = TimingModel(
+        prefill_tps=b.prefill_tps, decode_a_ms=b.decode_a_ms, decode_b_ms=b.decode_b_ms
+    )
+    engine = _Engine(running=[_seq(prompt_tokens=10)], fresh=[])
+    assert engine.duration(timing) == pytest.approx((10 + 0.5 * 1) / 1000)  # decode only
+    engine.fresh = [_seq(prompt_tokens=500), _seq(prompt_tokens=1500)]
+    assert engine.duration(timing) == pytest.approx(2000 / 5000 + (10 + 0.5 * 3) / 1000)
+
+
+def test_another_seed_plays_another_schedule(capsys: pytest.CaptureFixture[str]) -> None:
+    main(["--scenario", str(CONTENTION), "--size", "smoke"])
+    default = capsys.readouterr().out
+    main(["--scenario", str(CONTENTION), "--size", "smoke", "--seed", "7"])
+    other = capsys.readouterr().out
+    assert "ratio globex" in other
+    assert other != default
+
+
+def _seq(*, prompt_tokens: int) -> _Seq:
+    planned = Planned(index=0, at=0.0, tenant="t", klass="interactive",
+                      prompt_tokens=prompt_tokens, max_tokens=4, stream=True)  # fmt: skip
+    return _Seq(grant=None, planned=planned, arrived=0.0, left=4)  # type: ignore[arg-type]

@@ -34,6 +34,10 @@ def exported_metric_names() -> set[str]:
                 served_share={"acme": 1.0},
                 entitled_share={"acme": 1.0},
                 counters={(0, "acme"): 1.0},
+                over=frozenset({"acme", "flood"}),
+                over_limit=8,
+                flooding=frozenset({"flood"}),
+                flood_limit=2,
             )
         ]
     )

@@ -7,6 +7,7 @@ import asyncio
 import pytest
 from dispatch_support import HandFleet, dispatcher, settle, ticket, waiting
 
+from runtime.scheduling.dispatcher import PoolDispatcher
 from runtime.scheduling.grant import (
     NoEndpointError,
     QueueDropError,
@@ -98,7 +99,9 @@ async def test_more_urgent_bands_go_first() -> None:
 async def test_fairness_decides_between_tenants_of_a_band(fairness: str, b_position: int) -> None:
     fleet = HandFleet()
     fleet.add(1, capacity=1)
-    d = dispatcher(fleet, fairness=fairness)
+    # No headroom: tenant a, four requests for one slot, would flood (module headroom), and
+    # this is about the fairness policy's order alone.
+    d = dispatcher(fleet, fairness=fairness, headroom=0.0)
     try:
         busy = await d.acquire(ticket("a"))
         order: list[str] = []
@@ -296,6 +299,49 @@ async def test_a_tenant_past_its_share_yields_to_the_others_whatever_the_band() 
         assert not urgent.done()
         urgent.cancel()
         for grant in [*held, *flood, batch.result()]:
+            grant.release()
+    finally:
+        await d.stop()
+
+
+class HandClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_a_flooding_tenant_waits_while_the_others_recent_peak_keeps_slots_free() -> None:
+    fleet = HandFleet()
+    fleet.add(1, capacity=8)  # two tenants: shares of 4
+    clock = HandClock()
+    d = PoolDispatcher("p", PoolSettings(), fleet, clock=clock, tick_s=3600.0)
+    d.start()
+    far = 1e6  # deadlines: the hand clock starts at 0
+    try:
+        light = [await d.acquire(ticket("b", deadline_in=far)) for _ in range(6)]
+        flood = [await d.acquire(ticket("a", deadline_in=far)) for _ in range(2)]
+        queued = [waiting(d, ticket("a", deadline_in=far)) for _ in range(20)]
+        await settle()
+        clock.now = 10.0  # a has asked for 22 slots, five shares, on average since
+        for grant in light:
+            grant.release()
+        await settle()
+        # b's peak (6) is remembered: a, flooding, may hold 8 - 6 = 2; six slots stay free.
+        assert not any(task.done() for task in queued)
+        assert fleet.inflight == {1: 2}
+        held = d.held_back()  # what /metrics shows
+        assert held.flooders == frozenset({"a"})
+        assert held.flood_limit == 2
+        again = await d.acquire(ticket("b", deadline_in=far))  # b finds its room at once
+        clock.now = 80.0  # b's peak is forgotten (and b is no longer active: a is alone)
+        again.release()
+        await settle()
+        assert sum(task.done() for task in queued) == 8 - 2
+        for task in queued:
+            task.cancel()
+        for grant in [*flood, *(t.result() for t in queued if t.done() and not t.cancelled())]:
             grant.release()
     finally:
         await d.stop()

@@ -43,9 +43,10 @@ async def router(prefix: str, url: str | None = None) -> tuple[PoolDispatcher, S
     fleet = HandFleet()
     fleet.add(1, capacity=1)
     loop = asyncio.get_running_loop()
-    dispatcher = PoolDispatcher(
-        "p", PoolSettings(fairness="vtc"), fleet, clock=loop.time, tick_s=0.01, sink=shared
-    )
+    # No headroom: with four requests each for one slot, both tenants would flood
+    # (runtime.scheduling.headroom); these tests are about the shared counters alone.
+    settings = PoolSettings(fairness="vtc", headroom=0.0)
+    dispatcher = PoolDispatcher("p", settings, fleet, clock=loop.time, tick_s=0.01, sink=shared)
     shared.attach("p", dispatcher)
     dispatcher.start()
     await shared.start()

@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 from prometheus_client import REGISTRY
 
-from runtime.telemetry.metrics import OTHER, STAGES, BoundedLabel, RouterMetrics, StageLabels
+from runtime.telemetry.metrics import (
+    OTHER,
+    STAGES,
+    BoundedLabel,
+    PoolView,
+    RouterMetrics,
+    StageLabels,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -49,3 +56,31 @@ def test_each_instance_has_its_own_registry() -> None:
     assert b"switchyard_requests_total" in first.render()[0]
     assert b'tenant="t"' not in second.render()[0]
     assert REGISTRY.get_sample_value("switchyard_requests_total") is None
+
+
+def test_the_headroom_gate_shows_who_is_held_back_and_the_limits() -> None:
+    metrics = RouterMetrics(max_tenant_labels=2)
+    held_back = PoolView(
+        pool="cpu",
+        over=frozenset({"acme", "flood", "zeta"}),
+        over_limit=20,
+        flooding=frozenset({"flood"}),
+        flood_limit=3,
+    )
+    views = [held_back, PoolView(pool="gpu")]  # gpu: nobody held back, no series
+    metrics.tenant_label("acme")
+    metrics.tenant_label("flood")  # zeta folds into "other"
+    metrics.attach_scheduling(lambda: views)
+    text = metrics.render()[0].decode()
+    held = sorted(line for line in text.splitlines()
+                  if line.startswith("switchyard_tenant_held_back{"))  # fmt: skip
+    assert held == [
+        'switchyard_tenant_held_back{pool="cpu",rule="flooding",tenant="flood"} 1.0',
+        'switchyard_tenant_held_back{pool="cpu",rule="over_share",tenant="acme"} 1.0',
+        f'switchyard_tenant_held_back{{pool="cpu",rule="over_share",tenant="{OTHER}"}} 1.0',
+    ]
+    assert 'switchyard_headroom_limit_slots{group="over_share",pool="cpu"} 20.0' in text
+    assert 'switchyard_headroom_limit_slots{group="flooding",pool="cpu"} 3.0' in text
+    names = ("switchyard_tenant_held_back", "switchyard_headroom_limit")
+    gated = [line for line in text.splitlines() if line.startswith(names)]
+    assert not [line for line in gated if 'pool="gpu"' in line]
