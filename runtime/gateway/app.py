@@ -110,13 +110,13 @@ class RouterApp:
                     return
                 try:
                     state = build_state(self.config)
+                    settle_heap()  # before start(): no probe or request is in flight to stall
                     await state.start()
                 except Exception as exc:
                     logger.exception("router: startup failed")
                     await send({"type": "lifespan.startup.failed", "message": repr(exc)})
                     return
                 scope["state"][STATE_KEY] = state
-                settle_heap()
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
                 if state is not None:
@@ -128,7 +128,10 @@ class RouterApp:
 def settle_heap() -> None:
     """Move everything startup built (Django, the modules, the state) out of the cyclic
     garbage collector's view: its full collections then walk only what requests made since,
-    not the whole heap, every time. Objects are still freed by reference counting."""
+    not the whole heap, every time. Objects are still freed by reference counting.
+
+    The collection blocks the loop (seconds on a large heap): it runs before the state starts,
+    so no health probe's timeout runs across it."""
     gc.collect()
     gc.freeze()
 

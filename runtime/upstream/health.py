@@ -5,6 +5,10 @@ running and waiting, KV-cache use) and checks ``/health`` every ``health_every``
 The router reads the latest :class:`EndpointStatus` synchronously (:meth:`status`). An
 endpoint is healthy once a scrape and a health check have succeeded and until
 ``unhealthy_after`` consecutive failures of either; one success of that kind recovers it.
+Until both have answered once, an endpoint counts as usable (the snapshot says it is ready)
+unless a probe failed definitely or ``unhealthy_after`` probes in a row got no answer: a
+router whose first probes time out (its loop stalled at start, the engine busy) must not
+refuse every request for the model until the next answer.
 A worker without ``/metrics`` (404) is judged by ``/health`` alone and reports no gauges.
 
 Passive evidence: the router tells the monitor whenever a real request to an endpoint got
@@ -194,11 +198,17 @@ class HealthMonitor:
             return failures < limit or (recent and timeouts == failures)
 
         probed = status.last_scrape is not None and status.last_health is not None
-        healthy = (
-            probed
-            and holds(status.consecutive_failures, status.metrics_timeouts)
-            and holds(status.health_failures, status.health_timeouts)
-        )
+        if probed:
+            healthy = holds(status.consecutive_failures, status.metrics_timeouts) and holds(
+                status.health_failures, status.health_timeouts
+            )
+        else:  # not yet answered both probes: usable until a definite failure or a full run
+            healthy = (
+                status.consecutive_failures == status.metrics_timeouts
+                and status.health_failures == status.health_timeouts
+                and status.consecutive_failures < limit
+                and status.health_failures < limit
+            )
         actively = status.consecutive_failures < limit and status.health_failures < limit
         return replace(
             status, healthy=healthy, passive=healthy and not actively, last_success=last_success

@@ -5,6 +5,7 @@ consumers must still build no channel layer and make no database thread hop per 
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -28,8 +29,10 @@ from gateway_fleet import (
     standard_world,
 )
 
+from runtime.gateway import app as gateway_app
 from runtime.gateway.app import create_app
 from runtime.gateway.config import RouterConfig
+from runtime.upstream import HealthConfig
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
 
@@ -94,6 +97,44 @@ async def test_no_channel_layer_and_no_db_hop_per_request(
 
     assert calls == []
     assert dict(channel_layers.backends) == backends_before
+
+
+async def test_a_stall_while_the_heap_settles_refuses_no_request(
+    fleet: Fleet, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CI: in the suite's large process, start-up's full collection blocked the loop for longer
+    than a probe's timeout while the first probes were out; both chat endpoints were refused
+    (503 no_healthy_endpoint) until their next answer. The stall is played by sleeping in it."""
+    settle = gateway_app.settle_heap
+
+    def large_heap() -> None:
+        settle()
+        time.sleep(HealthConfig().probe_timeout_s * 1.5)
+
+    monkeypatch.setattr(gateway_app, "settle_heap", large_heap)
+    publisher = Publisher(f"switchyard:test:gw-stall:{uuid.uuid4().hex[:8]}")
+    world = standard_world(fleet.sims, free_port())
+    publisher.publish(world.snapshot())
+    config = RouterConfig(
+        redis_url=redis_url(),
+        snapshot_prefix=publisher.prefix,
+        snapshot_cache_path=tmp_path / "router-snapshot.json",
+        key_usage_hash=f"{publisher.prefix}:apikey:last_used",
+    )
+    try:
+        async with inprocess_router(config) as base_url:
+            client = openai.AsyncOpenAI(
+                base_url=f"{base_url}/v1", api_key=world.secrets["good"], max_retries=0
+            )
+            try:
+                result = await client.chat.completions.create(
+                    model=CHAT_MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2
+                )
+            finally:
+                await client.close()
+            assert result.choices[0].message.content
+    finally:
+        publisher.cleanup()
 
 
 async def test_http_before_lifespan_answers_not_ready(tmp_path: Path) -> None:

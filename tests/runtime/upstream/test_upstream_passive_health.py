@@ -214,6 +214,43 @@ async def test_a_refused_connection_ejects_despite_recent_traffic(
 
 @pytest.mark.integration
 @pytest.mark.asyncio
+async def test_a_new_endpoint_whose_first_probes_time_out_stays_usable_for_a_full_run(
+    client: UpstreamClient, worker: Worker, clock: Clock
+) -> None:
+    """Not yet confirmed is not refused: timeouts eject it after ``unhealthy_after``, as they
+    would a confirmed one (CI: a router's loop stalled at start; every request got 503)."""
+    monitor = HealthMonitor(client, CONFIG, clock=clock)
+    monitor.set_endpoints([endpoint(ID, await worker.start())])
+    worker.probe = "hang"
+    async with asyncio.timeout(10):
+        statuses = await probe_times(monitor, LIMIT)
+    assert [s.healthy for s in statuses] == [True] * (LIMIT - 1) + [False]
+    assert (statuses[0].last_scrape, statuses[0].last_health) == (None, None)
+    worker.probe = "ok"
+    async with asyncio.timeout(10):
+        assert (await monitor.check_once(ID)).healthy
+
+
+@pytest.mark.integration
+@pytest.mark.asyncio
+@pytest.mark.parametrize("gone", [False, True], ids=["failing-answer", "refused"])
+async def test_a_new_endpoint_is_refused_at_its_first_definite_failure(
+    client: UpstreamClient, worker: Worker, clock: Clock, gone: bool
+) -> None:
+    monitor = HealthMonitor(client, CONFIG, clock=clock)
+    monitor.set_endpoints([endpoint(ID, await worker.start())])
+    if gone:
+        await worker.stop()
+    else:
+        worker.probe = "fail"
+    async with asyncio.timeout(10):
+        first = await monitor.check_once(ID)
+    assert not first.healthy
+    assert first.health_failures == 1
+
+
+@pytest.mark.integration
+@pytest.mark.asyncio
 async def test_one_definite_failure_in_a_run_of_timeouts_is_not_excused(
     client: UpstreamClient, worker: Worker, clock: Clock
 ) -> None:
