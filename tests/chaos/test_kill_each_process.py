@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from platform_up import PlatformUp, http_status
+from fixtures.platform_up import PlatformUp, http_status
 from traffic import CLIENT_SLACK_S, DEADLINE_S, Result, Traffic
 
 from runtime.procs import cmdline, pid_alive
@@ -148,8 +148,8 @@ def up(request: pytest.FixtureRequest) -> Iterator[PlatformUp]:
         if wanted or request.session.testsfailed:  # keep the logs for a look
             logs = Path(wanted or tempfile.mkdtemp(prefix="switchyard-chaos-logs-"))
             logs.mkdir(parents=True, exist_ok=True)
-            if (var / "up.log").exists():
-                shutil.copy(var / "up.log", logs / "up.log")
+            if platform.log.exists():
+                shutil.copy(platform.log, logs / "up.log")
             if (var / "log" / "replicas").is_dir():  # the replicas' and their engines' logs
                 shutil.copytree(var / "log" / "replicas", logs / "replicas", dirs_exist_ok=True)
             print(f"\nchaos: logs kept in {logs}")

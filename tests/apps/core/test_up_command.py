@@ -6,7 +6,6 @@ process behind (vLLM's engine processes included)."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import shutil
@@ -20,7 +19,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import openai
@@ -28,6 +27,7 @@ import pytest
 import redis
 from django.core.management import CommandError, call_command
 from fixtures.net import free_port
+from fixtures.platform_up import KEY_RE, READY_TIMEOUT_S, PlatformUp
 from fixtures.router import (
     Publisher,
     World,
@@ -37,7 +37,6 @@ from fixtures.router import (
     wait_ready,
     wait_until_up,
 )
-from fixtures.wait import eventually
 
 from apps.core.management.commands.up import Command as UpCommand
 from apps.core.up_console import (
@@ -47,12 +46,8 @@ from apps.core.up_console import (
     serving_endpoint,
     without_password,
 )
-from runtime.procs import cmdline, descendant_pids, pid_alive
 
 REPO = Path(__file__).resolve().parents[3]
-READY_TIMEOUT_S = 150.0
-MODEL_READY_TIMEOUT_S = 480.0  # vLLM on CPU: ~1 min alone on 2 cores, more when they are busy
-KEY_RE = r"sy_[a-z0-9]{8}_[A-Za-z0-9]{40}"
 
 
 @pytest.fixture
@@ -262,88 +257,6 @@ def get(url: str) -> tuple[int, str, str]:
         return exc.code, "", ""
 
 
-class Up:
-    """`manage.py up` in its own process group (a terminal's foreground job); output to a file."""
-
-    def __init__(self, var: Path, *, ports: dict[str, int], args: tuple[str, ...] = ()) -> None:
-        self.web = ports["port"]
-        self.router = ports["router-port"]
-        self.log = var / f"up-{time.monotonic_ns()}.log"
-        env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
-        env["SWITCHYARD_VAR_DIR"] = str(var)
-        flags = [part for name, port in ports.items() for part in (f"--{name}", str(port))]
-        with self.log.open("wb") as out:
-            self.proc = subprocess.Popen(
-                [sys.executable, "manage.py", "up", *flags, *args],
-                cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=out,
-                stderr=subprocess.STDOUT, start_new_session=True,
-            )  # fmt: skip
-        self.seen: set[int] = set()
-
-    @property
-    def output(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    def wait_for(self, what: str, ready: Callable[[], bool], timeout_s: float) -> float:
-        """Seconds until ``ready()``; every descendant seen meanwhile is remembered."""
-        started = time.monotonic()
-        while time.monotonic() - started < timeout_s:
-            assert self.proc.poll() is None, f"up exited early:\n{self.output[-4000:]}"
-            self.seen.update(descendant_pids(self.proc.pid))
-            with contextlib.suppress(OSError):
-                if ready():
-                    return time.monotonic() - started
-            time.sleep(0.5)
-        pytest.fail(f"{what} not within {timeout_s:.0f} s:\n{self.output[-4000:]}")
-
-    def wait_ready(self) -> float:
-        return self.wait_for(
-            "admin answers",
-            lambda: get(f"http://127.0.0.1:{self.web}/admin/login/")[0] == 200,
-            READY_TIMEOUT_S,
-        )
-
-    def wait_model_ready(self) -> float:
-        return self.wait_for(
-            "'model ready' printed", lambda: "model ready: demo-llama" in self.output,
-            MODEL_READY_TIMEOUT_S,
-        )  # fmt: skip
-
-    def names(self) -> str:
-        return " ".join(
-            Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
-            for pid in self.seen
-            if pid_alive(pid)
-        )
-
-    def stop(self, how: str) -> int:
-        self.seen.update(descendant_pids(self.proc.pid))
-        if how == "ctrl-c":  # what a terminal does: SIGINT to the whole foreground group
-            os.killpg(self.proc.pid, signal.SIGINT)
-        else:
-            self.proc.send_signal(signal.SIGINT if how == "sigint" else signal.SIGTERM)
-        try:
-            return self.proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            pytest.fail(f"up did not stop within 60 s:\n{self.output[-4000:]}")
-
-    def kill(self) -> None:
-        for pid in [*descendant_pids(self.proc.pid), self.proc.pid]:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        self.proc.wait()
-
-    def leftovers(self, timeout: float = 10.0) -> list[str]:
-        with contextlib.suppress(AssertionError):
-            eventually(lambda: not any(pid_alive(pid) for pid in self.seen), timeout=timeout)
-        return [
-            Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-            for pid in self.seen
-            if pid_alive(pid)
-        ]
-
-
 def banner_python_example(output: str) -> str:
     """The Python example the first banner printed, as a script."""
     block = output.split(".venv/bin/python - <<'EOF'\n", 1)[1].split("\n    EOF", 1)[0]
@@ -357,7 +270,7 @@ def test_up_runs_the_platform_streams_the_model_and_stops_every_process(var: Pat
     web, router = ports["port"], ports["router-port"]
     started = time.monotonic()
 
-    first = Up(var, ports=ports)
+    first = PlatformUp(var, ports=ports)
     try:
         admin_s = first.wait_ready()
         status, _type, page = get(f"http://127.0.0.1:{web}/admin/login/")
@@ -417,7 +330,7 @@ def test_up_runs_the_platform_streams_the_model_and_stops_every_process(var: Pat
 
     # A second run reuses the data: nothing new is seeded, no secret is printed again. Without
     # the worker it is quick (a second vLLM start would double this test's time).
-    second = Up(var, ports=ports, args=("--no-worker",))
+    second = PlatformUp(var, ports=ports, args=("--no-worker",))
     try:
         second.wait_ready()
         second.wait_for(
@@ -453,11 +366,10 @@ def test_up_restarts_a_killed_process_and_the_embedded_redis_and_stops_them_all(
     procfile.write_text(f"steady: {sleeper.format('steady')}\nother: {sleeper.format('other')}\n")
     ports = {"port": free_port(), "router-port": free_port(), "pg-port": free_port(),
              "redis-port": free_port()}  # fmt: skip
-    up = Up(var, ports=ports, args=("--no-worker", "--procfile", str(procfile)))
+    up = PlatformUp(var, ports=ports, args=("--no-worker", "--procfile", str(procfile)))
 
     def pid_of(needle: str) -> int | None:
-        up.seen.update(descendant_pids(up.proc.pid))
-        found = [p for p in descendant_pids(up.proc.pid) if needle in cmdline(p)]
+        found = up.find(re.escape(needle))
         return found[0] if found else None
 
     try:
