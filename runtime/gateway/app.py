@@ -112,6 +112,7 @@ class RouterApp:
                     state = build_state(self.config)
                     settle_heap()  # before start(): no probe or request is in flight to stall
                     await state.start()
+                    gc.freeze()  # what start() built (the snapshot) too; no collection, no stall
                 except Exception as exc:
                     logger.exception("router: startup failed")
                     await send({"type": "lifespan.startup.failed", "message": repr(exc)})
