@@ -5,6 +5,7 @@ consumers must still build no channel layer and make no database thread hop per 
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -37,9 +38,10 @@ from runtime.upstream import HealthConfig
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
 
 
-@pytest_asyncio.fixture
-async def router(fleet: Fleet, tmp_path: Path) -> AsyncIterator[tuple[str, str]]:
-    publisher = Publisher(f"switchyard:test:gw-inproc:{uuid.uuid4().hex[:8]}")
+@contextlib.asynccontextmanager
+async def world_router(fleet: Fleet, tmp_path: Path, name: str) -> AsyncIterator[tuple[str, str]]:
+    """An in-process router over the standard world (a fresh prefix); (base URL, good key)."""
+    publisher = Publisher(f"switchyard:test:{name}:{uuid.uuid4().hex[:8]}")
     world = standard_world(fleet.sims, free_port())
     publisher.publish(world.snapshot())
     config = RouterConfig(
@@ -53,6 +55,12 @@ async def router(fleet: Fleet, tmp_path: Path) -> AsyncIterator[tuple[str, str]]
             yield base_url, world.secrets["good"]
     finally:
         publisher.cleanup()
+
+
+@pytest_asyncio.fixture
+async def router(fleet: Fleet, tmp_path: Path) -> AsyncIterator[tuple[str, str]]:
+    async with world_router(fleet, tmp_path, "gw-inproc") as served:
+        yield served
 
 
 async def test_no_channel_layer_and_no_db_hop_per_request(
@@ -112,29 +120,15 @@ async def test_a_stall_while_the_heap_settles_refuses_no_request(
         time.sleep(HealthConfig().probe_timeout_s * 1.5)
 
     monkeypatch.setattr(gateway_app, "settle_heap", large_heap)
-    publisher = Publisher(f"switchyard:test:gw-stall:{uuid.uuid4().hex[:8]}")
-    world = standard_world(fleet.sims, free_port())
-    publisher.publish(world.snapshot())
-    config = RouterConfig(
-        redis_url=redis_url(),
-        snapshot_prefix=publisher.prefix,
-        snapshot_cache_path=tmp_path / "router-snapshot.json",
-        key_usage_hash=f"{publisher.prefix}:apikey:last_used",
-    )
-    try:
-        async with inprocess_router(config) as base_url:
-            client = openai.AsyncOpenAI(
-                base_url=f"{base_url}/v1", api_key=world.secrets["good"], max_retries=0
+    async with world_router(fleet, tmp_path, "gw-stall") as (base_url, key):
+        client = openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key=key, max_retries=0)
+        try:
+            result = await client.chat.completions.create(
+                model=CHAT_MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2
             )
-            try:
-                result = await client.chat.completions.create(
-                    model=CHAT_MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2
-                )
-            finally:
-                await client.close()
-            assert result.choices[0].message.content
-    finally:
-        publisher.cleanup()
+        finally:
+            await client.close()
+        assert result.choices[0].message.content
 
 
 async def test_http_before_lifespan_answers_not_ready(tmp_path: Path) -> None:
