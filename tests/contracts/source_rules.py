@@ -11,6 +11,7 @@
     ``f"{self._prefix}:cache:e:"``): a name under a namespace or prefix;
   - a literal ``":<word>..."`` concatenated with ``+`` (``ns + ":limits"``) or a template
     ``"{...}:<word>"`` / ``"%s:<word>"`` formatted with ``.format`` / ``%``;
+  - ``":".join(...)`` of a sequence holding a literal ``<word>`` (``":".join((ns, "live"))``);
   - any literal that starts with the default namespace (``"switchyard:..."``).
 
   ``<word>`` is a lower-case identifier (``live``, ``ledger-lock``) making a whole segment:
@@ -37,6 +38,7 @@ _WORD = r"[a-z][a-z0-9_-]*"
 _AFTER_VALUE = re.compile(rf":{_WORD}(?::|$)")  # the literal right after an interpolated value
 _TEMPLATE = re.compile(rf"(?:\{{[^{{}}]*\}}|%[sr]):{_WORD}(?::|$)")  # "{}:live", "%s:live"
 _NAMESPACED = re.compile(rf"{NAMESPACE}:{_WORD}")
+_SEGMENT = re.compile(rf"{_WORD}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +111,18 @@ class _Visitor(ast.NodeVisitor):
             and _TEMPLATE.search(template)
         ):
             self._add(node, "redis-key", f"{template!r}.format(...)")
+        if (
+            isinstance(node.func, ast.Attribute)
+            and node.func.attr == "join"
+            and _str(node.func.value) == ":"
+            and node.args
+            and isinstance(node.args[0], ast.List | ast.Tuple)
+            and any(
+                (text := _str(e)) is not None and _SEGMENT.fullmatch(text)
+                for e in node.args[0].elts
+            )
+        ):
+            self._add(node, "redis-key", ast.unparse(node))
         self.generic_visit(node)
 
     def visit_BinOp(self, node: ast.BinOp) -> None:

@@ -158,6 +158,7 @@ def test_redis_key_names_are_spelled_only_in_contract(repo_findings: list[Findin
         ("key = '{}:live:relay'.format(ns)", "redis-key"),
         ("key = '%s:dash:tasks' % ns", "redis-key"),
         ("key = 'switchyard:usage'", "redis-key"),
+        ("key = ':'.join((ns, 'live', 'recent'))", "redis-key"),
         ("def f():\n    return client.get(f'{namespace}:ledger-lock')", "redis-key"),
     ],
 )
@@ -177,6 +178,7 @@ def test_the_source_rules_find_a_violation(source: str, rule: str) -> None:
         "def f():\n    '''Writes ``switchyard:snapshot:latest``.'''",
         "client = async_client(url, name='x')",
         "import redis\nredis.exceptions.ConnectionError",
+        "addr = ':'.join([host, str(port)])",
     ],
 )
 def test_the_source_rules_leave_the_rest_alone(source: str) -> None:
