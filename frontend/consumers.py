@@ -27,10 +27,17 @@ from django.conf import settings
 from frontend.access import ALL, filter_document, may_watch, visible_tenants
 from frontend.control_feed import STAFF_GROUP, control_key
 from frontend.relay import GROUP, backlog_key, live_namespace
+from runtime.redis_conn import async_client
 
 BACKFILL_S = 600.0  # what the charts keep
 CLOSE_UNAUTHENTICATED = 4401
 CLOSE_FORBIDDEN = 4403
+
+
+def _client(name: str) -> aioredis.Redis[bytes]:
+    """A short-lived client for one read on connect (bounded: a slow Redis delays the page by
+    at most a few seconds, never forever)."""
+    return async_client(settings.REDIS_URL, name=name, timeout_s=2.0, connect_timeout_s=1.0)
 
 
 class LiveConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]
@@ -89,7 +96,7 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]
             await self.send_json({"type": "control", "doc": event["doc"]})
 
     async def _latest_control(self) -> dict[str, Any] | None:
-        client = aioredis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=1.0)
+        client = _client("dashboard-control-read")
         try:
             raw = await client.get(control_key(live_namespace()))
         finally:
@@ -97,7 +104,7 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]
         return None if raw is None else msgspec.json.decode(raw)
 
     async def _backfill(self) -> list[dict[str, Any]]:
-        client = aioredis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=1.0)
+        client = _client("dashboard-backfill")
         try:
             raw = await client.lrange(backlog_key(), 0, -1)
         finally:

@@ -25,6 +25,8 @@ from django.core.exceptions import ValidationError
 
 from frontend.rollout_panels import rollout_view, rollouts_recent
 from frontend.scaling_panels import scaling_view
+from runtime import contract
+from runtime.redis_conn import sync_client
 
 STAFF_GROUP: Final = "dashboard.staff"
 CONTROL_TTL_S: Final = 10
@@ -43,12 +45,12 @@ STATES: Final = {
 
 def control_key(namespace: str) -> str:
     """The latest control document (a string with a TTL)."""
-    return f"{namespace}:live:control"
+    return contract.live_control_key(namespace)
 
 
 def tasks_key(namespace: str) -> str:
     """The dashboard's recently queued actions (a capped list, newest first)."""
-    return f"{namespace}:dash:tasks"
+    return contract.dashboard_tasks_key(namespace)
 
 
 def task_note(
@@ -132,8 +134,8 @@ class ControlSource:
 
     def _build(self) -> dict[str, Any]:
         if self._client is None:
-            self._client = redis.Redis.from_url(
-                self._redis_url, socket_connect_timeout=1.0, socket_timeout=2.0
+            self._client = sync_client(
+                self._redis_url, name="dashboard-control", timeout_s=2.0, connect_timeout_s=1.0
             )
         return control_publish(self._client, self._namespace)
 

@@ -28,8 +28,8 @@ from redis.exceptions import RedisError
 
 from frontend.control_feed import STAFF_GROUP
 from runtime import contract
-from runtime.redis_conn import cancel_and_wait, raise_if_cancelling
-from runtime.telemetry.live import live_backlog, live_channel
+from runtime.contract import live_backlog, live_channel, live_relay_lease
+from runtime.redis_conn import async_client, cancel_and_wait, raise_if_cancelling
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ class LiveRelay:
         self._redis_url = redis_url
         self._namespace = namespace
         self._control = control
-        self._lease_key = f"{namespace}:live:relay"
+        self._lease_key = live_relay_lease(namespace)
         self._me = f"{socket.gethostname()}:{os.getpid()}:{id(self)}"
         self._task: asyncio.Task[None] | None = None
         self.forwarded = 0
@@ -76,7 +76,11 @@ class LiveRelay:
             await cancel_and_wait(task)  # redis-py can swallow a cancellation mid-read
 
     async def _run(self) -> None:
-        client = aioredis.Redis.from_url(self._redis_url, socket_connect_timeout=1.0)
+        # No command retry: the loop below starts over (and resubscribes) after any error.
+        client = async_client(
+            self._redis_url, name="dashboard-relay", timeout_s=2.0, connect_timeout_s=1.0,
+            retries=0,
+        )  # fmt: skip
         try:
             while True:
                 try:

@@ -15,7 +15,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import redis
 from django.conf import settings
 from django.contrib.auth.base_user import AbstractBaseUser
 
@@ -24,6 +23,7 @@ from apps.rollouts.models import Rollout
 from apps.rollouts.services import rollout_cancel
 from frontend.control_feed import task_error, task_note
 from frontend.relay import live_namespace
+from runtime.redis_conn import sync_client
 
 Perform = Callable[[AbstractBaseUser, Rollout, str], object]
 
@@ -83,8 +83,8 @@ def action_queue(
     if action.takes_reason:
         kwargs["reason"] = reason
     result = action.task.apply_async(kwargs=kwargs)
-    client: redis.Redis[bytes] = redis.Redis.from_url(
-        settings.REDIS_URL, socket_connect_timeout=1.0, socket_timeout=2.0
+    client = sync_client(
+        settings.REDIS_URL, name="dashboard-actions", timeout_s=2.0, connect_timeout_s=1.0
     )
     try:
         task_note(

@@ -30,7 +30,15 @@ key                                     what
 ``{ns}:scaling:signals:{pool}``         hash: router id -> JSON :class:`PoolSignals` (TTL)
 ``{ns}:scaling:leader``                 the autoscaler's leader lock (TTL)
 ``{ns}:scaling:local:{pool}``           hash: endpoint id -> pid (the local actuator)
+``{ns}:vstats:{model}|{label}:{bucket}``  hash: a version's counters in one time bucket (rollouts)
+``{ns}:live``                           pub/sub channel: each router's live document per second
+``{ns}:live:recent``                    capped list of recent live documents (backfill)
+``{ns}:live:relay``                     lease of the one dashboard relay forwarding them
+``{ns}:live:control``                   the latest staff control document (TTL)
+``{ns}:dash:tasks``                     capped list: the dashboard's recently queued actions
 ======================================  =========================================================
+
+No other module spells a key: they call the functions below (``tests/contracts`` checks it).
 
 The snapshot prefix and the last-use hash can be moved with :data:`ENV_SNAPSHOT_PREFIX` and
 :data:`ENV_KEY_USAGE_HASH` (both halves read the same variables); the router derives its limits
@@ -117,6 +125,16 @@ def scaling_local_key(namespace: str, pool: str) -> str:
     return f"{namespace}:scaling:local:{pool}"
 
 
+def limits_prefix(namespace: str) -> str:
+    """The prefix of every tenant's limit and credit keys under ``namespace``."""
+    return f"{namespace}:limits"
+
+
+def fairness_prefix(namespace: str) -> str:
+    """The prefix of the pools' shared fairness hashes under ``namespace``."""
+    return f"{namespace}:fairness"
+
+
 def limits_keys(prefix: str, tenant: str) -> tuple[str, str, str]:
     """A tenant's RPM, TPM and concurrency keys (``{tenant}`` is a cluster hash tag)."""
     base = f"{prefix}:{{{tenant}}}"
@@ -172,6 +190,12 @@ def cache_entry_key(namespace: str, scope: str, version: str, key: str) -> str:
     return f"{namespace}:cache:e:{scope}:{version}:{key}"
 
 
+def cache_entry_scope(namespace: str, key: str) -> str:
+    """The scope of a cached result's key (the inverse of :func:`cache_entry_key`'s first
+    field)."""
+    return key.removeprefix(f"{namespace}:cache:e:").split(":", 1)[0]
+
+
 def cache_entry_pattern(namespace: str, scope: str = "*", version: str = "*") -> str:
     """A SCAN pattern of the cached results of a scope and/or a version."""
     return f"{namespace}:cache:e:{scope}:{version}:*"
@@ -192,6 +216,39 @@ def cache_purge_channel(namespace: str) -> str:
 
 def idempotency_key(namespace: str, tenant: str, digest: str) -> str:
     return f"{namespace}:idem:{tenant}:{digest}"
+
+
+def version_stats_key(namespace: str, model: str, version: str, bucket: int) -> str:
+    """A version's per-bucket counters (``runtime/telemetry/versions.py`` writes them)."""
+    return f"{namespace}:vstats:{model}|{version}:{bucket}"
+
+
+# -- the live dashboard (runtime/telemetry/live.py publishes, frontend/ relays) ----------------
+
+
+def live_channel(namespace: str) -> str:
+    """The pub/sub channel of the routers' live documents."""
+    return f"{namespace}:live"
+
+
+def live_backlog(namespace: str) -> str:
+    """The capped list of recent live documents (newest first)."""
+    return f"{namespace}:live:recent"
+
+
+def live_relay_lease(namespace: str) -> str:
+    """The lease of the one relay that forwards live documents to browsers."""
+    return f"{namespace}:live:relay"
+
+
+def live_control_key(namespace: str) -> str:
+    """The latest staff control document (a string with a TTL)."""
+    return f"{namespace}:live:control"
+
+
+def dashboard_tasks_key(namespace: str) -> str:
+    """The dashboard's recently queued actions (a capped list, newest first)."""
+    return f"{namespace}:dash:tasks"
 
 
 # -- API keys ---------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from typing import Any
 
 from runtime.contract import (
     cache_entry_pattern,
+    cache_entry_scope,
     cache_index_keys,
     cache_purge_channel,
 )
@@ -36,7 +37,7 @@ def cache_purge(
             return
         pipe = client.pipeline(transaction=False)
         for key in batch:
-            scope = key.decode().removeprefix(f"{namespace}:cache:e:").split(":", 1)[0]
+            scope = cache_entry_scope(namespace, key.decode())
             index, sizes = cache_index_keys(namespace, scope)
             pipe.delete(key)
             pipe.zrem(index, key)
@@ -48,7 +49,7 @@ def cache_purge(
             deleted, size = results[4 * i], results[4 * i + 2]
             removed += int(deleted)
             if size is not None:
-                scope = key.decode().removeprefix(f"{namespace}:cache:e:").split(":", 1)[0]
+                scope = cache_entry_scope(namespace, key.decode())
                 pipe.hincrby(cache_index_keys(namespace, scope)[1], "__total", -int(size))
         pipe.execute()
         batch.clear()

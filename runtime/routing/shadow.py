@@ -10,6 +10,10 @@ copy is dropped rather than queued, so shadow traffic is always the first to go 
 band of all). The mirror is never billed: it never reaches admission, limits or metering.
 What the candidate did is counted in the per-version telemetry (requests, errors, TTFT to
 the response headers), under the candidate's label.
+
+The copies go through a :class:`~runtime.upstream.drain.DrainClient` (the upstream package does
+the network I/O): pass one in, or the mirror opens its own at :meth:`ShadowMirror.start` and
+closes it at :meth:`ShadowMirror.stop`.
 """
 
 from __future__ import annotations
@@ -18,12 +22,11 @@ import asyncio
 import contextlib
 import logging
 import random
-import time
-
-import aiohttp
 
 from runtime.snapshot import ModelSnap, Snapshot, VersionSnap
 from runtime.telemetry.versions import VersionStats
+from runtime.upstream.drain import DrainClient
+from runtime.upstream.errors import UpstreamError
 
 logger = logging.getLogger(__name__)
 
@@ -36,28 +39,32 @@ class ShadowMirror:
         max_inflight: int = 4,
         timeout_s: float = 60.0,
         rng: random.Random | None = None,
+        client: DrainClient | None = None,
     ) -> None:
         self._stats = stats
         self._max_inflight = max_inflight
         self._timeout_s = timeout_s
         self._rng = rng or random.Random()  # noqa: S311 (sampling, not security)
         self._tasks: set[asyncio.Task[None]] = set()
-        self._session: aiohttp.ClientSession | None = None
+        self._given = client
+        self._client: DrainClient | None = None
         self.sent = 0
         self.dropped = 0
 
     async def start(self) -> None:
-        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self._timeout_s))
+        self._client = self._given or DrainClient(
+            timeout_s=self._timeout_s, limit=self._max_inflight
+        )
 
     async def stop(self) -> None:
-        """Cancel the copies in flight and close the session."""
+        """Cancel the copies in flight and close the client if the mirror opened it."""
         for task in list(self._tasks):
             task.cancel()
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
-        session, self._session = self._session, None
-        if session is not None:
-            await session.close()
+        client, self._client = self._client, None
+        if client is not None and client is not self._given:
+            await client.close()
 
     @property
     def inflight(self) -> int:
@@ -70,7 +77,7 @@ class ShadowMirror:
         route = snapshot.routes.get(model.name)
         if route is None or route.shadow_version is None or route.shadow_share <= 0:
             return False
-        if served.id == route.shadow_version or self._session is None:
+        if served.id == route.shadow_version or self._client is None:
             return False
         if self._rng.random() >= route.shadow_share:
             return False
@@ -93,19 +100,15 @@ class ShadowMirror:
         return True
 
     async def _send(self, model: str, version: str, url: str, body: bytes) -> None:
-        assert self._session is not None
-        started = time.perf_counter()
+        assert self._client is not None
         status, ttft_ms = 0, None
         try:
-            async with self._session.post(
-                url, data=body, headers={"Content-Type": "application/json"}
-            ) as resp:
-                status = resp.status
-                ttft_ms = (time.perf_counter() - started) * 1000.0
-                async for _chunk in resp.content.iter_any():
-                    pass  # read to the end, keep nothing
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            logger.debug("shadow: copy to %s failed: %r", url, exc)
+            answer = await self._client.post(url, body)
+            status, ttft_ms = answer.status, answer.headers_s * 1000.0
+            if answer.broken is not None:
+                logger.debug("shadow: copy to %s cut short: %s", url, answer.broken)
+        except UpstreamError as exc:
+            logger.debug("shadow: copy to %s failed: %s", url, exc)
         finally:
             if self._stats is not None:
                 with contextlib.suppress(Exception):

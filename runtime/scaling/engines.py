@@ -6,6 +6,10 @@ histograms of :mod:`runtime.workers.encoder.metrics`), as means over the last in
 ``torch`` runtime (vLLM pages are large and carry no batcher series: they are not fetched), once
 per publishing interval, off the request path; it keeps each endpoint's previous histogram
 totals, so a reading is ``Δsum / Δcount`` over the interval (None with no batch in it).
+The pages are fetched by :meth:`UpstreamClient.probe <runtime.upstream.client.UpstreamClient.probe>`
+(its small probe pool): pass the router's client in, or the scraper opens one of its own and
+closes it in :meth:`EngineScraper.close`; a page that cannot be read (any classified upstream
+failure, a non-200 answer) is left out of that interval.
 """
 
 from __future__ import annotations
@@ -14,9 +18,9 @@ import asyncio
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 
-import aiohttp
-
 from runtime.snapshot import Snapshot
+from runtime.upstream.client import UpstreamClient
+from runtime.upstream.errors import UpstreamError
 
 FILL = "encoder:batch_fill_ratio"
 COMPUTE = "encoder:batch_compute_seconds"
@@ -64,11 +68,13 @@ class EngineScraper:
         *,
         timeout_s: float = 0.5,
         fetch: Fetch | None = None,
+        client: UpstreamClient | None = None,
     ) -> None:
         self._snapshot = snapshot
         self._timeout_s = timeout_s
         self._fetch = fetch
-        self._session: aiohttp.ClientSession | None = None
+        self._given = client
+        self._client: UpstreamClient | None = client
         self._last: dict[int, _Totals] = {}
         self._readings: dict[str, EngineReading] = {}
 
@@ -87,15 +93,13 @@ class EngineScraper:
     async def _get(self, base_url: str) -> str | None:
         if self._fetch is not None:
             return await self._fetch(base_url)
-        if self._session is None:
-            self._session = aiohttp.ClientSession(
-                timeout=aiohttp.ClientTimeout(total=self._timeout_s)
-            )
+        if self._client is None:
+            self._client = UpstreamClient()
         try:
-            async with self._session.get(f"{base_url}/metrics") as resp:
-                return await resp.text() if resp.status == 200 else None
-        except (aiohttp.ClientError, TimeoutError, OSError):
+            status, page = await self._client.probe(base_url, "/metrics", timeout_s=self._timeout_s)
+        except UpstreamError:
             return None
+        return page.decode("utf-8", "replace") if status == 200 else None
 
     async def refresh(self) -> None:
         targets = self._targets()
@@ -120,9 +124,10 @@ class EngineScraper:
         return self._readings.get(pool, EngineReading())
 
     async def close(self) -> None:
-        session, self._session = self._session, None
-        if session is not None:
-            await session.close()
+        """Close the client if the scraper opened it (an injected one is its owner's)."""
+        client, self._client = self._client, self._given
+        if client is not None and client is not self._given:
+            await client.close()
 
 
 def _reading(deltas: Iterable[tuple[float, float, float, float]]) -> EngineReading:

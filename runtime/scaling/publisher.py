@@ -21,6 +21,7 @@ from typing import Protocol
 import redis.asyncio as aioredis
 
 from runtime.contract import scaling_signals_key
+from runtime.redis_conn import async_client
 from runtime.scaling.engines import EngineScraper
 from runtime.scaling.signals import PoolSignals, decode, encode, p95
 from runtime.scheduling.interfaces import DropReason
@@ -152,7 +153,7 @@ class SignalsPublisher:
         interval_s: float = 1.0,
         router_id: str | None = None,
     ) -> None:
-        self._redis: aioredis.Redis[bytes] = aioredis.Redis.from_url(redis_url)
+        self._redis: aioredis.Redis[bytes] = async_client(redis_url, name="scaling-signals")
         self._namespace = namespace
         self._pools = pools
         self._meter = meter

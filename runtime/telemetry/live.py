@@ -35,6 +35,8 @@ import msgspec
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from runtime.contract import live_backlog, live_channel
+from runtime.redis_conn import async_client
 from runtime.telemetry.logging import RequestRecord
 
 logger = logging.getLogger(__name__)
@@ -46,16 +48,6 @@ SHED_OUTCOMES: Final = frozenset({"shed", "queue_full", "wait_exceeds_deadline"}
 STAGES: Final = ("gateway", "queue", "upstream_ttft", "stream")
 
 _ENCODER = msgspec.json.Encoder()
-
-
-def live_channel(namespace: str) -> str:
-    """The pub/sub channel of the live documents under ``namespace``."""
-    return f"{namespace}:live"
-
-
-def live_backlog(namespace: str) -> str:
-    """The capped list of recent live documents under ``namespace`` (newest first)."""
-    return f"{namespace}:live:recent"
 
 
 RowKey = tuple[str, str, str, str, str]  # tenant, model, version, class, pool
@@ -232,8 +224,8 @@ class LiveAggregator:
     async def start(self) -> None:
         if self._task is not None:
             raise RuntimeError("LiveAggregator already started")
-        self._client = aioredis.Redis.from_url(
-            self.redis_url, socket_connect_timeout=1.0, socket_timeout=2.0
+        self._client = async_client(
+            self.redis_url, name="live-publisher", timeout_s=2.0, connect_timeout_s=1.0
         )
         self._task = asyncio.create_task(self._run(), name="live-publisher")
 

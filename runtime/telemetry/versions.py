@@ -6,6 +6,8 @@ pipelined ``HINCRBY`` batch into time buckets::
 
     {ns}:vstats:{model}|{version label}:{bucket}   hash, bucket = unix time // BUCKET_S
 
+(the key: :func:`runtime.contract.version_stats_key`, re-exported here as ``stats_key``)
+
 Fields: ``n`` requests, ``err`` server-side failures (status >= 500), ``err:<outcome>`` the
 same by kind, ``pt``/``ct`` prompt/completion tokens, ``ttft:<i>`` the TTFT histogram (bucket
 ``i`` of :data:`TTFT_BOUNDS_MS`, the last one open), ``itl:<i>`` the inter-token latency
@@ -29,6 +31,7 @@ from typing import Any
 import redis
 from redis.exceptions import RedisError
 
+from runtime.contract import version_stats_key as stats_key
 from runtime.flusher import PeriodicFlusher
 from runtime.telemetry.logging import RequestRecord
 
@@ -43,10 +46,6 @@ TTFT_BOUNDS_MS: tuple[float, ...] = (
 ITL_BOUNDS_MS: tuple[float, ...] = (
     1, 2, 3, 5, 7.5, 10, 15, 20, 30, 45, 70, 100, 150, 250, 400, 700, 1000, 2000,
 )  # fmt: skip
-
-
-def stats_key(namespace: str, model: str, version: str, bucket: int) -> str:
-    return f"{namespace}:vstats:{model}|{version}:{bucket}"
 
 
 def ttft_bucket(ms: float) -> int:

@@ -14,6 +14,7 @@ from routing_support import endpoint, snapshot
 
 from runtime.routing.shadow import ShadowMirror
 from runtime.snapshot import Snapshot
+from runtime.upstream.drain import DrainClient
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
 
@@ -76,3 +77,34 @@ async def test_no_shadow_route_or_zero_share_copies_nothing() -> None:
         assert mirror.sent == 0
     finally:
         await mirror.stop()
+
+
+async def test_copies_go_through_an_injected_client_the_mirror_does_not_close() -> None:
+    seen: list[bytes] = []
+
+    async def handler(request: web.Request) -> web.Response:
+        seen.append(await request.read())
+        return web.json_response({"ok": True})
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", handler)
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    client = DrainClient(timeout_s=5.0)
+    mirror = ShadowMirror(rng=random.Random(0), client=client)
+    try:
+        await mirror.start()
+        snap = shadow_world(f"http://127.0.0.1:{server.port}")
+        path = "/v1/chat/completions"
+        assert mirror.offer(snap, snap.models["m"], snap.versions[1], path, b'{"n": 1}')
+        async with asyncio.timeout(5):
+            while mirror.inflight:  # noqa: ASYNC110 - polls the mirror's tasks
+                await asyncio.sleep(0.01)
+        assert seen == [b'{"n": 1}']
+        await mirror.stop()
+        answer = await client.post(f"http://127.0.0.1:{server.port}{path}", b"{}")  # still open
+        assert answer.status == 200
+    finally:
+        await mirror.stop()
+        await client.close()
+        await server.close()
