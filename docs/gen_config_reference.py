@@ -26,8 +26,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PAGE = ROOT / "docs" / "reference" / "configuration.md"
 CONTRACT = "runtime/contract.py"
+# (glob, who reads it): every module of config/ (settings and what `up` runs), the router's
+# settings, the contract both halves share, the autoscaler's actuator choice.
 SOURCES: tuple[tuple[str, str], ...] = (
-    ("config/settings.py", "control plane (Django, Celery)"),
+    ("config/*.py", "control plane"),
     ("runtime/gateway/config.py", "router"),
     (CONTRACT, "both halves (the Redis key layout)"),
     ("apps/scaling/tasks.py", "autoscaler (Celery)"),
@@ -50,6 +52,15 @@ MEANINGS: dict[str, str] = {
     "layer; `switchyard up` starts an embedded Redis when it is unset",
     "SECURE_COOKIES": "session and CSRF cookies only over HTTPS (`1`, `true`, `yes`, `on`)",
     "SECRET_KEY": "Django secret key: set it in any shared deployment (a local-only key otherwise)",
+    "SECRET_KEY_FILE": "a file holding the Django secret key (instead of `SECRET_KEY`)",
+    "SWITCHYARD_CACHE_URL": "the control plane's shared Django cache (REST throttles); defaults "
+    "to `REDIS_URL`",
+    "SWITCHYARD_DB_POOL": "a psycopg connection pool per control-plane process; `0`: a "
+    "connection per request (e.g. behind PgBouncer)",
+    "SWITCHYARD_DB_POOL_MAX": "connections per control-plane process at most",
+    "SWITCHYARD_DB_POOL_TIMEOUT_S": "how long a request waits for a pooled connection",
+    "SWITCHYARD_ROUTER_WORKERS": "worker processes of this router (`--workers` sets it); each "
+    "worker's share of the limits while Redis is down",
     "SWITCHYARD_API_RATE": "REST API throttle per credential (Django's rate syntax)",
     "SWITCHYARD_ASSUMED_REPLICAS": "Redis down: each router lends a tenant 1/this of its limits "
     "and of the balance Redis last reported",
@@ -242,10 +253,18 @@ def _env_reads(tree: ast.Module, reader: _Reader) -> list[tuple[str, str]]:
     return found
 
 
+def _source_files(root: Path) -> list[tuple[str, str]]:
+    return [
+        (str(file.relative_to(root)), who)
+        for pattern, who in SOURCES
+        for file in sorted(root.glob(pattern))
+    ]
+
+
 def collect(root: Path = ROOT) -> dict[str, Variable]:
     contract = _constants(ast.parse((root / CONTRACT).read_text()))
     variables: dict[str, Variable] = {}
-    for path, who in SOURCES:
+    for path, who in _source_files(root):
         tree = ast.parse((root / path).read_text(), filename=path)
         reader = _Reader(_constants(tree), contract)
         for name, default in _env_reads(tree, reader):
@@ -280,12 +299,9 @@ def render(variables: dict[str, Variable]) -> str:
         "|---|---|---|---|",
     ]
     for var in variables.values():
-        if var.name in DEFAULT_NOTES:
-            var.defaults = [DEFAULT_NOTES[var.name]]
+        default = DEFAULT_NOTES.get(var.name) or " / ".join(var.defaults)
         meaning = MEANINGS.get(var.name, "(undocumented)")
-        lines.append(
-            f"| `{var.name}` | {' / '.join(var.defaults)} | {meaning} | {'; '.join(var.readers)} |"
-        )
+        lines.append(f"| `{var.name}` | {default} | {meaning} | {'; '.join(var.readers)} |")
     return "\n".join(lines) + "\n"
 
 

@@ -51,15 +51,21 @@ def test_every_variable_the_code_reads_is_listed_with_its_default() -> None:
 
 def test_a_new_variable_makes_the_committed_page_stale(tmp_path: Path) -> None:
     gen = _generator()
-    for path, _ in gen.SOURCES:
+    for path, _ in gen._source_files(ROOT):
         (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(ROOT / path, tmp_path / path)
     settings = tmp_path / "config" / "settings.py"
     settings.write_text(
         settings.read_text() + '\nNEW = os.environ.get("SWITCHYARD_DOCS_TEST_NEW", "7")\n'
     )
+    (tmp_path / "config" / "new_module.py").write_text(  # a new module of config/, too
+        'ENV_KEY = "SWITCHYARD_DOCS_TEST_MODULE"\n'
+        "def read(environ):\n"
+        '    return environ.get(ENV_KEY, "")\n'
+    )
     text = gen.render(gen.collect(tmp_path))
     assert "| `SWITCHYARD_DOCS_TEST_NEW` | `7` | (undocumented) |" in text
+    assert "| `SWITCHYARD_DOCS_TEST_MODULE` | unset | (undocumented) |" in text
     assert text != gen.PAGE.read_text()
 
 
