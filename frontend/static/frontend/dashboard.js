@@ -82,7 +82,7 @@
       legend: { orientation: "h", y: -0.18 }, xaxis: Object.assign({ type: "date" }, grid),
       yaxis: Object.assign({ rangemode: "tozero" }, grid),
     };
-    const merged = Object.assign(base, extra || {});
+    const merged = Object.assign({}, base, extra || {}); // base's axes stay intact for the merge below
     for (const axis of ["xaxis", "yaxis", "yaxis2"]) {
       if (extra && extra[axis]) merged[axis] = Object.assign({}, grid, base[axis] || {}, extra[axis]);
     }
@@ -90,7 +90,15 @@
   }
   function draw(id, traces, extra) {
     const el = document.getElementById(id);
-    if (el && window.Plotly) Plotly.react(el, traces, layout(extra), { displayModeBar: false, responsive: true });
+    if (!el || !window.Plotly) return;
+    let more = extra || {};
+    if (traces.every((t) => !t.x || t.x.length === 0)) {
+      // No points: show the window up to now, not plotly's default date axis (January 2000).
+      const now = Date.now();
+      const range = [new Date(now - WINDOW_S * 1000), new Date(now)];
+      more = Object.assign({}, more, { xaxis: Object.assign({}, more.xaxis || {}, { range }) });
+    }
+    Plotly.react(el, traces, layout(more), { displayModeBar: false, responsive: true });
   }
   const line = (name, x, y, more) => Object.assign({ name, x, y, type: "scatter", mode: "lines" }, more || {});
 
@@ -169,17 +177,28 @@
       const views = g.flatMap((d) => d.pools).filter((p) => p.pool === pool);
       return views.length ? Math.min(...views.map((p) => p.jain)) : null;
     }))), { yaxis: { range: [0, 1.05] } });
+    // Shares come from the routers' fairness view, which counts only the tenants that had to
+    // wait in the pool within the last minute; a tenant served without waiting is listed too.
     const throttled = {};
+    const served = new Map(); // "pool|tenant" -> [pool, tenant], from the last minute's rows
     const minute = Date.now() / 1000 - 60;
     for (const doc of docs.values()) if (doc.ts >= minute) doc.rows.forEach((r) => {
       throttled[r.tenant] = (throttled[r.tenant] || 0) + r.throttled;
+      if (r.pool && r.tenant && r.requests) served.set(r.pool + "|" + r.tenant, [r.pool, r.tenant]);
     });
-    const rows = [];
+    const shares = new Map();
     for (const doc of latestPerRouter()) for (const p of doc.pools) {
       const names = new Set([...Object.keys(p.entitled_share), ...Object.keys(p.served_share)]);
-      for (const t of names) rows.push([p.pool, t, pct(p.entitled_share[t]), pct(p.served_share[t]), throttled[t] || 0]);
+      for (const t of names) {
+        shares.set(p.pool + "|" + t, [p.pool, t, pct(p.entitled_share[t]), pct(p.served_share[t])]);
+      }
     }
-    fillTable("table-shares", rows, 5);
+    for (const [key, [pool, t]] of served) {
+      if (!shares.has(key)) shares.set(key, [pool, t, "—", "not contending"]);
+    }
+    const rows = [...shares.values()].sort((a, b) => (a[0] + "|" + a[1]).localeCompare(b[0] + "|" + b[1]))
+      .map((row) => [...row, throttled[row[1]] || 0]);
+    fillTable("table-shares", rows, 5, docs.size ? "no tenant traffic in the last minute" : "waiting for the routers…");
   }
 
   function renderFleet(groups, xs) {
@@ -205,14 +224,15 @@
     }
     fillTable("table-endpoints", [...endpoints.values()].sort((a, b) => a.id - b.id).map((e) => [
       e.id, e.pool, e.model, e.version, e.state, e.healthy ? "yes" : "no",
-      e.kv_usage === null ? "—" : pct(e.kv_usage), e.inflight + " / " + e.capacity]), 8);
+      e.kv_usage === null ? "—" : pct(e.kv_usage), e.inflight + " / " + e.capacity]), 8,
+    docs.size ? "no endpoints in the routers' snapshot" : "waiting for the routers…");
   }
 
   const pct = (v) => (v === undefined || v === null ? "—" : (100 * v).toFixed(1) + "%");
-  function fillTable(id, rows, cols) {
+  function fillTable(id, rows, cols, empty) {
     const tbody = document.querySelector("#" + id + " tbody");
     if (!tbody) return;
-    tbody.replaceChildren(...(rows.length ? rows : [["no data yet"]]).map((cells) => {
+    tbody.replaceChildren(...(rows.length ? rows : [[empty]]).map((cells) => {
       const tr = document.createElement("tr");
       cells.forEach((c) => { const td = document.createElement("td"); td.textContent = String(c); tr.append(td); });
       if (cells.length === 1) tr.firstChild.colSpan = cols;

@@ -1,0 +1,325 @@
+"""Writes docs/reference/configuration.md from the environment variables the code reads.
+
+The variables are found by reading the sources (``ast``, nothing is imported or run): every
+``os.environ.get(NAME, default)``, ``os.getenv(NAME, default)``, ``env.get(NAME) or default``
+and the settings' helpers ``_env_bool(NAME, default=...)`` / ``_number(env, NAME, default, ...)``.
+A name or default given as a module constant (``ENV_ACTUATOR``, ``contract.SNAPSHOT_PREFIX``)
+is resolved from the module's own constants or ``runtime/contract.py``'s.
+
+    python docs/gen_config_reference.py           # rewrite the page
+    python docs/gen_config_reference.py --check   # exit 1 when the committed page is stale
+
+``tests/docs/test_config_reference.py`` runs the check, so the page cannot go stale: a new
+variable in one of the SOURCES appears in the table the next time this script runs; give it a
+line in MEANINGS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PAGE = ROOT / "docs" / "reference" / "configuration.md"
+CONTRACT = "runtime/contract.py"
+# (glob, who reads it): every module of config/ (settings and what `up` runs), the router's
+# settings, the contract both halves share, the autoscaler's actuator choice.
+SOURCES: tuple[tuple[str, str], ...] = (
+    ("config/*.py", "control plane"),
+    ("runtime/gateway/config.py", "router"),
+    (CONTRACT, "both halves (the Redis key layout)"),
+    ("apps/scaling/tasks.py", "autoscaler (Celery)"),
+)
+ENV_NAME = re.compile(r"^[A-Z][A-Z0-9_]*$")
+ENV_MAPPINGS = {"environ", "env"}  # os.environ.get(...), env.get(...) on a Mapping of the env
+
+# What each variable means; a variable without a line here shows "(undocumented)".
+MEANINGS: dict[str, str] = {
+    "ALLOWED_HOSTS": "comma-separated host names the control plane answers",
+    "CELERY_BROKER_URL": "Celery's broker (defaults to `REDIS_URL`)",
+    "CELERY_RESULT_BACKEND": "Celery's result store (defaults to `REDIS_URL`)",
+    "CSRF_TRUSTED_ORIGINS": "comma-separated origins trusted for CSRF (behind a TLS proxy)",
+    "DATABASE_URL": "PostgreSQL URL; `switchyard up` and the test command start an embedded "
+    "PostgreSQL when it is unset",
+    "DEBUG": "Django debug mode (`1`, `true`, `yes`, `on`)",
+    "KUBECONFIG": "the kubeconfig the `kubernetes` scaling actuator uses (in-cluster when unset)",
+    "LOG_LEVEL": "the control plane's log level",
+    "REDIS_URL": "Redis URL: snapshot, limits, usage stream, Celery broker and results, channel "
+    "layer; `switchyard up` starts an embedded Redis when it is unset",
+    "SECURE_COOKIES": "session and CSRF cookies only over HTTPS (`1`, `true`, `yes`, `on`)",
+    "SECRET_KEY": "Django secret key: set it in any shared deployment (a local-only key otherwise)",
+    "SECRET_KEY_FILE": "a file holding the Django secret key (instead of `SECRET_KEY`)",
+    "SWITCHYARD_CACHE_URL": "the control plane's shared Django cache (REST throttles); defaults "
+    "to `REDIS_URL`",
+    "SWITCHYARD_DB_POOL": "a psycopg connection pool per control-plane process; `0`: a "
+    "connection per request (e.g. behind PgBouncer)",
+    "SWITCHYARD_DB_POOL_MAX": "connections per control-plane process at most",
+    "SWITCHYARD_DB_POOL_TIMEOUT_S": "how long a request waits for a pooled connection",
+    "SWITCHYARD_ROUTER_WORKERS": "worker processes of this router (`--workers` sets it); each "
+    "worker's share of the limits while Redis is down",
+    "SWITCHYARD_API_RATE": "REST API throttle per credential (Django's rate syntax)",
+    "SWITCHYARD_ASSUMED_REPLICAS": "Redis down: each router lends a tenant 1/this of its limits "
+    "and of the balance Redis last reported",
+    "SWITCHYARD_BEAT_ONLY": "comma-separated beat entry names: beat sends only these (a test's "
+    "private beat)",
+    "SWITCHYARD_BODY_TIMEOUT_S": "the request head and body must arrive within this (else 408)",
+    "SWITCHYARD_COALESCE_WINDOW_MS": "unary requests to `torch` versions coalesce this long; 0 "
+    "turns router-side coalescing off",
+    "SWITCHYARD_CONNECT_TIMEOUT_S": "upstream connect cap per attempt",
+    "SWITCHYARD_DEFAULT_BAND": "priority band of a request without a class",
+    "SWITCHYARD_DEFAULT_DEADLINE_S": "deadline when the request class gives none",
+    "SWITCHYARD_FAIRNESS_PREFIX": "Redis key prefix of the shared fairness counters "
+    "(default: *namespace*`:fairness`)",
+    "SWITCHYARD_K8S_NAMESPACE": "the namespace the `kubernetes` scaling actuator patches",
+    "SWITCHYARD_KEY_USAGE_HASH": "Redis hash of the API keys' last use (both halves)",
+    "SWITCHYARD_LIMITS_PREFIX": "Redis key prefix of the tenant limits (default: "
+    "*namespace*`:limits`)",
+    "SWITCHYARD_MAX_BODY_BYTES": "request body cap (413 `request_too_large` above)",
+    "SWITCHYARD_MAX_DEADLINE_S": "no request may ask for a longer deadline",
+    "SWITCHYARD_QUEUE_LIMIT": "queue bound of a priority band no class names",
+    "SWITCHYARD_RETRY_ATTEMPTS": "upstream attempts before the first byte",
+    "SWITCHYARD_ROLLOUT_EVALUATE_S": "beat interval of the rollout gates' evaluation",
+    "SWITCHYARD_ROLLOUT_WARMUP_TIMEOUT_S": "a rollout's warm-up must finish within this, else "
+    "it aborts",
+    "SWITCHYARD_SCALING_ACTUATOR": "`local` (what `switchyard up` sets) or `kubernetes`; unset: "
+    "autoscaling is off",
+    "SWITCHYARD_SCALING_SIGNALS_S": "how often a router writes its pools' scaling signals",
+    "SWITCHYARD_SETTLE_LINGER_MS": "how long a batch of settlements (usage events, limit refunds) "
+    "waits before one Redis pipeline; 0 sends each at once",
+    "SWITCHYARD_SNAPSHOT_CONFIRM_POLL_S": "how often a router reads the control plane's "
+    "freshness confirmation",
+    "SWITCHYARD_SNAPSHOT_OUTBOX_RETRY_S": "beat interval of the snapshot outbox drain",
+    "SWITCHYARD_SNAPSHOT_PREFIX": "Redis key prefix of the snapshot; its namespace (the prefix "
+    "without `:snapshot`) prefixes every other key",
+    "SWITCHYARD_SNAPSHOT_STALE_AFTER_S": "a router reports its snapshot stale past this age",
+    "SWITCHYARD_TTFT_TIMEOUT_S": "upstream first-byte cap per attempt",
+    "SWITCHYARD_VAR_DIR": "embedded servers' data, generated models, the router's snapshot disk "
+    "copy, the usage spool, static files",
+}
+
+
+# Where the default is an expression the table would only restate badly.
+DEFAULT_NOTES: dict[str, str] = {
+    "SECRET_KEY": "a local-only key",
+    "SWITCHYARD_VAR_DIR": "`./var` (the control plane: the repository's; the router: its "
+    "working directory's)",
+}
+
+
+@dataclass
+class Variable:
+    name: str
+    defaults: list[str] = field(default_factory=list)
+    readers: list[str] = field(default_factory=list)
+
+
+def _constants(tree: ast.Module) -> dict[str, ast.expr]:
+    """Module-level ``NAME = value`` and ``NAME: T = value`` assignments."""
+    out: dict[str, ast.expr] = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target, value = node.targets[0], node.value
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            target, value = node.target, node.value
+        else:
+            continue
+        if isinstance(target, ast.Name):
+            out[target.id] = _folded(value, out)
+    return out
+
+
+def _folded(value: ast.expr, known: dict[str, ast.expr]) -> ast.expr:
+    """An f-string of constants (``f"{NAMESPACE}:snapshot"``) as the string it makes."""
+    if not isinstance(value, ast.JoinedStr):
+        return value
+    parts: list[str] = []
+    for part in value.values:
+        if isinstance(part, ast.Constant) and isinstance(part.value, str):
+            parts.append(part.value)
+            continue
+        known_value = (
+            known.get(part.value.id)
+            if isinstance(part, ast.FormattedValue) and isinstance(part.value, ast.Name)
+            else None
+        )
+        if not isinstance(known_value, ast.Constant):
+            return value
+        parts.append(str(known_value.value))
+    return ast.Constant("".join(parts))
+
+
+class _Reader:
+    def __init__(self, own: dict[str, ast.expr], contract: dict[str, ast.expr]) -> None:
+        self.own = own
+        self.contract = contract
+
+    def resolve(self, node: ast.expr, depth: int = 0) -> ast.expr:
+        """Follow a module constant or ``contract.X`` to its value, when it is one."""
+        if depth > 5:
+            return node
+        if isinstance(node, ast.Name) and node.id in self.own:
+            value = self.own[node.id]
+            if isinstance(value, ast.Constant):
+                return value
+            return self.resolve(value, depth + 1) if isinstance(value, ast.Attribute) else node
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "contract"
+            and node.attr in self.contract
+        ):
+            value = self.contract[node.attr]
+            return value if isinstance(value, ast.Constant) else node
+        return node
+
+    def name_of(self, node: ast.expr) -> str | None:
+        value = self.resolve(node)
+        if isinstance(value, ast.Constant) and isinstance(value.value, str):
+            return value.value if ENV_NAME.match(value.value) else None
+        return None
+
+    def default_of(self, node: ast.expr | None) -> str:
+        value = None if node is None else self.resolve(node)
+        if value is None:
+            return "unset"
+        if isinstance(value, ast.Constant):
+            return _constant_text(value.value)
+        text = ast.unparse(value)
+        text = EXPRESSION_TEXT.get(text, f"`{text}`")
+        if isinstance(value, ast.Name) and ENV_NAME.match(value.id):
+            return f"`{value.id}`'s value"
+        return text
+
+
+def _constant_text(value: object) -> str:
+    if value is None or value == "":
+        return "unset"
+    if isinstance(value, bool):
+        return f"`{str(value).lower()}`"
+    if isinstance(value, float) and value.is_integer():
+        return f"`{int(value)}`"
+    return f"`{value}`"
+
+
+# Defaults written as expressions, as the table shows them.
+EXPRESSION_TEXT: dict[str, str] = {"BASE_DIR / 'var'": "`./var`", "1 << 20": "`1048576`"}
+
+
+def _call_read(
+    node: ast.Call, parents: dict[ast.AST, ast.AST]
+) -> tuple[ast.expr | None, ast.expr | None]:
+    """(name, default) expressions when ``node`` reads the environment, else (None, None)."""
+    func, args = node.func, node.args
+    if isinstance(func, ast.Name) and func.id == "_env_bool" and args:
+        default = next((k.value for k in node.keywords if k.arg == "default"), None)
+        return args[0], default if default is not None or len(args) < 2 else args[1]
+    if isinstance(func, ast.Name) and func.id == "_number" and len(args) >= 3:
+        return args[1], args[2]
+    if not (isinstance(func, ast.Attribute) and func.attr in {"get", "getenv"} and args):
+        return None, None
+    owner = func.value
+    owner_name = owner.attr if isinstance(owner, ast.Attribute) else getattr(owner, "id", "")
+    if func.attr != "getenv" and owner_name not in ENV_MAPPINGS:
+        return None, None
+    if len(args) > 1:
+        return args[0], args[1]
+    parent = parents.get(node)
+    or_default = (  # env.get(NAME) or default
+        parent.values[1]
+        if isinstance(parent, ast.BoolOp)
+        and isinstance(parent.op, ast.Or)
+        and len(parent.values) == 2
+        and parent.values[0] is node
+        else None
+    )
+    return args[0], or_default
+
+
+def _env_reads(tree: ast.Module, reader: _Reader) -> list[tuple[str, str]]:
+    """(variable, default) for every read of the environment in one module."""
+    parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+    found: list[tuple[str, str]] = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        name_arg, default = _call_read(node, parents)
+        name = reader.name_of(name_arg) if name_arg is not None else None
+        if name is not None:
+            found.append((name, reader.default_of(default)))
+    return found
+
+
+def _source_files(root: Path) -> list[tuple[str, str]]:
+    return [
+        (str(file.relative_to(root)), who)
+        for pattern, who in SOURCES
+        for file in sorted(root.glob(pattern))
+    ]
+
+
+def collect(root: Path = ROOT) -> dict[str, Variable]:
+    contract = _constants(ast.parse((root / CONTRACT).read_text()))
+    variables: dict[str, Variable] = {}
+    for path, who in _source_files(root):
+        tree = ast.parse((root / path).read_text(), filename=path)
+        reader = _Reader(_constants(tree), contract)
+        for name, default in _env_reads(tree, reader):
+            var = variables.setdefault(name, Variable(name))
+            if default not in var.defaults:
+                var.defaults.append(default)
+            reader_line = f"{who}: `{path}`"
+            if reader_line not in var.readers:
+                var.readers.append(reader_line)
+    return dict(sorted(variables.items()))
+
+
+def render(variables: dict[str, Variable]) -> str:
+    lines = [
+        "# Configuration reference",
+        "",
+        "<!-- Generated by docs/gen_config_reference.py from the sources below: do not edit by",
+        "hand; run `python docs/gen_config_reference.py`. tests/docs checks it is current. -->",
+        "",
+        "Every setting is an environment variable, read when a process starts. This table is "
+        "generated from the code that reads them:",
+        "",
+    ]
+    lines += [f"- `{path}`: {who}" for path, who in SOURCES]
+    lines += [
+        "",
+        "Ports and the embedded servers are set on the command line or by their own variables: "
+        "see [Deploy](../operations/deploy.md#ports). How the settings fit together: "
+        "[Configure](../operations/configure.md).",
+        "",
+        "| variable | default | meaning | read by |",
+        "|---|---|---|---|",
+    ]
+    for var in variables.values():
+        default = DEFAULT_NOTES.get(var.name) or " / ".join(var.defaults)
+        meaning = MEANINGS.get(var.name, "(undocumented)")
+        lines.append(f"| `{var.name}` | {default} | {meaning} | {'; '.join(var.readers)} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--check", action="store_true", help="fail when the page is stale")
+    args = parser.parse_args(argv)
+    text = render(collect())
+    if args.check:
+        if not PAGE.exists() or PAGE.read_text() != text:
+            sys.stdout.write(f"{PAGE.relative_to(ROOT)} is stale: run {sys.argv[0]}\n")
+            return 1
+        return 0
+    PAGE.parent.mkdir(parents=True, exist_ok=True)
+    PAGE.write_text(text)
+    sys.stdout.write(f"wrote {PAGE.relative_to(ROOT)} ({len(text.splitlines())} lines)\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
