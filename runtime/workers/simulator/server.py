@@ -19,6 +19,7 @@ from runtime.workers.simulator import wire
 from runtime.workers.simulator.config import SimulatorConfig
 from runtime.workers.simulator.engine import Engine, Sequence
 from runtime.workers.simulator.metrics import CONTENT_TYPE, SimulatorMetrics
+from runtime.workers.simulator.prefix_cache import PrefixCache
 from runtime.workers.simulator.protocol import (
     ApiError,
     GenerationRequest,
@@ -45,7 +46,10 @@ def create_app(config: SimulatorConfig) -> web.Application:
     """A fresh app with its own engine and metrics registry; the engine runs while it is up."""
     app = web.Application(middlewares=[_error_middleware], client_max_size=MAX_BODY_BYTES)
     metrics = SimulatorMetrics(model_name=config.model)
-    engine = Engine(timing=config.timing, capacity=config.capacity, observer=metrics)
+    cache = PrefixCache(config.prefix_cache) if config.prefix_cache.enabled else None
+    engine = Engine(
+        timing=config.timing, capacity=config.capacity, observer=metrics, prefix_cache=cache
+    )
     metrics.bind(engine)
     app[CONFIG] = config
     app[ENGINE] = engine
@@ -125,6 +129,7 @@ async def _generate(
         finish_reason=gen.finish_reason,
         priority=gen.priority,
         words=WordStream(gen.seed),
+        block_hashes=gen.block_hashes,
     )
     limit = config.fail_after_tokens
     if limit is not None and gen.output_tokens <= limit:
