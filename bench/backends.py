@@ -90,7 +90,8 @@ async def start_backends(
     return children
 
 
-def _gauge(text: str, name: str) -> float:
+def gauge(text: str, name: str) -> float:
+    """The sum of every series of ``name`` in a Prometheus text exposition."""
     total = 0.0
     for line in text.splitlines():
         if line.startswith(name) and (len(line) == len(name) or line[len(name)] in "{ "):
@@ -115,7 +116,7 @@ async def wait_idle(
             except (aiohttp.ClientError, TimeoutError):
                 busy += 1
                 continue
-            busy += _gauge(text, RUNNING) + _gauge(text, WAITING)
+            busy += gauge(text, RUNNING) + gauge(text, WAITING)
         if busy == 0:
             return True
         await asyncio.sleep(0.1)

@@ -120,6 +120,10 @@ class PrefixCache:
     def __contains__(self, block_hash: int) -> bool:
         return block_hash in self._blocks
 
+    def reset(self) -> None:
+        """Drop every cached block (vLLM's ``POST /reset_prefix_cache``)."""
+        self._blocks.clear()
+
     def hit_tokens(self, block_hashes: Sequence[int], prompt_tokens: int) -> int:
         """Tokens of the prompt already cached (read only: the LRU order is not changed)."""
         hit_blocks = 0

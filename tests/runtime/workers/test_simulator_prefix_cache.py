@@ -168,6 +168,23 @@ async def test_a_repeated_system_prompt_hits_the_cache_and_answers_faster(served
 
 
 @pytest.mark.asyncio
+async def test_reset_prefix_cache_starts_cold_again(served):
+    url = await served()
+    async with aiohttp.ClientSession() as session:
+        await _ttft(session, url, "one")
+        await _ttft(session, url, "two")
+        async with session.post(f"{url}/reset_prefix_cache") as resp:
+            assert resp.status == 200
+            assert await resp.json() == {"success": True}
+        await _ttft(session, url, "three")
+        async with session.get(f"{url}/metrics") as resp:
+            text = await resp.text()
+    hits = _counter(text, "vllm:prefix_cache_hits_total")
+    one_hit = (len(render_text(SYSTEM)) // 64) * 16  # the system prompt's full blocks, at least
+    assert one_hit <= hits < 2 * one_hit  # "two" hit, "three" (after the reset) did not
+
+
+@pytest.mark.asyncio
 async def test_without_a_cache_nothing_hits(served):
     url = await served(capacity_blocks=0)
     async with aiohttp.ClientSession() as session:
