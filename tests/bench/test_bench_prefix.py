@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import tomllib
 from collections import defaultdict
 from pathlib import Path
@@ -68,7 +69,7 @@ def test_requests_mix_unique_prompts_and_growing_conversations():
     longest = max(len(v) for v in turns.values())
     assert 2 < longest <= scenario.prefix.max_turns
     for conv in turns.values():
-        for before, after in zip(conv, conv[1:], strict=False):
+        for before, after in itertools.pairwise(conv):
             # The next turn's history is this turn plus its answer ...
             assert after.history == (*before.history, (before.user_tokens, before.max_tokens))
             # ... and its messages repeat this turn's, character for character.
