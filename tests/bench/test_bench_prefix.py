@@ -167,3 +167,27 @@ async def test_backends_are_reset_and_their_counters_read():
     assert queries == 2 * tokens
     assert hits == (tokens // 16) * 16
     assert after == (3 * tokens, hits)  # the third request, after the reset, did not hit
+
+
+@pytest.mark.timing
+@pytest.mark.asyncio
+async def test_calibration_recovers_the_simulators_prefill_rate():
+    from bench.calibrate import calibrate  # noqa: PLC0415
+
+    config = SimulatorConfig(
+        model="m",
+        timing=TimingModel(prefill_tps=20_000.0, decode_a_ms=2, decode_b_ms=0),
+        capacity=Capacity(max_num_seqs=4, kv_capacity_tokens=16384),
+    )
+    server = TestServer(create_app(config), host="127.0.0.1")
+    await server.start_server()
+    try:
+        result = await calibrate(
+            f"http://127.0.0.1:{server.port}", "m", lengths=[256, 1024, 2048], repeats=2
+        )
+    finally:
+        await server.close()
+    assert result["prefill_tps"] == pytest.approx(20_000.0, rel=0.25)
+    longest = result["points"][-1]
+    assert longest["warm_ms"] < longest["cold_ms"] / 2  # the cached prompt skips its prefill
+    assert result["prefix_cache"]["hit_tokens"] > 0
