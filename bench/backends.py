@@ -59,6 +59,10 @@ def backend_argv(spec: BackendSpec, port: int, index: int) -> list[str]:
         str(index),
         "--log-level",
         "WARNING",
+        "--block-size",
+        str(spec.block_size),
+        "--prefix-cache-blocks",
+        str(spec.cache_blocks()),
         *spec.extra_args,
     )
 

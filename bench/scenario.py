@@ -73,6 +73,14 @@ class BackendSpec:
     max_model_len: int = 4096
     model_path: str = ""  # vllm: the model directory
     extra_args: tuple[str, ...] = ()
+    block_size: int = 16  # simulator: tokens per KV block (its prefix cache's unit)
+    prefix_cache_blocks: int | None = None  # simulator: None = kv_capacity_tokens / block_size
+
+    def cache_blocks(self) -> int:
+        """The simulator's prefix-cache capacity in blocks (0: caching off)."""
+        if self.prefix_cache_blocks is None:
+            return self.kv_capacity_tokens // self.block_size
+        return self.prefix_cache_blocks
 
 
 @dataclass(frozen=True, slots=True)
@@ -311,7 +319,14 @@ def parse(doc: Mapping[str, Any]) -> Scenario:
         max_model_len=int(_opt(b, "max_model_len", 4096, "backends")),
         model_path=str(_opt(b, "model_path", "", "backends")),
         extra_args=tuple(_opt(b, "extra_args", [], "backends")),
+        block_size=int(_opt(b, "block_size", 16, "backends")),
+        prefix_cache_blocks=(
+            None if b.get("prefix_cache_blocks") is None
+            else int(_get(b, "prefix_cache_blocks", int, "backends"))
+        ),
     )
+    if backends.block_size < 1 or (backends.prefix_cache_blocks or 0) < 0:
+        raise ScenarioError("backends: block_size must be >= 1, prefix_cache_blocks >= 0")
     if backends.kind not in ("simulator", "vllm") or backends.count < 1:
         raise ScenarioError("backends: kind must be simulator|vllm and count >= 1")
     if backends.kind == "vllm" and not backends.model_path:

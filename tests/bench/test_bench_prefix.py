@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import tomllib
 from collections import defaultdict
@@ -191,3 +192,55 @@ async def test_calibration_recovers_the_simulators_prefill_rate():
     longest = result["points"][-1]
     assert longest["warm_ms"] < longest["cold_ms"] / 2  # the cached prompt skips its prefill
     assert result["prefix_cache"]["hit_tokens"] > 0
+
+
+# -- bench.dispatch_sim with prefix caches ---------------------------------------------------
+def _sim(routing: str) -> dict[str, dict[str, float | None]]:
+    import asyncio  # noqa: PLC0415
+
+    from bench.dispatch_sim import prefix_table, simulate_run  # noqa: PLC0415
+    from runtime.scheduling.settings import PoolSettings  # noqa: PLC0415
+
+    scenario = load(SCENARIOS / "prefix.toml", {"phases.0.rate_rps": 16.0})
+    scenario = dataclasses.replace(scenario, phases=scenario.phases[:1])
+    settings = PoolSettings.from_policies({}, ())
+    run = asyncio.run(simulate_run(scenario, settings, phase_s=20.0, routing=routing))  # type: ignore[arg-type]
+    return prefix_table(run)
+
+
+def test_prefix_routing_beats_load_only_in_virtual_time():
+    load_only, prefix = _sim("load")["load-8 all"], _sim("prefix")["load-8 all"]
+    assert load_only == _sim("load")["load-8 all"]  # it repeats exactly
+    assert load_only["sticky_share"] == 0
+    assert prefix["sticky_share"] > 0.5
+    assert prefix["n"] == load_only["n"]
+    assert prefix["hit_rate"] > load_only["hit_rate"] + 0.05  # type: ignore[operator]
+    assert prefix["p50_ms"] < 0.8 * load_only["p50_ms"]  # type: ignore[operator]
+
+
+def test_the_prefix_fleet_sticks_then_falls_back_to_load():
+    from bench.prefix_placement import BLOCK_TOKENS, PrefixFleet  # noqa: PLC0415
+
+    fleet = PrefixFleet(mode="prefix", now=lambda: 0.0)
+    eps = [fleet.add(i, capacity=4) for i in (1, 2)]
+    hashes = tuple(range(100, 120))  # 20 blocks
+    tokens = 20 * BLOCK_TOKENS + 10
+    fleet.expect("a", hashes, tokens)
+    first = fleet.choose(eps, "a")  # nothing cached: by load (the lower id on a tie)
+    assert first.id == 1
+    assert fleet.queued[1] == {"a": tokens}
+    fleet.acquire(1)
+    fleet.expect("b", hashes, tokens)
+    # "a"'s whole prefill is still queued at 1: waiting for it costs more than the cache saves.
+    assert fleet.choose(eps, "b").id == 2
+    fleet.started(1, "a")
+    fleet.expect("b2", hashes, tokens)
+    assert fleet.choose(eps, "b2").id == 1  # sticks although endpoint 1 is busier
+    assert fleet.queued[1]["b2"] == 10  # only the partial block is uncached
+    # Endpoint 1's batch is full: load decides.
+    for _ in range(3):
+        fleet.acquire(1)
+    fleet.expect("c", hashes, tokens)
+    assert fleet.choose(eps, "c").id == 2
+    assert (fleet.sticky, fleet.by_load) == (1, 3)
+    assert fleet.choose(eps, None).id == 2  # no expectation: plain load choice

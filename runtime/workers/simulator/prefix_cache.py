@@ -4,9 +4,11 @@ Tokens. The stand-in tokenizer (:mod:`runtime.workers.simulator.text`) counts a 
 ``ceil(len / 4)`` tokens; here a prompt is *rendered* so that every token is exactly four
 characters and the count is unchanged: text is cut into 4-character tokens (the last one padded
 with NULs; an empty prompt is one BOS token), and a chat prompt is, per message, three header
-tokens (start, role, newline), the content's tokens and one end token, then three tokens of
-generation prompt (``MESSAGE_OVERHEAD_TOKENS`` = 4, ``GENERATION_PROMPT_TOKENS`` = 3). The same
-prompt prefix therefore gives the same tokens, whatever follows it. A prompt given as token ids
+tokens (start, role, newline), the content's tokens and one end token, then the generation
+prompt: an assistant message's three header tokens (``MESSAGE_OVERHEAD_TOKENS`` = 4,
+``GENERATION_PROMPT_TOKENS`` = 3). The same prompt prefix therefore gives the same tokens,
+whatever follows it, and a conversation's next turn (the answer appended as an assistant
+message) repeats every token of the turn before. A prompt given as token ids
 is its ids.
 
 Blocks (as vLLM's ``kv_cache_utils.hash_block_tokens``): a prompt's *full* blocks of
@@ -40,7 +42,7 @@ _BOS = _PAD * CHARS_PER_TOKEN
 _START = "\x02st\x02"
 _NEWLINE = "\x02nl\x02"
 _END = "\x02en\x02"
-_GENERATION = "\x02as\x02" + _NEWLINE + "\x02gp\x02"
+_GENERATION = _START + "assi" + _NEWLINE  # an assistant message's header, as chat templates
 _ROOT_HASH = hash("switchyard-simulator-prefix-root")
 
 
