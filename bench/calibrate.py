@@ -9,9 +9,12 @@ latency (prefill plus one decode step plus the server's fixed cost):
 - *warm*: the same prompt again right after, so the engine's prefix cache holds all of it but
   the last token (vLLM recomputes that one) and the whole-prompt prefill is saved.
 
-It fits ``latency = fixed + tokens / prefill_tps`` to the cold points by least squares and
-prints (JSON) the fitted ``prefill_tps`` (the simulator's ``--prefill-tps``), the fixed cost in
-ms, each point's median, and the engine's prefix-cache counters over the run. Against the
+It first resets the engine's prefix cache (``POST /reset_prefix_cache``: vLLM serves it with
+``VLLM_SERVER_DEV_MODE=1``; without it the prompts' random salt still keeps them cold). It fits
+``latency = fixed + tokens / prefill_tps`` by least squares to each length's *fastest* cold
+request (the one least disturbed by other work on a shared machine) and prints (JSON) the
+fitted ``prefill_tps`` (the simulator's ``--prefill-tps``), the fixed cost in ms, each length's
+fastest cold and warm latencies, and the engine's prefix-cache counters over the run. Against the
 simulator itself it recovers the configured ``--prefill-tps`` (a test checks this); against
 real vLLM CPU it gives the figure to run the simulator with.
 """
@@ -21,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import random
 import statistics
 import sys
 import time
@@ -94,11 +98,13 @@ async def calibrate(
     url = url.rstrip("/")
     timeout = aiohttp.ClientTimeout(total=120)
     async with aiohttp.ClientSession(timeout=timeout) as session:
+        async with session.post(f"{url}/reset_prefix_cache") as resp:
+            await resp.read()  # best effort: a refusal leaves the random salt to keep it cold
         await _latency_ms(session, url, model, prompt_ids(8, 0, vocab))  # warm the server up
         before = await _counters(session, url)
         points: list[Point] = []
         raw: list[tuple[int, float]] = []
-        salt = 1
+        salt = random.randrange(1 << 20)  # a fresh prompt every run
         for tokens in lengths:
             cold, warm = [], []
             for _ in range(repeats):
@@ -106,8 +112,8 @@ async def calibrate(
                 ids = prompt_ids(tokens, salt, vocab)
                 cold.append(await _latency_ms(session, url, model, ids))
                 warm.append(await _latency_ms(session, url, model, ids))
-            raw.extend((tokens, ms) for ms in cold)
-            points.append(Point(tokens, statistics.median(cold), statistics.median(warm)))
+            raw.append((tokens, min(cold)))
+            points.append(Point(tokens, min(cold), min(warm)))
         after = await _counters(session, url)
     tps, fixed = fit(raw)
     return {
