@@ -22,8 +22,8 @@ bytes per block on CPython 3.11 (the int key, the dict slot, the LRU link), so ~
 endpoint at the default 16,384 blocks, which index 4.2 M characters (~1 M tokens) of prompt
 per endpoint, more than a typical engine's KV cache holds.
 
-Cost: a match is one dict lookup per matched block per endpoint, plus one per endpoint for the
-first miss; a record is one ``move_to_end`` or insert per block. This process only: nothing is
+Cost: a match is a binary search, ``log2(blocks)`` dict lookups per endpoint; a record is one
+insert or ``move_to_end`` per block. This process only: nothing is
 shared between routers (each learns from its own traffic).
 """
 
@@ -39,7 +39,13 @@ DEFAULT_TTL_SECONDS: Final = 600.0
 
 
 class PrefixIndex:
-    """Block hashes per endpoint, LRU- and TTL-bounded; pass ``now`` (a monotonic clock)."""
+    """Block hashes per endpoint, LRU- and TTL-bounded; pass ``now`` (a monotonic clock).
+
+    Invariant: per endpoint, the held young blocks of any prompt form a prefix of its chain.
+    A block hash covers its parent, :meth:`record` always notes a whole chain from its root
+    and touches it tail first, so a parent is never older than its child: LRU eviction and
+    the TTL drop a chain from its tail. :meth:`match` relies on it to binary-search.
+    """
 
     __slots__ = ("_endpoints", "max_blocks_per_endpoint", "ttl_seconds")
 
@@ -86,14 +92,18 @@ class PrefixIndex:
             blocks = self._endpoints.get(endpoint_id)
             if not blocks:
                 continue
-            count = 0
-            for block_hash in hashes:
-                seen = blocks.get(block_hash)
-                if seen is None or seen < oldest:
-                    break
-                count += 1
-            if count:
-                found[endpoint_id] = count
+            # Held blocks are prefix-closed (see the class docstring): binary search for the
+            # longest held prefix, O(log blocks) lookups per endpoint.
+            low, high = 0, len(hashes)
+            while low < high:
+                middle = (low + high + 1) // 2
+                seen = blocks.get(hashes[middle - 1])
+                if seen is not None and seen >= oldest:
+                    low = middle
+                else:
+                    high = middle - 1
+            if low:
+                found[endpoint_id] = low
         return found
 
     def forget(self, endpoint_id: int) -> None:

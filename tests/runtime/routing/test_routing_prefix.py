@@ -64,8 +64,14 @@ def test_the_index_learns_where_prefixes_went_and_matches_the_longest_run():
     index.record(2, turn1[:2], now=0.0)
     assert index.match(turn1, now=1.0) == {1: len(turn1), 2: 2}
     assert index.match(turn1, now=1.0, endpoint_ids=[2, 3]) == {2: 2}
-    # A miss ends the run: a block held without its parent does not count.
-    assert index.match([12345, *turn1], now=1.0) == {}
+    # Another first block changes every hash after it: nothing matches.
+    other = chat_block_hashes([("system", "x" + SYSTEM), ("user", "hello " * 50)])
+    assert index.match(other, now=1.0) == {}
+    # A prompt that goes on past what was sent matches its full blocks.
+    assert len(render_chat([("system", SYSTEM), ("user", "hello " * 50)])) % 256  # a partial end
+    longer = chat_block_hashes([("system", SYSTEM), ("user", "hello " * 50 + "more " * 200)])
+    assert len(longer) > len(turn1)
+    assert index.match(longer, now=1.0) == {1: len(turn1), 2: 2}
     assert index.match((), now=1.0) == {}
 
 
