@@ -50,6 +50,7 @@ from bench.scenario import Scenario, load
 from bench.workload import Planned, chat_messages, plan_phase
 from runtime.routing.prefix import chat_block_hashes
 from runtime.routing.prefix_index import PrefixIndex
+from runtime.routing.sticky import StickyRule
 from runtime.scheduling.dispatcher import PoolDispatcher
 from runtime.scheduling.grant import Grant, SchedulingError, Ticket
 from runtime.scheduling.settings import PoolSettings
@@ -130,7 +131,11 @@ class _Run:
     """The engines, the event heap (arrivals and step ends) and what came out."""
 
     def __init__(
-        self, scenario: Scenario, settings: PoolSettings, routing: Mode | None = None
+        self,
+        scenario: Scenario,
+        settings: PoolSettings,
+        routing: Mode | None = None,
+        rule: StickyRule | None = None,
     ) -> None:
         self.scenario = scenario
         b = scenario.backends
@@ -143,7 +148,7 @@ class _Run:
         self.prefix: PrefixFleet | None = None
         fleet = HandFleet()
         if routing is not None:
-            fleet = self.prefix = PrefixFleet(mode=routing, now=self.clock)
+            fleet = self.prefix = PrefixFleet(mode=routing, now=self.clock, rule=rule)
         cache = PrefixCacheConfig(block_size=b.block_size, capacity_blocks=b.cache_blocks())
         self.engines: dict[int, _Engine] = {}
         for endpoint_id in range(1, scenario.backends.count + 1):
@@ -274,9 +279,10 @@ async def simulate_run(
     phase_s: float,
     max_requests: int = 100_000,
     routing: Mode | None = None,
+    rule: StickyRule | None = None,
 ) -> _Run:
     """:func:`simulate`, returning the whole run (its prefix-cache figures too)."""
-    run = _Run(scenario, settings, routing)
+    run = _Run(scenario, settings, routing, rule)
     run.dispatcher.start()
     try:
         for phase in scenario.phases:  # each starts once the previous one drained, as in `run`
@@ -359,6 +365,23 @@ def _cell(name: str, value: float | None) -> str:
     return f"{value:.0f}"
 
 
+def _sticky_rule(parser: argparse.ArgumentParser, items: Sequence[str]) -> StickyRule:
+    values: dict[str, float] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or key.strip() not in StickyRule.__dataclass_fields__:
+            parser.error(f"--sticky wants KEY=VALUE with a StickyRule field, got {item!r}")
+        try:
+            values[key.strip()] = float(value)
+        except ValueError:
+            parser.error(f"--sticky {item!r}: not a number")
+    ints = {"min_saved_tokens", "slack_tokens"}
+    try:
+        return StickyRule(**{k: int(v) if k in ints else v for k, v in values.items()})  # type: ignore[arg-type]
+    except ValueError as exc:
+        parser.error(str(exc))
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.dispatch_sim")
     parser.add_argument("--scenario", type=Path, default=Path("bench/scenarios/contention.toml"))
@@ -370,6 +393,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--seed", type=int, default=None, help="another schedule than the scenario's seed gives"
     )
+    parser.add_argument(
+        "--sticky", action="append", default=[], metavar="KEY=VALUE",
+        help="a parameter of the sticky rule (runtime.routing.sticky.StickyRule), e.g. "
+        "stickiness=2",
+    )  # fmt: skip
     parser.add_argument(
         "--routing", choices=("load", "prefix"), default=None,
         help="with prefix caches in the engines: place by load or by the prefix index and "
@@ -387,7 +415,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         policies[key.strip()] = value.strip()
     settings = PoolSettings.from_policies(policies, ())
     phase_s = scenario.size(args.size).phase_duration_s
-    run = asyncio.run(simulate_run(scenario, settings, phase_s=phase_s, routing=args.routing))
+    rule = _sticky_rule(parser, args.sticky)
+    run = asyncio.run(
+        simulate_run(scenario, settings, phase_s=phase_s, routing=args.routing, rule=rule)
+    )
     print(f"{scenario.name}, {args.size} ({phase_s:g} s phases), policies {policies or 'default'}"
           + (f", routing {args.routing}" if args.routing else ""))  # fmt: skip
     rows = table(scenario, run.outcomes)

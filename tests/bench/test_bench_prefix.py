@@ -220,8 +220,9 @@ def test_prefix_routing_beats_load_only_in_virtual_time():
 
 def test_the_prefix_fleet_sticks_then_falls_back_to_load():
     from bench.prefix_placement import BLOCK_TOKENS, PrefixFleet  # noqa: PLC0415
+    from runtime.routing.sticky import StickyRule  # noqa: PLC0415
 
-    fleet = PrefixFleet(mode="prefix", now=lambda: 0.0)
+    fleet = PrefixFleet(mode="prefix", now=lambda: 0.0, rule=StickyRule(stickiness=1.0))
     eps = [fleet.add(i, capacity=4) for i in (1, 2)]
     hashes = tuple(range(100, 120))  # 20 blocks
     tokens = 20 * BLOCK_TOKENS + 10

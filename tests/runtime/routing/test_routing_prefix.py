@@ -156,7 +156,7 @@ def cand(eid: int, cached: int, queued: int = 0, inflight: int = 0, cap: int = 8
     return Candidate(eid, cached, queued, inflight, cap)
 
 
-RULE = StickyRule(min_saved_tokens=64)
+RULE = StickyRule(min_saved_tokens=64, stickiness=1.0)
 
 
 def test_sticks_to_the_longest_cached_prefix_while_the_queue_costs_less_than_it_saves():
@@ -165,8 +165,8 @@ def test_sticks_to_the_longest_cached_prefix_while_the_queue_costs_less_than_it_
     assert sticky_choice([cand(1, 0, queued=0), cand(2, 2000, queued=1500)], RULE) == 2
     # 2,500 more queued than the light endpoint: saturated, route by load.
     assert sticky_choice([cand(1, 0, queued=0), cand(2, 2000, queued=2500)], RULE) is None
-    # A stickier rule keeps it.
-    sticky = StickyRule(stickiness=1.5)
+    # A stickier rule (the default) keeps it.
+    sticky = StickyRule()
     assert sticky_choice([cand(1, 0, queued=0), cand(2, 2000, queued=2500)], sticky) == 2
 
 
