@@ -245,3 +245,21 @@ def test_the_prefix_fleet_sticks_then_falls_back_to_load():
     assert fleet.choose(eps, "c").id == 2
     assert (fleet.sticky, fleet.by_load) == (1, 3)
     assert fleet.choose(eps, None).id == 2  # no expectation: plain load choice
+
+
+def test_dispatch_sim_command_takes_routing_and_sticky_parameters(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from bench.dispatch_sim import main  # noqa: PLC0415
+
+    scenario = str(SCENARIOS / "prefix.toml")
+    main(["--scenario", scenario, "--size", "smoke", "--routing", "prefix",
+          "--sticky", "stickiness=3", "--sticky", "min_saved_tokens=128"])  # fmt: skip
+    out = capsys.readouterr().out
+    assert "routing prefix" in out
+    assert "load-8 all" in out
+    assert "hit_rate=" in out
+    for bad in ("nope=1", "stickiness", "stickiness=x", "max_load=0"):
+        with pytest.raises(SystemExit):
+            main(["--scenario", scenario, "--routing", "prefix", "--sticky", bad])
+    capsys.readouterr()
