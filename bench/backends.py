@@ -59,6 +59,10 @@ def backend_argv(spec: BackendSpec, port: int, index: int) -> list[str]:
         str(index),
         "--log-level",
         "WARNING",
+        "--block-size",
+        str(spec.block_size),
+        "--prefix-cache-blocks",
+        str(spec.cache_blocks()),
         *spec.extra_args,
     )
 
@@ -90,7 +94,8 @@ async def start_backends(
     return children
 
 
-def _gauge(text: str, name: str) -> float:
+def gauge(text: str, name: str) -> float:
+    """The sum of every series of ``name`` in a Prometheus text exposition."""
     total = 0.0
     for line in text.splitlines():
         if line.startswith(name) and (len(line) == len(name) or line[len(name)] in "{ "):
@@ -115,7 +120,7 @@ async def wait_idle(
             except (aiohttp.ClientError, TimeoutError):
                 busy += 1
                 continue
-            busy += _gauge(text, RUNNING) + _gauge(text, WAITING)
+            busy += gauge(text, RUNNING) + gauge(text, WAITING)
         if busy == 0:
             return True
         await asyncio.sleep(0.1)

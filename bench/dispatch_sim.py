@@ -23,6 +23,15 @@ before a (noisy) harness run; the figures are the scheduler's share of the laten
 router's. ``--seed N`` plays another schedule of the same scenario: a rule tuned on one
 schedule's bursts should hold on others. Each phase starts once the previous one has drained,
 as in ``bench run``.
+
+Prefix caches: with a scenario that shares prefixes (a ``[prefix]`` table) or ``--routing``,
+each engine keeps the simulator's prefix cache
+(:class:`~runtime.workers.simulator.prefix_cache.PrefixCache`, the backends' ``block_size``
+and ``prefix_cache_blocks``) over the rendered chat prompt, and a step prefills only its
+newcomers' uncached tokens. ``--routing load`` places by load (as today's router);
+``--routing prefix`` places as the router will with the prefix index and the sticky rule
+(:mod:`bench.prefix_placement`). Each phase then also prints its overall TTFT p50/p95, the
+engines' hit rate and how many placements were sticky.
 """
 
 from __future__ import annotations
@@ -36,12 +45,23 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench.prefix_placement import Mode, PrefixFleet
 from bench.scenario import Scenario, load
-from bench.workload import Planned, plan_phase
+from bench.workload import Planned, chat_messages, plan_phase
+from runtime.routing.prefix import chat_block_hashes
+from runtime.routing.prefix_index import PrefixIndex
+from runtime.routing.sticky import StickyRule
 from runtime.scheduling.dispatcher import PoolDispatcher
 from runtime.scheduling.grant import Grant, SchedulingError, Ticket
 from runtime.scheduling.settings import PoolSettings
 from runtime.testing.fleet import HandFleet
+from runtime.workers.simulator.prefix_cache import (
+    PrefixCache,
+    PrefixCacheConfig,
+    render_chat,
+    text_block_hashes,
+)
+from runtime.workers.simulator.text import count_chat_tokens
 from runtime.workers.simulator.timing import TimingModel
 
 
@@ -61,12 +81,14 @@ class _Clock:
         return self.now
 
 
-def _ticket(scenario: Scenario, p: Planned, now: float, weight: float) -> Ticket:
+def _ticket(
+    scenario: Scenario, p: Planned, now: float, weight: float, key: str | None = None
+) -> Ticket:
     spec = scenario.classes[p.klass]
     return Ticket(
         tenant=p.tenant, version=1, input_tokens=p.prompt_tokens, max_output_tokens=p.max_tokens,
         band=spec.priority_band, class_name=p.klass, shed_order=spec.shed_order, weight=weight,
-        deadline=now + spec.deadline_ms / 1000.0,
+        deadline=now + spec.deadline_ms / 1000.0, affinity_key=key,
     )  # fmt: skip
 
 
@@ -77,6 +99,9 @@ class _Seq:
     arrived: float
     left: int  # tokens still to produce
     started: bool = False
+    prompt_tokens: int = 0  # as the simulator counts the rendered prompt (with a prefix cache)
+    block_hashes: tuple[int, ...] = ()  # the engine's block hashes of the prompt
+    cached: int = 0  # prompt tokens the engine's prefix cache held at admission
 
 
 @dataclass(slots=True)
@@ -87,29 +112,53 @@ class _Engine:
     running: list[_Seq]
     fresh: list[_Seq]
     stepping: bool = False
+    cache: PrefixCache | None = None
 
     def duration(self, timing: TimingModel) -> float:
+        if self.cache is None:
+            prefill = sum(s.planned.prompt_tokens for s in self.fresh)
+        else:
+            prefill = 0
+            for seq in self.fresh:
+                seq.cached = self.cache.admit(seq.block_hashes, seq.prompt_tokens)
+                prefill += seq.prompt_tokens - seq.cached
         return timing.step_seconds(
-            batch_size=len(self.running) + len(self.fresh),
-            prefill_tokens=sum(s.planned.prompt_tokens for s in self.fresh),
+            batch_size=len(self.running) + len(self.fresh), prefill_tokens=prefill
         )
 
 
 class _Run:
     """The engines, the event heap (arrivals and step ends) and what came out."""
 
-    def __init__(self, scenario: Scenario, settings: PoolSettings) -> None:
+    def __init__(
+        self,
+        scenario: Scenario,
+        settings: PoolSettings,
+        routing: Mode | None = None,
+        rule: StickyRule | None = None,
+    ) -> None:
         self.scenario = scenario
         b = scenario.backends
         self.timing = TimingModel(
             prefill_tps=b.prefill_tps, decode_a_ms=b.decode_a_ms, decode_b_ms=b.decode_b_ms
         )
+        self.clock = _Clock()
+        if routing is None and scenario.prefix.enabled:
+            routing = "load"
+        self.prefix: PrefixFleet | None = None
         fleet = HandFleet()
+        if routing is not None:
+            fleet = self.prefix = PrefixFleet(mode=routing, now=self.clock, rule=rule)
+        cache = PrefixCacheConfig(block_size=b.block_size, capacity_blocks=b.cache_blocks())
         self.engines: dict[int, _Engine] = {}
         for endpoint_id in range(1, scenario.backends.count + 1):
             fleet.add(endpoint_id, capacity=scenario.backends.max_num_seqs)
-            self.engines[endpoint_id] = _Engine([], [])
-        self.clock = _Clock()
+            engine_cache = PrefixCache(cache) if self.prefix is not None else None
+            self.engines[endpoint_id] = _Engine([], [], cache=engine_cache)
+        self.cache_tokens: dict[str, list[int]] = {}  # phase -> [queried, hit] tokens
+        self.block_size = b.block_size
+        self.rendered: dict[str, tuple[int, tuple[int, ...]]] = {}  # key -> engine's view
+        self.placements: dict[str, tuple[int, int]] = {}  # phase -> (sticky, by load)
         self.dispatcher = PoolDispatcher("p", settings, fleet, clock=self.clock, tick_s=3600.0)
         self.weights = {t.name: t.weight for t in scenario.tenants}
         self.order = itertools.count()
@@ -133,6 +182,11 @@ class _Run:
                 seq.started = True
                 ttft = self.clock.now - seq.arrived
                 self.outcomes.append(Outcome(phase, seq.planned.tenant, seq.planned.klass, ttft))
+                if self.prefix is not None:
+                    self.prefix.started(endpoint_id, str(seq.planned.index))
+                    counts = self.cache_tokens.setdefault(phase, [0, 0])
+                    counts[0] += seq.prompt_tokens
+                    counts[1] += seq.cached
             seq.left -= 1
             if seq.left <= 0:
                 engine.running.remove(seq)
@@ -146,11 +200,24 @@ class _Run:
         for p in requests:
             heapq.heappush(self.events, (start + p.at, next(self.order), p))
         waiting: dict[int, tuple[asyncio.Task[Grant], Planned, float]] = {}
+        try:
+            await self._play(phase, loop, waiting)
+        finally:
+            if self.prefix is not None:
+                self.placements[phase] = (self.prefix.sticky, self.prefix.by_load)
+
+    async def _play(
+        self,
+        phase: str,
+        loop: asyncio.AbstractEventLoop,
+        waiting: dict[int, tuple[asyncio.Task[Grant], Planned, float]],
+    ) -> None:
         while self.events:
             at, key, item = heapq.heappop(self.events)
             self.clock.now = at
             if isinstance(item, Planned):
-                ticket = _ticket(self.scenario, item, at, self.weights[item.tenant])
+                affinity = self.expect(item)
+                ticket = _ticket(self.scenario, item, at, self.weights[item.tenant], affinity)
                 waiting[key] = (loop.create_task(self.dispatcher.acquire(ticket)), item, at)
             else:
                 self.step_ended(item, phase)
@@ -161,13 +228,38 @@ class _Run:
                     del waiting[wait_key]
                     self.granted(task, p, arrived, phase)
 
+    def reset_caches(self) -> None:
+        for engine in self.engines.values():
+            if engine.cache is not None:
+                engine.cache.reset()
+        if self.prefix is not None:
+            self.prefix.index = PrefixIndex(
+                max_blocks_per_endpoint=self.prefix.index.max_blocks_per_endpoint,
+                ttl_seconds=self.prefix.index.ttl_seconds,
+            )
+            self.prefix.sticky = self.prefix.by_load = 0
+
+    def expect(self, p: Planned) -> str | None:
+        """With prefix caches: tell the placement the request's router-side blocks."""
+        if self.prefix is None:
+            return None
+        pairs = [(m["role"], m["content"]) for m in chat_messages(p)]
+        key = str(p.index)
+        tokens = count_chat_tokens([content for _, content in pairs])
+        self.prefix.expect(key, chat_block_hashes(pairs), tokens)
+        self.rendered[key] = (tokens, text_block_hashes(render_chat(pairs), self.block_size))
+        return key
+
     def granted(self, task: asyncio.Task[Grant], p: Planned, arrived: float, phase: str) -> None:
         if isinstance(task.exception(), SchedulingError):
             self.outcomes.append(Outcome(phase, p.tenant, p.klass, None))
             return
         grant = task.result()
         endpoint_id = grant.endpoint.id if grant.endpoint is not None else 1
-        self.engines[endpoint_id].fresh.append(_Seq(grant, p, arrived, max(p.max_tokens, 1)))
+        seq = _Seq(grant, p, arrived, max(p.max_tokens, 1))
+        if self.prefix is not None:
+            seq.prompt_tokens, seq.block_hashes = self.rendered.pop(str(p.index))
+        self.engines[endpoint_id].fresh.append(seq)
         if not self.engines[endpoint_id].stepping:
             self.step(endpoint_id)
 
@@ -176,15 +268,55 @@ async def simulate(
     scenario: Scenario, settings: PoolSettings, *, phase_s: float, max_requests: int = 100_000
 ) -> list[Outcome]:
     """Every request of every phase, in virtual time; see the module docstring."""
-    run = _Run(scenario, settings)
+    run = await simulate_run(scenario, settings, phase_s=phase_s, max_requests=max_requests)
+    return run.outcomes
+
+
+async def simulate_run(
+    scenario: Scenario,
+    settings: PoolSettings,
+    *,
+    phase_s: float,
+    max_requests: int = 100_000,
+    routing: Mode | None = None,
+    rule: StickyRule | None = None,
+) -> _Run:
+    """:func:`simulate`, returning the whole run (its prefix-cache figures too)."""
+    run = _Run(scenario, settings, routing, rule)
     run.dispatcher.start()
     try:
         for phase in scenario.phases:  # each starts once the previous one drained, as in `run`
             plan = plan_phase(scenario, phase, duration_s=phase_s, max_requests=max_requests)
+            run.reset_caches()  # as `bench run` does before every measured phase
             await run.phase(phase.name, plan.requests)
     finally:
         await run.dispatcher.stop()
-    return run.outcomes
+    return run
+
+
+def prefix_table(run: _Run) -> dict[str, dict[str, float | None]]:
+    """Per phase: every request's TTFT p50 / p95 in ms, the share within its class's TTFT SLO
+    (refused ones count as missed), the engines' prefix-cache hit rate (hit over queried
+    prompt tokens) and the share of placements the sticky rule made."""
+    out: dict[str, dict[str, float | None]] = {}
+    classes = run.scenario.classes
+    for phase in run.scenario.phases:
+        rows = [o for o in run.outcomes if o.phase == phase.name]
+        ms = [o.ttft_s * 1000.0 for o in rows if o.ttft_s is not None]
+        met = sum(
+            1
+            for o in rows
+            if o.ttft_s is not None and o.ttft_s * 1000.0 <= classes[o.klass].ttft_slo_ms
+        )
+        queried, hit = run.cache_tokens.get(phase.name, [0, 0])
+        placed = run.placements.get(phase.name, (0, 0))
+        out[f"{phase.name} all"] = {
+            "n": len(ms), "p50_ms": _pct(ms, 0.5), "p95_ms": _pct(ms, 0.95),
+            "slo_share": met / len(rows) if rows else None,
+            "hit_rate": hit / queried if queried else None,
+            "sticky_share": placed[0] / sum(placed) if sum(placed) else None,
+        }  # fmt: skip
+    return out
 
 
 def _pct(values: Sequence[float], q: float) -> float | None:
@@ -228,7 +360,26 @@ def table(scenario: Scenario, outcomes: Sequence[Outcome]) -> dict[str, dict[str
 def _cell(name: str, value: float | None) -> str:
     if value is None:
         return "-"
-    return f"{value:.2f}" if name == "p95_over_baseline" else f"{value:.0f}"
+    if name in ("p95_over_baseline", "hit_rate", "sticky_share", "slo_share"):
+        return f"{value:.2f}"
+    return f"{value:.0f}"
+
+
+def _sticky_rule(parser: argparse.ArgumentParser, items: Sequence[str]) -> StickyRule:
+    values: dict[str, float] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or key.strip() not in StickyRule.__dataclass_fields__:
+            parser.error(f"--sticky wants KEY=VALUE with a StickyRule field, got {item!r}")
+        try:
+            values[key.strip()] = float(value)
+        except ValueError:
+            parser.error(f"--sticky {item!r}: not a number")
+    ints = {"min_saved_tokens", "slack_tokens"}
+    try:
+        return StickyRule(**{k: int(v) if k in ints else v for k, v in values.items()})  # type: ignore[arg-type]
+    except ValueError as exc:
+        parser.error(str(exc))
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -242,6 +393,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--seed", type=int, default=None, help="another schedule than the scenario's seed gives"
     )
+    parser.add_argument(
+        "--sticky", action="append", default=[], metavar="KEY=VALUE",
+        help="a parameter of the sticky rule (runtime.routing.sticky.StickyRule), e.g. "
+        "stickiness=2",
+    )  # fmt: skip
+    parser.add_argument(
+        "--routing", choices=("load", "prefix"), default=None,
+        help="with prefix caches in the engines: place by load or by the prefix index and "
+        "the sticky rule (default: load when the scenario shares prefixes, else none)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     scenario = load(args.scenario)
     if args.seed is not None:
@@ -254,9 +415,16 @@ def main(argv: Sequence[str] | None = None) -> None:
         policies[key.strip()] = value.strip()
     settings = PoolSettings.from_policies(policies, ())
     phase_s = scenario.size(args.size).phase_duration_s
-    outcomes = asyncio.run(simulate(scenario, settings, phase_s=phase_s))
-    print(f"{scenario.name}, {args.size} ({phase_s:g} s phases), policies {policies or 'default'}")
-    for key, row in table(scenario, outcomes).items():
+    rule = _sticky_rule(parser, args.sticky)
+    run = asyncio.run(
+        simulate_run(scenario, settings, phase_s=phase_s, routing=args.routing, rule=rule)
+    )
+    print(f"{scenario.name}, {args.size} ({phase_s:g} s phases), policies {policies or 'default'}"
+          + (f", routing {args.routing}" if args.routing else ""))  # fmt: skip
+    rows = table(scenario, run.outcomes)
+    if run.prefix is not None:
+        rows.update(prefix_table(run))
+    for key, row in rows.items():
         cells = "  ".join(f"{name}={_cell(name, value)}" for name, value in row.items())
         print(f"{key:34} {cells}")
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import aiohttp
 import msgspec
 
-from bench.workload import PhasePlan, Planned, prompt_text
+from bench.workload import PhasePlan, Planned, chat_messages
 
 CHAT_PATH = "/v1/chat/completions"
 
@@ -84,7 +84,7 @@ def classify_status(status: int) -> str:
 def request_body(planned: Planned, model: str) -> bytes:
     doc: dict[str, object] = {
         "model": model,
-        "messages": [{"role": "user", "content": prompt_text(planned)}],
+        "messages": chat_messages(planned),
         "max_tokens": planned.max_tokens,
         "temperature": 1.0,
         "stream": planned.stream,

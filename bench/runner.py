@@ -24,6 +24,7 @@ from bench import plots, report
 from bench.backends import start_backends, wait_idle
 from bench.loadgen import HeadersFor, run_phase
 from bench.metrics import phase_figures
+from bench.prefix_stats import prefix_counters, prefix_figures, reset_prefix_caches
 from bench.procs import Child, CpuSampler, StartError, extra_router_cpus, router_cpus
 from bench.profile import FlameGraph, lag_figures, scrape_lag
 from bench.scenario import Scenario, SizeSpec
@@ -133,6 +134,8 @@ async def measure(
     py-spy flame graph there (:mod:`bench.profile`).
     """
     idle = await wait_idle(list(backends), session, timeout_s=max(spec.drain_timeout_s, 5.0))
+    reset = await reset_prefix_caches(session, backends)
+    counters_before = await prefix_counters(session, backends)
     logger.info("phase %s (%.1f rps, %d requests) -> %s", plan.phase, plan.offered_rps,
                 len(plan.requests), target.name)  # fmt: skip
     stop = asyncio.Event()
@@ -156,6 +159,8 @@ async def measure(
         usage = await sampling
         flamed = await flame.stop() if flame is not None else None
     figures = phase_figures(scenario, plan, run, usage if pids else None)
+    counters_after = await prefix_counters(session, backends)
+    figures["prefix_cache"] = prefix_figures(counters_before, counters_after, reset=reset)
     if lag_before is not None:
         lag_after = await scrape_lag(session, target.base_urls[0])
         figures["event_loop_lag"] = lag_figures(lag_before, lag_after or {})

@@ -73,6 +73,14 @@ class BackendSpec:
     max_model_len: int = 4096
     model_path: str = ""  # vllm: the model directory
     extra_args: tuple[str, ...] = ()
+    block_size: int = 16  # simulator: tokens per KV block (its prefix cache's unit)
+    prefix_cache_blocks: int | None = None  # simulator: None = kv_capacity_tokens / block_size
+
+    def cache_blocks(self) -> int:
+        """The simulator's prefix-cache capacity in blocks (0: caching off)."""
+        if self.prefix_cache_blocks is None:
+            return self.kv_capacity_tokens // self.block_size
+        return self.prefix_cache_blocks
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +100,29 @@ class TenantSpec:
     rate_share: float  # of the phase's base rate
     classes: dict[str, float]  # class -> fraction of this tenant's requests
     flooding: bool = False
+    system_prompt_tokens: int = 0  # shared by its requests that are not unique (see PrefixSpec)
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixSpec:
+    """Shared prompt prefixes (the ``[prefix]`` table; without it every prompt is unique).
+
+    A request is *unique* with probability ``unique_share`` (no system prompt, no history, as
+    without the table). Otherwise it is the next turn of one of its tenant's ``conversations``
+    live conversations (picked uniformly): the tenant's system prompt
+    (``tenants[].system_prompt_tokens``), the conversation's earlier turns (each user message
+    and the assistant's answer, as long as that turn's output) and a new user message drawn from
+    ``lengths.prompt``. After ``max_turns`` turns, or when the next turn would not fit in
+    ``backends.max_model_len``, the conversation is replaced by a new one.
+    """
+
+    unique_share: float = 1.0
+    conversations: int = 8
+    max_turns: int = 1
+
+    @property
+    def enabled(self) -> bool:
+        return self.unique_share < 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,6 +179,7 @@ class Scenario:
     prompt: LengthDist
     output: LengthDist
     stream_share: float
+    prefix: PrefixSpec
     phases: tuple[PhaseSpec, ...]
     sizes: dict[str, SizeSpec]
     switchyard: SwitchyardSpec
@@ -230,10 +262,28 @@ def _tenant(table: Mapping[str, Any], classes: Mapping[str, ClassSpec], where: s
         rate_share=float(_get(table, "rate_share", (int, float), where)),
         classes={k: float(v) for k, v in mix.items()},
         flooding=bool(_opt(table, "flooding", False, where)),
+        system_prompt_tokens=int(_opt(table, "system_prompt_tokens", 0, where)),
     )
     if tenant.weight <= 0 or tenant.rate_share < 0 or sum(tenant.classes.values()) <= 0:
         raise ScenarioError(f"{where}: weight must be > 0, rate_share >= 0, a class mix > 0")
+    if tenant.system_prompt_tokens < 0:
+        raise ScenarioError(f"{where}: system_prompt_tokens must be >= 0")
     return tenant
+
+
+def _prefix(table: Mapping[str, Any], where: str = "prefix") -> PrefixSpec:
+    if not table:
+        return PrefixSpec()
+    spec = PrefixSpec(
+        unique_share=float(_get(table, "unique_share", (int, float), where)),
+        conversations=int(_opt(table, "conversations", 8, where)),
+        max_turns=int(_opt(table, "max_turns", 1, where)),
+    )
+    if not 0 <= spec.unique_share <= 1:
+        raise ScenarioError(f"{where}.unique_share must be in [0, 1]")
+    if spec.conversations < 1 or spec.max_turns < 1:
+        raise ScenarioError(f"{where}: conversations and max_turns must be >= 1")
+    return spec
 
 
 def parse(doc: Mapping[str, Any]) -> Scenario:
@@ -269,7 +319,14 @@ def parse(doc: Mapping[str, Any]) -> Scenario:
         max_model_len=int(_opt(b, "max_model_len", 4096, "backends")),
         model_path=str(_opt(b, "model_path", "", "backends")),
         extra_args=tuple(_opt(b, "extra_args", [], "backends")),
+        block_size=int(_opt(b, "block_size", 16, "backends")),
+        prefix_cache_blocks=(
+            None if b.get("prefix_cache_blocks") is None
+            else int(_get(b, "prefix_cache_blocks", int, "backends"))
+        ),
     )
+    if backends.block_size < 1 or (backends.prefix_cache_blocks or 0) < 0:
+        raise ScenarioError("backends: block_size must be >= 1, prefix_cache_blocks >= 0")
     if backends.kind not in ("simulator", "vllm") or backends.count < 1:
         raise ScenarioError("backends: kind must be simulator|vllm and count >= 1")
     if backends.kind == "vllm" and not backends.model_path:
@@ -303,6 +360,7 @@ def parse(doc: Mapping[str, Any]) -> Scenario:
         prompt=_length(_get(lengths, "prompt", dict, "lengths"), "lengths.prompt"),
         output=_length(_get(lengths, "output", dict, "lengths"), "lengths.output"),
         stream_share=float(_opt(doc, "stream_share", 0.5, "scenario")),
+        prefix=_prefix(_opt(doc, "prefix", {}, "scenario")),
         phases=phases,
         sizes=sizes,
         switchyard=SwitchyardSpec(
@@ -321,6 +379,12 @@ def parse(doc: Mapping[str, Any]) -> Scenario:
     )
     if not 0 <= scenario.stream_share <= 1:
         raise ScenarioError("stream_share must be in [0, 1]")
+    longest = max(t.system_prompt_tokens for t in tenants) + scenario.prompt.high
+    if scenario.prefix.enabled and longest + scenario.output.high > backends.max_model_len:
+        raise ScenarioError(
+            "prefix: the longest system prompt plus the longest prompt and output "
+            f"({longest + scenario.output.high} tokens) must fit in backends.max_model_len"
+        )
     for name in (scenario.report.baseline_phase, scenario.report.flood_phase):
         if name and name not in {p.name for p in phases}:
             raise ScenarioError(f"report: no phase named '{name}'")

@@ -19,7 +19,13 @@ FACTORIES: MappingProxyType[str, Callable[[], Target]] = MappingProxyType(
         "switchyard-fcfs": lambda: SwitchyardTarget(name="switchyard-fcfs", fairness="fcfs"),
         "switchyard": lambda: SwitchyardTarget(name="switchyard"),
         "switchyard-2w": lambda: SwitchyardTarget(name="switchyard-2w", workers=2),
+        "switchyard-prefix-affinity": lambda: SwitchyardTarget(
+            name="switchyard-prefix-affinity", scorers="least_load,prefix_affinity"
+        ),
         "vllm-router": lambda: VllmRouterTarget(name="vllm-router"),
+        "vllm-router-cache-aware": lambda: VllmRouterTarget(
+            name="vllm-router-cache-aware", policy="cache_aware"
+        ),
         "litellm": lambda: LitellmTarget(name="litellm"),
     }
 )

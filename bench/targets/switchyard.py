@@ -90,6 +90,7 @@ def worker_cpus(router_cpus: tuple[int, ...], workers: int) -> tuple[int, ...]:
 class SwitchyardTarget(Target):
     fairness: str | None = None  # overrides the scenario's pool policy "fairness"
     workers: int = 1  # router processes (--workers); each gets a core of its own if it can
+    scorers: str | None = None  # overrides the scenario's pool policy "scorers"
     _prefix: str = ""
     _redis_url: str = ""
     _env_keys: list[str] = field(default_factory=list)
@@ -98,6 +99,8 @@ class SwitchyardTarget(Target):
         policies = dict(scenario.switchyard.policies)
         if self.fairness is not None:
             policies["fairness"] = self.fairness
+        if self.scorers is not None:
+            policies["scorers"] = self.scorers
         return policies
 
     async def start(self, ctx: TargetContext) -> None:

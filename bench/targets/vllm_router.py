@@ -1,8 +1,9 @@
 """``vllm-router``: the Rust router from PyPI, in its own virtual environment, as a peer.
 
 Installed by ``python -m bench setup-peers`` into ``bench/.venvs/vllm-router``; skipped with
-the reason when it is not there. Round robin over the same backends, pinned to the same core
-as the other routers (its Tokio runtime then has one core to run on, like ours).
+the reason when it is not there. Round robin (or ``policy``, e.g. its ``cache_aware``) over the
+same backends, pinned to the same core as the other routers (its Tokio runtime then has one
+core to run on, like ours).
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ BINARY = VENVS / "vllm-router" / "bin" / "vllm-router"
 
 @dataclass
 class VllmRouterTarget(Target):
+    policy: str = "round_robin"  # vllm-router's --policy
+
     async def start(self, ctx: TargetContext) -> None:
         if not BINARY.exists():
             raise TargetUnavailableError(
@@ -25,7 +28,7 @@ class VllmRouterTarget(Target):
         port, metrics_port = free_port(), free_port()
         argv = [
             str(BINARY), "--host", "127.0.0.1", "--port", str(port),
-            "--worker-urls", *ctx.backend_urls, "--policy", "round_robin",
+            "--worker-urls", *ctx.backend_urls, "--policy", self.policy,
             "--log-level", "warning", "--log-dir", str(ctx.work_dir / f"{self.name}-logs"),
             "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port),
         ]  # fmt: skip
@@ -38,7 +41,7 @@ class VllmRouterTarget(Target):
                       headers={}, count=3, timeout_s=ctx.start_timeout_s, child=child)  # fmt: skip
         self.base_urls = [child.base_url]
         self.info = {
-            "kind": "vllm-router (PyPI, Rust), --policy round_robin",
+            "kind": f"vllm-router (PyPI, Rust), --policy {self.policy}",
             "venv": str(BINARY.parent.parent),
             "cpus": list(ctx.router_cpus),
         }

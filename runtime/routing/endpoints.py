@@ -6,7 +6,9 @@ A pool's ``policies`` (from the snapshot) may name them:
 - ``"scorers"``: comma-separated ``name[:weight]`` (default ``least_load``); scores are in
   ``[0, 1]`` (higher is better) and combine as a weighted mean. Registered: ``least_load``
   (in-flight over capacity), ``kv_use`` (scraped KV-cache use), ``prefix_affinity``
-  (rendezvous hash of the prompt prefix), ``cost_tier`` (the pool's replica cost);
+  (rendezvous hash of the prompt prefix), ``prefix_cache`` (the share of the prompt's blocks
+  the endpoint is believed to hold, :mod:`runtime.routing.prefix_index`), ``cost_tier`` (the
+  pool's replica cost);
 - ``"picker"``: one picker name (default ``max_score``).
 
 Unknown names raise :class:`UnknownPolicyError` (the one scheduling uses too) when the selector
@@ -48,6 +50,11 @@ class EndpointSignals(Protocol):
 
     def affinity_key(self) -> str | None:
         """A hash of the request's prompt prefix (prefix affinity); None if none."""
+        ...
+
+    def cached_prefix(self, endpoint_id: int) -> float | None:
+        """The share (0..1) of the request's prompt blocks the endpoint is believed to hold
+        in its prefix cache; None when the request carries no prefix match."""
         ...
 
 
@@ -134,6 +141,20 @@ class PrefixAffinityScorer:
         return int.from_bytes(digest, "big") / 2.0**64
 
 
+class PrefixCacheScorer:
+    """The longest cached prefix: the share of the request's full prompt blocks the endpoint
+    holds (``PrefixMatch.fraction``: 1 when it holds them all, 0 when none); 0.5 for every
+    endpoint when the request carries no match (no prompt blocks, or nothing indexed yet)."""
+
+    name = "prefix_cache"
+
+    def score(self, endpoint: EndpointSnap, signals: EndpointSignals) -> float:
+        share = signals.cached_prefix(endpoint.id)
+        if share is None or not math.isfinite(share):
+            return 0.5
+        return min(1.0, max(0.0, share))
+
+
 class CostTierScorer:
     """Cheaper hardware first: ``1 / (1 + cost_per_hour)`` of the endpoint's pool (1 for a
     free pool, 0.5 at one credit per hour); 0.5 when the cost is unknown."""
@@ -162,7 +183,13 @@ class MaxScorePicker:
 
 
 FILTERS: Final = (ReadyFilter, CircuitFilter, HealthFilter)
-SCORERS: Final = (LeastLoadScorer, KvUseScorer, PrefixAffinityScorer, CostTierScorer)
+SCORERS: Final = (
+    LeastLoadScorer,
+    KvUseScorer,
+    PrefixAffinityScorer,
+    PrefixCacheScorer,
+    CostTierScorer,
+)
 PICKERS: Final = (MaxScorePicker,)
 DEFAULT_FILTERS: Final = "ready,circuit,health"
 DEFAULT_SCORERS: Final = "least_load"

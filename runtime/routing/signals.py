@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from runtime.routing.endpoints import EndpointSignals
 from runtime.routing.inflight import InFlight
+from runtime.routing.prefix import PrefixMatch
 from runtime.snapshot import EndpointSnap, Snapshot
 from runtime.upstream.breaker import BreakerBook
 from runtime.upstream.health import HealthMonitor
@@ -52,19 +53,28 @@ class FleetSignals:
     def affinity_key(self) -> str | None:
         return None
 
+    def cached_prefix(self, endpoint_id: int) -> float | None:
+        return None  # a request's: see RequestSignals
+
 
 class RequestSignals:
-    """The fleet's signals plus what one request adds: its prompt-prefix key, and the pool
-    costs of the snapshot it is routed with."""
+    """The fleet's signals plus what one request adds: its prompt-prefix key, its prefix
+    match against the router's prefix index, and the pool costs of the snapshot it is routed
+    with."""
 
-    __slots__ = ("_affinity_key", "_fleet", "_snapshot")
+    __slots__ = ("_affinity_key", "_fleet", "_prefix", "_snapshot")
 
     def __init__(
-        self, fleet: EndpointSignals, snapshot: Snapshot, affinity_key: str | None = None
+        self,
+        fleet: EndpointSignals,
+        snapshot: Snapshot,
+        affinity_key: str | None = None,
+        prefix: PrefixMatch | None = None,
     ) -> None:
         self._fleet = fleet
         self._snapshot = snapshot
         self._affinity_key = affinity_key
+        self._prefix = prefix
 
     def breaker_available(self, endpoint_id: int) -> bool:
         return self._fleet.breaker_available(endpoint_id)
@@ -84,3 +94,8 @@ class RequestSignals:
 
     def affinity_key(self) -> str | None:
         return self._affinity_key
+
+    def cached_prefix(self, endpoint_id: int) -> float | None:
+        if self._prefix is None or self._prefix.blocks <= 0:
+            return None
+        return self._prefix.fraction(endpoint_id)

@@ -1,4 +1,4 @@
-"""The benchmark harness still works: both scenarios at smoke size, end to end.
+"""The benchmark harness still works: the scenarios at smoke size, end to end.
 
 Runs ``python -m bench run`` as a user would (real simulators, the real router, real Redis)
 against direct, the bare proxy and Switchyard, plus the peers if ``python -m bench
@@ -121,3 +121,14 @@ def test_contention_smoke(tmp_path: Path) -> None:
     contention = report["comparisons"]["contention"]
     assert contention is not None
     assert "direct" in contention
+
+
+def test_prefix_smoke(tmp_path: Path) -> None:
+    targets = ["direct", "switchyard"] if _router_importable() else ["direct"]
+    report = _run("prefix", targets, tmp_path / "prefix")
+    assert set(report["phases"]) == {"load-8"}
+    for name in targets:
+        cache = report["phases"]["load-8"]["targets"][name]["prefix_cache"]
+        assert cache["caches_reset"] is True
+        # Every tenant's system prompt is reused from its second request on.
+        assert cache["hit_rate"] > 0.3, cache

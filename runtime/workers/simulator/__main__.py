@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 from runtime.procs import watch_lifeline
 from runtime.workers.simulator.config import SimulatorConfig
+from runtime.workers.simulator.prefix_cache import PrefixCacheConfig
 from runtime.workers.simulator.server import run
 from runtime.workers.simulator.timing import Capacity, TimingModel
 
@@ -20,6 +21,9 @@ with a timing model: each engine step lasts new_prompt_tokens/prefill_tps second
 token; at most --max-num-seqs sequences run, each reserving prompt + max_tokens of the
 --kv-capacity-tokens KV cache; the rest wait in a queue ordered by priority (lower first),
 then arrival. Tokens are counted as ceil(characters / 4); output is deterministic pseudo-words.
+Prefix caching (as vLLM's, on by default): a prompt's full blocks of --block-size tokens are
+hashed in a chain and kept in an LRU cache of --prefix-cache-blocks blocks; cached prompt
+tokens are not prefilled again (vllm:prefix_cache_queries / vllm:prefix_cache_hits).
 """
 
 
@@ -39,6 +43,15 @@ def build_parser() -> argparse.ArgumentParser:
     add("--max-num-seqs", type=int, default=64, help="max running sequences (default: 64)")
     add("--kv-capacity-tokens", type=int, default=65536, help="KV cache tokens (default: 65536)")
     add("--max-model-len", type=int, default=4096, help="context length (default: 4096)")
+    add("--block-size", type=int, default=16, help="tokens per KV block (default: 16)")
+    add(
+        "--prefix-cache-blocks",
+        type=int,
+        default=None,
+        metavar="N",
+        help="prefix cache size in blocks, 0 turns caching off "
+        "(default: kv-capacity-tokens / block-size)",
+    )
     add("--embedding-dim", type=int, default=384, help="embedding size (default: 384)")
     add("--seed", type=int, default=0, help="seed of the generated text (default: 0)")
     add(
@@ -75,6 +88,14 @@ def config_from_args(args: argparse.Namespace) -> SimulatorConfig:
         fail_after_tokens=args.fail_after_tokens,
         error_rate=args.error_rate,
         embedding_dim=args.embedding_dim,
+        prefix_cache=PrefixCacheConfig(
+            block_size=args.block_size,
+            capacity_blocks=(
+                args.kv_capacity_tokens // max(args.block_size, 1)
+                if args.prefix_cache_blocks is None
+                else args.prefix_cache_blocks
+            ),
+        ),
     )
 
 

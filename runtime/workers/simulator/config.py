@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from runtime.workers.simulator.prefix_cache import PrefixCacheConfig
 from runtime.workers.simulator.timing import Capacity, TimingModel
 
 
@@ -19,6 +20,7 @@ class SimulatorConfig:
     fail_after_tokens: int | None = None
     error_rate: float = 0.0  # fault injection: this fraction of generations answer HTTP 500
     embedding_dim: int = 384
+    prefix_cache: PrefixCacheConfig = field(default_factory=PrefixCacheConfig)
 
     def __post_init__(self) -> None:
         if not self.model:

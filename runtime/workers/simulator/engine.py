@@ -6,7 +6,9 @@ while the batch has room (``Capacity.admits``); admission stops at the first req
 not fit, so a large request is never overtaken by smaller ones behind it. Each step lasts
 ``TimingModel.step_seconds`` and gives one token to every running sequence. A sequence leaves
 the batch when it has produced its tokens or when it is aborted (client gone); its KV
-reservation is freed at once.
+reservation is freed at once. With a prefix cache (``prefix_cache.PrefixCache``), a request's
+prompt tokens found in the cache at admission are not prefilled: the step pays only the
+uncached ones.
 
 The clock: steps are scheduled against a monotonic deadline, not slept one after another.
 While the batch is busy, step ``k`` ends at ``t0 + sum(step durations so far)`` where ``t0``
@@ -29,6 +31,7 @@ import logging
 from collections.abc import Iterator
 from typing import Protocol
 
+from runtime.workers.simulator.prefix_cache import PrefixCache
 from runtime.workers.simulator.timing import Capacity, TimingModel
 
 logger = logging.getLogger(__name__)
@@ -52,6 +55,8 @@ class Sequence:
         "_queue",
         "admitted_at",
         "arrived_at",
+        "block_hashes",
+        "cached_tokens",
         "finish_reason",
         "first_token_at",
         "generated",
@@ -76,6 +81,7 @@ class Sequence:
         priority: int,
         words: Iterator[str],
         arrived_at: float,
+        block_hashes: tuple[int, ...] = (),
     ) -> None:
         self.request_id = request_id
         self.prompt_tokens = prompt_tokens
@@ -85,6 +91,8 @@ class Sequence:
         self.priority = priority
         self.words = words
         self.arrived_at = arrived_at
+        self.block_hashes = block_hashes
+        self.cached_tokens = 0  # prompt tokens found in the prefix cache at admission
         self.admitted_at: float | None = None
         self.first_token_at: float | None = None
         self.last_token_at: float | None = None
@@ -138,9 +146,11 @@ class Engine:
         timing: TimingModel,
         capacity: Capacity,
         observer: EngineObserver | None = None,
+        prefix_cache: PrefixCache | None = None,
     ) -> None:
         self.timing = timing
         self.capacity = capacity
+        self.prefix_cache = prefix_cache
         self._observer = observer
         self._order = itertools.count()
         self._heap: list[tuple[int, int, Sequence]] = []
@@ -196,8 +206,14 @@ class Engine:
         finish_reason: str,
         priority: int,
         words: Iterator[str],
+        block_hashes: tuple[int, ...] = (),
     ) -> Sequence:
-        """Queue a request that will produce ``output_tokens`` (≤ ``max_tokens``) tokens."""
+        """Queue a request that will produce ``output_tokens`` (≤ ``max_tokens``) tokens.
+
+        ``block_hashes``: the chained hashes of its prompt's full blocks (see
+        :mod:`~runtime.workers.simulator.prefix_cache`); with a prefix cache, the cached ones
+        are not prefilled again.
+        """
         if not 0 <= output_tokens <= max_tokens:
             raise ValueError("need 0 <= output_tokens <= max_tokens")
         if prompt_tokens + max_tokens > self.capacity.kv_capacity_tokens:
@@ -211,6 +227,7 @@ class Engine:
             priority=priority,
             words=words,
             arrived_at=asyncio.get_running_loop().time(),
+            block_hashes=block_hashes,
         )
         heapq.heappush(self._heap, (priority, next(self._order), seq))
         self._num_waiting += 1
@@ -253,7 +270,8 @@ class Engine:
                     self._advance(seq, now)
 
     def _admit(self, now: float) -> int:
-        """Move sequences from the queue head into the batch; returns their prompt tokens."""
+        """Move sequences from the queue head into the batch; returns their uncached prompt
+        tokens (the prefill this step pays)."""
         prefill_tokens = 0
         while self._heap:
             seq = self._heap[0][2]
@@ -270,7 +288,9 @@ class Engine:
             seq.admitted_at = now
             self._running[id(seq)] = seq
             self._kv_used += seq.kv_tokens
-            prefill_tokens += seq.prompt_tokens
+            if self.prefix_cache is not None:
+                seq.cached_tokens = self.prefix_cache.admit(seq.block_hashes, seq.prompt_tokens)
+            prefill_tokens += seq.prompt_tokens - seq.cached_tokens
             if self._observer is not None:
                 self._observer.on_admitted(seq, now - seq.arrived_at)
         return prefill_tokens

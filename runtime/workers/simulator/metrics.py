@@ -4,6 +4,8 @@ Every series carries vLLM's labels ``model_name`` (the served model name) and ``
 (always "0": one engine core). Histogram buckets are vLLM's defaults. The gauges read the
 engine when scraped. ``vllm:kv_cache_usage_perc`` is the fraction (0..1) of KV tokens that
 running sequences have reserved (prompt + output budget: the simulator does not page).
+``vllm:prefix_cache_queries`` / ``vllm:prefix_cache_hits`` count, per admitted request, its
+prompt tokens and those of them found in the prefix cache (as vLLM's ``PrefixCacheStats``).
 Each app owns its ``CollectorRegistry``; nothing touches the global registry.
 """
 
@@ -79,6 +81,15 @@ class SimulatorMetrics:
             "vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
             _LABELS, registry=reg, buckets=REQUEST_LATENCY_BUCKETS,
         ).labels(*labels)  # fmt: skip
+        self.prefix_cache_queries = Counter(
+            "vllm:prefix_cache_queries",
+            "Prefix cache queries, in terms of number of queried tokens.",
+            _LABELS, registry=reg,
+        ).labels(*labels)  # fmt: skip
+        self.prefix_cache_hits = Counter(
+            "vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.",
+            _LABELS, registry=reg,
+        ).labels(*labels)  # fmt: skip
         self.queue_time = Histogram(
             "vllm:request_queue_time_seconds",
             "Histogram of time spent in WAITING phase for request.",
@@ -98,6 +109,8 @@ class SimulatorMetrics:
     # -- EngineObserver ----------------------------------------------------------------------
     def on_admitted(self, seq: Sequence, queue_seconds: float) -> None:
         self.prompt_tokens.inc(seq.prompt_tokens)
+        self.prefix_cache_queries.inc(seq.prompt_tokens)
+        self.prefix_cache_hits.inc(seq.cached_tokens)
         self.queue_time.observe(queue_seconds)
 
     def on_token(self, seq: Sequence, latency_seconds: float, *, first: bool) -> None:

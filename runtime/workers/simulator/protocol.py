@@ -11,12 +11,19 @@ deterministic length in ``[1, min(budget, NATURAL_MAX_TOKENS)]`` derived from it
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import msgspec
 
 from runtime.workers.simulator.config import SimulatorConfig
+from runtime.workers.simulator.prefix_cache import (
+    render_chat,
+    render_text,
+    text_block_hashes,
+    token_block_hashes,
+)
 from runtime.workers.simulator.text import count_chat_tokens, count_text_tokens, derive_seed
 
 NATURAL_MAX_TOKENS = 256
@@ -54,6 +61,7 @@ class GenerationRequest:
     continuous_usage: bool
     priority: int
     seed: int
+    block_hashes: tuple[int, ...] = ()  # the prompt's full blocks (empty: caching off)
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,15 +104,19 @@ def parse_completion(body: dict[str, Any], config: SimulatorConfig) -> Generatio
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
         prompt = prompt[0]  # a batch of one prompt
+    cache = config.prefix_cache
     if isinstance(prompt, str):
         tokens, key = count_text_tokens(prompt), prompt
+        hashes = text_block_hashes(render_text(prompt), cache.block_size) if cache.enabled else ()
     elif isinstance(prompt, list) and prompt and all(_is_int(t) for t in prompt):
         tokens, key = len(prompt), repr(prompt)
+        hashes = token_block_hashes(prompt, cache.block_size) if cache.enabled else ()
     elif isinstance(prompt, list) and len(prompt) > 1:
         raise ApiError("The simulator serves one prompt per request.", param="prompt")
     else:
         raise ApiError("prompt must be a string or a list of token ids", param="prompt")
-    return _generation("completion", body, config, tokens, key, body.get("max_tokens"))
+    gen = _generation("completion", body, config, tokens, key, body.get("max_tokens"))
+    return dataclasses.replace(gen, block_hashes=hashes)
 
 
 def parse_chat(body: dict[str, Any], config: SimulatorConfig) -> GenerationRequest:
@@ -112,16 +124,23 @@ def parse_chat(body: dict[str, Any], config: SimulatorConfig) -> GenerationReque
     if not isinstance(messages, list) or not messages:
         raise ApiError("messages must be a non-empty list", param="messages")
     contents: list[str] = []
+    roles: list[str] = []
     for message in messages:
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
             raise ApiError("every message needs a string role", param="messages")
         contents.append(_message_text(message.get("content")))
+        roles.append(message["role"])
     requested = body.get("max_completion_tokens")
     param = "max_completion_tokens"
     if requested is None:
         requested, param = body.get("max_tokens"), "max_tokens"
     key = "\x1e".join(contents)
-    return _generation("chat", body, config, count_chat_tokens(contents), key, requested, param)
+    gen = _generation("chat", body, config, count_chat_tokens(contents), key, requested, param)
+    cache = config.prefix_cache
+    if not cache.enabled:
+        return gen
+    rendered = render_chat(list(zip(roles, contents, strict=True)))
+    return dataclasses.replace(gen, block_hashes=text_block_hashes(rendered, cache.block_size))
 
 
 def parse_embedding(body: dict[str, Any], config: SimulatorConfig) -> EmbeddingRequest:

@@ -1,7 +1,9 @@
 """The simulator's aiohttp app: vLLM's OpenAI-compatible routes over the simulated engine.
 
 Routes: ``GET /v1/models``, ``POST /v1/completions``, ``POST /v1/chat/completions``,
-``POST /v1/embeddings``, ``GET /health``, ``GET /metrics``. Run it with handler cancellation
+``POST /v1/embeddings``, ``GET /health``, ``GET /metrics``, and ``POST /reset_prefix_cache``
+(vLLM serves it in dev mode, ``VLLM_SERVER_DEV_MODE=1``; the simulator always does, so a
+benchmark can start every target from cold caches). Run it with handler cancellation
 on (``run()`` and aiohttp's test server do): a client that disconnects cancels its handler,
 which aborts its sequence, so the slot and its KV reservation are freed at once.
 """
@@ -19,6 +21,7 @@ from runtime.workers.simulator import wire
 from runtime.workers.simulator.config import SimulatorConfig
 from runtime.workers.simulator.engine import Engine, Sequence
 from runtime.workers.simulator.metrics import CONTENT_TYPE, SimulatorMetrics
+from runtime.workers.simulator.prefix_cache import PrefixCache
 from runtime.workers.simulator.protocol import (
     ApiError,
     GenerationRequest,
@@ -45,7 +48,10 @@ def create_app(config: SimulatorConfig) -> web.Application:
     """A fresh app with its own engine and metrics registry; the engine runs while it is up."""
     app = web.Application(middlewares=[_error_middleware], client_max_size=MAX_BODY_BYTES)
     metrics = SimulatorMetrics(model_name=config.model)
-    engine = Engine(timing=config.timing, capacity=config.capacity, observer=metrics)
+    cache = PrefixCache(config.prefix_cache) if config.prefix_cache.enabled else None
+    engine = Engine(
+        timing=config.timing, capacity=config.capacity, observer=metrics, prefix_cache=cache
+    )
     metrics.bind(engine)
     app[CONFIG] = config
     app[ENGINE] = engine
@@ -58,6 +64,7 @@ def create_app(config: SimulatorConfig) -> web.Application:
     app.router.add_post("/v1/completions", _completions)
     app.router.add_post("/v1/chat/completions", _chat_completions)
     app.router.add_post("/v1/embeddings", _embeddings)
+    app.router.add_post("/reset_prefix_cache", _reset_prefix_cache)
     return app
 
 
@@ -89,6 +96,13 @@ async def _health(request: web.Request) -> web.Response:
 async def _metrics(request: web.Request) -> web.Response:
     body = request.app[METRICS].exposition()
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
+
+
+async def _reset_prefix_cache(request: web.Request) -> web.Response:
+    cache = request.app[ENGINE].prefix_cache
+    if cache is not None:
+        cache.reset()
+    return _json({"success": True})
 
 
 async def _models(request: web.Request) -> web.Response:
@@ -125,6 +139,7 @@ async def _generate(
         finish_reason=gen.finish_reason,
         priority=gen.priority,
         words=WordStream(gen.seed),
+        block_hashes=gen.block_hashes,
     )
     limit = config.fail_after_tokens
     if limit is not None and gen.output_tokens <= limit:

@@ -52,6 +52,7 @@ class Signals:
         kv: dict[int, float] | None = None,
         costs: dict[str, float] | None = None,
         key: str | None = None,
+        cached: dict[int, float] | None = None,
     ) -> None:
         self.open_breakers = open_breakers or set()
         self.unhealthy = unhealthy or set()
@@ -59,6 +60,7 @@ class Signals:
         self.kv = kv or {}
         self.costs = costs or {}
         self.key = key
+        self.cached = cached
 
     def breaker_available(self, endpoint_id: int) -> bool:
         return endpoint_id not in self.open_breakers
@@ -77,3 +79,6 @@ class Signals:
 
     def affinity_key(self) -> str | None:
         return self.key
+
+    def cached_prefix(self, endpoint_id: int) -> float | None:
+        return None if self.cached is None else self.cached.get(endpoint_id, 0.0)

@@ -27,6 +27,7 @@ SIGNAL_CASES = [
     Signals(open_breakers={1, 4}),
     Signals(unhealthy={5}),
     Signals(inflight={1: 3, 4: 9, 5: 250}),
+    Signals(cached={1: 1.0, 4: 0.25, 5: float("nan")}),
 ]
 
 
