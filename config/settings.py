@@ -1,15 +1,18 @@
 """Django settings, read from the environment (12-factor).
 
-DATABASE_URL, REDIS_URL, SECRET_KEY, DEBUG and ALLOWED_HOSTS are the knobs; everything else
-has a default that works on one machine. `switchyard up` and the test command fill in
-DATABASE_URL/REDIS_URL with embedded servers when they are unset.
+DATABASE_URL, REDIS_URL, SECRET_KEY (required outside DEBUG; `up` generates one into the var
+directory), DEBUG and ALLOWED_HOSTS are the knobs; everything else has a default that works on
+one machine. `switchyard up` and the test command fill in DATABASE_URL/REDIS_URL with embedded
+servers when they are unset.
 """
 
 import os
 from pathlib import Path
 
 import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
 
+from config import secret_key
 from runtime import contract
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -24,10 +27,12 @@ def _env_bool(name: str, default: bool) -> bool:
 
 
 DEBUG = _env_bool("DEBUG", default=False)
-SECRET_KEY = os.environ.get("SECRET_KEY", "switchyard-insecure-dev-key-change-me" if DEBUG else "")
-if not SECRET_KEY:
-    # An unset key in production is a deployment error; the embedded default gets one from `up`.
-    SECRET_KEY = "switchyard-insecure-local-key"  # noqa: S105 - one-machine default, see README
+# SECRET_KEY / SECRET_KEY_FILE, else the key `up` generated into VAR_DIR; outside DEBUG none of
+# them is an error naming SECRET_KEY (config/secret_key.py), never a public default.
+try:
+    SECRET_KEY = secret_key.resolve(os.environ, VAR_DIR, debug=DEBUG)
+except secret_key.SecretKeyError as exc:
+    raise ImproperlyConfigured(str(exc)) from None
 ALLOWED_HOSTS = [
     h.strip() for h in os.environ.get("ALLOWED_HOSTS", "127.0.0.1,localhost").split(",")
 ]
