@@ -112,6 +112,9 @@ CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# Any number of beat processes; the one holding a Redis lease schedules (config/beat_lock.py:
+# failover within SWITCHYARD_BEAT_LEASE_S, default 10 s, + 1 s; heartbeat for the alert).
+CELERY_BEAT_SCHEDULER = "config.beat_lock:LeasedScheduler"
 CELERY_BEAT_SCHEDULE = {
     "drain-snapshot-outbox": {  # retries failed publishes (revocations, suspensions, ...)
         "task": "apps.core.tasks.snapshot_outbox_drain",
