@@ -153,6 +153,7 @@ def rollout_evaluate(
             rollout=rollout,
             reason="Gates passed for the step's window.",
             evidence=evidence,
+            from_step=evidence["step"],  # the step these gates judged, advanced once
         )
         action = "promote" if rollout.state == Rollout.State.PROMOTED else "advance"
         return Evaluation(decision, action, evidence)
