@@ -30,8 +30,10 @@ from typing import Any, Final
 import redis
 from celery.beat import Scheduler
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 from redis.exceptions import RedisError
 
+from config import secret_key
 from runtime import contract
 
 logger = logging.getLogger(__name__)
@@ -111,6 +113,11 @@ class LeasedScheduler(Scheduler):
     """Celery's in-memory scheduler, sending only while it holds the beat lease."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        if not kwargs.get("lazy"):
+            try:
+                secret_key.require()  # no SECRET_KEY outside DEBUG: refuse to start, naming it
+            except ImproperlyConfigured as exc:
+                raise SystemExit(f"celery beat: {exc}") from None
         self._lease: BeatLease | None = None
         self._leading = False
         self._said: bool | None = None  # the state last logged

@@ -1,8 +1,10 @@
 """Django's SECRET_KEY: from the environment, or the file ``switchyard up`` keeps for one machine.
 
 Outside ``DEBUG`` a key is required: ``SECRET_KEY`` (or ``SECRET_KEY_FILE``, a file holding
-it) when set, else ``<SWITCHYARD_VAR_DIR>/secret_key`` when it exists; with none of them the
-settings refuse to load with an error naming ``SECRET_KEY`` (never a public default).
+it) when set, else ``<SWITCHYARD_VAR_DIR>/secret_key`` when it exists. With none of them the
+key is empty (never a public default: Django refuses to sign with it) and every serving process
+refuses to start with an error naming ``SECRET_KEY``: the ASGI app, Celery worker and beat,
+and ``manage.py`` commands (system check ``switchyard.E001``).
 ``switchyard up`` / ``manage.py up`` generate that file on their first run (mode 0600, 50 random
 bytes, URL-safe) and keep it, so the processes ``up`` starts, and the ``manage.py`` commands run
 against the same var directory, share one key that survives restarts (sessions stay valid).
@@ -15,9 +17,13 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Final
+from typing import TYPE_CHECKING, Any, Final
+
+if TYPE_CHECKING:
+    from django.apps import AppConfig
+    from django.core.checks import CheckMessage
 
 ENV_KEY: Final = "SECRET_KEY"
 ENV_KEY_FILE: Final = "SECRET_KEY_FILE"
@@ -66,6 +72,36 @@ def resolve(environ: Mapping[str, str], var_dir: Path, *, debug: bool) -> str:
         f"{kept} and keeps it. Generate one with: python -c 'import secrets; "
         "print(secrets.token_urlsafe(50))'"
     )
+
+
+def settings_key(environ: Mapping[str, str], var_dir: Path, *, debug: bool) -> tuple[str, str]:
+    """(key, problem) for the settings: ("", the error) when there is no key. An empty key
+    signs nothing (Django refuses to use it), and the processes that serve refuse to start:
+    :func:`require` in the ASGI app and Celery's worker/beat, :func:`check` in ``manage.py``
+    commands. Tools that only read the settings (mypy, collectstatic) still load them."""
+    try:
+        return resolve(environ, var_dir, debug=debug), ""
+    except SecretKeyError as exc:
+        return "", str(exc)
+
+
+def require() -> None:
+    """Refuse to start a serving process without a secret key (ImproperlyConfigured)."""
+    from django.conf import settings  # noqa: PLC0415 - plain Python until called
+    from django.core.exceptions import ImproperlyConfigured  # noqa: PLC0415
+
+    problem = getattr(settings, "SECRET_KEY_PROBLEM", "")
+    if problem:
+        raise ImproperlyConfigured(problem)
+
+
+def check(app_configs: Sequence[AppConfig] | None = None, **_kwargs: Any) -> list[CheckMessage]:
+    """The Django system check (``switchyard.E001``) for the same (``manage.py`` commands)."""
+    from django.conf import settings  # noqa: PLC0415
+    from django.core.checks import Error  # noqa: PLC0415
+
+    problem = getattr(settings, "SECRET_KEY_PROBLEM", "")
+    return [Error(problem, id="switchyard.E001")] if problem else []
 
 
 def ensure(var_dir: Path) -> Path:

@@ -10,7 +10,6 @@ import os
 from pathlib import Path
 
 import dj_database_url
-from django.core.exceptions import ImproperlyConfigured
 
 from config import secret_key
 from runtime import contract
@@ -28,11 +27,9 @@ def _env_bool(name: str, default: bool) -> bool:
 
 DEBUG = _env_bool("DEBUG", default=False)
 # SECRET_KEY / SECRET_KEY_FILE, else the key `up` generated into VAR_DIR; outside DEBUG none of
-# them is an error naming SECRET_KEY (config/secret_key.py), never a public default.
-try:
-    SECRET_KEY = secret_key.resolve(os.environ, VAR_DIR, debug=DEBUG)
-except secret_key.SecretKeyError as exc:
-    raise ImproperlyConfigured(str(exc)) from None
+# them leaves it empty and the web, Celery and manage.py refuse to start with SECRET_KEY_PROBLEM
+# (config/secret_key.py), never a public default.
+SECRET_KEY, SECRET_KEY_PROBLEM = secret_key.settings_key(os.environ, VAR_DIR, debug=DEBUG)
 ALLOWED_HOSTS = [
     h.strip() for h in os.environ.get("ALLOWED_HOSTS", "127.0.0.1,localhost").split(",")
 ]

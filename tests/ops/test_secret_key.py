@@ -41,13 +41,44 @@ def _manage(var: Path, *argv: str, **extra: str) -> subprocess.CompletedProcess[
     )
 
 
-def test_no_key_outside_debug_is_an_error_naming_the_variable(tmp_path: Path) -> None:
+def _run(var: Path, *argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, *argv],
+        env=_env(var, CELERY_BROKER_URL="redis://127.0.0.1:9/0"),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=90,
+        check=False,
+    )
+
+
+def test_no_key_outside_debug_is_no_public_default(tmp_path: Path) -> None:
     with pytest.raises(secret_key.SecretKeyError, match="SECRET_KEY is not set"):
         secret_key.resolve({}, tmp_path, debug=False)
-    done = _manage(tmp_path, "shell", "-c", PRINT_KEY)
+    key, problem = secret_key.settings_key({}, tmp_path, debug=False)
+    assert key == ""
+    assert problem.startswith("SECRET_KEY is not set")
+    done = _manage(tmp_path, "shell", "-c", PRINT_KEY)  # Django refuses an empty key
     assert done.returncode != 0
-    assert "ImproperlyConfigured: SECRET_KEY is not set" in done.stderr
-    assert "insecure" not in done.stdout
+    assert "SECRET_KEY setting must not be empty" in done.stderr
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        pytest.param(["manage.py", "check"], id="manage.py"),
+        pytest.param(["-c", "import config.asgi"], id="web"),
+        pytest.param(["-m", "celery", "-A", "config", "beat"], id="beat"),
+        pytest.param(["-m", "celery", "-A", "config", "worker", "--pool", "solo"], id="worker"),
+    ],
+)
+def test_every_serving_process_refuses_to_start_naming_the_variable(
+    tmp_path: Path, argv: list[str]
+) -> None:
+    done = _run(tmp_path, *argv)
+    assert done.returncode != 0
+    assert "SECRET_KEY is not set" in done.stdout + done.stderr
 
 
 def test_debug_and_explicit_keys(tmp_path: Path) -> None:
