@@ -86,15 +86,38 @@ TEMPLATES = [
     },
 ]
 
+# Django's psycopg pool per process (Django documents persistent connections, CONN_MAX_AGE, as
+# unsupported under ASGI: they leak): SWITCHYARD_DB_POOL_MAX connections at most per process
+# (default 8; web, each Celery worker process), a request waits up to SWITCHYARD_DB_POOL_TIMEOUT_S
+# (10) for one. SWITCHYARD_DB_POOL=0: no pool, a connection per request (e.g. behind PgBouncer).
 DATABASES = {
     "default": dj_database_url.parse(
         os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/switchyard"),
-        conn_max_age=60,
+        conn_max_age=0,
     )
 }
+if _env_bool("SWITCHYARD_DB_POOL", default=True):
+    DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
+        "min_size": 1,
+        "max_size": int(os.environ.get("SWITCHYARD_DB_POOL_MAX", "8")),
+        "timeout": float(os.environ.get("SWITCHYARD_DB_POOL_TIMEOUT_S", "10")),
+    }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+
+# One cache for every control-plane process (REST throttles are global), in Redis under
+# "<namespace>:django"; its clear() deletes only those keys (config/cache.py).
+CACHES = {
+    "default": {
+        "BACKEND": "config.cache.NamespacedRedisCache",
+        "LOCATION": os.environ.get("SWITCHYARD_CACHE_URL", REDIS_URL),
+        "KEY_PREFIX": contract.namespace_of(
+            os.environ.get(contract.ENV_SNAPSHOT_PREFIX, contract.SNAPSHOT_PREFIX)
+        )
+        + ":django",
+    }
+}
 
 CHANNEL_LAYERS = {
     "default": {
