@@ -77,10 +77,8 @@ def beat_namespace() -> str:
     return contract.namespace_of(str(settings.SNAPSHOT_REDIS_PREFIX))
 
 
-def lease_seconds(environ: dict[str, str] | None = None) -> float:
-    raw = (os.environ if environ is None else environ).get(ENV_LEASE_S, "").strip()
-    if not raw:
-        return DEFAULT_LEASE_S
+def lease_seconds() -> float:
+    raw = os.environ.get(ENV_LEASE_S, "10").strip() or str(DEFAULT_LEASE_S)
     try:
         value = float(raw)
     except ValueError:
