@@ -86,6 +86,11 @@ def _up(rest: Sequence[str]) -> int:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
     from django.core.management import execute_from_command_line  # noqa: PLC0415
 
+    from config import secret_key  # noqa: PLC0415
+    from config.embedded import var_dir  # noqa: PLC0415
+
+    secret_key.ensure_for_up(["up"], os.environ, var_dir())  # before settings load
+
     execute_from_command_line(["switchyard", "up", *rest])
     return 0
 

@@ -1,8 +1,9 @@
 """Django settings, read from the environment (12-factor).
 
-DATABASE_URL, REDIS_URL, SECRET_KEY, DEBUG and ALLOWED_HOSTS are the knobs; everything else
-has a default that works on one machine. `switchyard up` and the test command fill in
-DATABASE_URL/REDIS_URL with embedded servers when they are unset.
+DATABASE_URL, REDIS_URL, SECRET_KEY (required outside DEBUG; `up` generates one into the var
+directory), DEBUG and ALLOWED_HOSTS are the knobs; everything else has a default that works on
+one machine. `switchyard up` and the test command fill in DATABASE_URL/REDIS_URL with embedded
+servers when they are unset.
 """
 
 import os
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import dj_database_url
 
+from config import secret_key
 from runtime import contract
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -24,10 +26,10 @@ def _env_bool(name: str, default: bool) -> bool:
 
 
 DEBUG = _env_bool("DEBUG", default=False)
-SECRET_KEY = os.environ.get("SECRET_KEY", "switchyard-insecure-dev-key-change-me" if DEBUG else "")
-if not SECRET_KEY:
-    # An unset key in production is a deployment error; the embedded default gets one from `up`.
-    SECRET_KEY = "switchyard-insecure-local-key"  # noqa: S105 - one-machine default, see README
+# SECRET_KEY / SECRET_KEY_FILE, else the key `up` generated into VAR_DIR; outside DEBUG none of
+# them leaves it empty and the web, Celery and manage.py refuse to start with SECRET_KEY_PROBLEM
+# (config/secret_key.py), never a public default.
+SECRET_KEY, SECRET_KEY_PROBLEM = secret_key.settings_key(os.environ, VAR_DIR, debug=DEBUG)
 ALLOWED_HOSTS = [
     h.strip() for h in os.environ.get("ALLOWED_HOSTS", "127.0.0.1,localhost").split(",")
 ]
@@ -84,15 +86,38 @@ TEMPLATES = [
     },
 ]
 
+# Django's psycopg pool per process (Django documents persistent connections, CONN_MAX_AGE, as
+# unsupported under ASGI: they leak): SWITCHYARD_DB_POOL_MAX connections at most per process
+# (default 8; web, each Celery worker process), a request waits up to SWITCHYARD_DB_POOL_TIMEOUT_S
+# (10) for one. SWITCHYARD_DB_POOL=0: no pool, a connection per request (e.g. behind PgBouncer).
 DATABASES = {
     "default": dj_database_url.parse(
         os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/switchyard"),
-        conn_max_age=60,
+        conn_max_age=0,
     )
 }
+if _env_bool("SWITCHYARD_DB_POOL", default=True):
+    DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
+        "min_size": 1,
+        "max_size": int(os.environ.get("SWITCHYARD_DB_POOL_MAX", "8")),
+        "timeout": float(os.environ.get("SWITCHYARD_DB_POOL_TIMEOUT_S", "10")),
+    }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+
+# One cache for every control-plane process (REST throttles are global), in Redis under
+# "<namespace>:django"; its clear() deletes only those keys (config/cache.py).
+CACHES = {
+    "default": {
+        "BACKEND": "config.cache.NamespacedRedisCache",
+        "LOCATION": os.environ.get("SWITCHYARD_CACHE_URL", REDIS_URL),
+        "KEY_PREFIX": contract.namespace_of(
+            os.environ.get(contract.ENV_SNAPSHOT_PREFIX, contract.SNAPSHOT_PREFIX)
+        )
+        + ":django",
+    }
+}
 
 CHANNEL_LAYERS = {
     "default": {
@@ -107,6 +132,9 @@ CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# Any number of beat processes; the one holding a Redis lease schedules (config/beat_lock.py:
+# failover within SWITCHYARD_BEAT_LEASE_S, default 10 s, + 1 s; heartbeat for the alert).
+CELERY_BEAT_SCHEDULER = "config.beat_lock:LeasedScheduler"
 CELERY_BEAT_SCHEDULE = {
     "drain-snapshot-outbox": {  # retries failed publishes (revocations, suspensions, ...)
         "task": "apps.core.tasks.snapshot_outbox_drain",

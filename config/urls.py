@@ -14,6 +14,7 @@ from apps.rollouts import api_actions as rollout_actions
 from apps.scaling import api as scaling_api
 from apps.tenants import api as tenants_api
 from apps.tenants import api_ops as tenants_ops
+from config import ops_metrics
 
 tenant_urls = [
     path("", tenants_api.TenantSelfApi.as_view()),
@@ -82,5 +83,6 @@ urlpatterns = [
     path("api/auth/", include("rest_framework.urls")),  # session login for tenant members
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
+    path("metrics", ops_metrics.metrics),  # the background work's signals (config/ops_metrics.py)
     path("", include("frontend.urls")),  # the dashboard and its login
 ]

@@ -7,7 +7,7 @@ import socket
 
 from celery import shared_task
 
-from apps.billing import ledger, services
+from apps.billing import drift, ledger, services
 from apps.billing.models import BudgetAlert
 
 
@@ -31,8 +31,15 @@ def usage_consume(batches: int = 20, claim_idle_ms: int = 30_000) -> int:
 @shared_task(name="apps.billing.tasks.credit_reconcile", ignore_result=True)
 def credit_reconcile() -> int:
     """Compare the Redis balances with the ledger and repair drift (audited); returns how many
-    tenants were repaired (beat: every 30 s; also seeds Redis after a restart)."""
-    return len(ledger.credit_reconcile())
+    tenants were repaired (beat: every 30 s; also seeds Redis after a restart). What it found
+    is kept for the control plane's /metrics (apps.billing.drift)."""
+    client = ledger.redis_client()
+    try:
+        repairs = ledger.credit_reconcile(client=client)
+        drift.reconcile_record(client=client, namespace=ledger.namespace(), repairs=repairs)
+    finally:
+        client.close()
+    return len(repairs)
 
 
 @shared_task(name="apps.billing.tasks.budget_alert_deliver", ignore_result=True)

@@ -130,10 +130,11 @@ def rollout_evaluate(
     candidate = totals[rollout.candidate_version.label]
     results = gate_results(rollout, stable, candidate)
     decision = gates.overall(results)
+    step = rollout.current_step
     evidence = {
         "decision": decision,
         "decided_at": now,
-        "step": rollout.current_step,
+        "step": step,
         "stable": stable.summary(),
         "candidate": candidate.summary(),
         "gates": [result.as_dict() for result in results],
@@ -153,6 +154,7 @@ def rollout_evaluate(
             rollout=rollout,
             reason="Gates passed for the step's window.",
             evidence=evidence,
+            from_step=step,  # the step these gates judged: advanced once
         )
         action = "promote" if rollout.state == Rollout.State.PROMOTED else "advance"
         return Evaluation(decision, action, evidence)

@@ -168,15 +168,27 @@ def rollout_abort(
     )
 
 
+def _check_step(rollout: Rollout, step: int | None) -> None:
+    if step is not None and rollout.current_step != step:
+        raise ValidationError(
+            f"Rollout #{rollout.pk} already left step {step} (now {rollout.current_step})."
+        )
+
+
 def rollout_advance(
     *,
     actor: AbstractBaseUser | None,
     rollout: Rollout,
     reason: str = "",
     evidence: dict[str, Any] | None = None,
+    from_step: int | None = None,
 ) -> Rollout:
-    """Running step k → step k+1; advancing past (or onto) a canary's 100 % step promotes."""
+    """Running step k → step k+1; advancing past (or onto) a canary's 100 % step promotes.
+
+    ``from_step``: advance only from that step (the evaluator's: a second evaluation of the
+    same step, run concurrently or late, must not advance twice); ValidationError otherwise."""
     rollout.refresh_from_db()
+    _check_step(rollout, from_step)
     last = len(rollout.steps) - 1
     if rollout.mode != Rollout.Mode.CANARY or rollout.current_step + 1 >= last:
         if rollout.mode == Rollout.Mode.CANARY:
@@ -187,6 +199,7 @@ def rollout_advance(
         )
 
     def change(locked: Rollout) -> dict[str, Any]:
+        _check_step(locked, from_step)
         return _enter_step(locked, actor=actor, step=locked.current_step + 1)
 
     return _transition(

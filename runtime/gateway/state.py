@@ -298,6 +298,7 @@ def build_state(config: RouterConfig) -> RouterState:
     metrics.attach_scheduling(state.pool_views)
     metrics.attach_snapshot(loader)
     metrics.attach_fleet(state.endpoint_views)
+    metrics.attach_admission(lambda: state.limits.degraded)
     state.live = LiveAggregator(config.redis_url, config.namespace, live_sources(state))
     return state
 

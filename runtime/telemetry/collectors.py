@@ -1,4 +1,5 @@
-"""Collectors read at scrape time: the snapshot's freshness and the fleet's endpoints."""
+"""Collectors read at scrape time: the snapshot's freshness, the fleet's endpoints and whether
+admission runs on its Redis-down fallback."""
 
 from __future__ import annotations
 
@@ -52,6 +53,22 @@ class SnapshotCollector(Collector):
             "switchyard_snapshot_stale_after_seconds",
             "The router's staleness bound for its snapshot.",
             value=status.stale_after_s,
+        )
+
+
+class AdmissionCollector(Collector):
+    """``switchyard_admission_redis_fallback``: 1 while this router admits on its local
+    fallback limits and credit shares (Redis unreachable; ``RedisLimits.degraded``)."""
+
+    def __init__(self, degraded: Callable[[], bool]) -> None:
+        self._degraded = degraded
+
+    def collect(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily(
+            "switchyard_admission_redis_fallback",
+            "1 while this router admits on its local fallback limits and credit shares "
+            "(Redis unreachable), 0 on the shared Redis limits.",
+            value=1.0 if self._degraded() else 0.0,
         )
 
 

@@ -59,6 +59,7 @@ from prometheus_client.registry import Collector
 from runtime.snapshot import Snapshot
 from runtime.telemetry.children import Children
 from runtime.telemetry.collectors import (
+    AdmissionCollector,
     EndpointViews,
     FleetCollector,
     SnapshotCollector,
@@ -309,6 +310,10 @@ class RouterMetrics:
     def attach_fleet(self, views: EndpointViews) -> None:
         """Export each endpoint's health, breaker and engine gauges, read at every scrape."""
         self._register_view(FleetCollector(views))
+
+    def attach_admission(self, degraded: Callable[[], bool]) -> None:
+        """Export whether admission runs on its Redis-down fallback, read at every scrape."""
+        self._register_view(AdmissionCollector(degraded))
 
     def _register_view(self, collector: Collector) -> None:
         self.registry.register(collector)

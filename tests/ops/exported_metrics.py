@@ -49,6 +49,7 @@ def exported_metric_names() -> set[str]:
             )
         ]
     )
+    metrics.attach_admission(lambda: False)
     labels = StageLabels(model="m", version="v1", endpoint="1", klass="c")
     metrics.observe("e2e", 0.1, labels)
     metrics.queue_wait.labels("cpu", "0").observe(0.1)
