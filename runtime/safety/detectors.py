@@ -72,7 +72,7 @@ DETECTORS: tuple[Detector, ...] = (
     Detector(
         "email",
         r"\b[A-Za-z0-9._%+-]{1,64}@(?:[A-Za-z0-9-]{1,63}\.){1,8}[A-Za-z]{2,24}\b",
-        254,
+        120,  # the stream window: longer addresses are caught whole only within one chunk
     ),
     Detector(
         "phone",
