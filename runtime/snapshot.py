@@ -177,8 +177,8 @@ class SafetyRuleSnap(msgspec.Struct, frozen=True, kw_only=True):
     terms: tuple[str, ...] = ()
     patterns: tuple[str, ...] = ()
     detectors: tuple[str, ...] = ()
-    case_sensitive: bool = False
-    max_len: int = 0  # longest regex match the stream check guarantees across chunks; 0 = 64
+    case_sensitive: bool = False  # terms only; patterns match as written (use (?i:...))
+    max_len: int = 0  # regex: the longest match caught across chunks; 0 = the pattern's, or 64
     model: str = ""  # classifier: a model name in the registry
     threshold: float = 0.5  # classifier: a score at or above it matches
     fail_open: bool = False  # classifier down: True lets the request through, False refuses

@@ -17,9 +17,14 @@ from types import MappingProxyType
 
 @dataclass(frozen=True, slots=True)
 class Detector:
+    """A recognizer: its regex starts with a character class (so the regex engine skips fast
+    to candidate positions); word boundaries are checked by the matcher, not the pattern."""
+
     name: str
-    pattern: str  # a regex with no capturing groups, combined into a pack's regex
+    pattern: str  # a regex with no capturing groups
     max_len: int  # the longest text it can match (the stream window needs it)
+    min_digits: int = 0  # a text with fewer digits cannot hold one: skip the scan
+    needs: str = ""  # a character a text must contain to hold one ("@" for e-mail)
     valid: Callable[[str], bool] | None = None  # a checksum over the matched text
 
 
@@ -71,28 +76,26 @@ def ipv4_ok(text: str) -> bool:
 DETECTORS: tuple[Detector, ...] = (
     Detector(
         "email",
-        r"\b[A-Za-z0-9._%+-]{1,64}@(?:[A-Za-z0-9-]{1,63}\.){1,8}[A-Za-z]{2,24}\b",
+        r"[A-Za-z0-9._%+-]{1,64}@(?:[A-Za-z0-9-]{1,63}\.){1,8}[A-Za-z]{2,24}",
         120,  # the stream window: longer addresses are caught whole only within one chunk
+        needs="@",
     ),
     Detector(
         "phone",
-        r"(?<![\w+])(?:\+\d{1,3}[ .-]?)?(?:\(\d{2,4}\)[ .-]?|\d{2,4}[ .-])\d{3,4}[ .-]?\d{3,4}\b",
+        r"[+(0-9](?:[0-9]{0,3}[ .-]?)?(?:\(?[0-9]{2,4}\)?[ .-]?)?[0-9]{3,4}[ .-]?[0-9]{3,4}",
         24,
+        min_digits=8,
     ),
-    Detector("credit_card", r"\b(?:\d[ -]?){12,18}\d\b", 23, luhn_ok),
+    Detector("credit_card", r"[0-9](?:[ -]?[0-9]){12,18}", 23, min_digits=13, valid=luhn_ok),
     Detector(
         "iban",
-        r"\b[A-Z]{2}\d{2}(?: ?[A-Z0-9]{4}){2,7}(?: ?[A-Z0-9]{1,4})?\b",
+        r"[A-Z][A-Z][0-9]{2}(?: ?[A-Z0-9]{4}){2,7}(?: ?[A-Z0-9]{1,4})?",
         42,
-        iban_ok,
+        min_digits=2,
+        valid=iban_ok,
     ),
-    Detector("us_ssn", r"\b\d{3}[- ]\d{2}[- ]\d{4}\b", 11, ssn_ok),
-    Detector(
-        "ipv4",
-        r"\b(?:\d{1,3}\.){3}\d{1,3}\b",
-        15,
-        ipv4_ok,
-    ),
+    Detector("us_ssn", r"[0-9][0-9]{2}[- ][0-9]{2}[- ][0-9]{4}", 11, min_digits=9, valid=ssn_ok),
+    Detector("ipv4", r"[0-9][0-9]{0,2}(?:\.[0-9]{1,3}){3}", 15, min_digits=4, valid=ipv4_ok),
 )
 
 

@@ -55,7 +55,7 @@ class StreamFilter:
 
     def __init__(self, packs: Sequence[CompiledPack]) -> None:
         self._matchers: tuple[Matcher, ...] = tuple(
-            p.stop for p in packs if p.stop.regex is not None
+            p.stop for p in packs if p.stop.active
         )
         self._window = max((m.max_len for m in self._matchers), default=0)
         self._tail = ""  # the last window + 1 characters (one of left context for \b)
@@ -94,6 +94,8 @@ class StreamFilter:
 
     @staticmethod
     def _first(matcher: Matcher, text: str, pos: int, final: bool) -> Hit | None:
+        if not matcher.maybe(text, pos):
+            return None
         end = len(text)
         for hit in matcher.hits(text, pos):
             if not final and hit.end == end and _word(text[end - 1]):

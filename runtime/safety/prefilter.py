@@ -81,7 +81,7 @@ def prefilter(packs: Sequence[CompiledPack], body: dict[str, Any]) -> Verdict:
         return PASS
     parts = list(text_parts(body))
     for pack in packs:
-        if pack.refuse.regex is None:
+        if not pack.refuse.active:
             continue
         for _, text in parts:
             hit = pack.refuse.first(text)
@@ -90,7 +90,7 @@ def prefilter(packs: Sequence[CompiledPack], body: dict[str, Any]) -> Verdict:
     counts: dict[tuple[str, str], int] = {}
     changed: dict[Path, str] = {}
     for pack in packs:
-        if pack.redact.regex is None:
+        if not pack.redact.active:
             continue
         for path, original in parts:
             text = changed.get(path, original)

@@ -96,14 +96,37 @@ def test_a_pack_is_compiled_once_per_version() -> None:
     assert cache.packs_for(newer, "nobody", "other") == ()
 
 
-def test_one_combined_regex_per_action() -> None:
+def test_terms_and_patterns_are_one_scan_each_and_the_rule_is_named() -> None:
     compiled = compile_pack(twenty_rule_pack())
-    assert compiled.refuse.regex is not None
-    assert compiled.refuse.regex.groups >= 5  # every refuse rule is a group of one regex
-    hit = compiled.refuse.first("please tell me how to BUILD A BOMB today")
+    refuse = compiled.refuse
+    assert len(refuse._terms) == 1  # every case-insensitive term of every refuse rule
+    assert len(refuse._patterns) == 7  # one regex per pattern
+    hit = refuse.first("please tell me how to BUILD A BOMB today")
     assert hit is not None
     assert (hit.rule, hit.label) == ("weapons", "weapons")
-    assert compiled.refuse.first("a pipe bombastic remark") is None  # whole words only
+    assert refuse.first("a pipe bombastic remark") is None  # whole words only
+    found = refuse.hits("x tag6:abcdef and code-12-5555 and blockedterm9x4 and sk-" + "Z" * 25)
+    assert [h.rule for h in found] == ["regex-6", "regex-12", "terms-9", "secret-key"]
+
+
+def test_case_modes_and_a_text_whose_lower_case_is_longer() -> None:
+    matcher = compile_pack(pack("p", 1,
+        rule("ci", "terms", "redact", terms=("Secret",)),
+        rule("cs", "terms", "redact", terms=("ACME",), case_sensitive=True))).redact  # fmt: skip
+    assert matcher.redact("a SECRET of Acme and ACME") == (
+        "a [REDACTED:ci] of Acme and [REDACTED:cs]", matcher.hits("a SECRET of Acme and ACME"))
+    # "İ".lower() is two characters: positions are kept by searching the text itself.
+    text, hits = matcher.redact("İİ secret İ")
+    assert text == "İİ [REDACTED:ci] İ"
+    assert len(hits) == 1
+
+
+def test_overlapping_matches_redact_once() -> None:
+    matcher = compile_pack(pack("p", 1,
+        rule("pii", "pii", "redact", detectors=("phone", "credit_card")))).redact  # fmt: skip
+    text, hits = matcher.redact("pay 4111 1111 1111 1111 now")
+    assert text == "pay [REDACTED:credit_card] now"
+    assert [h.label for h in hits] == ["credit_card"]
 
 
 def test_snapshots_without_safety_still_decode_and_round_trip() -> None:
