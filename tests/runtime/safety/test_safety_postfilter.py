@@ -116,3 +116,26 @@ def test_after_a_stop_further_feeds_return_the_same_stop() -> None:
     assert first is not None
     assert stream.feed("anything") is first
     assert stream.finish() is first
+
+
+def test_streaming_agrees_with_the_unary_check_on_random_texts_and_splits() -> None:
+    """Whatever the chunking, the stream stops iff the whole answer has a stop match."""
+    compiled = (compile_pack(twenty_rule_pack()), *packs())
+    words = ["the", "zebra", "crossing", "now", "forbidden", "phrase", "bad", "badge", "code-2-",
+             "12345", "4111", "1111", "123-45-6789", "tag8:", "abcdef", "blockedterm5x3", ",", "."]
+    rng = random.Random(11)
+    stopped = 0
+    for _ in range(300):
+        text = " ".join(rng.choice(words) for _ in range(rng.randint(3, 25)))
+        expected = check_text(compiled, text)
+        stream = StreamFilter(compiled)
+        cuts = sorted(rng.sample(range(1, len(text)), min(len(text) - 1, rng.randint(1, 12))))
+        stop = None
+        for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True):
+            stop = stream.feed(text[a:b])
+            if stop is not None:
+                break
+        stop = stop or stream.finish()
+        assert (stop is None) == (expected is None), (text, cuts, stop, expected)
+        stopped += stop is not None
+    assert 50 < stopped < 290  # the texts exercise both outcomes
