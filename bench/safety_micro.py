@@ -68,7 +68,7 @@ def twenty_rule_pack(name: str = "twenty", version: int = 1) -> PolicyPackSnap:
 
 
 def chat_request(extra: str = "") -> dict[str, Any]:
-    messages = [{"role": "system", "content": SYSTEM}]
+    messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}]
     for i, turn in enumerate(TURNS):
         messages.append({"role": "user" if i % 2 == 0 else "assistant", "content": turn})
     messages[-1] = {"role": "user", "content": [{"type": "text", "text": TURNS[-1] + extra}]}
