@@ -40,6 +40,11 @@ _GROUP_REFS = re.compile(r"\(\?P[<=]|\(\?<(?![=!])|\\[1-9]|\\g<|\(\?[aiLmsux]+\)
 _NO_GROUPS: Final = ("named groups, back-references and global inline flags are not allowed "
                      "(use (?:...) and the case_sensitive field)")  # fmt: skip
 
+# A quantified group that itself holds a quantifier ("(a+)+", "(x|y*)*", "(?:\w{2,})+") can
+# backtrack exponentially on text a client sends: refused (a heuristic, not a proof).
+_NESTED_QUANTIFIER = re.compile(r"\((?:[^()\\]|\\.)*(?:[+*]|\{\d*,?\d*\})(?:[^()\\]|\\.)*\)"
+                                r"(?:[+*]|\{\d*,\d*\})")  # fmt: skip
+
 FieldError = tuple[str, str]
 
 
@@ -130,6 +135,10 @@ def _pattern_errors(rule: SafetyRuleSnap, where: str) -> list[FieldError]:
             continue
         if _GROUP_REFS.search(pattern):
             errors.append((field, _NO_GROUPS))
+            continue
+        if _NESTED_QUANTIFIER.search(pattern):
+            errors.append((field, "a repeated group that repeats inside can take exponential "
+                                  "time on some inputs; rewrite it without nesting"))  # fmt: skip
             continue
         try:
             compiled = re.compile(f"(?P<g>(?:{pattern}))")
