@@ -35,7 +35,7 @@ def test_the_twenty_rule_pack_is_valid() -> None:
         (rule("r", "regex", "refuse", patterns=("(a+)+b",)), "rules[0].patterns[0]", "exponential"),
         (rule("r", "regex", "refuse", patterns=(r"(?:x|\w*)*y",)), "rules[0].patterns[0]",
          "exponential"),
-        (rule("r", "regex", "refuse", patterns=(r"(?:\d{2,}){3}",)), "rules[0].patterns[0]",
+        (rule("r", "regex", "refuse", patterns=(r"(?:\d{2,}){3,}",)), "rules[0].patterns[0]",
          "exponential"),
         (rule("r", "regex", "refuse"), "rules[0].patterns", "empty pattern list"),
         (rule("r", "terms", "refuse"), "rules[0].terms", "empty term list"),
