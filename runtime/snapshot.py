@@ -162,6 +162,44 @@ class CreditSnap(msgspec.Struct, frozen=True, kw_only=True):
     month_cap: float | None = None
 
 
+class SafetyRuleSnap(msgspec.Struct, frozen=True, kw_only=True):
+    """One rule of a policy pack (validated where written: ``runtime.safety.rules``).
+
+    ``kind`` says what it matches: ``terms`` (blocked words or phrases), ``regex`` (patterns),
+    ``pii`` (named detectors: email, phone, credit_card, iban, us_ssn, ipv4) or ``classifier``
+    (a registered model's score against ``threshold``). ``action`` says what a match does:
+    ``refuse`` or ``redact`` on the input, ``stop`` on the output stream.
+    """
+
+    id: str  # the rule's name inside its pack; what a refusal or an event names
+    kind: str  # "terms" | "regex" | "pii" | "classifier"
+    action: str  # "refuse" | "redact" (input) | "stop" (output)
+    terms: tuple[str, ...] = ()
+    patterns: tuple[str, ...] = ()
+    detectors: tuple[str, ...] = ()
+    case_sensitive: bool = False  # terms only; patterns match as written (use (?i:...))
+    max_len: int = 0  # regex: the longest match caught across chunks; 0 = the pattern's, or 64
+    model: str = ""  # classifier: a model name in the registry
+    threshold: float = 0.5  # classifier: a score at or above it matches
+    fail_open: bool = False  # classifier down: True lets the request through, False refuses
+
+
+class PolicyPackSnap(msgspec.Struct, frozen=True, kw_only=True):
+    """A named, versioned set of safety rules; a new version is a new document."""
+
+    name: str
+    version: int
+    rules: tuple[SafetyRuleSnap, ...] = ()
+
+
+class SafetySnap(msgspec.Struct, frozen=True, kw_only=True):
+    """The policy packs and who they apply to; a request gets its tenant's and its model's."""
+
+    packs: dict[str, PolicyPackSnap] = {}  # pack name -> its published version
+    tenants: dict[str, tuple[str, ...]] = {}  # tenant slug -> pack names
+    models: dict[str, tuple[str, ...]] = {}  # model name -> pack names
+
+
 class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
     version: int
     created_at: float
@@ -176,6 +214,7 @@ class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
     routes: dict[str, RouteSnap] = {}
     prices: tuple[PriceSnap, ...] = ()
     credits: dict[str, CreditSnap] = {}  # tenant slug -> credit settings; absent = defaults
+    safety: SafetySnap = SafetySnap()  # policy packs; absent (older documents) = none
 
 
 _ENCODER = msgspec.json.Encoder()
