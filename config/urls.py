@@ -71,8 +71,8 @@ ops_urls = [
     path("audit/", tenants_ops.OpsAuditApi.as_view()),
 ]
 
-handler404 = "apps.core.api_support.not_found_handler"
-handler500 = "apps.core.api_support.server_error_handler"
+handler404 = "apps.common.api_support.not_found_handler"
+handler500 = "apps.common.api_support.server_error_handler"
 
 urlpatterns = [
     path("admin/", admin.site.urls),

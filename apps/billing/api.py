@@ -29,10 +29,11 @@ from apps.billing.usage_selectors import (
     usage_rows_iter,
     usage_summary,
 )
-from apps.core.api_support import etag_of, if_match_check, time_param, with_etag
+from apps.common.api_support import etag_of, if_match_check, time_param, with_etag
+from apps.common.models import AuditEvent
 from apps.tenants.api import TENANT_PARAM, TenantApi
 from apps.tenants.api_auth import actor_of
-from apps.tenants.models import AuditEvent, Membership, Tenant
+from apps.tenants.models import Membership, Tenant
 
 USAGE_FILTERS = [
     OpenApiParameter("since", OpenApiTypes.DATETIME, description="Inclusive, ISO 8601."),

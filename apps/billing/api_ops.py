@@ -16,7 +16,7 @@ from apps.billing.api import BalanceSerializer, BudgetSerializer
 from apps.billing.models import Price
 from apps.billing.selectors import budgets_for, credit_balance, prices_all
 from apps.billing.services import budget_set, credit_grant, price_set
-from apps.core.api_support import etag_of, if_match_check, with_etag
+from apps.common.api_support import etag_of, if_match_check, with_etag
 from apps.models.models import ModelVersion
 from apps.tenants.api_auth import actor_of
 from apps.tenants.api_ops import OperatorApi

@@ -35,9 +35,9 @@ from django.conf import settings
 from django.db import transaction
 
 from apps.billing.models import CreditAccount, UsageRecord
+from apps.common.audit import audit_record
 from apps.models.models import Endpoint, ModelVersion
 from apps.tenants.models import ApiKey, Tenant
-from apps.tenants.services import audit_record
 from runtime.contract import USAGE_GROUP, credit_key, ledger_lock, period_fields, usage_stream
 from runtime.metering.events import UsageEvent, decode_event
 from runtime.metering.pricing import MICRO

@@ -27,12 +27,12 @@ from redis.exceptions import RedisError
 from apps.billing import ledger
 from apps.billing.models import CREDITS, Budget, BudgetAlert, CreditAccount, Price, UsageRecord
 from apps.billing.selectors import period_starts, usage_totals
-from apps.core.services import snapshot_publish_on_commit
+from apps.common.audit import audit_record, audit_state
+from apps.common.outbox import snapshot_publish_on_commit
+from apps.common.validation import decimal_error, fits_error, is_int, raise_if, to_decimal
 from apps.models.models import Endpoint, ModelVersion
-from apps.models.services.common import audit_state
-from apps.models.validators import TIER_RE, decimal_error, fits_error, is_int, raise_if, to_decimal
+from apps.models.validators import TIER_RE
 from apps.tenants.models import ApiKey, Tenant
-from apps.tenants.services import audit_record
 
 logger = logging.getLogger(__name__)
 

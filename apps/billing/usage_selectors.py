@@ -12,7 +12,8 @@ from django.db.models import Count, F, QuerySet, Sum
 from django.db.models.functions import Coalesce, TruncDate
 
 from apps.billing.models import UsageRecord
-from apps.tenants.models import AuditEvent, Tenant
+from apps.common.models import AuditEvent
+from apps.tenants.models import Tenant
 
 USAGE_GROUPS = ("day", "model", "class", "key")
 _GROUP_EXPR: dict[str, Any] = {

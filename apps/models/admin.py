@@ -16,7 +16,7 @@ from django.core.exceptions import ValidationError
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from apps.core.admin_support import actor_of, add_service_errors, adopt, run_validator
+from apps.common.admin_support import actor_of, add_service_errors, adopt, run_validator
 from apps.models.models import Endpoint, Model, ModelVersion, Pool, Route
 from apps.models.services import (
     endpoint_register,

@@ -14,7 +14,7 @@ from rest_framework import generics, serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from apps.core.api_support import Conflict, etag_read, etag_update
+from apps.common.api_support import Conflict, etag_read, etag_update
 from apps.models.models import Endpoint, Model, ModelVersion, Pool, Route
 from apps.models.selectors import models_all, routes_all
 from apps.models.services import (

@@ -15,7 +15,7 @@ from django.core.exceptions import ValidationError
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from apps.core.admin_support import actor_of, adopt, run_validator
+from apps.common.admin_support import actor_of, adopt, run_validator
 from apps.models.models import ModelVersion
 from apps.rollouts import tasks
 from apps.rollouts.models import Rollout, RolloutEvent

@@ -18,7 +18,7 @@ from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from apps.core.api import TaskAcceptedSerializer, accepted
+from apps.common.api_support import TaskAcceptedSerializer, accepted
 from apps.rollouts import tasks
 from apps.rollouts.models import Rollout
 from apps.tenants.api_ops import OperatorApi

@@ -16,11 +16,10 @@ from django.contrib.auth.base_user import AbstractBaseUser
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 
+from apps.common.audit import audit_record, audit_state
+from apps.common.validation import float_error, is_int, raise_if
 from apps.models.models import Model, ModelVersion
-from apps.models.services.common import audit_state
-from apps.models.validators import float_error, is_int, raise_if
 from apps.rollouts.models import ACTIVE_STATES, Rollout, RolloutEvent
-from apps.tenants.services import audit_record
 
 DEFAULT_STEPS = (1, 5, 25, 50, 100)
 ROLLOUT_FIELDS = (

@@ -28,11 +28,11 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
+from apps.common.audit import audit_record
 from apps.models.models import Route
 from apps.models.services.routes import route_set
 from apps.rollouts.models import Rollout
 from apps.rollouts.services import _event
-from apps.tenants.services import audit_record
 
 
 def _transition(

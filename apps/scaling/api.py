@@ -12,7 +12,7 @@ from rest_framework import generics, serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from apps.core.api_support import etag_read, etag_update
+from apps.common.api_support import etag_read, etag_update
 from apps.models.models import ModelVersion, Pool
 from apps.scaling.models import PoolScaling, ScalingDecision
 from apps.scaling.selectors import pool_decisions

@@ -18,7 +18,8 @@ from rest_framework import generics, serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from apps.core.api_support import IdCursorPagination, time_param
+from apps.common.api_support import IdCursorPagination, time_param
+from apps.common.models import AuditEvent
 from apps.tenants.api_auth import (
     ManagementTokenAuthentication,
     TenantAccess,
@@ -32,7 +33,7 @@ from apps.tenants.api_selectors import (
     audit_events_of_tenant,
     management_tokens_for_tenant,
 )
-from apps.tenants.models import ApiKey, AuditEvent, ManagementToken, Membership
+from apps.tenants.models import ApiKey, ManagementToken, Membership
 from apps.tenants.selectors import (
     api_keys_for_tenant,
     memberships_for_user,

@@ -13,7 +13,8 @@ from rest_framework import generics, serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from apps.core.api_support import IdCursorPagination, etag_read, etag_update
+from apps.common.api_support import IdCursorPagination, etag_read, etag_update
+from apps.common.models import AuditEvent
 from apps.tenants.api import (
     AUDIT_FILTERS,
     AuditEventSerializer,
@@ -24,7 +25,7 @@ from apps.tenants.api import (
 )
 from apps.tenants.api_auth import IsOperator, actor_of
 from apps.tenants.api_selectors import audit_events_filtered
-from apps.tenants.models import AuditEvent, RequestClass, Tenant
+from apps.tenants.models import RequestClass, Tenant
 from apps.tenants.selectors import request_class_list, tenant_list
 from apps.tenants.services import (
     request_class_create,

@@ -9,11 +9,12 @@ from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from apps.core.services import snapshot_publish_on_commit
+from apps.common import validation as cv
+from apps.common.audit import audit_record, audit_state
+from apps.common.outbox import snapshot_publish_on_commit
+from apps.common.validation import exists_other, refuse_unknown
 from apps.models import validators as v
 from apps.models.models import Model, ModelVersion
-from apps.models.services.common import audit_state, exists_other, refuse_unknown
-from apps.tenants.services import audit_record
 from runtime.artifacts import manifest_digest
 
 VERSION_FIELDS = (
@@ -36,7 +37,7 @@ def model_validate(
     name_error = v.model_name_error(name)
     if name_error is None and exists_other(Model.objects.filter(name=name), exclude_pk):
         name_error = f"A model named {name!r} already exists."
-    v.raise_if(
+    cv.raise_if(
         {
             "name": name_error,
             "task": None
@@ -124,8 +125,8 @@ def model_version_validate(
         and 0 < len(artifact_uri) <= 500
     )
     manifest_errors = v.manifest_errors(manifest, complete=False)
-    tp_ok = v.is_int(tensor_parallel_size) and 1 <= tensor_parallel_size <= 1024
-    v.raise_if(
+    tp_ok = cv.is_int(tensor_parallel_size) and 1 <= tensor_parallel_size <= 1024
+    cv.raise_if(
         {
             "label": label_error,
             "artifact_uri": None
@@ -138,7 +139,7 @@ def model_version_validate(
             "runtime": None
             if runtime in ModelVersion.Runtime.values
             else f"Runtime must be one of {ModelVersion.Runtime.values}.",
-            "memory_gb": v.float_error(memory_gb, minimum=0.0),
+            "memory_gb": cv.float_error(memory_gb, minimum=0.0),
             "tensor_parallel_size": None
             if tp_ok
             else "Tensor parallel size must be an integer from 1 to 1024.",
@@ -246,7 +247,7 @@ def model_version_publish_validate(*, version: ModelVersion) -> None:
         expected = manifest_digest(version.manifest["files"])
         if version.digest != expected:
             digest_error = f"Digest does not match the manifest's files: they digest to {expected}."
-    v.raise_if({"manifest": errors, "digest": digest_error})
+    cv.raise_if({"manifest": errors, "digest": digest_error})
 
 
 def model_version_publish(*, actor: AbstractBaseUser | None, version: ModelVersion) -> ModelVersion:

@@ -8,11 +8,11 @@ from typing import Any
 from django.contrib.auth.base_user import AbstractBaseUser
 from django.core.exceptions import ValidationError
 from django.db import transaction
+from django.db.models import Model as DbModel
 
-from apps.core.services import snapshot_publish_on_commit
-from apps.models.models import Model
+from apps.common.audit import audit_changes, audit_record
+from apps.common.outbox import snapshot_publish_on_commit
 from apps.tenants.models import RequestClass, Tenant
-from apps.tenants.services.audit import audit_changes, audit_record
 from apps.tenants.services.checks import (
     TENANT_SLUG_RE,
     Errors,
@@ -51,7 +51,7 @@ TENANT_UPDATABLE_FIELDS = frozenset(
 _SCALAR_FIELDS = ("name", "status", "weight", *TENANT_LIMIT_FIELDS, "max_request_bytes")
 
 ClassRef = RequestClass | str
-ModelRef = Model | str
+ModelRef = DbModel | str
 
 
 def tenant_validate_values(values: Mapping[str, Any]) -> None:
@@ -110,13 +110,25 @@ def _resolve_classes(refs: Iterable[ClassRef]) -> list[RequestClass]:
     return list(resolved.values())
 
 
-def _resolve_models(refs: Iterable[ModelRef]) -> list[Model]:
+def _catalog_model() -> type[DbModel]:
+    """The registry's ``Model``, reached through the entitlement relation: the model registry
+    is a layer above tenants, so tenants names it only in ``Tenant.allowed_models``."""
+    related = Tenant._meta.get_field("allowed_models").related_model
+    if not isinstance(related, type):  # pragma: no cover - the relation names a model class
+        raise TypeError("Tenant.allowed_models must name a model class")
+    return related
+
+
+def _resolve_models(refs: Iterable[ModelRef]) -> list[DbModel]:
     """Models by object or name; an empty list means the tenant may use every model."""
     if isinstance(refs, str):
         raise ValidationError({"allowed_models": "Allowed models must be a list of models."})
-    resolved: dict[int, Model] = {}
+    catalog = _catalog_model()
+    resolved: dict[int, DbModel] = {}
     for ref in refs:
-        found = ref if isinstance(ref, Model) else Model.objects.filter(name=ref).first()
+        found: DbModel | None = ref if isinstance(ref, catalog) else None
+        if found is None:
+            found = catalog._default_manager.filter(name=ref).first()
         if found is None:
             raise ValidationError({"allowed_models": f"Unknown model '{ref}'."})
         resolved[found.pk] = found
@@ -187,7 +199,7 @@ def tenant_create(
         fields = {k: v for k, v in values.items() if k not in m2m}
         tenant = Tenant.objects.create(**fields)
         tenant.allowed_classes.set(classes)
-        tenant.allowed_models.set(models)
+        tenant.allowed_models.set([model.pk for model in models])
         audit_record(actor=actor, action="tenant.create", target=tenant, after=_state(values))
         snapshot_publish_on_commit()
     return tenant

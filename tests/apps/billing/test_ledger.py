@@ -26,8 +26,9 @@ from apps.billing.services import (
     credit_grant,
     credit_overdraft_set,
 )
+from apps.common.models import AuditEvent
 from apps.core.selectors import snapshot_build
-from apps.tenants.models import AuditEvent, Tenant
+from apps.tenants.models import Tenant
 from runtime.admission.redis_limits import DONE_TTL_S
 from runtime.admission.scripts import SETTLE_LUA
 from runtime.contract import USAGE_GROUP, credit_key, done_key, period_fields, usage_stream

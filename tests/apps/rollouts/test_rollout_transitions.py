@@ -10,6 +10,7 @@ import pytest
 from django.core.exceptions import ValidationError
 from django.urls import reverse
 
+from apps.common.models import AuditEvent
 from apps.core.selectors import snapshot_build
 from apps.models.models import Route
 from apps.rollouts import tasks
@@ -24,7 +25,6 @@ from apps.rollouts.transitions import (
     rollout_start,
 )
 from apps.rollouts.warmup import rollout_warm_up
-from apps.tenants.models import AuditEvent
 from config.celery import app
 
 pytestmark = [pytest.mark.db, pytest.mark.django_db]
