@@ -21,6 +21,7 @@ from django.utils import timezone
 from redis.exceptions import RedisError
 
 from apps.common.models import SnapshotOutbox
+from apps.core.publisher import publish_current, publish_if_changed
 
 logger = logging.getLogger(__name__)
 
@@ -40,8 +41,6 @@ def snapshot_publish() -> int:
 
     Returns the published version number.
     """
-    from apps.core.publisher import publish_current  # noqa: PLC0415 - keeps import graph acyclic
-
     return publish_current()
 
 
@@ -52,8 +51,6 @@ def snapshot_refresh() -> int | None:
     tool). When nothing changed it confirms the published version as current, which keeps
     routers from reporting it stale. Returns the new version, or None when unchanged.
     """
-    from apps.core.publisher import publish_if_changed  # noqa: PLC0415 - see snapshot_publish
-
     return publish_if_changed()
 
 
@@ -64,8 +61,6 @@ def snapshot_outbox_drain() -> OutboxDrain:
     exactly the changes committed before it; a concurrent drain takes only the others. A
     Redis failure is recorded on the entries (attempts, last error) and logged, not raised.
     """
-    from apps.core.publisher import publish_current  # noqa: PLC0415 - see snapshot_publish
-
     with transaction.atomic():
         ids = list(
             SnapshotOutbox.objects.select_for_update(skip_locked=True).values_list("pk", flat=True)

@@ -187,11 +187,14 @@ def test_excluded_tenants_must_be_slugs(canary):
 def test_tasks_call_the_services(canary, ready_endpoints, admin_user):
     ready_endpoints()
     rollout = canary()
-    assert tasks.rollout_start.apply(args=(rollout.pk, admin_user.pk)).get() == "running"
-    assert tasks.rollout_pause.apply(args=(rollout.pk,)).get() == "paused"
-    assert tasks.rollout_resume.apply(args=(rollout.pk,)).get() == "running"
-    assert tasks.rollout_advance.apply(args=(rollout.pk,)).get() == "running"
-    assert tasks.rollout_rollback.apply(args=(rollout.pk, "bad")).get() == "rolled_back"
+    def run(task, **kwargs):
+        return task.apply(kwargs={"rollout_id": rollout.pk, **kwargs}).get()
+
+    assert run(tasks.rollout_start, actor_id=admin_user.pk) == "running"
+    assert run(tasks.rollout_pause) == "paused"
+    assert run(tasks.rollout_resume) == "running"
+    assert run(tasks.rollout_advance) == "running"
+    assert run(tasks.rollout_rollback, reason="bad") == "rolled_back"
     event = RolloutEvent.objects.get(rollout=rollout, kind="start")
     assert event.actor_label == admin_user.username
 
