@@ -124,3 +124,23 @@ def exists_other(queryset: QuerySet[Any], exclude_pk: int | None) -> bool:
     if exclude_pk is not None:
         queryset = queryset.exclude(pk=exclude_pk)
     return queryset.exists()
+
+
+INT_MAX = 2_147_483_647  # PostgreSQL integer columns
+
+
+def bool_error(value: object) -> str | None:
+    """None for a real boolean (not 0/1, not a string)."""
+    return None if isinstance(value, bool) else "Must be true or false."
+
+
+def int_range_error(value: object, *, minimum: int, maximum: int = INT_MAX) -> str | None:
+    """None for a whole number (``bool`` excluded) in [minimum, maximum]."""
+    if not is_int(value):
+        return "Must be a whole number."
+    assert isinstance(value, int)
+    if value < minimum:
+        return f"Must be at least {minimum}."
+    if value > maximum:
+        return f"Must be at most {maximum}."
+    return None

@@ -53,14 +53,38 @@ class Immutable(Conflict):
 class ModelSerializer(serializers.ModelSerializer[Model]):
     class Meta:
         model = Model
-        fields = ("id", "name", "task", "description", "created_at")
+        fields = (
+            "id",
+            "name",
+            "task",
+            "description",
+            "refused_fields",
+            "cache_enabled",
+            "cache_shared",
+            "cache_ttl_s",
+            "created_at",
+        )
         read_only_fields = fields
 
 
 class ModelWriteSerializer(serializers.Serializer[Any]):
+    """Types only: the service checks the values (a TTL of at least 1 s, field names)."""
+
     name = serializers.CharField(max_length=100, allow_blank=True)
     task = serializers.ChoiceField(choices=Model.Task.choices)
     description = serializers.CharField(required=False, allow_blank=True, default="")
+    refused_fields = serializers.ListField(
+        child=serializers.CharField(), required=False, help_text="Request fields refused (400)."
+    )
+    cache_enabled = serializers.BooleanField(
+        required=False, help_text="Serve deterministic requests from the result cache."
+    )
+    cache_shared = serializers.BooleanField(
+        required=False, help_text="Share cached results across tenants (off: per tenant)."
+    )
+    cache_ttl_s = serializers.IntegerField(
+        required=False, help_text="How long a cached result is kept, in seconds (>= 1)."
+    )
 
 
 class ModelPatchSerializer(ModelWriteSerializer):

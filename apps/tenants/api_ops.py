@@ -71,6 +71,8 @@ class OpsTenantSerializer(serializers.ModelSerializer[Tenant]):
             "max_concurrency",
             "max_context_tokens",
             "max_output_tokens",
+            "max_request_bytes",
+            "result_cache",
             "allowed_classes",
             "default_class",
             "allowed_models",
@@ -90,6 +92,12 @@ class TenantWriteSerializer(serializers.Serializer[Any]):
     max_concurrency = serializers.IntegerField()
     max_context_tokens = serializers.IntegerField()
     max_output_tokens = serializers.IntegerField()
+    max_request_bytes = serializers.IntegerField(
+        required=False, help_text="Largest request body in bytes; 0: only the router's own cap."
+    )
+    result_cache = serializers.BooleanField(
+        required=False, help_text="Serve this tenant's deterministic requests from the cache."
+    )
     allowed_classes = serializers.ListField(child=serializers.CharField(), required=False)
     default_class = serializers.CharField(required=False, allow_null=True)
     allowed_models = serializers.ListField(
@@ -162,7 +170,8 @@ class OpsTenantDetailApi(OperatorApi):
         parameters=[IF_MATCH],
         request=TenantPatchSerializer,
         tags=["ops: tenants"],
-        description="Change name, status, weight, limits, classes or model entitlements.",
+        description="Change name, status, weight, limits, the request-size cap, the result "
+        "cache, classes or model entitlements.",
     )
     def patch(self, request: Request, slug: str) -> Response:
         body = TenantPatchSerializer(data=request.data)

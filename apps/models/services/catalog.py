@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from django.contrib.auth.base_user import AbstractBaseUser
@@ -27,13 +28,43 @@ VERSION_FIELDS = (
     "tensor_parallel_size",
 )
 MODEL_FIELDS = ("name", "task", "description", "refused_fields")
+# The result-cache switches the snapshot carries per model (CachePolicySnap).
+MODEL_CACHE_FIELDS = ("cache_enabled", "cache_shared", "cache_ttl_s")
+MODEL_WRITABLE_FIELDS = (*MODEL_FIELDS, *MODEL_CACHE_FIELDS)
+
+
+def model_cache_errors(values: Mapping[str, Any]) -> dict[str, str | None]:
+    """The cache switches present in ``values``: two booleans and a TTL of at least 1 s."""
+    errors: dict[str, str | None] = {}
+    for field in ("cache_enabled", "cache_shared"):
+        if field in values:
+            errors[field] = cv.bool_error(values[field])
+    if "cache_ttl_s" in values:
+        errors["cache_ttl_s"] = cv.int_range_error(values["cache_ttl_s"], minimum=1)
+    return errors
+
+
+def _created_state(model: Model) -> dict[str, Any]:
+    """A create's audit record: the model's fields, and the cache switches set off default."""
+    state = audit_state(model, MODEL_FIELDS)
+    defaults = Model()
+    for field in MODEL_CACHE_FIELDS:
+        if getattr(model, field) != getattr(defaults, field):
+            state[field] = getattr(model, field)
+    return state
 
 # --- models ---------------------------------------------------------------------------------
 
 
 def model_validate(
-    *, name: str, task: str, refused_fields: object = (), exclude_pk: int | None = None
+    *,
+    name: str,
+    task: str,
+    refused_fields: object = (),
+    exclude_pk: int | None = None,
+    cache: Mapping[str, Any] | None = None,
 ) -> None:
+    """The model's rules; ``cache`` holds whichever cache switches are being written."""
     name_error = v.model_name_error(name)
     if name_error is None and exists_other(Model.objects.filter(name=name), exclude_pk):
         name_error = f"A model named {name!r} already exists."
@@ -46,6 +77,7 @@ def model_validate(
             "refused_fields": v.refused_fields_error(
                 list(refused_fields) if isinstance(refused_fields, tuple) else refused_fields
             ),
+            **model_cache_errors(cache or {}),
         }
     )
 
@@ -57,35 +89,39 @@ def model_create(
     task: str,
     description: str = "",
     refused_fields: list[str] | None = None,
+    **cache: Any,
 ) -> Model:
+    """A new model; ``cache`` may set ``cache_enabled``, ``cache_shared``, ``cache_ttl_s``."""
+    refuse_unknown(cache, MODEL_CACHE_FIELDS)
     refused = list(refused_fields or [])
-    model_validate(name=name, task=task, refused_fields=refused)
+    model_validate(name=name, task=task, refused_fields=refused, cache=cache)
     with transaction.atomic():
         try:
             with transaction.atomic():
                 model = Model.objects.create(
-                    name=name, task=task, description=description, refused_fields=refused
+                    name=name, task=task, description=description, refused_fields=refused, **cache
                 )
         except IntegrityError as exc:
             raise ValidationError({"name": f"A model named {name!r} already exists."}) from exc
         audit_record(
-            actor=actor, action="model.create", target=model, after=audit_state(model, MODEL_FIELDS)
+            actor=actor, action="model.create", target=model, after=_created_state(model)
         )
         snapshot_publish_on_commit()
     return model
 
 
 def model_update(*, actor: AbstractBaseUser | None, model: Model, **changes: Any) -> Model:
-    refuse_unknown(changes, MODEL_FIELDS)
-    merged = {**audit_state(model, MODEL_FIELDS), **changes}
+    refuse_unknown(changes, MODEL_WRITABLE_FIELDS)
+    merged = {**audit_state(model, MODEL_WRITABLE_FIELDS), **changes}
     model_validate(
         name=merged["name"],
         task=merged["task"],
         refused_fields=merged["refused_fields"],
         exclude_pk=model.pk,
+        cache={field: merged[field] for field in MODEL_CACHE_FIELDS},
     )
     with transaction.atomic():
-        before = audit_state(model, MODEL_FIELDS)
+        before = audit_state(model, MODEL_WRITABLE_FIELDS)
         for field, value in changes.items():
             setattr(model, field, value)
         model.save()
@@ -94,7 +130,7 @@ def model_update(*, actor: AbstractBaseUser | None, model: Model, **changes: Any
             action="model.update",
             target=model,
             before=before,
-            after=audit_state(model, MODEL_FIELDS),
+            after=audit_state(model, MODEL_WRITABLE_FIELDS),
         )
         snapshot_publish_on_commit()
     return model

@@ -43,12 +43,20 @@ TENANT_UPDATABLE_FIELDS = frozenset(
         "status",
         *TENANT_LIMIT_FIELDS,
         "max_request_bytes",
+        "result_cache",
         "allowed_classes",
         "default_class",
         "allowed_models",
     }
 )
-_SCALAR_FIELDS = ("name", "status", "weight", *TENANT_LIMIT_FIELDS, "max_request_bytes")
+_SCALAR_FIELDS = (
+    "name",
+    "status",
+    "weight",
+    *TENANT_LIMIT_FIELDS,
+    "max_request_bytes",
+    "result_cache",
+)
 
 ClassRef = RequestClass | str
 ModelRef = DbModel | str
@@ -81,6 +89,8 @@ def tenant_validate_values(values: Mapping[str, Any]) -> None:
             check_int(errors, field, values[field], minimum=1, label=_LIMIT_LABELS[field])
     if "max_request_bytes" in values:  # 0: no cap of the tenant's own
         check_int(errors, "max_request_bytes", values["max_request_bytes"], minimum=0)
+    if "result_cache" in values and not isinstance(values["result_cache"], bool):
+        add_error(errors, "result_cache", "Result cache must be true or false.")
     default = values.get("default_class")
     if default is not None and "allowed_classes" in values:
         allowed = {request_class.pk for request_class in values["allowed_classes"]}
@@ -144,10 +154,13 @@ def _values(tenant: Tenant) -> dict[str, Any]:
     return values
 
 
-def _state(values: Mapping[str, Any]) -> dict[str, Any]:
-    """JSON-friendly view of tenant values for the audit log (classes by name)."""
+def _state(values: Mapping[str, Any], *, creating: bool = False) -> dict[str, Any]:
+    """JSON-friendly view of tenant values for the audit log (classes by name). A create
+    records the result cache only when it is switched off (its default is on)."""
     state: dict[str, Any] = {"slug": values["slug"]} if "slug" in values else {}
     state.update({field: values[field] for field in _SCALAR_FIELDS})
+    if creating and state["result_cache"] is True:
+        del state["result_cache"]
     state["allowed_classes"] = sorted(c.name for c in values["allowed_classes"])
     default = values["default_class"]
     state["default_class"] = default.name if default is not None else None
@@ -167,6 +180,7 @@ def tenant_create(
     max_context_tokens: int,
     max_output_tokens: int,
     max_request_bytes: int = 0,
+    result_cache: bool = True,
     allowed_classes: Iterable[ClassRef] = (),
     default_class: ClassRef | None = None,
     allowed_models: Iterable[ModelRef] = (),
@@ -186,6 +200,7 @@ def tenant_create(
         "max_context_tokens": max_context_tokens,
         "max_output_tokens": max_output_tokens,
         "max_request_bytes": max_request_bytes,
+        "result_cache": result_cache,
         "allowed_classes": classes,
         "default_class": default,
         "allowed_models": models,
@@ -200,7 +215,8 @@ def tenant_create(
         tenant = Tenant.objects.create(**fields)
         tenant.allowed_classes.set(classes)
         tenant.allowed_models.set([model.pk for model in models])
-        audit_record(actor=actor, action="tenant.create", target=tenant, after=_state(values))
+        after = _state(values, creating=True)
+        audit_record(actor=actor, action="tenant.create", target=tenant, after=after)
         snapshot_publish_on_commit()
     return tenant
 
@@ -230,7 +246,8 @@ def _tenant_apply(
 
 
 def tenant_update(*, actor: AbstractBaseUser | None, tenant: Tenant, **changes: Any) -> Tenant:
-    """Change name, weight, status, the five limits, allowed_classes/_models, default_class.
+    """Change name, weight, status, the five limits, max_request_bytes, result_cache,
+    allowed_classes/_models, default_class.
 
     The slug is the tenant's identity (snapshot key, billing) and cannot change. A change
     that alters nothing writes nothing.

@@ -27,6 +27,7 @@ def tenant_form(classes, limits):
         "weight": "1.5",
         **{field: str(value) for field, value in limits.items()},
         "max_request_bytes": "0",
+        "result_cache": "on",  # the checkbox, checked by default, as a browser sends it
         "allowed_classes": [classes["interactive"].pk, classes["standard"].pk],
         "default_class": classes["standard"].pk,
     }
