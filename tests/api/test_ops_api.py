@@ -16,6 +16,8 @@ from config.celery import app
 from runtime.artifacts import manifest_digest
 from tests.api.conftest import LIMITS, World, manifest
 
+pytestmark = pytest.mark.db
+
 OPS = "/api/v1/ops"
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from rest_framework.test import APIClient
 
 from apps.common.models import AuditEvent
@@ -14,6 +15,8 @@ from apps.scaling.services import scaling_decision_record
 from runtime.scaling.controller import Plan
 from runtime.scaling.signals import PoolSignals
 from tests.api.conftest import World
+
+pytestmark = pytest.mark.db
 
 OPS = "/api/v1/ops"
 

@@ -20,6 +20,8 @@ from apps.tenants.services.tenants import tenant_create
 from runtime.artifacts import manifest_digest
 from runtime.contract import cache_entry_key, cache_index_keys
 
+pytestmark = pytest.mark.db
+
 
 @pytest.fixture
 def namespace(settings: Any) -> Iterator[str]:

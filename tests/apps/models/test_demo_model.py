@@ -25,6 +25,8 @@ from runtime.artifacts import (
     verify_artifact,
 )
 
+pytestmark = pytest.mark.db
+
 HF_FILES = {
     "chat_template.jinja",
     "config.json",

@@ -39,6 +39,8 @@ from runtime.artifacts import compute_manifest, manifest_digest
 from runtime.procs import descendant_pids, pid_alive
 from runtime.workers.heartbeat import endpoint_heartbeat_key
 
+pytestmark = pytest.mark.integration
+
 ROOT = Path(__file__).resolve().parents[3]
 MODEL = "sim-llama"
 

@@ -26,6 +26,8 @@ from apps.models.models import Endpoint
 from apps.models.services import pool_create
 from runtime.workers.heartbeat import endpoint_heartbeat_key
 
+pytestmark = pytest.mark.integration
+
 ROOT = Path(__file__).resolve().parents[4]
 
 
