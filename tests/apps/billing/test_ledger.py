@@ -18,10 +18,11 @@ import redis
 from django.core.exceptions import ValidationError
 
 from apps.billing import ledger
+from apps.billing.alerts import budget_alert_deliver
+from apps.billing.ledger import credit_live
 from apps.billing.models import BudgetAlert, CreditAccount, UsageRecord
-from apps.billing.selectors import credit_balance, credit_live
+from apps.billing.selectors import credit_balance
 from apps.billing.services import (
-    budget_alert_deliver,
     budget_set,
     credit_grant,
     credit_overdraft_set,
