@@ -13,7 +13,7 @@ from typing import Any
 from django.db import transaction
 from django.http import Http404, StreamingHttpResponse
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
 from rest_framework import generics, renderers, serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -94,20 +94,19 @@ class UsageSummarySerializer(serializers.Serializer[Any]):
     rows = UsageRowSerializer(many=True)
 
 
-class UsageRecordsApi(TenantApi, generics.ListAPIView[UsageRecord]):
-    serializer_class = UsageRecordSerializer
-
-    def get_queryset(self) -> Any:
-        return usage_records(self.access.tenant, usage_filter_of(self.request))
-
-    @extend_schema(
+@extend_schema_view(
+    get=extend_schema(
         operation_id="usage_records",
         parameters=[TENANT_PARAM, *USAGE_FILTERS],
         tags=["usage"],
         description="Metered requests, newest first, cursor-paginated.",
     )
-    def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
-        return super().get(request, *args, **kwargs)
+)
+class UsageRecordsApi(TenantApi, generics.ListAPIView[UsageRecord]):
+    serializer_class = UsageRecordSerializer
+
+    def get_queryset(self) -> Any:
+        return usage_records(self.access.tenant, usage_filter_of(self.request))
 
 
 class UsageSummaryApi(TenantApi):
@@ -227,15 +226,14 @@ class BalanceApi(TenantApi):
         return Response(BalanceSerializer(data).data)
 
 
+@extend_schema_view(
+    get=extend_schema(operation_id="grants_list", parameters=[TENANT_PARAM], tags=["billing"])
+)
 class GrantListApi(TenantApi, generics.ListAPIView[AuditEvent]):
     serializer_class = GrantSerializer
 
     def get_queryset(self) -> Any:
         return credit_grants_for(self.access.tenant)
-
-    @extend_schema(operation_id="grants_list", parameters=[TENANT_PARAM], tags=["billing"])
-    def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
-        return super().get(request, *args, **kwargs)
 
 
 class BudgetAlertSerializer(serializers.Serializer[Any]):

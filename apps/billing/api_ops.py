@@ -7,7 +7,7 @@ from typing import Any
 
 from django.db import transaction
 from django.http import Http404
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import extend_schema, extend_schema_view
 from rest_framework import generics, serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -113,15 +113,12 @@ class PriceSetSerializer(serializers.Serializer[Any]):
     )
 
 
+@extend_schema_view(get=extend_schema(operation_id="ops_prices_list", tags=["ops: billing"]))
 class OpsPriceListApi(OperatorApi, generics.ListAPIView[Price]):
     serializer_class = PriceSerializer
 
     def get_queryset(self) -> Any:
         return prices_all().order_by("-id")
-
-    @extend_schema(operation_id="ops_prices_list", tags=["ops: billing"])
-    def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
-        return super().get(request, *args, **kwargs)
 
     @extend_schema(
         operation_id="ops_price_set",

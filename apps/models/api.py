@@ -9,7 +9,7 @@ from typing import Any
 
 from django.db.models import QuerySet
 from django.http import Http404
-from drf_spectacular.utils import extend_schema, extend_schema_field
+from drf_spectacular.utils import extend_schema, extend_schema_field, extend_schema_view
 from rest_framework import generics, serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -92,15 +92,12 @@ class ModelPatchSerializer(ModelWriteSerializer):
         super().__init__(*args, partial=True, **kwargs)
 
 
+@extend_schema_view(get=extend_schema(operation_id="ops_models_list", tags=["ops: registry"]))
 class OpsModelListApi(OperatorApi, generics.ListAPIView[Model]):
     serializer_class = ModelSerializer
 
     def get_queryset(self) -> QuerySet[Model]:
         return models_all().order_by("-id")
-
-    @extend_schema(operation_id="ops_models_list", tags=["ops: registry"])
-    def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
-        return super().get(request, *args, **kwargs)
 
     @extend_schema(
         operation_id="ops_models_create",
@@ -184,16 +181,13 @@ def _versions() -> QuerySet[ModelVersion]:
     return ModelVersion.objects.select_related("model")
 
 
+@extend_schema_view(get=extend_schema(operation_id="ops_versions_list", tags=["ops: registry"]))
 class OpsVersionListApi(OperatorApi, generics.ListAPIView[ModelVersion]):
     serializer_class = VersionSerializer
 
     def get_queryset(self) -> QuerySet[ModelVersion]:
         model = _get(models_all(), pk=self.kwargs["pk"])
         return _versions().filter(model=model).order_by("-id")
-
-    @extend_schema(operation_id="ops_versions_list", tags=["ops: registry"])
-    def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
-        return super().get(request, *args, **kwargs)
 
     @extend_schema(
         operation_id="ops_versions_create",
@@ -285,15 +279,12 @@ class PoolPatchSerializer(PoolWriteSerializer):
         super().__init__(*args, partial=True, **kwargs)
 
 
+@extend_schema_view(get=extend_schema(operation_id="ops_pools_list", tags=["ops: registry"]))
 class OpsPoolListApi(OperatorApi, generics.ListAPIView[Pool]):
     serializer_class = PoolSerializer
 
     def get_queryset(self) -> QuerySet[Pool]:
         return Pool.objects.order_by("-id")
-
-    @extend_schema(operation_id="ops_pools_list", tags=["ops: registry"])
-    def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
-        return super().get(request, *args, **kwargs)
 
     @extend_schema(
         operation_id="ops_pools_create",
@@ -357,6 +348,7 @@ def _endpoints() -> QuerySet[Endpoint]:
     return Endpoint.objects.select_related("pool", "version")
 
 
+@extend_schema_view(get=extend_schema(operation_id="ops_endpoints_list", tags=["ops: registry"]))
 class OpsEndpointListApi(OperatorApi, generics.ListAPIView[Endpoint]):
     serializer_class = EndpointSerializer
 
@@ -364,10 +356,6 @@ class OpsEndpointListApi(OperatorApi, generics.ListAPIView[Endpoint]):
         endpoints = _endpoints().order_by("-id")
         state = self.request.query_params.get("state")
         return endpoints.filter(state=state) if state else endpoints
-
-    @extend_schema(operation_id="ops_endpoints_list", tags=["ops: registry"])
-    def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
-        return super().get(request, *args, **kwargs)
 
     @extend_schema(
         operation_id="ops_endpoints_register",
@@ -441,15 +429,12 @@ class RouteSetSerializer(serializers.Serializer[Any]):
     splits = SplitSerializer(many=True)
 
 
+@extend_schema_view(get=extend_schema(operation_id="ops_routes_list", tags=["ops: registry"]))
 class OpsRouteListApi(OperatorApi, generics.ListAPIView[Route]):
     serializer_class = RouteSerializer
 
     def get_queryset(self) -> QuerySet[Route]:
         return routes_all().order_by("-id")
-
-    @extend_schema(operation_id="ops_routes_list", tags=["ops: registry"])
-    def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
-        return super().get(request, *args, **kwargs)
 
 
 class OpsRouteDetailApi(OperatorApi):

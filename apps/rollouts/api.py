@@ -10,7 +10,7 @@ from typing import Any
 
 from django.db.models import QuerySet
 from django.http import Http404
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
 from rest_framework import generics, serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -108,6 +108,16 @@ def _rollout(pk: int) -> Rollout:
     return found
 
 
+@extend_schema_view(
+    get=extend_schema(
+        operation_id="ops_rollouts_list",
+        parameters=[
+            OpenApiParameter("state", str, enum=Rollout.State.values),
+            OpenApiParameter("model", int, description="Model id."),
+        ],
+        tags=["ops: rollouts"],
+    )
+)
 class OpsRolloutListApi(OperatorApi, generics.ListAPIView[Rollout]):
     serializer_class = RolloutSerializer
 
@@ -120,17 +130,6 @@ class OpsRolloutListApi(OperatorApi, generics.ListAPIView[Rollout]):
         if model and model.isdigit():
             rollouts = rollouts.filter(model_id=int(model))
         return rollouts
-
-    @extend_schema(
-        operation_id="ops_rollouts_list",
-        parameters=[
-            OpenApiParameter("state", str, enum=Rollout.State.values),
-            OpenApiParameter("model", int, description="Model id."),
-        ],
-        tags=["ops: rollouts"],
-    )
-    def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
-        return super().get(request, *args, **kwargs)
 
     @extend_schema(
         operation_id="ops_rollouts_create",

@@ -13,7 +13,12 @@ from django.http import Http404
 from django.utils import timezone
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiExample, OpenApiParameter, extend_schema
+from drf_spectacular.utils import (
+    OpenApiExample,
+    OpenApiParameter,
+    extend_schema,
+    extend_schema_view,
+)
 from rest_framework import generics, serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -209,15 +214,14 @@ def _issued(key: ApiKey, full_key: str) -> dict[str, Any]:
     return {**ApiKeySerializer(key).data, "key": full_key}
 
 
+@extend_schema_view(
+    get=extend_schema(operation_id="api_keys_list", parameters=[TENANT_PARAM], tags=["api keys"])
+)
 class ApiKeyListApi(TenantApi, generics.ListAPIView[ApiKey]):
     serializer_class = ApiKeySerializer
 
     def get_queryset(self) -> QuerySet[ApiKey]:
         return api_keys_for_tenant(self.access.tenant).order_by("-id")
-
-    @extend_schema(operation_id="api_keys_list", parameters=[TENANT_PARAM], tags=["api keys"])
-    def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
-        return super().get(request, *args, **kwargs)
 
     @extend_schema(
         operation_id="api_keys_create",
@@ -319,6 +323,9 @@ class ManagementTokenIssuedSerializer(ManagementTokenSerializer):
         read_only_fields = fields
 
 
+@extend_schema_view(
+    get=extend_schema(operation_id="tokens_list", parameters=[TENANT_PARAM], tags=["tokens"])
+)
 class ManagementTokenListApi(TenantApi, generics.ListAPIView[ManagementToken]):
     serializer_class = ManagementTokenSerializer
     read_role = Membership.Role.OWNER
@@ -326,10 +333,6 @@ class ManagementTokenListApi(TenantApi, generics.ListAPIView[ManagementToken]):
 
     def get_queryset(self) -> QuerySet[ManagementToken]:
         return management_tokens_for_tenant(self.access.tenant)
-
-    @extend_schema(operation_id="tokens_list", parameters=[TENANT_PARAM], tags=["tokens"])
-    def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
-        return super().get(request, *args, **kwargs)
 
     @extend_schema(
         operation_id="tokens_create",
@@ -412,21 +415,20 @@ def audit_filter_args(request: Request) -> dict[str, Any]:
     return args
 
 
+@extend_schema_view(
+    get=extend_schema(
+        operation_id="tenant_audit_list",
+        parameters=[TENANT_PARAM, *AUDIT_FILTERS],
+        tags=["tenant"],
+        description="Changes to the tenant and the objects it owns, newest first.",
+    )
+)
 class TenantAuditApi(TenantApi, generics.ListAPIView[AuditEvent]):
     serializer_class = AuditEventSerializer
 
     def get_queryset(self) -> QuerySet[AuditEvent]:
         own = audit_events_of_tenant(self.access.tenant)
         return audit_events_filtered(own, **audit_filter_args(self.request))
-
-    @extend_schema(
-        operation_id="tenant_audit_list",
-        parameters=[TENANT_PARAM, *AUDIT_FILTERS],
-        tags=["tenant"],
-        description="Changes to the tenant and the objects it owns, newest first.",
-    )
-    def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
-        return super().get(request, *args, **kwargs)
 
 
 # --- who am I --------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ from typing import Any
 
 from django.db.models import QuerySet
 from django.http import Http404
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
 from rest_framework import generics, serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -130,20 +130,19 @@ def _tenant_data(tenant: Tenant) -> Any:
     return OpsTenantSerializer(tenant).data
 
 
+@extend_schema_view(
+    get=extend_schema(
+        operation_id="ops_tenants_list",
+        parameters=[OpenApiParameter("status", str, enum=Tenant.Status.values)],
+        tags=["ops: tenants"],
+    )
+)
 class OpsTenantListApi(OperatorApi, generics.ListAPIView[Tenant]):
     serializer_class = OpsTenantSerializer
 
     def get_queryset(self) -> QuerySet[Tenant]:
         status_filter = self.request.query_params.get("status") or None
         return tenant_list(status=status_filter).prefetch_related("allowed_models").order_by("-id")
-
-    @extend_schema(
-        operation_id="ops_tenants_list",
-        parameters=[OpenApiParameter("status", str, enum=Tenant.Status.values)],
-        tags=["ops: tenants"],
-    )
-    def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
-        return super().get(request, *args, **kwargs)
 
     @extend_schema(
         operation_id="ops_tenants_create",
@@ -266,15 +265,12 @@ def _class(name: str, for_update: bool = False) -> RequestClass:
     return found
 
 
+@extend_schema_view(get=extend_schema(operation_id="ops_classes_list", tags=["ops: tenants"]))
 class OpsClassListApi(OperatorApi, generics.ListAPIView[RequestClass]):
     serializer_class = RequestClassSerializer
 
     def get_queryset(self) -> QuerySet[RequestClass]:
         return request_class_list().order_by("-id")
-
-    @extend_schema(operation_id="ops_classes_list", tags=["ops: tenants"])
-    def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
-        return super().get(request, *args, **kwargs)
 
     @extend_schema(
         operation_id="ops_classes_create",
@@ -324,17 +320,16 @@ class OpsClassDetailApi(OperatorApi):
 # --- the whole audit log ---------------------------------------------------------------------
 
 
-class OpsAuditApi(OperatorApi, generics.ListAPIView[AuditEvent]):
-    serializer_class = AuditEventSerializer
-
-    def get_queryset(self) -> QuerySet[AuditEvent]:
-        return audit_events_filtered(**audit_filter_args(self.request))
-
-    @extend_schema(
+@extend_schema_view(
+    get=extend_schema(
         operation_id="ops_audit_list",
         parameters=AUDIT_FILTERS,
         tags=["ops: audit"],
         description="Every control-plane change, newest first, filterable.",
     )
-    def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
-        return super().get(request, *args, **kwargs)
+)
+class OpsAuditApi(OperatorApi, generics.ListAPIView[AuditEvent]):
+    serializer_class = AuditEventSerializer
+
+    def get_queryset(self) -> QuerySet[AuditEvent]:
+        return audit_events_filtered(**audit_filter_args(self.request))
