@@ -12,25 +12,23 @@ from apps.models.models import Model
 from apps.models.services import model_create, model_update
 from apps.tenants.models import Tenant
 from apps.tenants.services import tenant_create, tenant_update
+from tests.api.conftest import LIMITS
 
 pytestmark = [pytest.mark.db, pytest.mark.django_db]
 
-LIMITS = {
-    "rpm_limit": 600,
-    "tpm_limit": 100_000,
-    "max_concurrency": 8,
-    "max_context_tokens": 8192,
-    "max_output_tokens": 1024,
-}
+
+
+def _post_model_form(admin_client, model, **switches):
+    """The model's admin change form as a browser posts it (unchecked boxes are absent)."""
+    url = reverse("admin:registry_model_change", args=[model.pk])
+    form = {"name": model.name, "task": model.task, "description": "", "refused_fields": "[]"}
+    return admin_client.post(url, {**form, **switches})
 
 
 def test_model_admin_writes_the_cache_switches(admin_client):
     model = model_create(actor=None, name="m1", task="chat")
-    url = reverse("admin:registry_model_change", args=[model.pk])
-    form = {"name": "m1", "task": "chat", "description": "", "refused_fields": "[]",
-            "cache_shared": "on", "cache_ttl_s": "60"}  # fmt: skip
 
-    response = admin_client.post(url, form)
+    response = _post_model_form(admin_client, model, cache_shared="on", cache_ttl_s="60")
 
     assert response.status_code == 302, response.content
     model.refresh_from_db()
@@ -41,11 +39,8 @@ def test_model_admin_writes_the_cache_switches(admin_client):
 
 def test_model_admin_refuses_a_zero_ttl(admin_client):
     model = model_create(actor=None, name="m1", task="chat")
-    url = reverse("admin:registry_model_change", args=[model.pk])
-    form = {"name": "m1", "task": "chat", "description": "", "refused_fields": "[]",
-            "cache_enabled": "on", "cache_ttl_s": "0"}  # fmt: skip
 
-    response = admin_client.post(url, form)
+    response = _post_model_form(admin_client, model, cache_enabled="on", cache_ttl_s="0")
 
     assert response.status_code == 200
     assert "Must be at least 1." in response.content.decode()
