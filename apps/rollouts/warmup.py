@@ -18,8 +18,9 @@
    ``running`` at step 0 (:func:`apps.rollouts.transitions.rollout_warmed`).
 
 Any failure aborts the rollout with the reason (and drains what the warm-up started).
-:func:`candidate_drain` drains the replicas the warm-up started after a rollback or an abort:
-``draining``, then stopped by the actuator (``drain``); the stable version is never touched.
+:func:`apps.rollouts.drain.candidate_drain` drains the replicas the warm-up started after a
+rollback or an abort: ``draining``, then stopped by the actuator (``drain``); the stable
+version is never touched.
 """
 
 from __future__ import annotations
