@@ -29,7 +29,7 @@ from apps.billing.usage_selectors import (
     usage_rows_iter,
     usage_summary,
 )
-from apps.common.api_support import etag_of, if_match_check, time_param, with_etag
+from apps.common.api_support import etag_of, if_match_check, time_param, validated_body, with_etag
 from apps.common.models import AuditEvent
 from apps.tenants.api import TENANT_PARAM, TenantApi
 from apps.tenants.api_auth import actor_of
@@ -270,8 +270,7 @@ class BudgetApi(TenantApi):
         description="Owners set the soft alert level; the hard cap is the operator's.",
     )
     def patch(self, request: Request, tenant: str, period: str) -> Response:
-        body = BudgetAlertSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
+        body = validated_body(BudgetAlertSerializer, request)
         t = self.access.tenant
         with transaction.atomic():
             budget = _budget(t, period, lock=True)
@@ -280,7 +279,7 @@ class BudgetApi(TenantApi):
                 actor=actor_of(request),
                 tenant=t,
                 period=period,
-                soft_alert_pct=body.validated_data["soft_alert_pct"],
+                soft_alert_pct=body["soft_alert_pct"],
                 hard_cap=budget.hard_cap,
             )
         data = BudgetSerializer(budget).data

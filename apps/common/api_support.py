@@ -280,3 +280,11 @@ def accepted(request: Request, task_id: str) -> Response:
     """202 Accepted for a queued Celery task (``/api/v1/ops/tasks/<id>/`` reads its state)."""
     url = request.build_absolute_uri(f"/api/v1/ops/tasks/{task_id}/")
     return Response({"task_id": task_id, "status_url": url}, status=status.HTTP_202_ACCEPTED)
+
+
+def validated_body(serializer_class: type[serializers.Serializer[Any]], request: Request) -> Any:
+    """The request body validated by ``serializer_class`` (a 400 in the error shape when not):
+    types only; the service called next checks the values."""
+    body = serializer_class(data=request.data)
+    body.is_valid(raise_exception=True)
+    return body.validated_data

@@ -14,7 +14,7 @@ from rest_framework import generics, serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from apps.common.api_support import Conflict, etag_read, etag_update
+from apps.common.api_support import Conflict, etag_read, etag_update, validated_body
 from apps.models.models import Endpoint, Model, ModelVersion, Pool, Route
 from apps.models.selectors import models_all, routes_all
 from apps.models.services import (
@@ -106,9 +106,8 @@ class OpsModelListApi(OperatorApi, generics.ListAPIView[Model]):
         tags=["ops: registry"],
     )
     def post(self, request: Request) -> Response:
-        body = ModelWriteSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
-        model = model_create(actor=actor_of(request), **body.validated_data)
+        body = validated_body(ModelWriteSerializer, request)
+        model = model_create(actor=actor_of(request), **body)
         return Response(ModelSerializer(model).data, status=status.HTTP_201_CREATED)
 
 
@@ -126,13 +125,12 @@ class OpsModelDetailApi(OperatorApi):
         tags=["ops: registry"],
     )
     def patch(self, request: Request, pk: int) -> Response:
-        body = ModelPatchSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
+        body = validated_body(ModelPatchSerializer, request)
         return etag_update(
             request,
             fetch=lambda lock: _get(models_all(), lock, pk=pk),
             represent=lambda m: ModelSerializer(m).data,
-            apply=lambda m: model_update(actor=actor_of(request), model=m, **body.validated_data),
+            apply=lambda m: model_update(actor=actor_of(request), model=m, **body),
         )
 
 
@@ -198,9 +196,8 @@ class OpsVersionListApi(OperatorApi, generics.ListAPIView[ModelVersion]):
     )
     def post(self, request: Request, pk: int) -> Response:
         model = _get(models_all(), pk=pk)
-        body = VersionWriteSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
-        version = model_version_create(actor=actor_of(request), model=model, **body.validated_data)
+        body = validated_body(VersionWriteSerializer, request)
+        version = model_version_create(actor=actor_of(request), model=model, **body)
         return Response(VersionSerializer(version).data, status=status.HTTP_201_CREATED)
 
 
@@ -225,13 +222,12 @@ class OpsVersionDetailApi(OperatorApi):
         description="Change a draft. A published version is immutable: 409 `immutable`.",
     )
     def patch(self, request: Request, pk: int) -> Response:
-        body = VersionPatchSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
+        body = validated_body(VersionPatchSerializer, request)
         return etag_update(
             request,
             fetch=lambda lock: _get(_versions(), lock, pk=pk),
             represent=lambda v: VersionSerializer(v).data,
-            apply=lambda v: _version_update(request, v, dict(body.validated_data)),
+            apply=lambda v: _version_update(request, v, dict(body)),
         )
 
 
@@ -293,9 +289,8 @@ class OpsPoolListApi(OperatorApi, generics.ListAPIView[Pool]):
         tags=["ops: registry"],
     )
     def post(self, request: Request) -> Response:
-        body = PoolWriteSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
-        pool = pool_create(actor=actor_of(request), **body.validated_data)
+        body = validated_body(PoolWriteSerializer, request)
+        pool = pool_create(actor=actor_of(request), **body)
         return Response(PoolSerializer(pool).data, status=status.HTTP_201_CREATED)
 
 
@@ -313,13 +308,12 @@ class OpsPoolDetailApi(OperatorApi):
         tags=["ops: registry"],
     )
     def patch(self, request: Request, pk: int) -> Response:
-        body = PoolPatchSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
+        body = validated_body(PoolPatchSerializer, request)
         return etag_update(
             request,
             fetch=lambda lock: _get(Pool.objects.all(), lock, pk=pk),
             represent=lambda p: PoolSerializer(p).data,
-            apply=lambda p: pool_update(actor=actor_of(request), pool=p, **body.validated_data),
+            apply=lambda p: pool_update(actor=actor_of(request), pool=p, **body),
         )
 
 
@@ -364,9 +358,8 @@ class OpsEndpointListApi(OperatorApi, generics.ListAPIView[Endpoint]):
         tags=["ops: registry"],
     )
     def post(self, request: Request) -> Response:
-        body = EndpointCreateSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
-        endpoint = endpoint_register(actor=actor_of(request), **body.validated_data)
+        body = validated_body(EndpointCreateSerializer, request)
+        endpoint = endpoint_register(actor=actor_of(request), **body)
         return Response(EndpointSerializer(endpoint).data, status=status.HTTP_201_CREATED)
 
 
@@ -384,14 +377,13 @@ class OpsEndpointDetailApi(OperatorApi):
         tags=["ops: registry"],
     )
     def patch(self, request: Request, pk: int) -> Response:
-        body = EndpointStateSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
+        body = validated_body(EndpointStateSerializer, request)
         return etag_update(
             request,
             fetch=lambda lock: _get(_endpoints(), lock, pk=pk),
             represent=lambda e: EndpointSerializer(e).data,
             apply=lambda e: endpoint_set_state(
-                actor=actor_of(request), endpoint=e, state=body.validated_data["state"]
+                actor=actor_of(request), endpoint=e, state=body["state"]
             ),
         )
 
@@ -454,17 +446,16 @@ class OpsRouteDetailApi(OperatorApi):
     )
     def put(self, request: Request, pk: int) -> Response:
         model = _get(models_all(), pk=pk)
-        body = RouteSetSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
-        ids = [split["version"] for split in body.validated_data["splits"]]
+        body = validated_body(RouteSetSerializer, request)
+        ids = [split["version"] for split in body["splits"]]
         versions = {v.pk: v for v in ModelVersion.objects.filter(pk__in=ids)}
         missing = sorted(set(ids) - set(versions))
         if missing:
             raise serializers.ValidationError(
                 {"splits": [f"Unknown version id(s): {', '.join(map(str, missing))}."]}
             )
-        splits = [(versions[s["version"]], s["weight"]) for s in body.validated_data["splits"]]
-        sticky_key = body.validated_data["sticky_key"]
+        splits = [(versions[s["version"]], s["weight"]) for s in body["splits"]]
+        sticky_key = body["sticky_key"]
         if request.headers.get("If-Match") and routes_all().filter(model=model).exists():
             return etag_update(
                 request,

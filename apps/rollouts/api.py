@@ -15,6 +15,7 @@ from rest_framework import generics, serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from apps.common.api_support import validated_body
 from apps.models.models import Model, ModelVersion
 from apps.rollouts.models import Rollout, RolloutEvent
 from apps.rollouts.selectors import rollout_events
@@ -139,9 +140,8 @@ class OpsRolloutListApi(OperatorApi, generics.ListAPIView[Rollout]):
         description="Plan a rollout (state pending). At most one active rollout per model.",
     )
     def post(self, request: Request) -> Response:
-        body = RolloutCreateSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
-        rollout = rollout_create(actor=actor_of(request), **body.validated_data)
+        body = validated_body(RolloutCreateSerializer, request)
+        rollout = rollout_create(actor=actor_of(request), **body)
         return Response(RolloutDetailSerializer(rollout).data, status=status.HTTP_201_CREATED)
 
 
@@ -162,9 +162,8 @@ class OpsRolloutCancelApi(OperatorApi):
         tags=["ops: rollouts"],
     )
     def post(self, request: Request, pk: int) -> Response:
-        body = RolloutCancelSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
+        body = validated_body(RolloutCancelSerializer, request)
         rollout = rollout_cancel(
-            actor=actor_of(request), rollout=_rollout(pk), reason=body.validated_data["reason"]
+            actor=actor_of(request), rollout=_rollout(pk), reason=body["reason"]
         )
         return Response(RolloutDetailSerializer(rollout).data)

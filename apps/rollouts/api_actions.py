@@ -21,7 +21,7 @@ from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from apps.common.api_support import TaskAcceptedSerializer, accepted
+from apps.common.api_support import TaskAcceptedSerializer, accepted, validated_body
 from apps.rollouts.actions import RolloutAction, operator_actions
 from apps.rollouts.models import Rollout
 from apps.rollouts.tasks import rollout_action_queue
@@ -69,9 +69,8 @@ class _RolloutActionApi(OperatorApi):
     def post(self, request: Request, pk: int) -> Response:
         reason = ""
         if self.body is not None:
-            body = self.body(data=request.data)
-            body.is_valid(raise_exception=True)
-            reason = body.validated_data["reason"]
+            body = validated_body(self.body, request)
+            reason = body["reason"]
         if not Rollout.objects.filter(pk=pk).exists():
             raise Http404
         queued = rollout_action_queue(

@@ -23,7 +23,7 @@ from rest_framework import generics, serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from apps.common.api_support import IdCursorPagination, time_param
+from apps.common.api_support import IdCursorPagination, time_param, validated_body
 from apps.common.models import AuditEvent
 from apps.tenants.api_auth import (
     ManagementTokenAuthentication,
@@ -233,11 +233,8 @@ class ApiKeyListApi(TenantApi, generics.ListAPIView[ApiKey]):
         description="Issue an inference key. The full key is in this response only.",
     )
     def post(self, request: Request, tenant: str) -> Response:
-        body = ApiKeyCreateSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
-        key, full_key = api_key_create(
-            actor=actor_of(request), tenant=self.access.tenant, **body.validated_data
-        )
+        body = validated_body(ApiKeyCreateSerializer, request)
+        key, full_key = api_key_create(actor=actor_of(request), tenant=self.access.tenant, **body)
         return Response(_issued(key, full_key), status=status.HTTP_201_CREATED)
 
 
@@ -283,11 +280,8 @@ class ApiKeyRotateApi(ApiKeyItemApi):
         "working for `overlap_s` seconds.",
     )
     def post(self, request: Request, tenant: str, prefix: str) -> Response:
-        body = ApiKeyRotateSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
-        key, full_key = api_key_rotate(
-            actor=actor_of(request), api_key=self.key(prefix), **body.validated_data
-        )
+        body = validated_body(ApiKeyRotateSerializer, request)
+        key, full_key = api_key_rotate(actor=actor_of(request), api_key=self.key(prefix), **body)
         return Response(_issued(key, full_key), status=status.HTTP_201_CREATED)
 
 
@@ -343,12 +337,11 @@ class ManagementTokenListApi(TenantApi, generics.ListAPIView[ManagementToken]):
         description="Issue a management token (REST API only, never inference).",
     )
     def post(self, request: Request, tenant: str) -> Response:
-        body = ManagementTokenCreateSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
+        body = validated_body(ManagementTokenCreateSerializer, request)
         token, full = management_token_create(
             actor=actor_of(request),
             tenant=self.access.tenant,
-            **body.validated_data,
+            **body,
         )
         data = {**ManagementTokenSerializer(token).data, "token": full}
         return Response(data, status=status.HTTP_201_CREATED)

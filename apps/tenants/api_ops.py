@@ -13,7 +13,7 @@ from rest_framework import generics, serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from apps.common.api_support import IdCursorPagination, etag_read, etag_update
+from apps.common.api_support import IdCursorPagination, etag_read, etag_update, validated_body
 from apps.common.models import AuditEvent
 from apps.tenants.api import (
     AUDIT_FILTERS,
@@ -151,9 +151,8 @@ class OpsTenantListApi(OperatorApi, generics.ListAPIView[Tenant]):
         tags=["ops: tenants"],
     )
     def post(self, request: Request) -> Response:
-        body = TenantCreateSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
-        tenant = tenant_create(actor=actor_of(request), **body.validated_data)
+        body = validated_body(TenantCreateSerializer, request)
+        tenant = tenant_create(actor=actor_of(request), **body)
         return Response(_tenant_data(_tenant(tenant.slug)), status=status.HTTP_201_CREATED)
 
 
@@ -173,13 +172,12 @@ class OpsTenantDetailApi(OperatorApi):
         "cache, classes or model entitlements.",
     )
     def patch(self, request: Request, slug: str) -> Response:
-        body = TenantPatchSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
+        body = validated_body(TenantPatchSerializer, request)
         return etag_update(
             request,
             fetch=lambda lock: _tenant(slug, lock),
             represent=_tenant_data,
-            apply=lambda t: tenant_update(actor=actor_of(request), tenant=t, **body.validated_data),
+            apply=lambda t: tenant_update(actor=actor_of(request), tenant=t, **body),
         )
 
 
@@ -213,11 +211,8 @@ class OpsTenantTokenApi(OperatorApi):
         "the full token is in this response only.",
     )
     def post(self, request: Request, slug: str) -> Response:
-        body = ManagementTokenCreateSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
-        token, full = management_token_create(
-            actor=actor_of(request), tenant=_tenant(slug), **body.validated_data
-        )
+        body = validated_body(ManagementTokenCreateSerializer, request)
+        token, full = management_token_create(actor=actor_of(request), tenant=_tenant(slug), **body)
         data = {**ManagementTokenSerializer(token).data, "token": full}
         return Response(data, status=status.HTTP_201_CREATED)
 
@@ -279,9 +274,8 @@ class OpsClassListApi(OperatorApi, generics.ListAPIView[RequestClass]):
         tags=["ops: tenants"],
     )
     def post(self, request: Request) -> Response:
-        body = RequestClassWriteSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
-        created = request_class_create(actor=actor_of(request), **body.validated_data)
+        body = validated_body(RequestClassWriteSerializer, request)
+        created = request_class_create(actor=actor_of(request), **body)
         return Response(RequestClassSerializer(created).data, status=status.HTTP_201_CREATED)
 
 
@@ -299,14 +293,11 @@ class OpsClassDetailApi(OperatorApi):
         tags=["ops: tenants"],
     )
     def patch(self, request: Request, name: str) -> Response:
-        body = RequestClassPatchSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
+        body = validated_body(RequestClassPatchSerializer, request)
         renamed: list[str] = []
 
         def apply(request_class: RequestClass) -> None:
-            request_class_update(
-                actor=actor_of(request), request_class=request_class, **body.validated_data
-            )
+            request_class_update(actor=actor_of(request), request_class=request_class, **body)
             renamed.append(request_class.name)
 
         return etag_update(
