@@ -5,6 +5,8 @@ State only: the tables keep their names (``tenants_auditevent`` with its append-
 permissions granted on them stay granted.
 """
 
+from typing import Any
+
 import django.db.models.deletion
 from django.conf import settings
 from django.db import migrations, models
@@ -12,18 +14,18 @@ from django.db import migrations, models
 MOVED = (("tenants", "auditevent"), ("core", "snapshotoutbox"))
 
 
-def _relabel(apps, old: str, new: str, model: str) -> None:
+def _relabel(apps: Any, old: str, new: str, model: str) -> None:
     content_type = apps.get_model("contenttypes", "ContentType")
     if not content_type.objects.filter(app_label=new, model=model).exists():
         content_type.objects.filter(app_label=old, model=model).update(app_label=new)
 
 
-def forward(apps, schema_editor):
+def forward(apps: Any, schema_editor: Any) -> None:
     for old, model in MOVED:
         _relabel(apps, old, "common", model)
 
 
-def backward(apps, schema_editor):
+def backward(apps: Any, schema_editor: Any) -> None:
     for old, model in MOVED:
         _relabel(apps, "common", old, model)
 
@@ -47,7 +49,10 @@ class Migration(migrations.Migration):
                         (
                             "id",
                             models.BigAutoField(
-                                auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                                auto_created=True,
+                                primary_key=True,
+                                serialize=False,
+                                verbose_name="ID",
                             ),
                         ),
                         (
@@ -85,7 +90,10 @@ class Migration(migrations.Migration):
                         (
                             "id",
                             models.BigAutoField(
-                                auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                                auto_created=True,
+                                primary_key=True,
+                                serialize=False,
+                                verbose_name="ID",
                             ),
                         ),
                         ("created_at", models.DateTimeField(auto_now_add=True)),
