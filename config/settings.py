@@ -48,6 +48,7 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "channels",
+    "apps.common",
     "apps.core",
     "apps.tenants",
     "apps.models",

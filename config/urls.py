@@ -61,19 +61,14 @@ ops_urls = [
     path("rollouts/", rollouts_api.OpsRolloutListApi.as_view()),
     path("rollouts/<int:pk>/", rollouts_api.OpsRolloutDetailApi.as_view()),
     path("rollouts/<int:pk>/cancel/", rollouts_api.OpsRolloutCancelApi.as_view()),
-    path("rollouts/<int:pk>/start/", rollout_actions.OpsRolloutStartApi.as_view()),
-    path("rollouts/<int:pk>/advance/", rollout_actions.OpsRolloutAdvanceApi.as_view()),
-    path("rollouts/<int:pk>/pause/", rollout_actions.OpsRolloutPauseApi.as_view()),
-    path("rollouts/<int:pk>/resume/", rollout_actions.OpsRolloutResumeApi.as_view()),
-    path("rollouts/<int:pk>/promote/", rollout_actions.OpsRolloutPromoteApi.as_view()),
-    path("rollouts/<int:pk>/rollback/", rollout_actions.OpsRolloutRollbackApi.as_view()),
+    *rollout_actions.rollout_action_urls(),
     path("snapshot/refresh/", core_api.OpsSnapshotRefreshApi.as_view()),
     path("tasks/<str:task_id>/", core_api.OpsTaskStatusApi.as_view()),
     path("audit/", tenants_ops.OpsAuditApi.as_view()),
 ]
 
-handler404 = "apps.core.api_support.not_found_handler"
-handler500 = "apps.core.api_support.server_error_handler"
+handler404 = "apps.common.api_support.not_found_handler"
+handler500 = "apps.common.api_support.server_error_handler"
 
 urlpatterns = [
     path("admin/", admin.site.urls),

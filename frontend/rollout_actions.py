@@ -1,45 +1,29 @@
-"""The rollout buttons: which actions the dashboard offers, in which states, and how they run.
+"""The rollout buttons: the dashboard's view of the actions table and how a press runs.
 
-Start, advance, pause, resume, promote and roll back queue the action's Celery task
-(``apps.rollouts.tasks``, the same tasks the REST API queues; each calls one service of
-``apps.rollouts.transitions``). The page answers at once ("queued") and the staff feed
-(:mod:`frontend.control_feed`) shows the task's progress and the rollout's new state live;
-a refusal shows the service's message. Cancel has no task: it calls its service in the
-request. ``states`` only enables the buttons; whether a transition is allowed is the
-service's call, under the row lock.
+Which actions exist, their labels, the states that enable them and their reason rules are the
+rollouts app's actions table (:mod:`apps.rollouts.actions`), which the services, the admin and
+the REST API read too. Start, advance, pause, resume, promote and roll back queue the table's
+Celery task (:func:`apps.rollouts.tasks.rollout_action_queue`). The page answers at once
+("queued") and the staff feed (:mod:`frontend.control_feed`) shows the task's progress and the
+rollout's new state live; a refusal shows the service's message. Cancel has no task: it calls
+its service in the request. ``states`` only enables the buttons; whether a transition is
+allowed is the service's call, under the row lock.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.base_user import AbstractBaseUser
 
-from apps.rollouts import tasks
+from apps.rollouts.actions import RolloutAction, operator_actions
 from apps.rollouts.models import Rollout
 from apps.rollouts.services import rollout_cancel
+from apps.rollouts.tasks import rollout_action_queue
 from frontend.control_feed import task_error, task_note
 from frontend.relay import live_namespace
 from runtime.redis_conn import sync_client
-
-Perform = Callable[[AbstractBaseUser, Rollout, str], object]
-
-
-@dataclass(frozen=True, slots=True)
-class RolloutAction:
-    name: str
-    label: str
-    states: tuple[str, ...]  # the rollout states in which the button is enabled
-    task: Any = None  # a Celery task taking rollout_id, actor_id (and reason when takes_reason)
-    takes_reason: bool = False
-    perform: Perform | None = None  # run in the request (no task)
-    needs_reason: bool = False
-
-    def enabled_in(self, state: str) -> bool:
-        return state in self.states
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,30 +32,18 @@ class Outcome:
     text: str
 
 
-def _cancel(actor: AbstractBaseUser, rollout: Rollout, reason: str) -> object:
-    return rollout_cancel(actor=actor, rollout=rollout, reason=reason)
-
-
 def rollout_actions() -> dict[str, RolloutAction]:
-    actions = [
-        RolloutAction("start", "Start", ("pending",), tasks.rollout_start),
-        RolloutAction("advance", "Advance", ("running",), tasks.rollout_advance, True),
-        RolloutAction("pause", "Pause", ("running",), tasks.rollout_pause, True),
-        RolloutAction("resume", "Resume", ("paused",), tasks.rollout_resume),
-        RolloutAction("promote", "Promote", ("running", "paused"), tasks.rollout_promote, True),
-        RolloutAction(
-            "rollback",
-            "Roll back",
-            ("warming", "running", "paused"),
-            tasks.rollout_rollback,
-            True,
-            needs_reason=True,
-        ),
-        RolloutAction(
-            "cancel", "Cancel", ("pending", "warming"), perform=_cancel, needs_reason=True
-        ),
-    ]
-    return {action.name: action for action in actions}
+    """The buttons, in the table's order."""
+    return operator_actions()
+
+
+def action_perform(
+    action: RolloutAction, *, actor: AbstractBaseUser, rollout: Rollout, reason: str
+) -> Rollout:
+    """Run an action without a task (cancel) in the request; ValidationError when refused."""
+    if action.name != "cancel":
+        raise ValueError(f"rollout action {action.name!r} runs as a task; queue it")
+    return rollout_cancel(actor=actor, rollout=rollout, reason=reason)
 
 
 def action_queue(
@@ -79,10 +51,7 @@ def action_queue(
 ) -> Outcome:
     """Queue ``action``'s task and note it for the staff feed. An eager Celery (tests) has
     already run it: then the outcome is final."""
-    kwargs: dict[str, Any] = {"rollout_id": rollout.pk, "actor_id": actor.pk}
-    if action.takes_reason:
-        kwargs["reason"] = reason
-    result = action.task.apply_async(kwargs=kwargs)
+    result = rollout_action_queue(action, rollout_id=rollout.pk, actor_id=actor.pk, reason=reason)
     client = sync_client(
         settings.REDIS_URL, name="dashboard-actions", timeout_s=2.0, connect_timeout_s=1.0
     )

@@ -27,7 +27,7 @@ from apps.tenants.selectors import (
     tenant_get,
 )
 from frontend.access import may_watch, visible_tenants
-from frontend.rollout_actions import action_queue, rollout_actions
+from frontend.rollout_actions import action_perform, action_queue, rollout_actions
 from frontend.rollout_panels import rollout_view, rollouts_recent
 from frontend.scaling_panels import scaling_view
 from frontend.tenant_panels import balance, budget_rows, may_manage_keys
@@ -111,7 +111,7 @@ def rollout_action(request: HttpRequest, pk: int, action: str) -> HttpResponse:
         getattr(messages, outcome.level)(request, outcome.text)
         return redirect("dashboard:rollouts")
     try:
-        chosen.perform(request.user, rollout, reason)  # type: ignore[arg-type,misc]
+        action_perform(chosen, actor=request.user, rollout=rollout, reason=reason)  # type: ignore[arg-type]
     except ValidationError as exc:
         messages.error(request, "; ".join(exc.messages))
     else:

@@ -21,7 +21,7 @@ from apps.billing.services import (
     price_set,
     price_validate,
 )
-from apps.core.admin_support import actor_of, adopt, run_validator
+from apps.common.admin_support import actor_of, adopt, run_validator
 
 if TYPE_CHECKING:  # generic in django-stubs only; not subscriptable at runtime
     _PriceForm = forms.ModelForm[Price]

@@ -13,7 +13,7 @@ from typing import Any
 from django.db import transaction
 from django.http import Http404, StreamingHttpResponse
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
 from rest_framework import generics, renderers, serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -29,10 +29,11 @@ from apps.billing.usage_selectors import (
     usage_rows_iter,
     usage_summary,
 )
-from apps.core.api_support import etag_of, if_match_check, time_param, with_etag
+from apps.common.api_support import etag_of, if_match_check, time_param, validated_body, with_etag
+from apps.common.models import AuditEvent
 from apps.tenants.api import TENANT_PARAM, TenantApi
 from apps.tenants.api_auth import actor_of
-from apps.tenants.models import AuditEvent, Membership, Tenant
+from apps.tenants.models import Membership, Tenant
 
 USAGE_FILTERS = [
     OpenApiParameter("since", OpenApiTypes.DATETIME, description="Inclusive, ISO 8601."),
@@ -93,20 +94,19 @@ class UsageSummarySerializer(serializers.Serializer[Any]):
     rows = UsageRowSerializer(many=True)
 
 
-class UsageRecordsApi(TenantApi, generics.ListAPIView[UsageRecord]):
-    serializer_class = UsageRecordSerializer
-
-    def get_queryset(self) -> Any:
-        return usage_records(self.access.tenant, usage_filter_of(self.request))
-
-    @extend_schema(
+@extend_schema_view(
+    get=extend_schema(
         operation_id="usage_records",
         parameters=[TENANT_PARAM, *USAGE_FILTERS],
         tags=["usage"],
         description="Metered requests, newest first, cursor-paginated.",
     )
-    def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
-        return super().get(request, *args, **kwargs)
+)
+class UsageRecordsApi(TenantApi, generics.ListAPIView[UsageRecord]):
+    serializer_class = UsageRecordSerializer
+
+    def get_queryset(self) -> Any:
+        return usage_records(self.access.tenant, usage_filter_of(self.request))
 
 
 class UsageSummaryApi(TenantApi):
@@ -226,15 +226,14 @@ class BalanceApi(TenantApi):
         return Response(BalanceSerializer(data).data)
 
 
+@extend_schema_view(
+    get=extend_schema(operation_id="grants_list", parameters=[TENANT_PARAM], tags=["billing"])
+)
 class GrantListApi(TenantApi, generics.ListAPIView[AuditEvent]):
     serializer_class = GrantSerializer
 
     def get_queryset(self) -> Any:
         return credit_grants_for(self.access.tenant)
-
-    @extend_schema(operation_id="grants_list", parameters=[TENANT_PARAM], tags=["billing"])
-    def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
-        return super().get(request, *args, **kwargs)
 
 
 class BudgetAlertSerializer(serializers.Serializer[Any]):
@@ -271,8 +270,7 @@ class BudgetApi(TenantApi):
         description="Owners set the soft alert level; the hard cap is the operator's.",
     )
     def patch(self, request: Request, tenant: str, period: str) -> Response:
-        body = BudgetAlertSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
+        body = validated_body(BudgetAlertSerializer, request)
         t = self.access.tenant
         with transaction.atomic():
             budget = _budget(t, period, lock=True)
@@ -281,7 +279,7 @@ class BudgetApi(TenantApi):
                 actor=actor_of(request),
                 tenant=t,
                 period=period,
-                soft_alert_pct=body.validated_data["soft_alert_pct"],
+                soft_alert_pct=body["soft_alert_pct"],
                 hard_cap=budget.hard_cap,
             )
         data = BudgetSerializer(budget).data

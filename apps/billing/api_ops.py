@@ -7,7 +7,7 @@ from typing import Any
 
 from django.db import transaction
 from django.http import Http404
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import extend_schema, extend_schema_view
 from rest_framework import generics, serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -16,7 +16,7 @@ from apps.billing.api import BalanceSerializer, BudgetSerializer
 from apps.billing.models import Price
 from apps.billing.selectors import budgets_for, credit_balance, prices_all
 from apps.billing.services import budget_set, credit_grant, price_set
-from apps.core.api_support import etag_of, if_match_check, with_etag
+from apps.common.api_support import etag_of, if_match_check, validated_body, with_etag
 from apps.models.models import ModelVersion
 from apps.tenants.api_auth import actor_of
 from apps.tenants.api_ops import OperatorApi
@@ -47,10 +47,9 @@ class OpsGrantApi(OperatorApi):
         description="Grant credits (negative to correct); the balance never goes below 0.",
     )
     def post(self, request: Request, slug: str) -> Response:
-        body = GrantCreateSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
+        body = validated_body(GrantCreateSerializer, request)
         tenant = _tenant(slug)
-        credit_grant(actor=actor_of(request), tenant=tenant, **body.validated_data)
+        credit_grant(actor=actor_of(request), tenant=tenant, **body)
         data = {"balance": credit_balance(tenant), "budgets": list(budgets_for(tenant))}
         return Response(BalanceSerializer(data).data, status=status.HTTP_201_CREATED)
 
@@ -71,16 +70,13 @@ class OpsBudgetApi(OperatorApi):
         "when sent.",
     )
     def put(self, request: Request, slug: str, period: str) -> Response:
-        body = BudgetSetSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
+        body = validated_body(BudgetSetSerializer, request)
         tenant = _tenant(slug)
         with transaction.atomic():
             current = budgets_for(tenant).select_for_update().filter(period=period).first()
             if current is not None and request.headers.get("If-Match"):
                 if_match_check(request, etag_of(BudgetSerializer(current).data))
-            budget = budget_set(
-                actor=actor_of(request), tenant=tenant, period=period, **body.validated_data
-            )
+            budget = budget_set(actor=actor_of(request), tenant=tenant, period=period, **body)
         data = BudgetSerializer(budget).data
         return with_etag(Response(data), data)
 
@@ -113,15 +109,12 @@ class PriceSetSerializer(serializers.Serializer[Any]):
     )
 
 
+@extend_schema_view(get=extend_schema(operation_id="ops_prices_list", tags=["ops: billing"]))
 class OpsPriceListApi(OperatorApi, generics.ListAPIView[Price]):
     serializer_class = PriceSerializer
 
     def get_queryset(self) -> Any:
         return prices_all().order_by("-id")
-
-    @extend_schema(operation_id="ops_prices_list", tags=["ops: billing"])
-    def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
-        return super().get(request, *args, **kwargs)
 
     @extend_schema(
         operation_id="ops_price_set",
@@ -131,7 +124,6 @@ class OpsPriceListApi(OperatorApi, generics.ListAPIView[Price]):
         description="Set (create or replace) the price of a version on a hardware tier.",
     )
     def post(self, request: Request) -> Response:
-        body = PriceSetSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
-        price = price_set(actor=actor_of(request), **body.validated_data)
+        body = validated_body(PriceSetSerializer, request)
+        price = price_set(actor=actor_of(request), **body)
         return Response(PriceSerializer(price).data)

@@ -34,10 +34,12 @@ import redis
 from django.conf import settings
 from django.db import transaction
 
+from apps.billing.alerts import budget_alerts_check
 from apps.billing.models import CreditAccount, UsageRecord
+from apps.billing.selectors import period_starts, usage_totals
+from apps.common.audit import audit_record
 from apps.models.models import Endpoint, ModelVersion
 from apps.tenants.models import ApiKey, Tenant
-from apps.tenants.services import audit_record
 from runtime.contract import USAGE_GROUP, credit_key, ledger_lock, period_fields, usage_stream
 from runtime.metering.events import UsageEvent, decode_event
 from runtime.metering.pricing import MICRO
@@ -169,8 +171,6 @@ def usage_consume(
     pipe.xdel(stream, *ids)
     pipe.execute()
     if tenants:
-        from apps.billing.services import budget_alerts_check  # noqa: PLC0415 - cycle
-
         budget_alerts_check(tenant_ids=tenants)
     return len(ids)
 
@@ -300,8 +300,6 @@ def credit_reconcile(*, client: redis.Redis[bytes] | None = None) -> list[Repair
 
 def _seed_periods(client: redis.Redis[bytes], key: str, tenant: Tenant, pending_uc: int) -> None:
     """A lost credit hash: rebuild this day's and month's spend from the ledger."""
-    from apps.billing.selectors import period_starts, usage_totals  # noqa: PLC0415
-
     day_field, month_field = period_fields()
     day_start, month_start = period_starts()
     day = to_micro(usage_totals(tenant, day_start)["credits"]) + pending_uc
@@ -326,10 +324,11 @@ def _audit_repair(repair: Repair) -> None:
     )
 
 
-def redis_credit_state(
+def credit_live(
     tenant: Tenant, *, client: redis.Redis[bytes] | None = None
 ) -> dict[str, Decimal]:
-    """What the routers see now: balance, escrow, available (credits; zero when unset)."""
+    """What the routers see now in Redis: balance, escrow, available (credits; zero when
+    unset)."""
     client = client or redis_client()
     raw = client.hmget(credit_key(limits_prefix(), tenant.slug), ["balance", "escrow"])
     balance, escrow = (int(v) if v is not None else 0 for v in raw)

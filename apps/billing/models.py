@@ -18,6 +18,7 @@ class CreditAccount(models.Model):
         REFUSE = "refuse", "Refuse (402)"
         BATCH = "batch", "Drop to the lowest band (best effort)"
 
+    AUDIT_TENANT_FIELD: ClassVar[str] = "tenant"  # its audit events show in the tenant's log
     tenant = models.OneToOneField(Tenant, on_delete=models.CASCADE, related_name="credit_account")
     balance = models.DecimalField(**CREDITS, default=Decimal(0))  # type: ignore[arg-type]
     overdraft = models.CharField(
@@ -105,6 +106,7 @@ class Budget(models.Model):
         DAY = "day", "Day"
         MONTH = "month", "Month"
 
+    AUDIT_TENANT_FIELD: ClassVar[str] = "tenant"  # its audit events show in the tenant's log
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="budgets")
     period = models.CharField(max_length=8, choices=Period.choices)
     soft_alert_pct = models.PositiveSmallIntegerField(default=80)

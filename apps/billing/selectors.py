@@ -69,10 +69,3 @@ def period_starts(now: datetime | None = None) -> tuple[datetime, datetime]:
     now = (now or datetime.now(tz=UTC)).astimezone(UTC)
     day = now.replace(hour=0, minute=0, second=0, microsecond=0)
     return day, day.replace(day=1)
-
-
-def credit_live(tenant: Tenant) -> dict[str, Decimal]:
-    """What the routers see now in Redis: balance, escrow, available (credits)."""
-    from apps.billing.ledger import redis_credit_state  # noqa: PLC0415 - ledger imports us
-
-    return redis_credit_state(tenant)

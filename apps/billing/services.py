@@ -7,12 +7,8 @@ model), and a grant moves the Redis balance as soon as it commits.
 
 from __future__ import annotations
 
-import functools
-import json
 import logging
-import urllib.error
-import urllib.request
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from datetime import datetime
 from decimal import Decimal
 from types import MappingProxyType
@@ -25,14 +21,13 @@ from django.db import transaction
 from redis.exceptions import RedisError
 
 from apps.billing import ledger
-from apps.billing.models import CREDITS, Budget, BudgetAlert, CreditAccount, Price, UsageRecord
-from apps.billing.selectors import period_starts, usage_totals
-from apps.core.services import snapshot_publish_on_commit
+from apps.billing.models import CREDITS, Budget, CreditAccount, Price, UsageRecord
+from apps.common.audit import audit_record, audit_state
+from apps.common.outbox import snapshot_publish_on_commit
+from apps.common.validation import decimal_error, fits_error, is_int, raise_if, to_decimal
 from apps.models.models import Endpoint, ModelVersion
-from apps.models.services.common import audit_state
-from apps.models.validators import TIER_RE, decimal_error, fits_error, is_int, raise_if, to_decimal
+from apps.models.validators import TIER_RE
 from apps.tenants.models import ApiKey, Tenant
-from apps.tenants.services import audit_record
 
 logger = logging.getLogger(__name__)
 
@@ -301,76 +296,6 @@ def budget_set(
         )
         snapshot_publish_on_commit()
     return budget
-
-
-def budget_alerts_check(*, tenant_ids: Iterable[int]) -> list[BudgetAlert]:
-    """Fire each soft alert whose threshold this period's spend reached (once per budget and
-    period start); a budget with a webhook URL gets it POSTed after the commit."""
-    fired: list[BudgetAlert] = []
-    starts = dict(zip(("day", "month"), period_starts(), strict=True))
-    for budget in Budget.objects.filter(tenant_id__in=list(tenant_ids)).select_related("tenant"):
-        start = starts[budget.period]
-        spent = usage_totals(budget.tenant, start)["credits"]
-        threshold = budget.hard_cap * budget.soft_alert_pct / 100
-        if spent < threshold:
-            continue
-        with transaction.atomic():
-            alert, created = BudgetAlert.objects.get_or_create(
-                budget=budget,
-                period_start=start.date(),
-                defaults={"spent": spent, "threshold": threshold},
-            )
-            if not created:
-                continue
-            audit_record(
-                actor=None,
-                action="budget.alert",
-                target=budget,
-                after={"spent": spent, "threshold": threshold, "period_start": start.date()},
-            )
-            if budget.webhook_url:
-                alert_id = alert.pk
-                transaction.on_commit(functools.partial(_deliver_later, alert_id))
-        fired.append(alert)
-    return fired
-
-
-def _deliver_later(alert_id: int) -> None:
-    from apps.billing.tasks import budget_alert_deliver  # noqa: PLC0415 - tasks import services
-
-    try:
-        budget_alert_deliver.delay(alert_id)
-    except Exception as exc:  # the broker is away: the alert record stays
-        logger.warning("budget alert %s: webhook not queued (%r)", alert_id, exc)
-
-
-def budget_alert_deliver(*, alert: BudgetAlert, timeout_s: float = 5.0) -> str:
-    """POST the alert as JSON to its budget's webhook URL; records and returns the status."""
-    budget = alert.budget
-    body = json.dumps(
-        {
-            "type": "budget.soft_alert",
-            "tenant": budget.tenant.slug,
-            "period": budget.period,
-            "period_start": alert.period_start.isoformat(),
-            "spent": str(alert.spent),
-            "threshold": str(alert.threshold),
-            "hard_cap": str(budget.hard_cap),
-        }
-    ).encode()
-    request = urllib.request.Request(  # noqa: S310 - the URL is validated as http(s)
-        budget.webhook_url, data=body, headers={"Content-Type": "application/json"}
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as answer:  # noqa: S310
-            status = f"http {answer.status}"
-    except urllib.error.HTTPError as exc:
-        status = f"http {exc.code}"
-    except (urllib.error.URLError, OSError) as exc:
-        status = f"failed: {exc}"[:64]
-    alert.webhook_status = status
-    alert.save(update_fields=["webhook_status"])
-    return status
 
 
 # --- usage ledger ---------------------------------------------------------------------------

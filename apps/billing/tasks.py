@@ -1,4 +1,8 @@
-"""Celery tasks of billing: fetch, call a service, nothing else."""
+"""Celery tasks of billing: fetch, call a service, nothing else.
+
+The webhook task ``apps.billing.tasks.budget_alert_deliver`` is defined next to the alerts
+(:func:`apps.billing.alerts.budget_alert_send`) and registered by this module's import.
+"""
 
 from __future__ import annotations
 
@@ -7,8 +11,8 @@ import socket
 
 from celery import shared_task
 
-from apps.billing import drift, ledger, services
-from apps.billing.models import BudgetAlert
+from apps.billing import drift, ledger
+from apps.billing.alerts import budget_alert_send
 
 
 @shared_task(name="apps.billing.tasks.usage_consume", ignore_result=True)
@@ -41,9 +45,4 @@ def credit_reconcile() -> int:
         client.close()
     return len(repairs)
 
-
-@shared_task(name="apps.billing.tasks.budget_alert_deliver", ignore_result=True)
-def budget_alert_deliver(alert_id: int) -> str:
-    """POST one soft budget alert to its webhook."""
-    alert = BudgetAlert.objects.select_related("budget__tenant").get(pk=alert_id)
-    return services.budget_alert_deliver(alert=alert)
+__all__ = ["budget_alert_send", "credit_reconcile", "usage_consume"]

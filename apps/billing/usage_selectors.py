@@ -11,8 +11,9 @@ from typing import Any
 from django.db.models import Count, F, QuerySet, Sum
 from django.db.models.functions import Coalesce, TruncDate
 
-from apps.billing.models import UsageRecord
-from apps.tenants.models import AuditEvent, Tenant
+from apps.billing.models import CreditAccount, UsageRecord
+from apps.common.models import AuditEvent
+from apps.tenants.models import Tenant
 
 USAGE_GROUPS = ("day", "model", "class", "key")
 _GROUP_EXPR: dict[str, Any] = {
@@ -78,8 +79,6 @@ def usage_rows_iter(records: QuerySet[UsageRecord]) -> Iterator[UsageRecord]:
 
 def credit_grants_for(tenant: Tenant) -> QuerySet[AuditEvent]:
     """The tenant's credit grants (and corrections) as recorded in the audit log, newest first."""
-    from apps.billing.models import CreditAccount  # noqa: PLC0415
-
     account_ids = [
         str(pk) for pk in CreditAccount.objects.filter(tenant=tenant).values_list("pk", flat=True)
     ]

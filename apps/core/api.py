@@ -7,17 +7,13 @@ from typing import Any
 
 from celery.result import AsyncResult
 from drf_spectacular.utils import OpenApiExample, extend_schema
-from rest_framework import serializers, status
+from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from apps.common.api_support import TaskAcceptedSerializer, accepted
 from apps.core.tasks import snapshot_refresh
 from apps.tenants.api_ops import OperatorApi
-
-
-class TaskAcceptedSerializer(serializers.Serializer[Any]):
-    task_id = serializers.CharField()
-    status_url = serializers.CharField()
 
 
 class TaskStatusSerializer(serializers.Serializer[Any]):
@@ -27,11 +23,6 @@ class TaskStatusSerializer(serializers.Serializer[Any]):
     )
     result = serializers.JSONField(allow_null=True, help_text="The return value on SUCCESS.")
     error = serializers.CharField(allow_null=True, help_text="The exception on FAILURE.")
-
-
-def accepted(request: Request, task_id: str) -> Response:
-    url = request.build_absolute_uri(f"/api/v1/ops/tasks/{task_id}/")
-    return Response({"task_id": task_id, "status_url": url}, status=status.HTTP_202_ACCEPTED)
 
 
 class OpsSnapshotRefreshApi(OperatorApi):

@@ -25,13 +25,14 @@ from redis.exceptions import RedisError
 from apps.billing.ledger import credit_reconcile
 from apps.billing.models import Price
 from apps.billing.services import credit_grant, price_set
+from apps.common.audit import audit_record
 from apps.models.demo_encoder import EncoderPackageMissingError, demo_encoder_register
 from apps.models.models import ModelVersion, Pool
 from apps.models.services import pool_create, pool_update
 from apps.scaling.models import PoolScaling
 from apps.scaling.services import pool_scaling_get_or_create, pool_scaling_update
 from apps.tenants.models import RequestClass, Tenant
-from apps.tenants.services import api_key_create, audit_record, request_class_create, tenant_create
+from apps.tenants.services import api_key_create, request_class_create, tenant_create
 
 if TYPE_CHECKING:
     from _typeshed import SupportsWrite

@@ -1,10 +1,12 @@
-"""Platform-wide services: publishing the runtime snapshot after a change commits.
+"""The top app's services: building and publishing the runtime snapshot.
 
-Every change the data plane must know writes a :class:`~apps.core.models.SnapshotOutbox` row
-in its own transaction (:func:`snapshot_publish_on_commit`). After the commit the outbox is
-drained at once; when that publish fails (Redis down), the rows stay, and the beat task
-``snapshot_outbox_drain`` retries every ``SWITCHYARD_SNAPSHOT_OUTBOX_RETRY_S`` seconds until a
-snapshot built after the change is in Redis. A revocation is thus enforced by routers within
+Every change the data plane must know writes a :class:`~apps.common.models.SnapshotOutbox` row
+in its own transaction (:func:`apps.common.outbox.snapshot_publish_on_commit`). After the
+commit the outbox is drained at once (:func:`drain_after_commit`, connected to
+``outbox_committed`` when the app is ready); when that publish fails (Redis down), the rows
+stay, and the beat task ``snapshot_outbox_drain`` retries every
+``SWITCHYARD_SNAPSHOT_OUTBOX_RETRY_S`` seconds until a snapshot built after the change is in
+Redis. A revocation is thus enforced by routers within
 one retry interval of Redis coming back, not at the next periodic refresh.
 """
 
@@ -18,7 +20,8 @@ from django.db.models import F
 from django.utils import timezone
 from redis.exceptions import RedisError
 
-from apps.core.models import SnapshotOutbox
+from apps.common.models import SnapshotOutbox
+from apps.core.publisher import publish_current, publish_if_changed
 
 logger = logging.getLogger(__name__)
 
@@ -38,8 +41,6 @@ def snapshot_publish() -> int:
 
     Returns the published version number.
     """
-    from apps.core.publisher import publish_current  # noqa: PLC0415 - keeps import graph acyclic
-
     return publish_current()
 
 
@@ -50,8 +51,6 @@ def snapshot_refresh() -> int | None:
     tool). When nothing changed it confirms the published version as current, which keeps
     routers from reporting it stale. Returns the new version, or None when unchanged.
     """
-    from apps.core.publisher import publish_if_changed  # noqa: PLC0415 - see snapshot_publish
-
     return publish_if_changed()
 
 
@@ -62,8 +61,6 @@ def snapshot_outbox_drain() -> OutboxDrain:
     exactly the changes committed before it; a concurrent drain takes only the others. A
     Redis failure is recorded on the entries (attempts, last error) and logged, not raised.
     """
-    from apps.core.publisher import publish_current  # noqa: PLC0415 - see snapshot_publish
-
     with transaction.atomic():
         ids = list(
             SnapshotOutbox.objects.select_for_update(skip_locked=True).values_list("pk", flat=True)
@@ -87,25 +84,6 @@ def snapshot_outbox_drain() -> OutboxDrain:
     return OutboxDrain(delivered=len(ids), version=version)
 
 
-def _publish_after_commit() -> None:
-    try:
-        snapshot_outbox_drain()
-    except Exception:
-        # The change and its outbox entry are committed; the beat task drains it later.
-        logger.exception("snapshot publish after commit failed; the outbox drain will retry")
-
-
-def snapshot_publish_on_commit(*, reason: str = "") -> None:
-    """Make the data plane learn about this transaction's changes, even if Redis is down.
-
-    Writes one outbox entry in the current transaction and publishes once it commits (once per
-    transaction). Outside a transaction (autocommit) it does both at once. Every service that
-    changes something the data plane holds ends with this call.
-    """
-    connection = transaction.get_connection()
-    if connection.in_atomic_block and any(
-        func is _publish_after_commit for _sids, func, _robust in connection.run_on_commit
-    ):
-        return
-    SnapshotOutbox.objects.create(reason=reason[:200])
-    transaction.on_commit(_publish_after_commit)
+def drain_after_commit(**_signal: object) -> None:
+    """``outbox_committed`` receiver: drain the outbox now that the change is committed."""
+    snapshot_outbox_drain()

@@ -16,7 +16,7 @@ from django.core.exceptions import ValidationError
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from apps.core.admin_support import actor_of, add_service_errors, adopt, run_validator
+from apps.common.admin_support import actor_of, add_service_errors, adopt, run_validator
 from apps.models.models import Endpoint, Model, ModelVersion, Pool, Route
 from apps.models.services import (
     endpoint_register,
@@ -37,7 +37,12 @@ from apps.models.services import (
     route_set,
     route_validate,
 )
-from apps.models.services.catalog import MODEL_FIELDS, VERSION_FIELDS, published_error
+from apps.models.services.catalog import (
+    MODEL_CACHE_FIELDS,
+    MODEL_WRITABLE_FIELDS,
+    VERSION_FIELDS,
+    published_error,
+)
 from apps.models.services.fleet import POOL_FIELDS
 
 if TYPE_CHECKING:  # generic in django-stubs only; not subscriptable at runtime
@@ -71,10 +76,16 @@ class NoDeleteAdmin:
 class ModelForm(_ModelForm):
     class Meta:
         model = Model
-        fields = MODEL_FIELDS
+        fields = MODEL_WRITABLE_FIELDS
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["cache_ttl_s"].required = False  # blank: keep the current (or default) TTL
 
     def clean(self) -> dict[str, Any]:
         cleaned = super().clean() or {}
+        if cleaned.get("cache_ttl_s") is None and "cache_ttl_s" not in self.errors:
+            cleaned["cache_ttl_s"] = self.instance.cache_ttl_s
         if not self.errors:
             run_validator(
                 self,
@@ -83,6 +94,7 @@ class ModelForm(_ModelForm):
                     task=cleaned["task"],
                     refused_fields=cleaned.get("refused_fields") or [],
                     exclude_pk=self.instance.pk,
+                    cache={field: cleaned[field] for field in MODEL_CACHE_FIELDS},
                 ),
             )
         return cleaned
@@ -91,12 +103,12 @@ class ModelForm(_ModelForm):
 @admin.register(Model)
 class ModelAdmin(NoDeleteAdmin, _ModelAdmin):
     form = ModelForm
-    list_display = ("name", "task", "created_at")
+    list_display = ("name", "task", "cache_enabled", "cache_shared", "cache_ttl_s", "created_at")
     list_filter = ("task",)
     search_fields = ("name",)
 
     def save_model(self, request: HttpRequest, obj: Model, form: Any, change: bool) -> None:
-        data = {field: form.cleaned_data[field] for field in MODEL_FIELDS}
+        data = {field: form.cleaned_data[field] for field in MODEL_WRITABLE_FIELDS}
         data["refused_fields"] = data["refused_fields"] or []  # an empty box: refuse nothing
         if change:
             current = Model.objects.get(pk=obj.pk)

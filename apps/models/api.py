@@ -9,12 +9,12 @@ from typing import Any
 
 from django.db.models import QuerySet
 from django.http import Http404
-from drf_spectacular.utils import extend_schema, extend_schema_field
+from drf_spectacular.utils import extend_schema, extend_schema_field, extend_schema_view
 from rest_framework import generics, serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from apps.core.api_support import Conflict, etag_read, etag_update
+from apps.common.api_support import Conflict, etag_read, etag_update, validated_body
 from apps.models.models import Endpoint, Model, ModelVersion, Pool, Route
 from apps.models.selectors import models_all, routes_all
 from apps.models.services import (
@@ -53,14 +53,38 @@ class Immutable(Conflict):
 class ModelSerializer(serializers.ModelSerializer[Model]):
     class Meta:
         model = Model
-        fields = ("id", "name", "task", "description", "created_at")
+        fields = (
+            "id",
+            "name",
+            "task",
+            "description",
+            "refused_fields",
+            "cache_enabled",
+            "cache_shared",
+            "cache_ttl_s",
+            "created_at",
+        )
         read_only_fields = fields
 
 
 class ModelWriteSerializer(serializers.Serializer[Any]):
+    """Types only: the service checks the values (a TTL of at least 1 s, field names)."""
+
     name = serializers.CharField(max_length=100, allow_blank=True)
     task = serializers.ChoiceField(choices=Model.Task.choices)
     description = serializers.CharField(required=False, allow_blank=True, default="")
+    refused_fields = serializers.ListField(
+        child=serializers.CharField(), required=False, help_text="Request fields refused (400)."
+    )
+    cache_enabled = serializers.BooleanField(
+        required=False, help_text="Serve deterministic requests from the result cache."
+    )
+    cache_shared = serializers.BooleanField(
+        required=False, help_text="Share cached results across tenants (off: per tenant)."
+    )
+    cache_ttl_s = serializers.IntegerField(
+        required=False, help_text="How long a cached result is kept, in seconds (>= 1)."
+    )
 
 
 class ModelPatchSerializer(ModelWriteSerializer):
@@ -68,15 +92,12 @@ class ModelPatchSerializer(ModelWriteSerializer):
         super().__init__(*args, partial=True, **kwargs)
 
 
+@extend_schema_view(get=extend_schema(operation_id="ops_models_list", tags=["ops: registry"]))
 class OpsModelListApi(OperatorApi, generics.ListAPIView[Model]):
     serializer_class = ModelSerializer
 
     def get_queryset(self) -> QuerySet[Model]:
         return models_all().order_by("-id")
-
-    @extend_schema(operation_id="ops_models_list", tags=["ops: registry"])
-    def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
-        return super().get(request, *args, **kwargs)
 
     @extend_schema(
         operation_id="ops_models_create",
@@ -85,9 +106,8 @@ class OpsModelListApi(OperatorApi, generics.ListAPIView[Model]):
         tags=["ops: registry"],
     )
     def post(self, request: Request) -> Response:
-        body = ModelWriteSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
-        model = model_create(actor=actor_of(request), **body.validated_data)
+        body = validated_body(ModelWriteSerializer, request)
+        model = model_create(actor=actor_of(request), **body)
         return Response(ModelSerializer(model).data, status=status.HTTP_201_CREATED)
 
 
@@ -105,13 +125,12 @@ class OpsModelDetailApi(OperatorApi):
         tags=["ops: registry"],
     )
     def patch(self, request: Request, pk: int) -> Response:
-        body = ModelPatchSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
+        body = validated_body(ModelPatchSerializer, request)
         return etag_update(
             request,
             fetch=lambda lock: _get(models_all(), lock, pk=pk),
             represent=lambda m: ModelSerializer(m).data,
-            apply=lambda m: model_update(actor=actor_of(request), model=m, **body.validated_data),
+            apply=lambda m: model_update(actor=actor_of(request), model=m, **body),
         )
 
 
@@ -160,16 +179,13 @@ def _versions() -> QuerySet[ModelVersion]:
     return ModelVersion.objects.select_related("model")
 
 
+@extend_schema_view(get=extend_schema(operation_id="ops_versions_list", tags=["ops: registry"]))
 class OpsVersionListApi(OperatorApi, generics.ListAPIView[ModelVersion]):
     serializer_class = VersionSerializer
 
     def get_queryset(self) -> QuerySet[ModelVersion]:
         model = _get(models_all(), pk=self.kwargs["pk"])
         return _versions().filter(model=model).order_by("-id")
-
-    @extend_schema(operation_id="ops_versions_list", tags=["ops: registry"])
-    def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
-        return super().get(request, *args, **kwargs)
 
     @extend_schema(
         operation_id="ops_versions_create",
@@ -180,9 +196,8 @@ class OpsVersionListApi(OperatorApi, generics.ListAPIView[ModelVersion]):
     )
     def post(self, request: Request, pk: int) -> Response:
         model = _get(models_all(), pk=pk)
-        body = VersionWriteSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
-        version = model_version_create(actor=actor_of(request), model=model, **body.validated_data)
+        body = validated_body(VersionWriteSerializer, request)
+        version = model_version_create(actor=actor_of(request), model=model, **body)
         return Response(VersionSerializer(version).data, status=status.HTTP_201_CREATED)
 
 
@@ -207,13 +222,12 @@ class OpsVersionDetailApi(OperatorApi):
         description="Change a draft. A published version is immutable: 409 `immutable`.",
     )
     def patch(self, request: Request, pk: int) -> Response:
-        body = VersionPatchSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
+        body = validated_body(VersionPatchSerializer, request)
         return etag_update(
             request,
             fetch=lambda lock: _get(_versions(), lock, pk=pk),
             represent=lambda v: VersionSerializer(v).data,
-            apply=lambda v: _version_update(request, v, dict(body.validated_data)),
+            apply=lambda v: _version_update(request, v, dict(body)),
         )
 
 
@@ -261,15 +275,12 @@ class PoolPatchSerializer(PoolWriteSerializer):
         super().__init__(*args, partial=True, **kwargs)
 
 
+@extend_schema_view(get=extend_schema(operation_id="ops_pools_list", tags=["ops: registry"]))
 class OpsPoolListApi(OperatorApi, generics.ListAPIView[Pool]):
     serializer_class = PoolSerializer
 
     def get_queryset(self) -> QuerySet[Pool]:
         return Pool.objects.order_by("-id")
-
-    @extend_schema(operation_id="ops_pools_list", tags=["ops: registry"])
-    def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
-        return super().get(request, *args, **kwargs)
 
     @extend_schema(
         operation_id="ops_pools_create",
@@ -278,9 +289,8 @@ class OpsPoolListApi(OperatorApi, generics.ListAPIView[Pool]):
         tags=["ops: registry"],
     )
     def post(self, request: Request) -> Response:
-        body = PoolWriteSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
-        pool = pool_create(actor=actor_of(request), **body.validated_data)
+        body = validated_body(PoolWriteSerializer, request)
+        pool = pool_create(actor=actor_of(request), **body)
         return Response(PoolSerializer(pool).data, status=status.HTTP_201_CREATED)
 
 
@@ -298,13 +308,12 @@ class OpsPoolDetailApi(OperatorApi):
         tags=["ops: registry"],
     )
     def patch(self, request: Request, pk: int) -> Response:
-        body = PoolPatchSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
+        body = validated_body(PoolPatchSerializer, request)
         return etag_update(
             request,
             fetch=lambda lock: _get(Pool.objects.all(), lock, pk=pk),
             represent=lambda p: PoolSerializer(p).data,
-            apply=lambda p: pool_update(actor=actor_of(request), pool=p, **body.validated_data),
+            apply=lambda p: pool_update(actor=actor_of(request), pool=p, **body),
         )
 
 
@@ -333,6 +342,7 @@ def _endpoints() -> QuerySet[Endpoint]:
     return Endpoint.objects.select_related("pool", "version")
 
 
+@extend_schema_view(get=extend_schema(operation_id="ops_endpoints_list", tags=["ops: registry"]))
 class OpsEndpointListApi(OperatorApi, generics.ListAPIView[Endpoint]):
     serializer_class = EndpointSerializer
 
@@ -341,10 +351,6 @@ class OpsEndpointListApi(OperatorApi, generics.ListAPIView[Endpoint]):
         state = self.request.query_params.get("state")
         return endpoints.filter(state=state) if state else endpoints
 
-    @extend_schema(operation_id="ops_endpoints_list", tags=["ops: registry"])
-    def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
-        return super().get(request, *args, **kwargs)
-
     @extend_schema(
         operation_id="ops_endpoints_register",
         request=EndpointCreateSerializer,
@@ -352,9 +358,8 @@ class OpsEndpointListApi(OperatorApi, generics.ListAPIView[Endpoint]):
         tags=["ops: registry"],
     )
     def post(self, request: Request) -> Response:
-        body = EndpointCreateSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
-        endpoint = endpoint_register(actor=actor_of(request), **body.validated_data)
+        body = validated_body(EndpointCreateSerializer, request)
+        endpoint = endpoint_register(actor=actor_of(request), **body)
         return Response(EndpointSerializer(endpoint).data, status=status.HTTP_201_CREATED)
 
 
@@ -372,14 +377,13 @@ class OpsEndpointDetailApi(OperatorApi):
         tags=["ops: registry"],
     )
     def patch(self, request: Request, pk: int) -> Response:
-        body = EndpointStateSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
+        body = validated_body(EndpointStateSerializer, request)
         return etag_update(
             request,
             fetch=lambda lock: _get(_endpoints(), lock, pk=pk),
             represent=lambda e: EndpointSerializer(e).data,
             apply=lambda e: endpoint_set_state(
-                actor=actor_of(request), endpoint=e, state=body.validated_data["state"]
+                actor=actor_of(request), endpoint=e, state=body["state"]
             ),
         )
 
@@ -417,15 +421,12 @@ class RouteSetSerializer(serializers.Serializer[Any]):
     splits = SplitSerializer(many=True)
 
 
+@extend_schema_view(get=extend_schema(operation_id="ops_routes_list", tags=["ops: registry"]))
 class OpsRouteListApi(OperatorApi, generics.ListAPIView[Route]):
     serializer_class = RouteSerializer
 
     def get_queryset(self) -> QuerySet[Route]:
         return routes_all().order_by("-id")
-
-    @extend_schema(operation_id="ops_routes_list", tags=["ops: registry"])
-    def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
-        return super().get(request, *args, **kwargs)
 
 
 class OpsRouteDetailApi(OperatorApi):
@@ -445,17 +446,16 @@ class OpsRouteDetailApi(OperatorApi):
     )
     def put(self, request: Request, pk: int) -> Response:
         model = _get(models_all(), pk=pk)
-        body = RouteSetSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
-        ids = [split["version"] for split in body.validated_data["splits"]]
+        body = validated_body(RouteSetSerializer, request)
+        ids = [split["version"] for split in body["splits"]]
         versions = {v.pk: v for v in ModelVersion.objects.filter(pk__in=ids)}
         missing = sorted(set(ids) - set(versions))
         if missing:
             raise serializers.ValidationError(
                 {"splits": [f"Unknown version id(s): {', '.join(map(str, missing))}."]}
             )
-        splits = [(versions[s["version"]], s["weight"]) for s in body.validated_data["splits"]]
-        sticky_key = body.validated_data["sticky_key"]
+        splits = [(versions[s["version"]], s["weight"]) for s in body["splits"]]
+        sticky_key = body["sticky_key"]
         if request.headers.get("If-Match") and routes_all().filter(model=model).exists():
             return etag_update(
                 request,

@@ -1,21 +1,16 @@
 """Pure validation rules of the model registry (no database access).
 
 The services in :mod:`apps.models.services` call these and raise ``ValidationError``; the admin
-forms reach them through the services' ``*_validate`` functions.
+forms reach them through the services' ``*_validate`` functions. The generic rules (numbers,
+URLs, string maps, ``raise_if``) are the base app's: :mod:`apps.common.validation`.
 """
 
 from __future__ import annotations
 
-import ipaddress
-import math
 import re
 from collections.abc import Mapping
-from decimal import Decimal, InvalidOperation
-from typing import Any
-from urllib.parse import urlsplit
 
-from django.core.exceptions import ValidationError
-
+from apps.common.validation import is_int, str_map_error
 from runtime.pool_policies import pool_policy_errors
 
 # OpenAI-style model ids: "tiny-llama", "all-MiniLM-L6-v2", "org/name-7b".
@@ -24,19 +19,12 @@ LABEL_RE = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._-]{0,62}[A-Za-z0-9])?$")
 POOL_NAME_RE = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?$")
 TIER_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,31}$")
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
-_HOST_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
-HOST_RE = re.compile(rf"^(?=.{{1,253}}$){_HOST_LABEL}(?:\.{_HOST_LABEL})*\.?$")
 
 MANIFEST_KEYS = ("tokenizer", "max_context", "default_sampling", "files")
 
 
 def is_sha256(value: object) -> bool:
     return isinstance(value, str) and SHA256_RE.fullmatch(value) is not None
-
-
-def is_int(value: object) -> bool:
-    """True for real integers (``bool`` is not an integer here)."""
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def model_name_error(name: object) -> str | None:
@@ -123,83 +111,6 @@ def _manifest_files_errors(files: object) -> list[str]:
     return errors
 
 
-def decimal_error(value: object, *, max_digits: int, decimal_places: int) -> str | None:
-    """None when ``value`` is a finite non-negative decimal that fits the column."""
-    number = to_decimal(value)
-    if number is None:
-        return "Must be a number."
-    if number < 0:
-        return "Must not be negative."
-    return fits_error(number, max_digits=max_digits, decimal_places=decimal_places)
-
-
-def fits_error(number: Decimal, *, max_digits: int, decimal_places: int) -> str | None:
-    exponent = number.as_tuple().exponent
-    if isinstance(exponent, int) and -exponent > decimal_places:
-        return f"At most {decimal_places} decimal places."
-    if abs(number) >= Decimal(10) ** (max_digits - decimal_places):
-        return f"At most {max_digits - decimal_places} digits before the decimal point."
-    return None
-
-
-def to_decimal(value: object) -> Decimal | None:
-    """``value`` as a finite Decimal, or None (floats go through ``str`` to avoid binary noise)."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, float):
-        value = str(value)
-    try:
-        number = Decimal(value)  # type: ignore[arg-type]
-    except (InvalidOperation, TypeError, ValueError):
-        return None
-    return number if number.is_finite() else None
-
-
-def float_error(value: object, *, minimum: float, strict: bool = False) -> str | None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        return "Must be a number."
-    if (strict and value <= minimum) or value < minimum:
-        return f"Must be greater than {minimum}." if strict else f"Must be at least {minimum}."
-    return None
-
-
-def http_url_error(url: object) -> str | None:
-    """None for an http(s) base URL with a host (single-label names such as a Kubernetes
-    service ``http://vllm-0:8000`` included), no query and no fragment."""
-    message = "Enter an http(s) URL with a host, e.g. http://10.0.0.5:8000."
-    if not isinstance(url, str) or len(url) > 300 or any(c.isspace() for c in url):
-        return message
-    parts = urlsplit(url)
-    try:
-        port_ok = parts.port is None or parts.port > 0
-    except ValueError:
-        port_ok = False
-    host = parts.hostname or ""
-    host_ok = HOST_RE.fullmatch(host) is not None or _is_ip(host)
-    if parts.scheme not in {"http", "https"} or not host_ok or not port_ok:
-        return message
-    if parts.query or parts.fragment or parts.username or parts.password:
-        return "The base URL must not carry credentials, a query or a fragment."
-    return None
-
-
-def _is_ip(host: str) -> bool:
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    return True
-
-
-def str_map_error(value: object, what: str) -> str | None:
-    if not isinstance(value, Mapping):
-        return f"{what} must be an object of string to string."
-    for key, item in value.items():
-        if not isinstance(key, str) or not key or not isinstance(item, str) or not item:
-            return f"{what} must map non-empty strings to non-empty strings; bad entry {key!r}."
-    return None
-
-
 def pool_policies_error(policies: object) -> str | None:
     """None when ``policies`` is a string map the router uses as written: every key known and
     every name and parameter accepted by the runtime's registries (:mod:`runtime.pool_policies`).
@@ -211,8 +122,3 @@ def pool_policies_error(policies: object) -> str | None:
     return " ".join(errors) if errors else None
 
 
-def raise_if(errors: Mapping[str, Any]) -> None:
-    """Raise one ValidationError keyed by field when any field has an error."""
-    found = {field: error for field, error in errors.items() if error}
-    if found:
-        raise ValidationError(found)

@@ -1,12 +1,13 @@
 """Admin for rollouts. Rollouts are created through apps.rollouts.services (the form runs the
 service's validator, so a second active rollout for a model is a form error); they are never
-edited. The buttons (actions: start, advance, pause, resume, promote, roll back) enqueue the
-Celery tasks of apps.rollouts.tasks and return at once; cancel (a draft) runs inline. Events
-are read-only.
+edited. The buttons (one admin action per row of the actions table, apps.rollouts.actions:
+start, advance, pause, resume, promote, roll back) enqueue the table's Celery task and return
+at once; cancel (a draft) runs inline. Events are read-only.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from django import forms
@@ -15,17 +16,17 @@ from django.core.exceptions import ValidationError
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from apps.core.admin_support import actor_of, adopt, run_validator
+from apps.common.admin_support import actor_of, adopt, run_validator
 from apps.models.models import ModelVersion
-from apps.rollouts import tasks
+from apps.rollouts.actions import RolloutAction, operator_actions
 from apps.rollouts.models import Rollout, RolloutEvent
 from apps.rollouts.services import (
-    CANCELLABLE_STATES,
     DEFAULT_STEPS,
     rollout_cancel,
     rollout_create,
     rollout_validate,
 )
+from apps.rollouts.tasks import rollout_action_queue
 
 if TYPE_CHECKING:  # generic in django-stubs only; not subscriptable at runtime
     _RolloutForm = forms.ModelForm[Rollout]
@@ -118,16 +119,6 @@ class RolloutAdmin(_RolloutAdmin):
         "created_at",
     )
     inlines = (RolloutEventInline,)
-    actions = (
-        "start_selected",
-        "advance_selected",
-        "pause_selected",
-        "resume_selected",
-        "promote_selected",
-        "rollback_selected",
-        "cancel_selected",
-    )
-
     def get_form(
         self, request: HttpRequest, obj: Rollout | None = None, change: bool = False, **kwargs: Any
     ) -> Any:
@@ -157,86 +148,45 @@ class RolloutAdmin(_RolloutAdmin):
         values = {field: form.cleaned_data[field] for field in CREATE_FIELDS}
         adopt(obj, rollout_create(actor=actor_of(request), **values))
 
-    @admin.action(description="Cancel selected rollouts", permissions=["change"])
-    def cancel_selected(self, request: HttpRequest, queryset: QuerySet[Rollout]) -> None:
-        reason = f"Cancelled in the admin by {request.user}."
-        for rollout in queryset.filter(state__in=CANCELLABLE_STATES):
-            try:
-                rollout_cancel(actor=actor_of(request), rollout=rollout, reason=reason)
-            except ValidationError as error:
-                messages.error(request, f"Rollout #{rollout.pk}: {'; '.join(error.messages)}")
-            else:
-                messages.success(request, f"Cancelled rollout #{rollout.pk}.")
+    def get_actions(self, request: HttpRequest) -> dict[str, Any]:
+        """Django's actions plus one ``<name>_selected`` per row of the actions table."""
+        actions: dict[str, Any] = super().get_actions(request)
+        if not self.has_change_permission(request):
+            return actions
+        for action in operator_actions().values():
+            name = f"{action.name}_selected"
+            description = f"{action.label} selected rollouts: {action.description()}"
+            actions[name] = (_table_action(action), name, description.replace("%", "%%"))
+        return actions
 
-    def _enqueue(
-        self,
-        request: HttpRequest,
-        queryset: QuerySet[Rollout],
-        *,
-        states: tuple[str, ...],
-        what: str,
-        send: Any,
-    ) -> None:
+
+def _table_action(action: RolloutAction) -> Callable[[Any, HttpRequest, QuerySet[Rollout]], None]:
+    """An admin action for a row of the actions table: queue its task for each selected rollout
+    it may start from, or (cancel, no task) call its service in the request."""
+
+    def run(modeladmin: Any, request: HttpRequest, queryset: QuerySet[Rollout]) -> None:
         actor = actor_of(request)
-        actor_id = actor.pk if actor is not None else None
+        reason = f"{action.done.capitalize()} in the admin by {request.user}."
+        if action.task is None:
+            for rollout in queryset.filter(state__in=action.states):
+                try:
+                    rollout_cancel(actor=actor, rollout=rollout, reason=reason)
+                except ValidationError as error:
+                    messages.error(request, f"Rollout #{rollout.pk}: {'; '.join(error.messages)}")
+                else:
+                    messages.success(request, f"{action.done.capitalize()} rollout #{rollout.pk}.")
+            return
         for rollout in queryset:
-            if rollout.state not in states:
-                messages.error(
-                    request, f"Rollout #{rollout.pk} is {rollout.state}; it cannot be {what}."
-                )
+            if not action.enabled_in(rollout.state):
+                refusal = f"Rollout #{rollout.pk} is {rollout.state}; it cannot be {action.done}."
+                messages.error(request, refusal)
                 continue
-            send(rollout.pk, actor_id)
-            messages.success(request, f"Rollout #{rollout.pk}: {what} requested.")
+            rollout_action_queue(
+                action, rollout_id=rollout.pk, actor_id=actor.pk if actor else None, reason=reason
+            )
+            messages.success(request, f"Rollout #{rollout.pk}: {action.done} requested.")
 
-    @admin.action(
-        description="Start selected rollouts (warm up, then step 1)", permissions=["change"]
-    )
-    def start_selected(self, request: HttpRequest, queryset: QuerySet[Rollout]) -> None:
-        self._enqueue(
-            request, queryset, states=("pending",), what="started",
-            send=tasks.rollout_start.delay,
-        )  # fmt: skip
-
-    @admin.action(description="Advance selected rollouts one step", permissions=["change"])
-    def advance_selected(self, request: HttpRequest, queryset: QuerySet[Rollout]) -> None:
-        reason = f"Advanced in the admin by {request.user}."
-        self._enqueue(
-            request, queryset, states=("running",), what="advanced",
-            send=lambda pk, actor: tasks.rollout_advance.delay(pk, actor, reason),
-        )  # fmt: skip
-
-    @admin.action(description="Pause selected rollouts", permissions=["change"])
-    def pause_selected(self, request: HttpRequest, queryset: QuerySet[Rollout]) -> None:
-        reason = f"Paused in the admin by {request.user}."
-        self._enqueue(
-            request, queryset, states=("running",), what="paused",
-            send=lambda pk, actor: tasks.rollout_pause.delay(pk, actor, reason),
-        )  # fmt: skip
-
-    @admin.action(description="Resume selected rollouts", permissions=["change"])
-    def resume_selected(self, request: HttpRequest, queryset: QuerySet[Rollout]) -> None:
-        self._enqueue(
-            request, queryset, states=("paused",), what="resumed",
-            send=tasks.rollout_resume.delay,
-        )  # fmt: skip
-
-    @admin.action(
-        description="Promote selected rollouts (candidate 100 %%)", permissions=["change"]
-    )
-    def promote_selected(self, request: HttpRequest, queryset: QuerySet[Rollout]) -> None:
-        reason = f"Promoted in the admin by {request.user}."
-        self._enqueue(
-            request, queryset, states=("running", "paused"), what="promoted",
-            send=lambda pk, actor: tasks.rollout_promote.delay(pk, actor, reason),
-        )  # fmt: skip
-
-    @admin.action(description="Roll back selected rollouts (stable 100 %%)", permissions=["change"])
-    def rollback_selected(self, request: HttpRequest, queryset: QuerySet[Rollout]) -> None:
-        reason = f"Rolled back in the admin by {request.user}."
-        self._enqueue(
-            request, queryset, states=("warming", "running", "paused"), what="rolled back",
-            send=lambda pk, actor: tasks.rollout_rollback.delay(pk, reason, actor),
-        )  # fmt: skip
+    return run
 
 
 @admin.register(RolloutEvent)

@@ -10,11 +10,12 @@ from typing import Any
 
 from django.db.models import QuerySet
 from django.http import Http404
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
 from rest_framework import generics, serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from apps.common.api_support import validated_body
 from apps.models.models import Model, ModelVersion
 from apps.rollouts.models import Rollout, RolloutEvent
 from apps.rollouts.selectors import rollout_events
@@ -108,6 +109,16 @@ def _rollout(pk: int) -> Rollout:
     return found
 
 
+@extend_schema_view(
+    get=extend_schema(
+        operation_id="ops_rollouts_list",
+        parameters=[
+            OpenApiParameter("state", str, enum=Rollout.State.values),
+            OpenApiParameter("model", int, description="Model id."),
+        ],
+        tags=["ops: rollouts"],
+    )
+)
 class OpsRolloutListApi(OperatorApi, generics.ListAPIView[Rollout]):
     serializer_class = RolloutSerializer
 
@@ -122,17 +133,6 @@ class OpsRolloutListApi(OperatorApi, generics.ListAPIView[Rollout]):
         return rollouts
 
     @extend_schema(
-        operation_id="ops_rollouts_list",
-        parameters=[
-            OpenApiParameter("state", str, enum=Rollout.State.values),
-            OpenApiParameter("model", int, description="Model id."),
-        ],
-        tags=["ops: rollouts"],
-    )
-    def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
-        return super().get(request, *args, **kwargs)
-
-    @extend_schema(
         operation_id="ops_rollouts_create",
         request=RolloutCreateSerializer,
         responses={201: RolloutDetailSerializer},
@@ -140,9 +140,8 @@ class OpsRolloutListApi(OperatorApi, generics.ListAPIView[Rollout]):
         description="Plan a rollout (state pending). At most one active rollout per model.",
     )
     def post(self, request: Request) -> Response:
-        body = RolloutCreateSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
-        rollout = rollout_create(actor=actor_of(request), **body.validated_data)
+        body = validated_body(RolloutCreateSerializer, request)
+        rollout = rollout_create(actor=actor_of(request), **body)
         return Response(RolloutDetailSerializer(rollout).data, status=status.HTTP_201_CREATED)
 
 
@@ -163,9 +162,8 @@ class OpsRolloutCancelApi(OperatorApi):
         tags=["ops: rollouts"],
     )
     def post(self, request: Request, pk: int) -> Response:
-        body = RolloutCancelSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
+        body = validated_body(RolloutCancelSerializer, request)
         rollout = rollout_cancel(
-            actor=actor_of(request), rollout=_rollout(pk), reason=body.validated_data["reason"]
+            actor=actor_of(request), rollout=_rollout(pk), reason=body["reason"]
         )
         return Response(RolloutDetailSerializer(rollout).data)

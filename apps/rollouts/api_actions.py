@@ -1,11 +1,13 @@
 """Operator REST API for rollout transitions: start, advance, pause, resume, promote, roll back.
 
-Each ``POST /api/v1/ops/rollouts/<id>/<action>/`` queues the action's Celery task
-(``apps.rollouts.tasks``) and answers 202 with the task id; ``GET /api/v1/ops/tasks/<id>/``
-then reports the new state (SUCCESS, ``result``) or the service's refusal (FAILURE,
-``error`` carries the service's message). The view checks only what it can without racing the
-task: the rollout exists (404) and the body is valid (400). Whether the transition is allowed
-is the service's call, made under the row lock inside the task.
+One view per row of the actions table (:mod:`apps.rollouts.actions`) that has a task: each
+``POST /api/v1/ops/rollouts/<id>/<action>/`` queues that task and answers 202 with the task
+id; its OpenAPI text (from-states, result, reason rule) is the table's.
+``GET /api/v1/ops/tasks/<id>/`` then reports the new state (SUCCESS, ``result``) or the
+service's refusal (FAILURE, ``error`` carries the service's message). The view checks only
+what it can without racing the task: the rollout exists (404) and the body is valid (400).
+Whether the transition is allowed is the service's call, made under the row lock inside the
+task.
 """
 
 from __future__ import annotations
@@ -13,14 +15,16 @@ from __future__ import annotations
 from typing import Any
 
 from django.http import Http404
+from django.urls import URLPattern, path
 from drf_spectacular.utils import OpenApiExample, extend_schema, extend_schema_view
 from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from apps.core.api import TaskAcceptedSerializer, accepted
-from apps.rollouts import tasks
+from apps.common.api_support import TaskAcceptedSerializer, accepted, validated_body
+from apps.rollouts.actions import RolloutAction, operator_actions
 from apps.rollouts.models import Rollout
+from apps.rollouts.tasks import rollout_action_queue
 from apps.tenants.api_ops import OperatorApi
 
 QUEUED = OpenApiExample(
@@ -48,68 +52,63 @@ class RolloutRollbackSerializer(serializers.Serializer[Any]):
     reason = serializers.CharField(max_length=2000, help_text="Why it is rolled back (required).")
 
 
-def _schema(action: str, body: type[serializers.Serializer[Any]] | None, doc: str) -> Any:
-    return extend_schema_view(
+def _body(action: RolloutAction) -> type[serializers.Serializer[Any]] | None:
+    """The request body an action reads: none, an optional reason, or a required one."""
+    if not action.takes_reason:
+        return None
+    return RolloutRollbackSerializer if action.needs_reason else RolloutReasonSerializer
+
+
+class _RolloutActionApi(OperatorApi):
+    """Queue ``action``'s task for the rollout in the path; ``body`` validates the request."""
+
+    serializer_class = TaskAcceptedSerializer
+    action: RolloutAction
+    body: type[serializers.Serializer[Any]] | None = None
+
+    def post(self, request: Request, pk: int) -> Response:
+        reason = ""
+        if self.body is not None:
+            body = validated_body(self.body, request)
+            reason = body["reason"]
+        if not Rollout.objects.filter(pk=pk).exists():
+            raise Http404
+        queued = rollout_action_queue(
+            self.action, rollout_id=pk, actor_id=request.user.pk, reason=reason
+        )
+        return accepted(request, queued.id)
+
+
+def rollout_action_view(action: RolloutAction) -> type[_RolloutActionApi]:
+    """The REST view of one row of the actions table, with its OpenAPI description."""
+    body = _body(action)
+    view = type(
+        f"OpsRollout{action.name.title()}Api",
+        (_RolloutActionApi,),
+        {"action": action, "body": body, "__doc__": action.description()},
+    )
+    description = (
+        f"{action.description()} Queued as a Celery task; its status reports the new state, "
+        "or FAILURE with the reason the transition was refused."
+    )
+    schema = extend_schema_view(
         post=extend_schema(
-            operation_id=f"ops_rollouts_{action}",
+            operation_id=f"ops_rollouts_{action.name}",
             request=body,
             responses={202: TaskAcceptedSerializer},
             examples=[QUEUED] if body is None else [QUEUED, WITH_REASON],
             tags=["ops: rollouts"],
-            description=doc + " Queued as a Celery task; its status reports the new state, or "
-            "FAILURE with the reason the transition was refused.",
+            description=description,
         )
     )
+    decorated: type[_RolloutActionApi] = schema(view)
+    return decorated
 
 
-class _RolloutActionApi(OperatorApi):
-    """Queue ``task`` for the rollout in the path; ``body`` validates the request body."""
-
-    serializer_class = TaskAcceptedSerializer
-    task: Any  # a Celery task from apps.rollouts.tasks taking rollout_id, actor_id (, reason)
-    body: type[serializers.Serializer[Any]] | None = None
-
-    def post(self, request: Request, pk: int) -> Response:
-        kwargs: dict[str, Any] = {}
-        if self.body is not None:
-            body = self.body(data=request.data)
-            body.is_valid(raise_exception=True)
-            kwargs = dict(body.validated_data)
-        if not Rollout.objects.filter(pk=pk).exists():
-            raise Http404
-        queued = self.task.delay(rollout_id=pk, actor_id=request.user.pk, **kwargs)
-        return accepted(request, queued.id)
-
-
-@_schema("start", None, "Pending → warming, then the warmup: running at step 0, or aborted.")
-class OpsRolloutStartApi(_RolloutActionApi):
-    task = tasks.rollout_start
-
-
-@_schema("advance", RolloutReasonSerializer, "Running → the next step (a canary's last promotes).")
-class OpsRolloutAdvanceApi(_RolloutActionApi):
-    task = tasks.rollout_advance
-    body = RolloutReasonSerializer
-
-
-@_schema("pause", RolloutReasonSerializer, "Running → paused; the candidate keeps its share.")
-class OpsRolloutPauseApi(_RolloutActionApi):
-    task = tasks.rollout_pause
-    body = RolloutReasonSerializer
-
-
-@_schema("resume", None, "Paused → running; the step's window restarts.")
-class OpsRolloutResumeApi(_RolloutActionApi):
-    task = tasks.rollout_resume
-
-
-@_schema("promote", RolloutReasonSerializer, "Running or paused → promoted (candidate 100 %).")
-class OpsRolloutPromoteApi(_RolloutActionApi):
-    task = tasks.rollout_promote
-    body = RolloutReasonSerializer
-
-
-@_schema("rollback", RolloutRollbackSerializer, "Warming, running or paused → rolled back.")
-class OpsRolloutRollbackApi(_RolloutActionApi):
-    task = tasks.rollout_rollback
-    body = RolloutRollbackSerializer
+def rollout_action_urls() -> list[URLPattern]:
+    """``rollouts/<pk>/<action>/`` for every operator action that runs as a task."""
+    return [
+        path(f"rollouts/<int:pk>/{action.name}/", rollout_action_view(action).as_view())
+        for action in operator_actions().values()
+        if action.task is not None
+    ]

@@ -16,11 +16,11 @@ from django.contrib.auth.base_user import AbstractBaseUser
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 
+from apps.common.audit import audit_record, audit_state
+from apps.common.validation import float_error, is_int, raise_if
 from apps.models.models import Model, ModelVersion
-from apps.models.services.common import audit_state
-from apps.models.validators import float_error, is_int, raise_if
+from apps.rollouts.actions import rollout_action
 from apps.rollouts.models import ACTIVE_STATES, Rollout, RolloutEvent
-from apps.tenants.services import audit_record
 
 DEFAULT_STEPS = (1, 5, 25, 50, 100)
 ROLLOUT_FIELDS = (
@@ -42,7 +42,6 @@ ROLLOUT_FIELDS = (
     "sticky_header",
 )
 SYSTEM_LABEL = "system"
-CANCELLABLE_STATES = ("pending", "warming")
 # An HTTP header name (RFC 9110 token); these never assign a version (secrets, framing).
 _HEADER_NAME = re.compile(r"[A-Za-z0-9!#$%&'*+.^_`|~-]{1,64}")
 REFUSED_STICKY_HEADERS = frozenset(
@@ -289,11 +288,11 @@ def rollout_cancel(*, actor: AbstractBaseUser | None, rollout: Rollout, reason: 
 
     A running or paused rollout is rolled back instead (``rollout_rollback``), which also moves
     its traffic back to stable. ``rollout`` is refreshed in place."""
-    if not isinstance(reason, str) or not reason.strip():
-        raise ValidationError({"reason": "Say why the rollout is cancelled."})
+    cancel = rollout_action("cancel")
+    reason = cancel.reason_check(reason)
     with transaction.atomic():
         locked = Rollout.objects.select_for_update().get(pk=rollout.pk)
-        if locked.state not in CANCELLABLE_STATES:
+        if not cancel.enabled_in(locked.state):
             raise ValidationError(
                 f"Rollout #{locked.pk} is {locked.state}; only a draft or warming rollout can "
                 "be cancelled (roll back a running or paused one)."
@@ -301,13 +300,13 @@ def rollout_cancel(*, actor: AbstractBaseUser | None, rollout: Rollout, reason: 
         before = locked.state
         locked.state = Rollout.State.CANCELLED
         locked.save(update_fields=["state", "updated_at"])
-        _event(locked, actor=actor, kind="cancelled", from_state=before, reason=reason.strip())
+        _event(locked, actor=actor, kind="cancelled", from_state=before, reason=reason)
         audit_record(
             actor=actor,
             action="rollout.cancel",
             target=locked,
             before={"state": before},
-            after={"state": locked.state, "reason": reason.strip()},
+            after={"state": locked.state, "reason": reason},
         )
     rollout.refresh_from_db()
     return rollout

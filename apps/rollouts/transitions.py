@@ -20,7 +20,7 @@ candidate in the snapshot's shadow fields (``apps.core.selectors``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 from django.contrib.auth.base_user import AbstractBaseUser
@@ -28,11 +28,13 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
+from apps.common.audit import audit_record
 from apps.models.models import Route
 from apps.models.services.routes import route_set
+from apps.rollouts.actions import rollout_action
+from apps.rollouts.drain import rollout_drain_candidate
 from apps.rollouts.models import Rollout
 from apps.rollouts.services import _event
-from apps.tenants.services import audit_record
 
 
 def _transition(
@@ -40,17 +42,17 @@ def _transition(
     *,
     actor: AbstractBaseUser | None,
     action: str,
-    allowed: Iterable[str],
     change: Callable[[Rollout], dict[str, Any] | None],
     reason: str = "",
     data: dict[str, Any] | None = None,
 ) -> Rollout:
-    """Lock ``rollout``, check it is in one of ``allowed``, apply ``change``, record it.
+    """Lock ``rollout``, check it is in one of ``action``'s from-states (the actions table,
+    :mod:`apps.rollouts.actions`), apply ``change``, record it.
 
     ``change`` mutates the locked row (state, step) and may return extra event data. The row
     passed in is refreshed in place and returned.
     """
-    allowed = tuple(allowed)
+    allowed = rollout_action(action).states
     with transaction.atomic():
         locked = Rollout.objects.select_for_update().get(pk=rollout.pk)
         if locked.state not in allowed:
@@ -122,7 +124,7 @@ def rollout_start(*, actor: AbstractBaseUser | None, rollout: Rollout) -> Rollou
         locked.state = Rollout.State.WARMING
 
     return _transition(
-        rollout, actor=actor, action="start", allowed=[Rollout.State.PENDING], change=change
+        rollout, actor=actor, action="start", change=change
     )
 
 
@@ -139,7 +141,6 @@ def rollout_warmed(
         rollout,
         actor=actor,
         action="warmed",
-        allowed=[Rollout.State.WARMING],
         change=run,
         data={"warmup": data} if data else None,
     )
@@ -161,7 +162,6 @@ def rollout_abort(
         rollout,
         actor=actor,
         action="abort",
-        allowed=[Rollout.State.WARMING],
         change=abort,
         reason=reason,
         data={"warmup": data} if data else None,
@@ -206,7 +206,6 @@ def rollout_advance(
         rollout,
         actor=actor,
         action="advance",
-        allowed=[Rollout.State.RUNNING],
         change=change,
         reason=reason,
         data={"evidence": evidence} if evidence else None,
@@ -223,7 +222,6 @@ def rollout_pause(*, actor: AbstractBaseUser | None, rollout: Rollout, reason: s
         rollout,
         actor=actor,
         action="pause",
-        allowed=[Rollout.State.RUNNING],
         change=change,
         reason=reason,
     )
@@ -237,7 +235,7 @@ def rollout_resume(*, actor: AbstractBaseUser | None, rollout: Rollout) -> Rollo
         locked.step_started_at = timezone.now()
 
     return _transition(
-        rollout, actor=actor, action="resume", allowed=[Rollout.State.PAUSED], change=change
+        rollout, actor=actor, action="resume", change=change
     )
 
 
@@ -260,7 +258,6 @@ def rollout_promote(
         rollout,
         actor=actor,
         action="promote",
-        allowed=[Rollout.State.RUNNING, Rollout.State.PAUSED],
         change=change,
         reason=reason,
         data={"evidence": evidence} if evidence else None,
@@ -279,8 +276,7 @@ def rollout_rollback(
     The stable version's endpoints were never drained, so it takes the traffic back at once;
     after the commit, the candidate replicas the warm-up started are drained by a task.
     """
-    if not isinstance(reason, str) or not reason.strip():
-        raise ValidationError({"reason": "Say why the rollout is rolled back."})
+    reason = rollout_action("rollback").reason_check(reason)
 
     def change(locked: Rollout) -> dict[str, Any]:
         locked.state = Rollout.State.ROLLED_BACK
@@ -290,17 +286,10 @@ def rollout_rollback(
         rollout,
         actor=actor,
         action="rollback",
-        allowed=[Rollout.State.WARMING, Rollout.State.RUNNING, Rollout.State.PAUSED],
         change=change,
-        reason=reason.strip(),
+        reason=reason,
         data={"evidence": evidence} if evidence else None,
     )
     if rolled_back.warmup_endpoints:
-        transaction.on_commit(lambda: _send_drain(rolled_back.pk))
+        transaction.on_commit(lambda: rollout_drain_candidate.delay(rollout_id=rolled_back.pk))
     return rolled_back
-
-
-def _send_drain(rollout_id: int) -> None:
-    from apps.rollouts.tasks import rollout_drain_candidate  # noqa: PLC0415 (tasks import us)
-
-    rollout_drain_candidate.delay(rollout_id)

@@ -18,8 +18,9 @@
    ``running`` at step 0 (:func:`apps.rollouts.transitions.rollout_warmed`).
 
 Any failure aborts the rollout with the reason (and drains what the warm-up started).
-:func:`candidate_drain` drains the replicas the warm-up started after a rollback or an abort:
-``draining``, then stopped by the actuator (``drain``); the stable version is never touched.
+:func:`apps.rollouts.drain.candidate_drain` drains the replicas the warm-up started after a
+rollback or an abort: ``draining``, then stopped by the actuator (``drain``); the stable
+version is never touched.
 """
 
 from __future__ import annotations
@@ -39,8 +40,8 @@ from django.core.exceptions import ValidationError
 
 from apps.models.models import Endpoint, Model, ModelVersion, Pool
 from apps.models.services.fleet import endpoint_set_state
+from apps.rollouts.drain import candidate_drain
 from apps.rollouts.models import Rollout
-from apps.rollouts.services import _event
 from apps.rollouts.transitions import rollout_abort, rollout_warmed
 from apps.scaling.actuators.base import ActuatorError
 from apps.scaling.tasks import actuator_from_env
@@ -243,42 +244,3 @@ def rollout_warm_up(*, actor: AbstractBaseUser | None, rollout: Rollout) -> Roll
     except ValidationError:  # rolled back or cancelled while it warmed: stop what it started
         candidate_drain(rollout=rollout)
         raise
-
-
-def candidate_drain(*, rollout: Rollout) -> list[int]:
-    """Drain and stop the candidate replicas the warm-up started (after a rollback, an abort or
-    a cancel); the ids drained. Endpoints nobody here started, and stable's, are left alone."""
-    rollout.refresh_from_db()
-    if rollout.state not in (
-        Rollout.State.ROLLED_BACK,
-        Rollout.State.ABORTED,
-        Rollout.State.CANCELLED,
-    ):
-        return []
-    endpoints = list(
-        Endpoint.objects.select_related("pool")
-        .filter(pk__in=list(rollout.warmup_endpoints), version=rollout.candidate_version)
-        .exclude(state=Endpoint.State.GONE)
-    )
-    if not endpoints:
-        return []
-    actuator = actuator_from_env()
-    drain = getattr(actuator, "drain", None)
-    drained: list[int] = []
-    for endpoint in endpoints:
-        if drain is None:  # nothing here can stop it: at least take it out of the routers
-            if endpoint.state == Endpoint.State.READY:
-                endpoint_set_state(actor=None, endpoint=endpoint, state=Endpoint.State.DRAINING)
-        else:
-            drain(endpoint.pool, endpoint)
-        drained.append(endpoint.pk)
-    how = "stopped by the actuator" if drain is not None else "unrouted (no actuator to stop it)"
-    _event(
-        rollout,
-        actor=None,
-        kind="drain",
-        from_state=rollout.state,
-        reason=f"Candidate replicas drained: {how}.",
-        data={"endpoints": drained},
-    )
-    return drained

@@ -7,12 +7,12 @@ from typing import Any
 
 from django.db.models import QuerySet
 from django.http import Http404
-from drf_spectacular.utils import OpenApiExample, extend_schema
+from drf_spectacular.utils import OpenApiExample, extend_schema, extend_schema_view
 from rest_framework import generics, serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from apps.core.api_support import etag_read, etag_update
+from apps.common.api_support import etag_read, etag_update
 from apps.models.models import ModelVersion, Pool
 from apps.scaling.models import PoolScaling, ScalingDecision
 from apps.scaling.selectors import pool_decisions
@@ -181,17 +181,16 @@ class OpsPoolScalingApi(OperatorApi):
         )
 
 
-class OpsPoolScalingDecisionListApi(OperatorApi, generics.ListAPIView[ScalingDecision]):
-    serializer_class = ScalingDecisionSerializer
-
-    def get_queryset(self) -> QuerySet[ScalingDecision]:
-        return pool_decisions(pool=_pool(self.kwargs["pk"]))
-
-    @extend_schema(
+@extend_schema_view(
+    get=extend_schema(
         operation_id="ops_pool_scaling_decisions_list",
         examples=[DECISION_EXAMPLE],
         tags=TAGS,
         description="The autoscaler's decisions for the pool, newest first (cursor-paginated).",
     )
-    def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
-        return super().get(request, *args, **kwargs)
+)
+class OpsPoolScalingDecisionListApi(OperatorApi, generics.ListAPIView[ScalingDecision]):
+    serializer_class = ScalingDecisionSerializer
+
+    def get_queryset(self) -> QuerySet[ScalingDecision]:
+        return pool_decisions(pool=_pool(self.kwargs["pk"]))

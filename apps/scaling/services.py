@@ -18,11 +18,11 @@ from django.db import transaction
 from redis.exceptions import LockError, RedisError
 from redis.lock import Lock
 
+from apps.common.audit import audit_changes, audit_record
 from apps.models.models import Pool
 from apps.scaling.actuators.base import Actuation, Actuator, ActuatorError
 from apps.scaling.models import PoolScaling, ReplicaStart, ScalingDecision
 from apps.scaling.selectors import autoscaled_pools
-from apps.tenants.services.audit import audit_changes, audit_record
 from runtime.contract import namespace_of, scaling_leader_key, scaling_signals_key
 from runtime.scaling.controller import Bounds, Cooldowns, History, Plan, decide
 from runtime.scaling.policies import ScalingTarget

@@ -15,8 +15,8 @@ from django.core.validators import MinValueValidator
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from apps.core.admin_support import actor_of, adopt
-from apps.tenants.models import ApiKey, AuditEvent, Membership, RequestClass, Tenant
+from apps.common.admin_support import actor_of, adopt
+from apps.tenants.models import ApiKey, Membership, RequestClass, Tenant
 from apps.tenants.services import (
     API_KEY_SCOPES,
     REQUEST_CLASS_FIELDS,
@@ -48,10 +48,9 @@ if TYPE_CHECKING:  # generic in django-stubs only; not subscriptable at runtime
     _TenantAdmin = admin.ModelAdmin[Tenant]
     _KeyAdmin = admin.ModelAdmin[ApiKey]
     _MemberAdmin = admin.ModelAdmin[Membership]
-    _AuditAdmin = admin.ModelAdmin[AuditEvent]
 else:
     _ClassForm = _TenantForm = _KeyForm = _MemberForm = forms.ModelForm
-    _ClassAdmin = _TenantAdmin = _KeyAdmin = _MemberAdmin = _AuditAdmin = admin.ModelAdmin
+    _ClassAdmin = _TenantAdmin = _KeyAdmin = _MemberAdmin = admin.ModelAdmin
 
 
 def _leave_minimum_to_service(form: forms.BaseForm, fields: tuple[str, ...], minimum: int) -> None:
@@ -100,7 +99,7 @@ class TenantForm(_TenantForm):
         model = Tenant
         fields = ("slug", "name", "status", "weight", "rpm_limit", "tpm_limit",
                   "max_concurrency", "max_context_tokens", "max_output_tokens",
-                  "max_request_bytes", "allowed_classes", "default_class",
+                  "max_request_bytes", "result_cache", "allowed_classes", "default_class",
                   "allowed_models")  # fmt: skip
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -288,22 +287,3 @@ class MembershipAdmin(_MemberAdmin):
     def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Membership]) -> None:
         for membership in queryset.select_related("user", "tenant"):
             membership_delete(actor=actor_of(request), membership=membership)
-
-
-@admin.register(AuditEvent)
-class AuditEventAdmin(_AuditAdmin):
-    """Read-only: the log is append-only (model, queryset and a database trigger refuse)."""
-
-    list_display = ("created_at", "actor_label", "action", "target_type", "target_repr")
-    list_filter = ("action", "target_type")
-    search_fields = ("actor_label", "action", "target_repr", "target_id")
-    date_hierarchy = "created_at"
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: AuditEvent | None = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: AuditEvent | None = None) -> bool:
-        return False

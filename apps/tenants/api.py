@@ -13,12 +13,18 @@ from django.http import Http404
 from django.utils import timezone
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiExample, OpenApiParameter, extend_schema
+from drf_spectacular.utils import (
+    OpenApiExample,
+    OpenApiParameter,
+    extend_schema,
+    extend_schema_view,
+)
 from rest_framework import generics, serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from apps.core.api_support import IdCursorPagination, time_param
+from apps.common.api_support import IdCursorPagination, time_param, validated_body
+from apps.common.models import AuditEvent
 from apps.tenants.api_auth import (
     ManagementTokenAuthentication,
     TenantAccess,
@@ -32,7 +38,7 @@ from apps.tenants.api_selectors import (
     audit_events_of_tenant,
     management_tokens_for_tenant,
 )
-from apps.tenants.models import ApiKey, AuditEvent, ManagementToken, Membership
+from apps.tenants.models import ApiKey, ManagementToken, Membership
 from apps.tenants.selectors import (
     api_keys_for_tenant,
     memberships_for_user,
@@ -208,15 +214,14 @@ def _issued(key: ApiKey, full_key: str) -> dict[str, Any]:
     return {**ApiKeySerializer(key).data, "key": full_key}
 
 
+@extend_schema_view(
+    get=extend_schema(operation_id="api_keys_list", parameters=[TENANT_PARAM], tags=["api keys"])
+)
 class ApiKeyListApi(TenantApi, generics.ListAPIView[ApiKey]):
     serializer_class = ApiKeySerializer
 
     def get_queryset(self) -> QuerySet[ApiKey]:
         return api_keys_for_tenant(self.access.tenant).order_by("-id")
-
-    @extend_schema(operation_id="api_keys_list", parameters=[TENANT_PARAM], tags=["api keys"])
-    def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
-        return super().get(request, *args, **kwargs)
 
     @extend_schema(
         operation_id="api_keys_create",
@@ -228,11 +233,8 @@ class ApiKeyListApi(TenantApi, generics.ListAPIView[ApiKey]):
         description="Issue an inference key. The full key is in this response only.",
     )
     def post(self, request: Request, tenant: str) -> Response:
-        body = ApiKeyCreateSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
-        key, full_key = api_key_create(
-            actor=actor_of(request), tenant=self.access.tenant, **body.validated_data
-        )
+        body = validated_body(ApiKeyCreateSerializer, request)
+        key, full_key = api_key_create(actor=actor_of(request), tenant=self.access.tenant, **body)
         return Response(_issued(key, full_key), status=status.HTTP_201_CREATED)
 
 
@@ -278,11 +280,8 @@ class ApiKeyRotateApi(ApiKeyItemApi):
         "working for `overlap_s` seconds.",
     )
     def post(self, request: Request, tenant: str, prefix: str) -> Response:
-        body = ApiKeyRotateSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
-        key, full_key = api_key_rotate(
-            actor=actor_of(request), api_key=self.key(prefix), **body.validated_data
-        )
+        body = validated_body(ApiKeyRotateSerializer, request)
+        key, full_key = api_key_rotate(actor=actor_of(request), api_key=self.key(prefix), **body)
         return Response(_issued(key, full_key), status=status.HTTP_201_CREATED)
 
 
@@ -318,6 +317,9 @@ class ManagementTokenIssuedSerializer(ManagementTokenSerializer):
         read_only_fields = fields
 
 
+@extend_schema_view(
+    get=extend_schema(operation_id="tokens_list", parameters=[TENANT_PARAM], tags=["tokens"])
+)
 class ManagementTokenListApi(TenantApi, generics.ListAPIView[ManagementToken]):
     serializer_class = ManagementTokenSerializer
     read_role = Membership.Role.OWNER
@@ -325,10 +327,6 @@ class ManagementTokenListApi(TenantApi, generics.ListAPIView[ManagementToken]):
 
     def get_queryset(self) -> QuerySet[ManagementToken]:
         return management_tokens_for_tenant(self.access.tenant)
-
-    @extend_schema(operation_id="tokens_list", parameters=[TENANT_PARAM], tags=["tokens"])
-    def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
-        return super().get(request, *args, **kwargs)
 
     @extend_schema(
         operation_id="tokens_create",
@@ -339,12 +337,11 @@ class ManagementTokenListApi(TenantApi, generics.ListAPIView[ManagementToken]):
         description="Issue a management token (REST API only, never inference).",
     )
     def post(self, request: Request, tenant: str) -> Response:
-        body = ManagementTokenCreateSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
+        body = validated_body(ManagementTokenCreateSerializer, request)
         token, full = management_token_create(
             actor=actor_of(request),
             tenant=self.access.tenant,
-            **body.validated_data,
+            **body,
         )
         data = {**ManagementTokenSerializer(token).data, "token": full}
         return Response(data, status=status.HTTP_201_CREATED)
@@ -411,21 +408,20 @@ def audit_filter_args(request: Request) -> dict[str, Any]:
     return args
 
 
+@extend_schema_view(
+    get=extend_schema(
+        operation_id="tenant_audit_list",
+        parameters=[TENANT_PARAM, *AUDIT_FILTERS],
+        tags=["tenant"],
+        description="Changes to the tenant and the objects it owns, newest first.",
+    )
+)
 class TenantAuditApi(TenantApi, generics.ListAPIView[AuditEvent]):
     serializer_class = AuditEventSerializer
 
     def get_queryset(self) -> QuerySet[AuditEvent]:
         own = audit_events_of_tenant(self.access.tenant)
         return audit_events_filtered(own, **audit_filter_args(self.request))
-
-    @extend_schema(
-        operation_id="tenant_audit_list",
-        parameters=[TENANT_PARAM, *AUDIT_FILTERS],
-        tags=["tenant"],
-        description="Changes to the tenant and the objects it owns, newest first.",
-    )
-    def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
-        return super().get(request, *args, **kwargs)
 
 
 # --- who am I --------------------------------------------------------------------------------

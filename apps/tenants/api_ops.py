@@ -8,12 +8,13 @@ from typing import Any
 
 from django.db.models import QuerySet
 from django.http import Http404
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
 from rest_framework import generics, serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from apps.core.api_support import IdCursorPagination, etag_read, etag_update
+from apps.common.api_support import IdCursorPagination, etag_read, etag_update, validated_body
+from apps.common.models import AuditEvent
 from apps.tenants.api import (
     AUDIT_FILTERS,
     AuditEventSerializer,
@@ -24,7 +25,7 @@ from apps.tenants.api import (
 )
 from apps.tenants.api_auth import IsOperator, actor_of
 from apps.tenants.api_selectors import audit_events_filtered
-from apps.tenants.models import AuditEvent, RequestClass, Tenant
+from apps.tenants.models import RequestClass, Tenant
 from apps.tenants.selectors import request_class_list, tenant_list
 from apps.tenants.services import (
     request_class_create,
@@ -70,6 +71,8 @@ class OpsTenantSerializer(serializers.ModelSerializer[Tenant]):
             "max_concurrency",
             "max_context_tokens",
             "max_output_tokens",
+            "max_request_bytes",
+            "result_cache",
             "allowed_classes",
             "default_class",
             "allowed_models",
@@ -89,6 +92,12 @@ class TenantWriteSerializer(serializers.Serializer[Any]):
     max_concurrency = serializers.IntegerField()
     max_context_tokens = serializers.IntegerField()
     max_output_tokens = serializers.IntegerField()
+    max_request_bytes = serializers.IntegerField(
+        required=False, help_text="Largest request body in bytes; 0: only the router's own cap."
+    )
+    result_cache = serializers.BooleanField(
+        required=False, help_text="Serve this tenant's deterministic requests from the cache."
+    )
     allowed_classes = serializers.ListField(child=serializers.CharField(), required=False)
     default_class = serializers.CharField(required=False, allow_null=True)
     allowed_models = serializers.ListField(
@@ -121,6 +130,13 @@ def _tenant_data(tenant: Tenant) -> Any:
     return OpsTenantSerializer(tenant).data
 
 
+@extend_schema_view(
+    get=extend_schema(
+        operation_id="ops_tenants_list",
+        parameters=[OpenApiParameter("status", str, enum=Tenant.Status.values)],
+        tags=["ops: tenants"],
+    )
+)
 class OpsTenantListApi(OperatorApi, generics.ListAPIView[Tenant]):
     serializer_class = OpsTenantSerializer
 
@@ -129,23 +145,14 @@ class OpsTenantListApi(OperatorApi, generics.ListAPIView[Tenant]):
         return tenant_list(status=status_filter).prefetch_related("allowed_models").order_by("-id")
 
     @extend_schema(
-        operation_id="ops_tenants_list",
-        parameters=[OpenApiParameter("status", str, enum=Tenant.Status.values)],
-        tags=["ops: tenants"],
-    )
-    def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
-        return super().get(request, *args, **kwargs)
-
-    @extend_schema(
         operation_id="ops_tenants_create",
         request=TenantCreateSerializer,
         responses={201: OpsTenantSerializer},
         tags=["ops: tenants"],
     )
     def post(self, request: Request) -> Response:
-        body = TenantCreateSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
-        tenant = tenant_create(actor=actor_of(request), **body.validated_data)
+        body = validated_body(TenantCreateSerializer, request)
+        tenant = tenant_create(actor=actor_of(request), **body)
         return Response(_tenant_data(_tenant(tenant.slug)), status=status.HTTP_201_CREATED)
 
 
@@ -161,16 +168,16 @@ class OpsTenantDetailApi(OperatorApi):
         parameters=[IF_MATCH],
         request=TenantPatchSerializer,
         tags=["ops: tenants"],
-        description="Change name, status, weight, limits, classes or model entitlements.",
+        description="Change name, status, weight, limits, the request-size cap, the result "
+        "cache, classes or model entitlements.",
     )
     def patch(self, request: Request, slug: str) -> Response:
-        body = TenantPatchSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
+        body = validated_body(TenantPatchSerializer, request)
         return etag_update(
             request,
             fetch=lambda lock: _tenant(slug, lock),
             represent=_tenant_data,
-            apply=lambda t: tenant_update(actor=actor_of(request), tenant=t, **body.validated_data),
+            apply=lambda t: tenant_update(actor=actor_of(request), tenant=t, **body),
         )
 
 
@@ -204,11 +211,8 @@ class OpsTenantTokenApi(OperatorApi):
         "the full token is in this response only.",
     )
     def post(self, request: Request, slug: str) -> Response:
-        body = ManagementTokenCreateSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
-        token, full = management_token_create(
-            actor=actor_of(request), tenant=_tenant(slug), **body.validated_data
-        )
+        body = validated_body(ManagementTokenCreateSerializer, request)
+        token, full = management_token_create(actor=actor_of(request), tenant=_tenant(slug), **body)
         data = {**ManagementTokenSerializer(token).data, "token": full}
         return Response(data, status=status.HTTP_201_CREATED)
 
@@ -256,15 +260,12 @@ def _class(name: str, for_update: bool = False) -> RequestClass:
     return found
 
 
+@extend_schema_view(get=extend_schema(operation_id="ops_classes_list", tags=["ops: tenants"]))
 class OpsClassListApi(OperatorApi, generics.ListAPIView[RequestClass]):
     serializer_class = RequestClassSerializer
 
     def get_queryset(self) -> QuerySet[RequestClass]:
         return request_class_list().order_by("-id")
-
-    @extend_schema(operation_id="ops_classes_list", tags=["ops: tenants"])
-    def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
-        return super().get(request, *args, **kwargs)
 
     @extend_schema(
         operation_id="ops_classes_create",
@@ -273,9 +274,8 @@ class OpsClassListApi(OperatorApi, generics.ListAPIView[RequestClass]):
         tags=["ops: tenants"],
     )
     def post(self, request: Request) -> Response:
-        body = RequestClassWriteSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
-        created = request_class_create(actor=actor_of(request), **body.validated_data)
+        body = validated_body(RequestClassWriteSerializer, request)
+        created = request_class_create(actor=actor_of(request), **body)
         return Response(RequestClassSerializer(created).data, status=status.HTTP_201_CREATED)
 
 
@@ -293,14 +293,11 @@ class OpsClassDetailApi(OperatorApi):
         tags=["ops: tenants"],
     )
     def patch(self, request: Request, name: str) -> Response:
-        body = RequestClassPatchSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
+        body = validated_body(RequestClassPatchSerializer, request)
         renamed: list[str] = []
 
         def apply(request_class: RequestClass) -> None:
-            request_class_update(
-                actor=actor_of(request), request_class=request_class, **body.validated_data
-            )
+            request_class_update(actor=actor_of(request), request_class=request_class, **body)
             renamed.append(request_class.name)
 
         return etag_update(
@@ -314,17 +311,16 @@ class OpsClassDetailApi(OperatorApi):
 # --- the whole audit log ---------------------------------------------------------------------
 
 
-class OpsAuditApi(OperatorApi, generics.ListAPIView[AuditEvent]):
-    serializer_class = AuditEventSerializer
-
-    def get_queryset(self) -> QuerySet[AuditEvent]:
-        return audit_events_filtered(**audit_filter_args(self.request))
-
-    @extend_schema(
+@extend_schema_view(
+    get=extend_schema(
         operation_id="ops_audit_list",
         parameters=AUDIT_FILTERS,
         tags=["ops: audit"],
         description="Every control-plane change, newest first, filterable.",
     )
-    def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
-        return super().get(request, *args, **kwargs)
+)
+class OpsAuditApi(OperatorApi, generics.ListAPIView[AuditEvent]):
+    serializer_class = AuditEventSerializer
+
+    def get_queryset(self) -> QuerySet[AuditEvent]:
+        return audit_events_filtered(**audit_filter_args(self.request))

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from django.apps import apps as django_apps
 from django.db.models import Q, QuerySet
 
-from apps.tenants.models import ApiKey, AuditEvent, ManagementToken, Membership, Tenant
+from apps.common.models import AuditEvent
+from apps.tenants.models import ApiKey, ManagementToken, Membership, Tenant
 
 
 def membership_role(*, user_id: int, tenant: Tenant) -> str | None:
@@ -32,30 +34,19 @@ def api_key_of_tenant(tenant: Tenant, prefix: str) -> ApiKey | None:
     return ApiKey.objects.select_related("tenant").filter(tenant=tenant, prefix=prefix).first()
 
 
-def _ids(
-    queryset: QuerySet[ApiKey] | QuerySet[Membership] | QuerySet[ManagementToken],
-) -> list[str]:
-    return [str(pk) for pk in queryset.values_list("pk", flat=True)]
-
-
 def audit_events_of_tenant(tenant: Tenant) -> QuerySet[AuditEvent]:
-    """Audit events about the tenant and the objects it owns (keys, tokens, memberships,
-    credit account, budgets), newest first."""
-    from apps.billing.models import Budget, CreditAccount  # noqa: PLC0415 - billing imports tenants
+    """Audit events about the tenant and the objects it owns, newest first.
 
-    targets = {
-        "tenants.tenant": [str(tenant.pk)],
-        "tenants.apikey": _ids(ApiKey.objects.filter(tenant=tenant)),
-        "tenants.managementtoken": _ids(ManagementToken.objects.filter(tenant=tenant)),
-        "tenants.membership": _ids(Membership.objects.filter(tenant=tenant)),
-        "billing.creditaccount": [
-            str(pk)
-            for pk in CreditAccount.objects.filter(tenant=tenant).values_list("pk", flat=True)
-        ],
-        "billing.budget": [
-            str(pk) for pk in Budget.objects.filter(tenant=tenant).values_list("pk", flat=True)
-        ],
-    }
+    What it owns is every model that declares ``AUDIT_TENANT_FIELD`` (the name of its tenant
+    foreign key): keys, tokens, memberships here; credit accounts and budgets in billing, a
+    layer above, which tenants therefore never imports.
+    """
+    targets = {"tenants.tenant": [str(tenant.pk)]}
+    for model in django_apps.get_models():
+        field = getattr(model, "AUDIT_TENANT_FIELD", None)
+        if field:
+            pks = model._default_manager.filter(**{field: tenant}).values_list("pk", flat=True)
+            targets[model._meta.label_lower] = [str(pk) for pk in pks]
     condition = Q()
     for target_type, ids in targets.items():
         if ids:

@@ -96,6 +96,7 @@ class Tenant(models.Model):
 class ApiKey(models.Model):
     """An API key. Only the public prefix and a sha256 digest of the whole key are stored."""
 
+    AUDIT_TENANT_FIELD: ClassVar[str] = "tenant"  # its audit events show in the tenant's log
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="api_keys")
     name = models.CharField(max_length=100)
     prefix = models.CharField(max_length=16, unique=True)
@@ -119,6 +120,7 @@ class Membership(models.Model):
         ADMIN = "admin", "Admin"
         VIEWER = "viewer", "Viewer"
 
+    AUDIT_TENANT_FIELD: ClassVar[str] = "tenant"  # its audit events show in the tenant's log
     user = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships"
     )
@@ -135,49 +137,6 @@ class Membership(models.Model):
         return f"{self.user} @ {self.tenant} ({self.role})"
 
 
-class AuditEventQuerySet(models.QuerySet["AuditEvent"]):
-    def update(self, **kwargs: Any) -> int:
-        raise PermissionError("audit events are append-only")
-
-    def delete(self) -> tuple[int, dict[str, int]]:
-        raise PermissionError("audit events are append-only")
-
-
-class AuditEvent(models.Model):
-    """Append-only record of a control-plane change (also enforced by a database trigger)."""
-
-    actor = models.ForeignKey(
-        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
-    )
-    actor_label = models.CharField(
-        max_length=150, help_text="Who, as text: a username or 'system'."
-    )
-    action = models.CharField(max_length=100)
-    target_type = models.CharField(max_length=100)
-    target_id = models.CharField(max_length=64)
-    target_repr = models.CharField(max_length=200, blank=True)
-    before = models.JSONField(null=True, blank=True)
-    after = models.JSONField(null=True, blank=True)
-    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
-
-    objects = AuditEventQuerySet.as_manager()
-
-    class Meta:
-        ordering: ClassVar[list[str]] = ["-created_at", "-id"]
-
-    def __str__(self) -> str:
-        when = f"{self.created_at:%Y-%m-%d %H:%M:%S}"
-        return f"{when} {self.actor_label} {self.action} {self.target_repr}"
-
-    def save(self, *args: Any, **kwargs: Any) -> None:
-        if self.pk is not None:
-            raise PermissionError("audit events are append-only")
-        super().save(*args, **kwargs)
-
-    def delete(self, *args: Any, **kwargs: Any) -> tuple[int, dict[str, int]]:
-        raise PermissionError("audit events are append-only")
-
-
 class ManagementToken(models.Model):
     """A tenant's token for the REST API (never for inference): one tenant, one role.
 
@@ -185,6 +144,7 @@ class ManagementToken(models.Model):
     token never reaches the router. Only the public prefix and a sha256 digest are stored.
     """
 
+    AUDIT_TENANT_FIELD: ClassVar[str] = "tenant"  # its audit events show in the tenant's log
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="management_tokens")
     name = models.CharField(max_length=100)
     role = models.CharField(max_length=16, choices=Membership.Role.choices)

@@ -9,7 +9,8 @@ from django.db import models
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
-from apps.tenants.models import ApiKey, AuditEvent, Membership, RequestClass, Tenant
+from apps.common.models import AuditEvent
+from apps.tenants.models import ApiKey, Membership, RequestClass, Tenant
 
 
 @dataclass(frozen=True, slots=True)

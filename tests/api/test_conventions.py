@@ -5,10 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from django.core.management import call_command
 
 from tests.api.conftest import World, token_client
+
+pytestmark = pytest.mark.db
 
 
 def test_throttling_is_per_credential(world: World, settings: Any) -> None:

@@ -16,6 +16,8 @@ from apps.tenants.models import Membership
 from config.urls import ops_urls, tenant_urls
 from tests.api.conftest import World, callers_of, session_client, token_client
 
+pytestmark = pytest.mark.db
+
 METHODS = ("get", "post", "put", "patch", "delete")
 WRITE_METHODS = ("post", "put", "patch", "delete")
 ROLE_RANK = {"viewer": 0, "admin": 1, "owner": 2}

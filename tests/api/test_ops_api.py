@@ -9,11 +9,14 @@ import pytest
 from django.core.management import CommandError, call_command
 from rest_framework.test import APIClient
 
+from apps.common.models import AuditEvent
 from apps.models.models import ModelVersion
-from apps.tenants.models import AuditEvent, Tenant
+from apps.tenants.models import Tenant
 from config.celery import app
 from runtime.artifacts import manifest_digest
 from tests.api.conftest import LIMITS, World, manifest
+
+pytestmark = pytest.mark.db
 
 OPS = "/api/v1/ops"
 

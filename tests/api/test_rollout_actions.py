@@ -29,6 +29,8 @@ from config.celery import app
 from tests.api.conftest import World
 from tests.apps.rollouts.support import artifact, start_simulator
 
+pytestmark = pytest.mark.db
+
 OPS = "/api/v1/ops"
 ACTIONS = ("start", "advance", "pause", "resume", "promote", "rollback")
 

@@ -5,15 +5,18 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from rest_framework.test import APIClient
 
+from apps.common.models import AuditEvent
 from apps.models.services import model_version_create, pool_create
 from apps.scaling.actuators.base import Actuation
 from apps.scaling.services import scaling_decision_record
-from apps.tenants.models import AuditEvent
 from runtime.scaling.controller import Plan
 from runtime.scaling.signals import PoolSignals
 from tests.api.conftest import World
+
+pytestmark = pytest.mark.db
 
 OPS = "/api/v1/ops"
 

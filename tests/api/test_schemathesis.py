@@ -29,6 +29,8 @@ from schemathesis.specs.openapi.checks import (
 
 from tests.api.conftest import World, session_client
 
+pytestmark = pytest.mark.db
+
 CHECKS = [
     not_a_server_error,
     status_code_conformance,

@@ -7,13 +7,17 @@ import datetime as dt
 import io
 import json
 
+import pytest
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from apps.tenants.models import ApiKey, AuditEvent, ManagementToken
+from apps.common.models import AuditEvent
+from apps.tenants.models import ApiKey, ManagementToken
 from apps.tenants.services import api_key_digest
 from apps.tenants.services.management_tokens import management_token_digest
 from tests.api.conftest import World, session_client, token_client
+
+pytestmark = pytest.mark.db
 
 BASE = "/api/v1/tenants/acme"
 

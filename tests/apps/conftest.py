@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from django.db import connection
 
-from apps.core.services import _publish_after_commit
+from apps.common.outbox import _publish_after_commit
 
 
 class PublishTracker:

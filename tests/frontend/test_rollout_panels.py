@@ -21,6 +21,8 @@ from frontend.control_feed import control_document
 from frontend.rollout_panels import evidence_rows
 from runtime.telemetry.versions import TTFT_BOUNDS_MS, VersionStats, WindowStats
 
+pytestmark = pytest.mark.integration
+
 
 def _evidence(rollout: Rollout) -> dict[str, object]:
     stable, candidate = WindowStats(), WindowStats()

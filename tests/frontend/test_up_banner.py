@@ -6,6 +6,8 @@ import pytest
 
 from apps.core.up_console import Addresses, banner
 
+pytestmark = pytest.mark.unit
+
 ENV = {"DATABASE_URL": "postgres://h/db", "REDIS_URL": "redis://h/0", "SWITCHYARD_VAR_DIR": "/v"}
 
 

@@ -33,6 +33,8 @@ from fixtures.wait import eventually
 from runtime.cache.purge import cache_purge
 from runtime.metering.events import decode_event
 
+pytestmark = pytest.mark.integration
+
 MODEL = "cache-chat"
 SLOW = "cache-slow"
 

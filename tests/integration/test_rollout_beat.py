@@ -223,7 +223,9 @@ def test_beat_rolls_back_a_too_expensive_candidate_the_worker_warmed_up(stage: S
     # so later tests would send through this test's (stopped) private broker.
     button = Celery("operator", broker=stage.broker_url, set_as_current=False)
     try:
-        button.send_task("apps.rollouts.tasks.rollout_start", args=(stage.rollout.pk,))
+        button.send_task(
+            "apps.rollouts.tasks.rollout_start", kwargs={"rollout_id": stage.rollout.pk}
+        )
     finally:
         button.close()
     eventually(lambda: _state(stage.rollout.pk) not in ("pending", "warming"), timeout=90,

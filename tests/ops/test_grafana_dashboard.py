@@ -14,6 +14,8 @@ import pytest
 import yaml
 from exported_metrics import exported_metric_names
 
+pytestmark = pytest.mark.unit
+
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARDS = sorted((ROOT / "platform" / "grafana").glob("*.json"))
 RULES = ROOT / "platform" / "prometheus" / "rules.yml"

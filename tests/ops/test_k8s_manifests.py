@@ -11,6 +11,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
+pytestmark = pytest.mark.unit
+
 K8S = Path(__file__).resolve().parents[2] / "platform" / "k8s"
 KUBERNETES_VERSION = "1.37.0"
 MANIFESTS = sorted(path for path in K8S.glob("*.yaml") if path.name != "kustomization.yaml")

@@ -11,8 +11,8 @@ import pytest
 from django.db import transaction
 from private_redis import PrivateRedis
 
+from apps.common.models import SnapshotOutbox
 from apps.core import services, tasks
-from apps.core.models import SnapshotOutbox
 from apps.tenants.models import Tenant
 from apps.tenants.services import tenant_create, tenant_suspend
 from runtime import snapshot_store

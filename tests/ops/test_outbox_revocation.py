@@ -22,8 +22,8 @@ from fixtures.router import Process, http_get, metric_value, start_router, wait_
 from fixtures.wait import eventually
 from private_redis import PrivateRedis
 
+from apps.common.models import SnapshotOutbox
 from apps.core import tasks
-from apps.core.models import SnapshotOutbox
 from apps.tenants.models import Tenant
 from apps.tenants.services import (
     api_key_create,

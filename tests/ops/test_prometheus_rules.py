@@ -12,6 +12,8 @@ import pytest
 import yaml
 from exported_metrics import exported_metric_names
 
+pytestmark = pytest.mark.unit
+
 PROM = Path(__file__).resolve().parents[2] / "platform" / "prometheus"
 RULES = PROM / "rules.yml"
 UNIT_TESTS = sorted((PROM / "tests").glob("*_test.yml"))

@@ -25,6 +25,8 @@ from runtime.snapshot import RequestClassSnap
 from runtime.telemetry.logging import RequestRecord
 from runtime.telemetry.slis import SliVerdict, judge
 
+pytestmark = pytest.mark.integration
+
 CHAT = "sim-chat"
 GHOST = "ghost-chat"
 

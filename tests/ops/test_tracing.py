@@ -28,6 +28,8 @@ from opentelemetry.trace import SpanKind
 from runtime.telemetry.logging import RequestRecord
 from runtime.telemetry.tracing import Tracing, parse_traceparent
 
+pytestmark = pytest.mark.integration
+
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT = "00f067aa0ba902b7"
 

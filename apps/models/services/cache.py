@@ -11,9 +11,9 @@ from django.conf import settings
 from django.contrib.auth.base_user import AbstractBaseUser
 from django.core.exceptions import ValidationError
 
+from apps.common.audit import audit_record
 from apps.models.models import ModelVersion
 from apps.tenants.models import Tenant
-from apps.tenants.services import audit_record
 from runtime.cache.purge import cache_purge
 from runtime.contract import namespace_of
 

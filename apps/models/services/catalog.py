@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from django.contrib.auth.base_user import AbstractBaseUser
@@ -9,11 +10,12 @@ from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from apps.core.services import snapshot_publish_on_commit
+from apps.common import validation as cv
+from apps.common.audit import audit_record, audit_state
+from apps.common.outbox import snapshot_publish_on_commit
+from apps.common.validation import exists_other, refuse_unknown
 from apps.models import validators as v
 from apps.models.models import Model, ModelVersion
-from apps.models.services.common import audit_state, exists_other, refuse_unknown
-from apps.tenants.services import audit_record
 from runtime.artifacts import manifest_digest
 
 VERSION_FIELDS = (
@@ -26,17 +28,47 @@ VERSION_FIELDS = (
     "tensor_parallel_size",
 )
 MODEL_FIELDS = ("name", "task", "description", "refused_fields")
+# The result-cache switches the snapshot carries per model (CachePolicySnap).
+MODEL_CACHE_FIELDS = ("cache_enabled", "cache_shared", "cache_ttl_s")
+MODEL_WRITABLE_FIELDS = (*MODEL_FIELDS, *MODEL_CACHE_FIELDS)
+
+
+def model_cache_errors(values: Mapping[str, Any]) -> dict[str, str | None]:
+    """The cache switches present in ``values``: two booleans and a TTL of at least 1 s."""
+    errors: dict[str, str | None] = {}
+    for field in ("cache_enabled", "cache_shared"):
+        if field in values:
+            errors[field] = cv.bool_error(values[field])
+    if "cache_ttl_s" in values:
+        errors["cache_ttl_s"] = cv.int_range_error(values["cache_ttl_s"], minimum=1)
+    return errors
+
+
+def _created_state(model: Model) -> dict[str, Any]:
+    """A create's audit record: the model's fields, and the cache switches set off default."""
+    state = audit_state(model, MODEL_FIELDS)
+    defaults = Model()
+    for field in MODEL_CACHE_FIELDS:
+        if getattr(model, field) != getattr(defaults, field):
+            state[field] = getattr(model, field)
+    return state
 
 # --- models ---------------------------------------------------------------------------------
 
 
 def model_validate(
-    *, name: str, task: str, refused_fields: object = (), exclude_pk: int | None = None
+    *,
+    name: str,
+    task: str,
+    refused_fields: object = (),
+    exclude_pk: int | None = None,
+    cache: Mapping[str, Any] | None = None,
 ) -> None:
+    """The model's rules; ``cache`` holds whichever cache switches are being written."""
     name_error = v.model_name_error(name)
     if name_error is None and exists_other(Model.objects.filter(name=name), exclude_pk):
         name_error = f"A model named {name!r} already exists."
-    v.raise_if(
+    cv.raise_if(
         {
             "name": name_error,
             "task": None
@@ -45,6 +77,7 @@ def model_validate(
             "refused_fields": v.refused_fields_error(
                 list(refused_fields) if isinstance(refused_fields, tuple) else refused_fields
             ),
+            **model_cache_errors(cache or {}),
         }
     )
 
@@ -56,35 +89,39 @@ def model_create(
     task: str,
     description: str = "",
     refused_fields: list[str] | None = None,
+    **cache: Any,
 ) -> Model:
+    """A new model; ``cache`` may set ``cache_enabled``, ``cache_shared``, ``cache_ttl_s``."""
+    refuse_unknown(cache, MODEL_CACHE_FIELDS)
     refused = list(refused_fields or [])
-    model_validate(name=name, task=task, refused_fields=refused)
+    model_validate(name=name, task=task, refused_fields=refused, cache=cache)
     with transaction.atomic():
         try:
             with transaction.atomic():
                 model = Model.objects.create(
-                    name=name, task=task, description=description, refused_fields=refused
+                    name=name, task=task, description=description, refused_fields=refused, **cache
                 )
         except IntegrityError as exc:
             raise ValidationError({"name": f"A model named {name!r} already exists."}) from exc
         audit_record(
-            actor=actor, action="model.create", target=model, after=audit_state(model, MODEL_FIELDS)
+            actor=actor, action="model.create", target=model, after=_created_state(model)
         )
         snapshot_publish_on_commit()
     return model
 
 
 def model_update(*, actor: AbstractBaseUser | None, model: Model, **changes: Any) -> Model:
-    refuse_unknown(changes, MODEL_FIELDS)
-    merged = {**audit_state(model, MODEL_FIELDS), **changes}
+    refuse_unknown(changes, MODEL_WRITABLE_FIELDS)
+    merged = {**audit_state(model, MODEL_WRITABLE_FIELDS), **changes}
     model_validate(
         name=merged["name"],
         task=merged["task"],
         refused_fields=merged["refused_fields"],
         exclude_pk=model.pk,
+        cache={field: merged[field] for field in MODEL_CACHE_FIELDS},
     )
     with transaction.atomic():
-        before = audit_state(model, MODEL_FIELDS)
+        before = audit_state(model, MODEL_WRITABLE_FIELDS)
         for field, value in changes.items():
             setattr(model, field, value)
         model.save()
@@ -93,7 +130,7 @@ def model_update(*, actor: AbstractBaseUser | None, model: Model, **changes: Any
             action="model.update",
             target=model,
             before=before,
-            after=audit_state(model, MODEL_FIELDS),
+            after=audit_state(model, MODEL_WRITABLE_FIELDS),
         )
         snapshot_publish_on_commit()
     return model
@@ -124,8 +161,8 @@ def model_version_validate(
         and 0 < len(artifact_uri) <= 500
     )
     manifest_errors = v.manifest_errors(manifest, complete=False)
-    tp_ok = v.is_int(tensor_parallel_size) and 1 <= tensor_parallel_size <= 1024
-    v.raise_if(
+    tp_ok = cv.is_int(tensor_parallel_size) and 1 <= tensor_parallel_size <= 1024
+    cv.raise_if(
         {
             "label": label_error,
             "artifact_uri": None
@@ -138,7 +175,7 @@ def model_version_validate(
             "runtime": None
             if runtime in ModelVersion.Runtime.values
             else f"Runtime must be one of {ModelVersion.Runtime.values}.",
-            "memory_gb": v.float_error(memory_gb, minimum=0.0),
+            "memory_gb": cv.float_error(memory_gb, minimum=0.0),
             "tensor_parallel_size": None
             if tp_ok
             else "Tensor parallel size must be an integer from 1 to 1024.",
@@ -246,7 +283,7 @@ def model_version_publish_validate(*, version: ModelVersion) -> None:
         expected = manifest_digest(version.manifest["files"])
         if version.digest != expected:
             digest_error = f"Digest does not match the manifest's files: they digest to {expected}."
-    v.raise_if({"manifest": errors, "digest": digest_error})
+    cv.raise_if({"manifest": errors, "digest": digest_error})
 
 
 def model_version_publish(*, actor: AbstractBaseUser | None, version: ModelVersion) -> ModelVersion:

@@ -11,11 +11,12 @@ from django.contrib.auth.base_user import AbstractBaseUser
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 
-from apps.core.services import snapshot_publish_on_commit
+from apps.common import validation as cv
+from apps.common.audit import audit_record, audit_state
+from apps.common.outbox import snapshot_publish_on_commit
+from apps.common.validation import exists_other, refuse_unknown
 from apps.models import validators as v
 from apps.models.models import Endpoint, ModelVersion, Pool
-from apps.models.services.common import audit_state, exists_other, refuse_unknown
-from apps.tenants.services import audit_record
 
 POOL_FIELDS = (
     "name",
@@ -72,7 +73,7 @@ def pool_validate(
     errors: dict[str, Any] = {
         field: "Must be an integer from 0 to 10000."
         for field, count in counts.items()
-        if not v.is_int(count) or not 0 <= count <= 10000
+        if not cv.is_int(count) or not 0 <= count <= 10000
     }
     if not errors:
         if min_replicas > max_replicas:
@@ -80,13 +81,13 @@ def pool_validate(
         elif warm_replicas > max_replicas:  # extra loaded, unrouted replicas (apps.scaling)
             errors["warm_replicas"] = "Warm replicas must lie between 0 and maximum replicas."
     tier_ok = isinstance(hardware_tier, str) and v.TIER_RE.fullmatch(hardware_tier)
-    v.raise_if(
+    cv.raise_if(
         {
             "name": name_error,
             "hardware_tier": None
             if tier_ok
             else "Hardware tier must be 1-32 lowercase characters, e.g. h100, cpu.",
-            "cost_per_replica_hour": v.decimal_error(
+            "cost_per_replica_hour": cv.decimal_error(
                 cost_per_replica_hour, max_digits=12, decimal_places=4
             ),
             "policies": v.pool_policies_error(policies),
@@ -116,7 +117,7 @@ def pool_create(
         "policies": {} if policies is None else policies,
     }
     pool_validate(**fields)
-    fields["cost_per_replica_hour"] = v.to_decimal(cost_per_replica_hour)
+    fields["cost_per_replica_hour"] = cv.to_decimal(cost_per_replica_hour)
     with transaction.atomic():
         try:
             with transaction.atomic():
@@ -140,7 +141,7 @@ def pool_update(*, actor: AbstractBaseUser | None, pool: Pool, **changes: Any) -
             **{**{f: getattr(locked, f) for f in POOL_FIELDS}, **changes}, exclude_pk=locked.pk
         )
         if "cost_per_replica_hour" in changes:
-            changes["cost_per_replica_hour"] = v.to_decimal(changes["cost_per_replica_hour"])
+            changes["cost_per_replica_hour"] = cv.to_decimal(changes["cost_per_replica_hour"])
         for field, value in changes.items():
             setattr(locked, field, value)
         try:
@@ -164,7 +165,7 @@ def pool_update(*, actor: AbstractBaseUser | None, pool: Pool, **changes: Any) -
 
 
 def endpoint_validate(*, pool: Pool, version: ModelVersion, base_url: str, capacity: int) -> None:
-    url_error = v.http_url_error(base_url)
+    url_error = cv.http_url_error(base_url)
     if (
         url_error is None
         and Endpoint.objects.filter(base_url=base_url.rstrip("/"))
@@ -173,14 +174,14 @@ def endpoint_validate(*, pool: Pool, version: ModelVersion, base_url: str, capac
     ):
         url_error = f"A live endpoint already serves {base_url.rstrip('/')}; mark it gone first."
     published = ModelVersion.objects.filter(pk=version.pk, published_at__isnull=False).exists()
-    v.raise_if(
+    cv.raise_if(
         {
             "version": None
             if published
             else f"Version {version} is not published; publish it first.",
             "base_url": url_error,
             "capacity": None
-            if v.is_int(capacity) and capacity > 0
+            if cv.is_int(capacity) and capacity > 0
             else "Capacity must be a positive integer.",
         }
     )

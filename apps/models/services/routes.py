@@ -8,10 +8,10 @@ from typing import Any
 from django.contrib.auth.base_user import AbstractBaseUser
 from django.db import transaction
 
-from apps.core.services import snapshot_publish_on_commit
-from apps.models import validators as v
+from apps.common import validation as cv
+from apps.common.audit import audit_record
+from apps.common.outbox import snapshot_publish_on_commit
 from apps.models.models import Model, ModelVersion, Route, RouteSplit
-from apps.tenants.services import audit_record
 
 
 def route_validate(
@@ -36,9 +36,9 @@ def route_validate(
         if version.pk in seen:
             errors.append(f"Version {version} appears more than once.")
         seen.add(version.pk)
-        if not v.is_int(weight) or weight <= 0:
+        if not cv.is_int(weight) or weight <= 0:
             errors.append(f"Weight of {version} must be a positive integer, not {weight!r}.")
-    v.raise_if(
+    cv.raise_if(
         {
             "splits": errors,
             "sticky_key": None

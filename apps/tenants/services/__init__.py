@@ -13,7 +13,6 @@ from apps.tenants.services.api_keys import (
     api_key_touch,
     api_key_validate_values,
 )
-from apps.tenants.services.audit import audit_record
 from apps.tenants.services.key_usage import api_key_usage_sync
 from apps.tenants.services.memberships import (
     membership_create,
@@ -48,7 +47,6 @@ __all__ = [
     "api_key_touch",
     "api_key_usage_sync",
     "api_key_validate_values",
-    "audit_record",
     "membership_create",
     "membership_delete",
     "membership_update_role",

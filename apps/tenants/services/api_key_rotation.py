@@ -10,10 +10,10 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
-from apps.core.services import snapshot_publish_on_commit
+from apps.common.audit import audit_record
+from apps.common.outbox import snapshot_publish_on_commit
 from apps.tenants.models import ApiKey
 from apps.tenants.services.api_keys import api_key_create
-from apps.tenants.services.audit import audit_record
 
 MAX_OVERLAP_S = 30 * 24 * 3600
 

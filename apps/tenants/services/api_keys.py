@@ -15,9 +15,9 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from apps.core.services import snapshot_publish_on_commit
+from apps.common.audit import audit_record
+from apps.common.outbox import snapshot_publish_on_commit
 from apps.tenants.models import ApiKey, Tenant
-from apps.tenants.services.audit import audit_record
 from apps.tenants.services.checks import Errors, add_error, check_text
 from runtime import contract
 

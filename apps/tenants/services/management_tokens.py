@@ -19,8 +19,8 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from apps.common.audit import audit_record
 from apps.tenants.models import ManagementToken, Membership, Tenant
-from apps.tenants.services.audit import audit_record
 from apps.tenants.services.checks import Errors, add_error, check_text
 
 TOKEN_SCHEME = "sym"  # noqa: S105 - the token format's scheme, not a secret

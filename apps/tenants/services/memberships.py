@@ -9,8 +9,8 @@ from django.contrib.auth.base_user import AbstractBaseUser
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
+from apps.common.audit import audit_record
 from apps.tenants.models import Membership, Tenant
-from apps.tenants.services.audit import audit_record
 
 
 def membership_validate_values(values: Mapping[str, Any]) -> None:

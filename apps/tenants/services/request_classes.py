@@ -9,9 +9,9 @@ from django.contrib.auth.base_user import AbstractBaseUser
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
-from apps.core.services import snapshot_publish_on_commit
+from apps.common.audit import audit_changes, audit_record
+from apps.common.outbox import snapshot_publish_on_commit
 from apps.tenants.models import RequestClass
-from apps.tenants.services.audit import audit_changes, audit_record
 from apps.tenants.services.checks import (
     CLASS_NAME_RE,
     SMALLINT_MAX,

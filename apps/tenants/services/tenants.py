@@ -8,11 +8,11 @@ from typing import Any
 from django.contrib.auth.base_user import AbstractBaseUser
 from django.core.exceptions import ValidationError
 from django.db import transaction
+from django.db.models import Model as DbModel
 
-from apps.core.services import snapshot_publish_on_commit
-from apps.models.models import Model
+from apps.common.audit import audit_changes, audit_record
+from apps.common.outbox import snapshot_publish_on_commit
 from apps.tenants.models import RequestClass, Tenant
-from apps.tenants.services.audit import audit_changes, audit_record
 from apps.tenants.services.checks import (
     TENANT_SLUG_RE,
     Errors,
@@ -43,15 +43,23 @@ TENANT_UPDATABLE_FIELDS = frozenset(
         "status",
         *TENANT_LIMIT_FIELDS,
         "max_request_bytes",
+        "result_cache",
         "allowed_classes",
         "default_class",
         "allowed_models",
     }
 )
-_SCALAR_FIELDS = ("name", "status", "weight", *TENANT_LIMIT_FIELDS, "max_request_bytes")
+_SCALAR_FIELDS = (
+    "name",
+    "status",
+    "weight",
+    *TENANT_LIMIT_FIELDS,
+    "max_request_bytes",
+    "result_cache",
+)
 
 ClassRef = RequestClass | str
-ModelRef = Model | str
+ModelRef = DbModel | str
 
 
 def tenant_validate_values(values: Mapping[str, Any]) -> None:
@@ -81,6 +89,8 @@ def tenant_validate_values(values: Mapping[str, Any]) -> None:
             check_int(errors, field, values[field], minimum=1, label=_LIMIT_LABELS[field])
     if "max_request_bytes" in values:  # 0: no cap of the tenant's own
         check_int(errors, "max_request_bytes", values["max_request_bytes"], minimum=0)
+    if "result_cache" in values and not isinstance(values["result_cache"], bool):
+        add_error(errors, "result_cache", "Result cache must be true or false.")
     default = values.get("default_class")
     if default is not None and "allowed_classes" in values:
         allowed = {request_class.pk for request_class in values["allowed_classes"]}
@@ -110,13 +120,25 @@ def _resolve_classes(refs: Iterable[ClassRef]) -> list[RequestClass]:
     return list(resolved.values())
 
 
-def _resolve_models(refs: Iterable[ModelRef]) -> list[Model]:
+def _catalog_model() -> type[DbModel]:
+    """The registry's ``Model``, reached through the entitlement relation: the model registry
+    is a layer above tenants, so tenants names it only in ``Tenant.allowed_models``."""
+    related = Tenant._meta.get_field("allowed_models").related_model
+    if not isinstance(related, type):  # pragma: no cover - the relation names a model class
+        raise TypeError("Tenant.allowed_models must name a model class")
+    return related
+
+
+def _resolve_models(refs: Iterable[ModelRef]) -> list[DbModel]:
     """Models by object or name; an empty list means the tenant may use every model."""
     if isinstance(refs, str):
         raise ValidationError({"allowed_models": "Allowed models must be a list of models."})
-    resolved: dict[int, Model] = {}
+    catalog = _catalog_model()
+    resolved: dict[int, DbModel] = {}
     for ref in refs:
-        found = ref if isinstance(ref, Model) else Model.objects.filter(name=ref).first()
+        found: DbModel | None = ref if isinstance(ref, catalog) else None
+        if found is None:
+            found = catalog._default_manager.filter(name=ref).first()
         if found is None:
             raise ValidationError({"allowed_models": f"Unknown model '{ref}'."})
         resolved[found.pk] = found
@@ -132,10 +154,13 @@ def _values(tenant: Tenant) -> dict[str, Any]:
     return values
 
 
-def _state(values: Mapping[str, Any]) -> dict[str, Any]:
-    """JSON-friendly view of tenant values for the audit log (classes by name)."""
+def _state(values: Mapping[str, Any], *, creating: bool = False) -> dict[str, Any]:
+    """JSON-friendly view of tenant values for the audit log (classes by name). A create
+    records the result cache only when it is switched off (its default is on)."""
     state: dict[str, Any] = {"slug": values["slug"]} if "slug" in values else {}
     state.update({field: values[field] for field in _SCALAR_FIELDS})
+    if creating and state["result_cache"] is True:
+        del state["result_cache"]
     state["allowed_classes"] = sorted(c.name for c in values["allowed_classes"])
     default = values["default_class"]
     state["default_class"] = default.name if default is not None else None
@@ -155,6 +180,7 @@ def tenant_create(
     max_context_tokens: int,
     max_output_tokens: int,
     max_request_bytes: int = 0,
+    result_cache: bool = True,
     allowed_classes: Iterable[ClassRef] = (),
     default_class: ClassRef | None = None,
     allowed_models: Iterable[ModelRef] = (),
@@ -174,6 +200,7 @@ def tenant_create(
         "max_context_tokens": max_context_tokens,
         "max_output_tokens": max_output_tokens,
         "max_request_bytes": max_request_bytes,
+        "result_cache": result_cache,
         "allowed_classes": classes,
         "default_class": default,
         "allowed_models": models,
@@ -187,8 +214,9 @@ def tenant_create(
         fields = {k: v for k, v in values.items() if k not in m2m}
         tenant = Tenant.objects.create(**fields)
         tenant.allowed_classes.set(classes)
-        tenant.allowed_models.set(models)
-        audit_record(actor=actor, action="tenant.create", target=tenant, after=_state(values))
+        tenant.allowed_models.set([model.pk for model in models])
+        after = _state(values, creating=True)
+        audit_record(actor=actor, action="tenant.create", target=tenant, after=after)
         snapshot_publish_on_commit()
     return tenant
 
@@ -218,7 +246,8 @@ def _tenant_apply(
 
 
 def tenant_update(*, actor: AbstractBaseUser | None, tenant: Tenant, **changes: Any) -> Tenant:
-    """Change name, weight, status, the five limits, allowed_classes/_models, default_class.
+    """Change name, weight, status, the five limits, max_request_bytes, result_cache,
+    allowed_classes/_models, default_class.
 
     The slug is the tenant's identity (snapshot key, billing) and cannot change. A change
     that alters nothing writes nothing.

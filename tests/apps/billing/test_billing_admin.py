@@ -10,7 +10,7 @@ from django.urls import reverse
 
 from apps.billing.models import Budget, BudgetAlert, CreditAccount, Price, UsageRecord
 from apps.billing.services import credit_grant, usage_record_create
-from apps.tenants.models import AuditEvent
+from apps.common.models import AuditEvent
 
 pytestmark = [pytest.mark.db, pytest.mark.django_db]
 

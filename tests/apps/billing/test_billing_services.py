@@ -10,7 +10,7 @@ from django.core.exceptions import ValidationError
 from apps.billing.models import Budget, CreditAccount, Price
 from apps.billing.selectors import credit_balance, price_for, prices_all
 from apps.billing.services import budget_set, credit_grant, price_set
-from apps.tenants.models import AuditEvent
+from apps.common.models import AuditEvent
 
 pytestmark = [pytest.mark.db, pytest.mark.django_db]
 

@@ -18,16 +18,18 @@ import redis
 from django.core.exceptions import ValidationError
 
 from apps.billing import ledger
+from apps.billing.alerts import budget_alert_deliver
+from apps.billing.ledger import credit_live
 from apps.billing.models import BudgetAlert, CreditAccount, UsageRecord
-from apps.billing.selectors import credit_balance, credit_live
+from apps.billing.selectors import credit_balance
 from apps.billing.services import (
-    budget_alert_deliver,
     budget_set,
     credit_grant,
     credit_overdraft_set,
 )
+from apps.common.models import AuditEvent
 from apps.core.selectors import snapshot_build
-from apps.tenants.models import AuditEvent, Tenant
+from apps.tenants.models import Tenant
 from runtime.admission.redis_limits import DONE_TTL_S
 from runtime.admission.scripts import SETTLE_LUA
 from runtime.contract import USAGE_GROUP, credit_key, done_key, period_fields, usage_stream

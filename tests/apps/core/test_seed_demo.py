@@ -14,11 +14,12 @@ from django.contrib.auth import authenticate, get_user_model
 from django.core.management import call_command
 
 from apps.billing.models import CreditAccount, Price
+from apps.common.models import AuditEvent
 from apps.core.demo_seed import demo_seed
 from apps.models.models import ModelVersion, Pool
 from apps.models.services import pool_create
 from apps.scaling.models import PoolScaling
-from apps.tenants.models import ApiKey, AuditEvent, RequestClass, Tenant
+from apps.tenants.models import ApiKey, RequestClass, Tenant
 from apps.tenants.services import api_key_digest
 
 pytestmark = [pytest.mark.db, pytest.mark.django_db]

@@ -23,8 +23,8 @@ from django.core.management import CommandError, call_command
 from django.db import connection, transaction
 from django.test import Client
 
+from apps.common.models import SnapshotOutbox
 from apps.core import services
-from apps.core.models import SnapshotOutbox
 from apps.core.publisher import publish_current, publish_if_changed
 from apps.core.tasks import snapshot_refresh
 from apps.tenants.models import RequestClass, Tenant

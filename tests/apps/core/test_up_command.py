@@ -47,6 +47,8 @@ from apps.core.up_console import (
     without_password,
 )
 
+pytestmark = pytest.mark.e2e
+
 REPO = Path(__file__).resolve().parents[3]
 
 

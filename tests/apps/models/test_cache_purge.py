@@ -11,13 +11,16 @@ import redis
 from django.conf import settings as django_settings
 from django.core.management import CommandError, call_command
 
+from apps.common.models import AuditEvent
 from apps.core.selectors import snapshot_build
 from apps.models.models import Model, ModelVersion
 from apps.models.services.cache import cache_purge_run, version_tag
-from apps.tenants.models import AuditEvent, Tenant
+from apps.tenants.models import Tenant
 from apps.tenants.services.tenants import tenant_create
 from runtime.artifacts import manifest_digest
 from runtime.contract import cache_entry_key, cache_index_keys
+
+pytestmark = pytest.mark.db
 
 
 @pytest.fixture

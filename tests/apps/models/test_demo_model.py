@@ -13,10 +13,10 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
+from apps.common.models import AuditEvent
 from apps.models.demo import DemoArtifact, ensure_demo_model, generate_demo_model
 from apps.models.models import Model, ModelVersion
 from apps.models.services import model_create
-from apps.tenants.models import AuditEvent
 from runtime.artifacts import (
     MANIFEST_FILENAME,
     ArtifactMismatchError,
@@ -24,6 +24,8 @@ from runtime.artifacts import (
     read_manifest,
     verify_artifact,
 )
+
+pytestmark = pytest.mark.db
 
 HF_FILES = {
     "chat_template.jinja",

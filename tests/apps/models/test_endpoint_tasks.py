@@ -11,10 +11,10 @@ import redis
 from django.conf import settings
 from django.utils import timezone
 
+from apps.common.models import AuditEvent
 from apps.models.models import Endpoint, ModelVersion, Pool
 from apps.models.services import endpoint_register, endpoint_set_state
 from apps.models.tasks import HEARTBEAT_TTL_S, endpoints_reap_stale
-from apps.tenants.models import AuditEvent
 from runtime.workers.heartbeat import endpoint_heartbeat_key
 
 pytestmark = [pytest.mark.db, pytest.mark.integration, pytest.mark.django_db]

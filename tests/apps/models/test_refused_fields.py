@@ -13,6 +13,8 @@ from apps.models.models import Model
 from apps.models.services import model_create, model_update
 from apps.models.validators import refused_fields_error
 
+pytestmark = pytest.mark.db
+
 
 @pytest.mark.unit
 @pytest.mark.parametrize(

@@ -7,9 +7,9 @@ import json
 import pytest
 from django.urls import reverse
 
+from apps.common.models import AuditEvent
 from apps.models.models import Endpoint, Model, ModelVersion, Pool, Route
 from apps.models.services import endpoint_register
-from apps.tenants.models import AuditEvent
 
 pytestmark = [pytest.mark.db, pytest.mark.django_db]
 

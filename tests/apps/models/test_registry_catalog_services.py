@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from django.core.exceptions import ValidationError
 
+from apps.common.models import AuditEvent
 from apps.models.models import Model, ModelVersion
 from apps.models.services import (
     model_create,
@@ -13,7 +14,6 @@ from apps.models.services import (
     model_version_publish,
     model_version_update,
 )
-from apps.tenants.models import AuditEvent
 
 pytestmark = [pytest.mark.db, pytest.mark.django_db]
 

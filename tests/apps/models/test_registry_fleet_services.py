@@ -7,6 +7,7 @@ from decimal import Decimal
 import pytest
 from django.core.exceptions import ValidationError
 
+from apps.common.models import AuditEvent
 from apps.models.models import Endpoint, Pool, Route
 from apps.models.services import (
     endpoint_register,
@@ -16,7 +17,6 @@ from apps.models.services import (
     pool_update,
     route_set,
 )
-from apps.tenants.models import AuditEvent
 
 pytestmark = [pytest.mark.db, pytest.mark.django_db]
 

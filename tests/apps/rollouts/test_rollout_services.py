@@ -6,11 +6,11 @@ import pytest
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError
 
+from apps.common.models import AuditEvent
 from apps.models.services import model_create
 from apps.rollouts.models import Rollout, RolloutEvent
 from apps.rollouts.selectors import rollout_active_for, rollout_events
 from apps.rollouts.services import rollout_cancel, rollout_create
-from apps.tenants.models import AuditEvent
 
 pytestmark = [pytest.mark.db, pytest.mark.django_db]
 

@@ -10,6 +10,7 @@ import pytest
 from django.core.exceptions import ValidationError
 from django.urls import reverse
 
+from apps.common.models import AuditEvent
 from apps.core.selectors import snapshot_build
 from apps.models.models import Route
 from apps.rollouts import tasks
@@ -24,7 +25,6 @@ from apps.rollouts.transitions import (
     rollout_start,
 )
 from apps.rollouts.warmup import rollout_warm_up
-from apps.tenants.models import AuditEvent
 from config.celery import app
 
 pytestmark = [pytest.mark.db, pytest.mark.django_db]
@@ -187,11 +187,14 @@ def test_excluded_tenants_must_be_slugs(canary):
 def test_tasks_call_the_services(canary, ready_endpoints, admin_user):
     ready_endpoints()
     rollout = canary()
-    assert tasks.rollout_start.apply(args=(rollout.pk, admin_user.pk)).get() == "running"
-    assert tasks.rollout_pause.apply(args=(rollout.pk,)).get() == "paused"
-    assert tasks.rollout_resume.apply(args=(rollout.pk,)).get() == "running"
-    assert tasks.rollout_advance.apply(args=(rollout.pk,)).get() == "running"
-    assert tasks.rollout_rollback.apply(args=(rollout.pk, "bad")).get() == "rolled_back"
+    def run(task, **kwargs):
+        return task.apply(kwargs={"rollout_id": rollout.pk, **kwargs}).get()
+
+    assert run(tasks.rollout_start, actor_id=admin_user.pk) == "running"
+    assert run(tasks.rollout_pause) == "paused"
+    assert run(tasks.rollout_resume) == "running"
+    assert run(tasks.rollout_advance) == "running"
+    assert run(tasks.rollout_rollback, reason="bad") == "rolled_back"
     event = RolloutEvent.objects.get(rollout=rollout, kind="start")
     assert event.actor_label == admin_user.username
 

@@ -12,6 +12,8 @@ import yaml
 
 from runtime.scaling.controller import Plan
 
+pytestmark = pytest.mark.integration
+
 MANIFEST = Path(__file__).resolve().parents[3] / "platform/k8s/worker-pool-gpu.yaml"
 SIM_MANIFEST = Path(__file__).resolve().parent / "manifests/sim-worker-deployment.yaml"
 

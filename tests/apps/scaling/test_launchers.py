@@ -44,6 +44,8 @@ from runtime.artifacts import compute_manifest, manifest_digest
 from runtime.policy_names import UnknownPolicyError
 from runtime.procs import cmdline, pid_alive
 
+pytestmark = pytest.mark.integration
+
 SPEC = LaunchSpec(model="demo-llama", label="v1", pool="cpu", port=4321, capacity=None,
                   log_dir=Path("/v/log"), extra_args=("--seed", "1"), grace_s=2.0)  # fmt: skip
 

@@ -12,6 +12,8 @@ from django.core.management import CommandError, call_command
 
 from runtime.procs import free_port, start_child
 
+pytestmark = pytest.mark.integration
+
 REPO = Path(__file__).resolve().parents[3]
 DEMAND = REPO / "platform/capacity/example-demand.json"
 CURVES = REPO / "platform/capacity/simulator-curves.json"

@@ -11,7 +11,8 @@ import pytest
 from django.core.exceptions import ValidationError
 from django.utils import timezone
 
-from apps.tenants.models import ApiKey, AuditEvent
+from apps.common.models import AuditEvent
+from apps.tenants.models import ApiKey
 from apps.tenants.services import api_key_create, api_key_revoke, api_key_touch
 
 pytestmark = [pytest.mark.db, pytest.mark.django_db]

@@ -10,8 +10,8 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.db import IntegrityError, connection, transaction
 
-from apps.tenants.models import AuditEvent
-from apps.tenants.services import audit_record
+from apps.common.audit import audit_record
+from apps.common.models import AuditEvent
 
 pytestmark = [pytest.mark.db, pytest.mark.django_db]
 

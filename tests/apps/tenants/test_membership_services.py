@@ -6,7 +6,8 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
 
-from apps.tenants.models import AuditEvent, Membership
+from apps.common.models import AuditEvent
+from apps.tenants.models import Membership
 from apps.tenants.services import membership_create, membership_delete, membership_update_role
 
 pytestmark = [pytest.mark.db, pytest.mark.django_db]

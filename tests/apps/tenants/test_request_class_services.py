@@ -7,7 +7,8 @@ from typing import Any
 import pytest
 from django.core.exceptions import ValidationError
 
-from apps.tenants.models import AuditEvent, RequestClass
+from apps.common.models import AuditEvent
+from apps.tenants.models import RequestClass
 from apps.tenants.services import request_class_create, request_class_update
 
 pytestmark = [pytest.mark.db, pytest.mark.django_db]

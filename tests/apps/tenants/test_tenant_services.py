@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 from django.core.exceptions import ValidationError
 
+from apps.common.models import AuditEvent
 from apps.models.models import Model
-from apps.tenants.models import AuditEvent, Tenant
+from apps.tenants.models import Tenant
 from apps.tenants.services import (
     TENANT_LIMIT_FIELDS,
     tenant_activate,

@@ -25,6 +25,8 @@ from runtime.scheduling.interfaces import EndpointLoad
 from runtime.scheduling.settings import PoolSettings
 from runtime.snapshot import EndpointSnap
 
+pytestmark = pytest.mark.unit
+
 
 class Upstream:
     """A fake batch endpoint: echoes each body; a body ``"bad"`` gets a 400 of its own."""

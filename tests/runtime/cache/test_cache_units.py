@@ -32,6 +32,8 @@ from runtime.contract import cache_entry_key, cache_lease_key
 from runtime.snapshot import CachePolicySnap, ModelSnap, TenantSnap
 from runtime.testing.snapshots import limits, version_snap
 
+pytestmark = pytest.mark.unit
+
 MODEL = ModelSnap(name="m", task="chat", versions=(1,))
 VLLM = version_snap(1, "m", runtime="vllm", digest="sha256:aa")
 SIM = version_snap(1, "m", runtime="simulator", digest="sha256:aa")

@@ -23,6 +23,8 @@ from runtime.testing.snapshots import SnapshotBuilder
 from runtime.workers.encoder.batcher import Batch, Job
 from runtime.workers.encoder.metrics import EncoderMetrics
 
+pytestmark = pytest.mark.integration
+
 pytestmark = pytest.mark.asyncio
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
 

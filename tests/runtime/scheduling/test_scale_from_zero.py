@@ -13,6 +13,8 @@ from runtime.scheduling.grant import NoEndpointError, QueueDropError
 from runtime.scheduling.interfaces import DropReason
 from runtime.scheduling.settings import PoolSettings
 
+pytestmark = pytest.mark.unit
+
 pytestmark = pytest.mark.asyncio
 
 

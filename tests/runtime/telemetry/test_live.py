@@ -7,6 +7,7 @@ import json
 import uuid
 
 import msgspec
+import pytest
 import redis
 from fixtures.router import redis_url
 from fixtures.wait import async_eventually
@@ -20,6 +21,8 @@ from runtime.telemetry.live import (
     percentiles,
 )
 from runtime.telemetry.logging import RequestRecord
+
+pytestmark = pytest.mark.integration
 
 
 def _record(

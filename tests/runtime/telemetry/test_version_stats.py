@@ -8,6 +8,8 @@ from fixtures.net import free_port
 from runtime.telemetry.logging import RequestRecord
 from runtime.telemetry.versions import BUCKET_S, VersionStats, stats_key, ttft_bucket
 
+pytestmark = pytest.mark.integration
+
 pytestmark = [pytest.mark.asyncio]
 
 

@@ -30,6 +30,8 @@ from runtime.upstream import (
 )
 from tests.runtime.upstream.conftest import SIM_MODEL, Simulator, drain, endpoint
 
+pytestmark = pytest.mark.integration
+
 PATH = "/v1/chat/completions"
 
 

@@ -21,6 +21,8 @@ from runtime.upstream import (
 )
 from tests.runtime.upstream.conftest import SIM_MODEL, Simulator, endpoint
 
+pytestmark = pytest.mark.integration
+
 FAST = HealthConfig(interval_s=0.05, health_every=2, unhealthy_after=2, probe_timeout_s=0.5)
 
 

@@ -29,6 +29,8 @@ from runtime.upstream import (
 )
 from tests.runtime.upstream.conftest import endpoint
 
+pytestmark = pytest.mark.integration
+
 LIMIT = 3
 WINDOW = 5.0
 CONFIG = HealthConfig(unhealthy_after=LIMIT, probe_timeout_s=0.25, passive_window_s=WINDOW)

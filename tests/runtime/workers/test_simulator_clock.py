@@ -19,6 +19,8 @@ import pytest
 from runtime.workers.simulator.engine import MAX_CATCH_UP_SECONDS, Engine, Sequence, next_deadline
 from runtime.workers.simulator.timing import Capacity, TimingModel
 
+pytestmark = pytest.mark.unit
+
 STEP_S = 0.010
 STEPS = 100
 HOGS = 2

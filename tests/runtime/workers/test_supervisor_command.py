@@ -24,6 +24,7 @@ from django.db import connection
 from fixtures.net import free_port
 from fixtures.wait import eventually
 
+from apps.common.models import AuditEvent
 from apps.models.models import Endpoint
 from apps.models.selectors import model_get_by_name
 from apps.models.services import (
@@ -34,10 +35,11 @@ from apps.models.services import (
     model_version_publish,
     pool_create,
 )
-from apps.tenants.models import AuditEvent
 from runtime.artifacts import compute_manifest, manifest_digest
 from runtime.procs import descendant_pids, pid_alive
 from runtime.workers.heartbeat import endpoint_heartbeat_key
+
+pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[3]
 MODEL = "sim-llama"

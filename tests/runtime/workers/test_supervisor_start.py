@@ -25,6 +25,8 @@ from runtime.workers.supervisor import (
     WorkerStartError,
 )
 
+pytestmark = pytest.mark.integration
+
 
 class Recorder:
     """Hooks that record what the supervisor told the control plane."""

@@ -8,10 +8,10 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from redis.exceptions import RedisError
 
+from apps.billing.ledger import credit_live
 from apps.billing.selectors import (
     budgets_for,
     credit_balance,
-    credit_live,
     period_starts,
     usage_totals,
 )

@@ -8,7 +8,8 @@ from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from redis.exceptions import RedisError
 
-from apps.billing.selectors import credit_balance, credit_live
+from apps.billing.ledger import credit_live
+from apps.billing.selectors import credit_balance
 from apps.billing.services import credit_grant
 from apps.tenants.models import Tenant
 

@@ -20,11 +20,13 @@ from django.db import connection
 from fixtures.net import free_port
 from fixtures.wait import eventually
 
+from apps.common.models import AuditEvent
 from apps.models.demo_encoder import demo_encoder_register, encoder_artifact_dir
 from apps.models.models import Endpoint
 from apps.models.services import pool_create
-from apps.tenants.models import AuditEvent
 from runtime.workers.heartbeat import endpoint_heartbeat_key
+
+pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[4]
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
@@ -11,7 +11,7 @@ from django.contrib.auth.base_user import AbstractBaseUser
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import models
 
-from apps.tenants.models import AuditEvent
+from apps.common.models import AuditEvent
 
 SYSTEM_ACTOR_LABEL = "system"
 
@@ -31,6 +31,12 @@ def _json_safe(value: Mapping[str, Any] | None) -> dict[str, Any] | None:
         return None
     result: dict[str, Any] = json.loads(json.dumps(dict(value), cls=_AuditEncoder))
     return result
+
+
+def audit_state(obj: models.Model, fields: Iterable[str]) -> dict[str, Any]:
+    """The values of ``fields`` on ``obj``, for an audit event's before/after (made JSON-safe
+    by ``audit_record``)."""
+    return {field: getattr(obj, field) for field in fields}
 
 
 def audit_changes(
