@@ -210,10 +210,10 @@ REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
-    "DEFAULT_PAGINATION_CLASS": "apps.core.api_support.IdCursorPagination",
-    "DEFAULT_THROTTLE_CLASSES": ["apps.core.api_support.CredentialThrottle"],
+    "DEFAULT_PAGINATION_CLASS": "apps.common.api_support.IdCursorPagination",
+    "DEFAULT_THROTTLE_CLASSES": ["apps.common.api_support.CredentialThrottle"],
     "DEFAULT_THROTTLE_RATES": {"api": os.environ.get("SWITCHYARD_API_RATE", "600/min")},
-    "EXCEPTION_HANDLER": "apps.core.api_support.api_exception_handler",
+    "EXCEPTION_HANDLER": "apps.common.api_support.api_exception_handler",
     "PAGE_SIZE": 50,
 }
 SPECTACULAR_SETTINGS = {
@@ -236,7 +236,7 @@ SPECTACULAR_SETTINGS = {
     },
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
-        "apps.core.api_support.error_responses_hook",
+        "apps.common.api_support.error_responses_hook",
     ],
 }
 

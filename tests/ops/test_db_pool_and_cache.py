@@ -22,7 +22,7 @@ from django.db import connection
 from rest_framework.request import Request
 from rest_framework.test import APIRequestFactory
 
-from apps.core.api_support import CredentialThrottle
+from apps.common.api_support import CredentialThrottle
 from runtime import contract
 
 pytestmark = pytest.mark.integration
@@ -38,7 +38,7 @@ OTHER_PROCESS = textwrap.dedent(
     from types import SimpleNamespace
     from rest_framework.request import Request
     from rest_framework.test import APIRequestFactory
-    from apps.core.api_support import CredentialThrottle
+    from apps.common.api_support import CredentialThrottle
     request = Request(APIRequestFactory().get("/api/v1/me/"))
     request._authenticator = None
     request.user, request.auth = None, SimpleNamespace(prefix="{prefix}")
