@@ -34,6 +34,8 @@ SOURCES: tuple[tuple[str, str], ...] = (
     (CONTRACT, "both halves (the Redis key layout)"),
     ("apps/scaling/tasks.py", "autoscaler (Celery)"),
 )
+# Modules of the SOURCES that are not a process's settings (the test session's plugin).
+SKIPPED: frozenset[str] = frozenset({"config/pytest_env.py"})
 ENV_NAME = re.compile(r"^[A-Z][A-Z0-9_]*$")
 ENV_MAPPINGS = {"environ", "env"}  # os.environ.get(...), env.get(...) on a Mapping of the env
 
@@ -51,7 +53,9 @@ MEANINGS: dict[str, str] = {
     "REDIS_URL": "Redis URL: snapshot, limits, usage stream, Celery broker and results, channel "
     "layer; `switchyard up` starts an embedded Redis when it is unset",
     "SECURE_COOKIES": "session and CSRF cookies only over HTTPS (`1`, `true`, `yes`, `on`)",
-    "SECRET_KEY": "Django secret key: set it in any shared deployment (a local-only key otherwise)",
+    "SECRET_KEY": "Django secret key, required outside `DEBUG`: unset, the processes use "
+    "`<SWITCHYARD_VAR_DIR>/secret_key` (which `switchyard up` generates, mode 0600, and keeps); "
+    "with neither, the web, Celery and `manage.py` refuse to start naming it",
     "SECRET_KEY_FILE": "a file holding the Django secret key (instead of `SECRET_KEY`)",
     "SWITCHYARD_CACHE_URL": "the control plane's shared Django cache (REST throttles); defaults "
     "to `REDIS_URL`",
@@ -64,6 +68,8 @@ MEANINGS: dict[str, str] = {
     "SWITCHYARD_API_RATE": "REST API throttle per credential (Django's rate syntax)",
     "SWITCHYARD_ASSUMED_REPLICAS": "Redis down: each router lends a tenant 1/this of its limits "
     "and of the balance Redis last reported",
+    "SWITCHYARD_BEAT_LEASE_S": "how long the scheduling Celery beat's Redis lease outlives its "
+    "last renewal: a standby beat takes over within this + 1 s",
     "SWITCHYARD_BEAT_ONLY": "comma-separated beat entry names: beat sends only these (a test's "
     "private beat)",
     "SWITCHYARD_BODY_TIMEOUT_S": "the request head and body must arrive within this (else 408)",
@@ -104,7 +110,6 @@ MEANINGS: dict[str, str] = {
 
 # Where the default is an expression the table would only restate badly.
 DEFAULT_NOTES: dict[str, str] = {
-    "SECRET_KEY": "a local-only key",
     "SWITCHYARD_VAR_DIR": "`./var` (the control plane: the repository's; the router: its "
     "working directory's)",
 }
@@ -258,6 +263,7 @@ def _source_files(root: Path) -> list[tuple[str, str]]:
         (str(file.relative_to(root)), who)
         for pattern, who in SOURCES
         for file in sorted(root.glob(pattern))
+        if str(file.relative_to(root)) not in SKIPPED
     ]
 
 
