@@ -1,16 +1,7 @@
 #!/usr/bin/env python
-"""Django's command-line entry point for the Switchyard control plane."""
+"""Django's command-line entry point in a checkout (installed: ``switchyard manage``)."""
 
-import os
-import sys
-
-
-def main() -> None:
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
-    from django.core.management import execute_from_command_line  # noqa: PLC0415
-
-    execute_from_command_line(sys.argv)
-
+from config.manage import main
 
 if __name__ == "__main__":
     main()
