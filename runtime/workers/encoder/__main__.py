@@ -15,7 +15,7 @@ from pathlib import Path
 
 from runtime.workers.encoder.options import policy_arguments, policy_from
 from runtime.workers.encoder.worker import EncoderSpec, EncoderWorker
-from runtime.workers.supervisor import WorkerError
+from runtime.workers.replica import WorkerError
 
 
 def main(argv: list[str] | None = None) -> int:
