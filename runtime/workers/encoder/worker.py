@@ -6,7 +6,8 @@
 1. verify the artifact folder against the registry's digest (refuse with
    :class:`~runtime.workers.replica.ArtifactRefusedError` before anything is registered);
 2. check the port, ``hooks.on_starting(base_url)`` (state ``starting``), heartbeat;
-3. load the model (``torch.set_num_threads`` for the cores it owns), start the batcher and the
+3. load the model on its device (``--device``: CUDA when present with ``auto``;
+   ``torch.set_num_threads`` for the cores it owns), start the batcher and the
    HTTP server, warm up over representative shapes (batch sizes x lengths, which also seeds the
    compute-time model) and once through HTTP, then heartbeat ``ready`` and ``hooks.on_ready()``;
 4. on SIGTERM/SIGINT: ``draining`` (new requests get 503), wait until no request is in flight or
@@ -48,6 +49,7 @@ class EncoderSpec:
     host: str = "127.0.0.1"
     port: int
     threads: int = 1
+    device: str = "auto"  # auto (CUDA when torch sees one, else CPU), cpu or cuda
     policy: BatchPolicy = field(default_factory=BatchPolicy)
     grace_s: float = 30.0
     heartbeat_ttl_s: float = 15.0
@@ -100,7 +102,9 @@ class EncoderWorker:
         spec = self.spec
         started = time.monotonic()
         try:
-            encoder = await asyncio.to_thread(Encoder.load, spec.artifact_dir, threads=spec.threads)
+            encoder = await asyncio.to_thread(
+                Encoder.load, spec.artifact_dir, threads=spec.threads, device=spec.device
+            )
         except (OSError, ValueError) as exc:
             raise WorkerStartError(f"cannot load {spec.artifact_dir}: {exc}") from exc
         run = _runner(encoder)
@@ -122,8 +126,9 @@ class EncoderWorker:
             await self._warm_http()
             await life.ready()
             log.info(
-                "%s ready at %s after %.1f s (%d threads, cost a=%.4f s b=%.2e s/token)",
-                spec.model_name, spec.base_url, time.monotonic() - started, spec.threads,
+                "%s ready at %s after %.1f s (%s, %d threads, cost a=%.4f s b=%.2e s/token)",
+                spec.model_name, spec.base_url, time.monotonic() - started, encoder.device,
+                spec.threads,
                 *batcher.cost.coefficients(),
             )  # fmt: skip
             await life.wait_stop()
