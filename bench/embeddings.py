@@ -91,7 +91,8 @@ def start_worker(
     cores = os.sched_getaffinity(0)
     if len(cores) >= 2:
         argv = ["taskset", "-c", str(max(cores)), *argv]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": path}  # the device kit's too
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("wb") as out:
         proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)  # noqa: S603
