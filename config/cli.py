@@ -89,10 +89,10 @@ def _embedded(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         return 130
 
 
-def _manage(argv: Sequence[str]) -> int:
+def _manage(argv: Sequence[str], *, prog: str = "switchyard manage") -> int:
     from config.manage import main as manage  # noqa: PLC0415
 
-    manage(["switchyard manage", *argv])
+    manage([prog, *argv])
     return 0
 
 
@@ -100,7 +100,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     raw = list(sys.argv[1:] if argv is None else argv)
     parser = _parser()
     if raw[:1] == ["up"]:
-        return _manage(raw)  # Django's parser owns `up`'s options and its --help
+        return _manage(raw, prog="switchyard")  # Django's parser owns `up`'s options, --help
     if raw[:1] == ["manage"]:
         return _manage(raw[1:])  # Django's: every command, its options, its --help
     args = parser.parse_args(raw)
