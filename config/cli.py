@@ -3,7 +3,10 @@
     switchyard up [--port N] [--router-port N] [--no-worker] [--pg-port N] [--redis-port N]
         The whole platform on this machine (control plane, Celery, the router; the autoscaler's
         local actuator starts the demo model's vLLM CPU replicas and the encoder's, --no-worker:
-        none); the same as ``python manage.py up``.
+        none); the same as ``switchyard manage up``.
+    switchyard manage COMMAND [ARG ...]
+        Any Django management command (migrate, collectstatic, createsuperuser, serve_model, ...):
+        ``manage.py`` for an installed package (the same as ``python -m config.manage``).
     switchyard embedded [--var-dir DIR] [--pg-port N] [--redis-port N] -- CMD [ARG ...]
         Start embedded PostgreSQL / Redis for whichever of DATABASE_URL / REDIS_URL is unset, run
         CMD with those URLs in its environment, stop the servers, exit with CMD's exit code.
@@ -15,7 +18,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -30,7 +32,12 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     commands.add_parser(
         "up",
-        help="run the whole platform (same as `python manage.py up`; see `switchyard up --help`)",
+        help="run the whole platform (same as `switchyard manage up`; see `switchyard up --help`)",
+        add_help=False,
+    )
+    commands.add_parser(
+        "manage",
+        help="a Django management command (manage.py for an installed package)",
         add_help=False,
     )
     embedded = commands.add_parser(
@@ -82,16 +89,10 @@ def _embedded(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         return 130
 
 
-def _up(rest: Sequence[str]) -> int:
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
-    from django.core.management import execute_from_command_line  # noqa: PLC0415
+def _manage(argv: Sequence[str], *, prog: str = "switchyard manage") -> int:
+    from config.manage import main as manage  # noqa: PLC0415
 
-    from config import secret_key  # noqa: PLC0415
-    from config.embedded import var_dir  # noqa: PLC0415
-
-    secret_key.ensure_for_up(["up"], os.environ, var_dir())  # before settings load
-
-    execute_from_command_line(["switchyard", "up", *rest])
+    manage([prog, *argv])
     return 0
 
 
@@ -99,6 +100,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     raw = list(sys.argv[1:] if argv is None else argv)
     parser = _parser()
     if raw[:1] == ["up"]:
-        return _up(raw[1:])  # Django's parser owns `up`'s options and its --help
+        return _manage(raw, prog="switchyard")  # Django's parser owns `up`'s options, --help
+    if raw[:1] == ["manage"]:
+        return _manage(raw[1:])  # Django's: every command, its options, its --help
     args = parser.parse_args(raw)
     return _embedded(args, parser)

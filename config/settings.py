@@ -12,10 +12,11 @@ from pathlib import Path
 import dj_database_url
 
 from config import secret_key
+from config.paths import default_var_dir
 from runtime import contract
 
-BASE_DIR = Path(__file__).resolve().parent.parent
-VAR_DIR = Path(os.environ.get("SWITCHYARD_VAR_DIR", BASE_DIR / "var"))
+BASE_DIR = Path(__file__).resolve().parent.parent  # the checkout, or site-packages when installed
+VAR_DIR = default_var_dir(os.environ)
 
 
 def _env_bool(name: str, default: bool) -> bool:

@@ -1,6 +1,7 @@
 """The vLLM worker supervisor (DESIGN §4.6): verify, start, warm up, register, drain, deregister.
 
-:meth:`Supervisor.run` takes one replica through its life:
+:meth:`Supervisor.run` takes one replica through the start-up sequence every worker shares
+(:class:`runtime.workers.replica.ReplicaLife`); this module is its vLLM engine part:
 
 1. verify the artifact folder against the registry's digest (:func:`runtime.artifacts.
    verify_artifact`); a mismatch raises :class:`ArtifactRefusedError`, naming the files that
@@ -31,20 +32,38 @@ import asyncio
 import contextlib
 import logging
 import os
-import signal
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Protocol
+from typing import BinaryIO
 
 import aiohttp
 
-from runtime.artifacts import ArtifactError, ArtifactMismatchError, verify_artifact
-from runtime.procs import port_is_free
-from runtime.workers.heartbeat import Heartbeat, endpoint_heartbeat_key
 from runtime.workers.launch import EngineProcess, WorkerSpec, build_command, build_env
 from runtime.workers.probe import EngineStartError, requests_in_flight, wait_healthy, warm_up
+from runtime.workers.replica import (
+    ArtifactRefusedError,
+    NoHooks,
+    ReplicaLife,
+    ReplicaSpec,
+    WorkerError,
+    WorkerHooks,
+    WorkerStartError,
+    check_port_free,
+)
+
+__all__ = [
+    "ArtifactRefusedError",
+    "EngineExitedError",
+    "NoHooks",
+    "Supervisor",
+    "SupervisorSettings",
+    "WorkerError",
+    "WorkerHooks",
+    "WorkerStartError",
+    "check_port_free",
+]
 
 log = logging.getLogger("switchyard.worker")
 
@@ -52,59 +71,8 @@ _HEALTH_POLL_S = 0.5
 _DRAIN_ZERO_READS = 2  # consecutive idle /metrics reads before the engine counts as drained
 
 
-class WorkerError(Exception):
-    """The worker could not serve; the message says why."""
-
-
-class ArtifactRefusedError(WorkerError):
-    """The artifact is missing or differs from the registry's digest: nothing was started."""
-
-
-class WorkerStartError(WorkerError):
-    """The engine could not be started (port taken, exited, unhealthy, warmup failed)."""
-
-
 class EngineExitedError(WorkerError):
     """The engine exited on its own while serving."""
-
-
-class WorkerHooks(Protocol):
-    """Control-plane callbacks around the engine's life. ``on_gone`` runs only after
-    ``on_starting`` returned, whatever happened after it."""
-
-    async def on_starting(self, base_url: str) -> int | None:
-        """Register the endpoint (state starting); return its id for the heartbeat key."""
-        ...
-
-    async def on_ready(self) -> None: ...
-
-    async def on_draining(self) -> None: ...
-
-    async def on_unhealthy(self, reason: str) -> None:
-        """An engine process died: stop routing to the endpoint now (it restarts and comes
-        back through ``on_ready`` after a fresh warm-up)."""
-        ...
-
-    async def on_gone(self) -> None: ...
-
-
-class NoHooks:
-    """Hooks that register nothing (tests, a bare engine)."""
-
-    async def on_starting(self, base_url: str) -> int | None:
-        return None
-
-    async def on_ready(self) -> None:
-        return None
-
-    async def on_draining(self) -> None:
-        return None
-
-    async def on_unhealthy(self, reason: str) -> None:
-        return None
-
-    async def on_gone(self) -> None:
-        return None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -128,16 +96,6 @@ class SupervisorSettings:
     engine_log: Path | None = None  # the engine's output; None: our stderr
 
 
-def check_port_free(host: str, port: int) -> None:
-    """Raise :class:`WorkerStartError` if something already listens on ``host:port``."""
-    error = port_is_free(port, host)
-    if error is not None:
-        raise WorkerStartError(
-            f"cannot serve on {host}:{port}: {error.strerror or error}; "
-            "stop whatever uses that port or choose another --port"
-        ) from error
-
-
 class Supervisor:
     """Runs one engine for ``spec``; see the module docstring for the life cycle."""
 
@@ -150,82 +108,47 @@ class Supervisor:
         settings: SupervisorSettings | None = None,
     ) -> None:
         self.spec = spec
-        self._hooks: WorkerHooks = hooks or NoHooks()
-        self._redis_url = redis_url
-        self._settings = settings or SupervisorSettings()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._stop = asyncio.Event()
-        self._force = asyncio.Event()
+        self._settings = settings = settings or SupervisorSettings()
+        self._life = ReplicaLife(
+            ReplicaSpec(
+                name=spec.served_model_name,
+                host=spec.host,
+                port=spec.port,
+                base_url=spec.base_url,
+                artifact_dir=spec.artifact_dir,
+                expected_digest=spec.expected_digest,
+                expected_files=spec.expected_files,
+                heartbeat_ttl_s=settings.heartbeat_ttl_s,
+                handle_signals=settings.handle_signals,
+            ),
+            hooks=hooks,
+            redis_url=redis_url,
+        )
+        self._files = contextlib.ExitStack()
+        self._sink: BinaryIO | None = None
         self.engine: EngineProcess | None = None
         self.ready_after_s: list[float] = []  # launch -> ready, for each engine life
 
-    # --- stopping ------------------------------------------------------------------------
-
     def request_stop(self) -> None:
         """Begin draining (a second call ends the drain at once). Safe from any thread."""
-        loop = self._loop
-        if loop is None:
-            self._stop.set()  # before run(): it returns right after verifying
-        elif loop.is_running():
-            loop.call_soon_threadsafe(self._on_stop_request)
-
-    def _on_stop_request(self, sig: signal.Signals | None = None) -> None:
-        if sig is not None:
-            log.info("received %s", sig.name)
-        if self._stop.is_set():
-            self._force.set()
-        self._stop.set()
-
-    async def _stop_requested_within(self, seconds: float) -> bool:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._stop.wait(), seconds)
-        return self._stop.is_set()
-
-    # --- the life cycle ------------------------------------------------------------------
+        self._life.request_stop()
 
     async def run(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        installed: list[signal.Signals] = []
-        if self._settings.handle_signals:
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                self._loop.add_signal_handler(sig, self._on_stop_request, sig)
-                installed.append(sig)
-        try:
-            await self._run()
-        finally:
-            for sig in installed:
-                self._loop.remove_signal_handler(sig)
+        await self._life.run(self)
 
-    async def _run(self) -> None:
-        spec = self.spec
-        await self._verify()
-        if self._stop.is_set():
-            return
-        check_port_free(spec.host, spec.port)
-        with contextlib.ExitStack() as files:
-            sink = self._open_log(files)
-            endpoint_id = await self._hooks.on_starting(spec.base_url)
-            heartbeat = None
-            if self._redis_url is not None and endpoint_id is not None:
-                heartbeat = Heartbeat(
-                    self._redis_url,
-                    endpoint_heartbeat_key(endpoint_id),
-                    ttl_s=self._settings.heartbeat_ttl_s,
-                    fields={"endpoint": endpoint_id, "base_url": spec.base_url, "pid": os.getpid()},
-                )
-            try:
-                await self._serve(sink, heartbeat)
-            finally:
-                await self._shutdown(heartbeat)
+    # --- the engine's part of the sequence (runtime.workers.replica.ReplicaEngine) ---------
 
-    async def _serve(self, sink: BinaryIO, heartbeat: Heartbeat | None) -> None:
+    def prepare(self) -> None:
+        self._sink = self._open_log(self._files)
+
+    async def serve(self, life: ReplicaLife) -> None:
         """Serve until a stop; restart the engine (with backoff) each time it dies."""
         settings = self._settings
         crashes: list[float] = []
         restarting = False
         async with aiohttp.ClientSession() as session:
             while True:
-                reason = await self._serve_once(session, sink, heartbeat, restarting=restarting)
+                reason = await self._serve_once(session, life, restarting=restarting)
                 if reason is None:
                     return  # stopped (and drained)
                 now = time.monotonic()
@@ -247,17 +170,23 @@ class Supervisor:
                     "%.0f s)", reason, delay, len(crashes), settings.max_restarts,
                     settings.restart_window_s,
                 )  # fmt: skip
-                if await self._stop_requested_within(delay):
+                if await life.stop_requested_within(delay):
                     return
                 restarting = True
 
+    async def close(self) -> None:
+        """Stop the engine (its group) and close its log. Never raises."""
+        engine = self.engine
+        if engine is not None:
+            try:
+                code = await engine.stop(self._settings.stop_timeout_s)
+                log.info("engine stopped (exit code %s)", code)
+            except Exception:
+                log.exception("stopping the engine failed")
+        self._files.close()
+
     async def _serve_once(
-        self,
-        session: aiohttp.ClientSession,
-        sink: BinaryIO,
-        heartbeat: Heartbeat | None,
-        *,
-        restarting: bool,
+        self, session: aiohttp.ClientSession, life: ReplicaLife, *, restarting: bool
     ) -> str | None:
         """One engine life: launch, health, warm-up, ready, then serve until a stop (drain,
         return None) or the death of any engine process (mark the endpoint unhealthy, stop the
@@ -266,14 +195,16 @@ class Supervisor:
         spec = self.spec
         started = time.monotonic()
         argv = build_command(spec)
+        sink = self._sink
+        assert sink is not None, "prepare() opens the engine log before serve()"
         try:
             self.engine = engine = await EngineProcess.start(argv, build_env(spec), sink=sink)
         except OSError as exc:
             raise WorkerStartError(f"cannot launch {argv[0]}: {exc}") from exc
-        if heartbeat is not None:
-            await (heartbeat.set_state("starting") if restarting else heartbeat.start("starting"))
+        if restarting:
+            await life.restarting()
         try:
-            if not await self._start_engine(session, engine):
+            if not await self._start_engine(session, engine, life):
                 log.info("stop requested while starting; not serving")
                 return None
         except WorkerStartError as exc:
@@ -281,45 +212,24 @@ class Supervisor:
                 raise
             return f"the restarted engine did not come up: {exc}"
         members = engine.members()
-        if heartbeat is not None:
-            await heartbeat.set_state("ready")
-        await self._hooks.on_ready()
+        await life.ready()
         self.ready_after_s.append(time.monotonic() - started)
         log.info(
             "%s ready at %s after %.1f s (engine pid %s, %d process(es))",
             spec.served_model_name, spec.base_url, time.monotonic() - started, engine.pid,
             len(members),
         )  # fmt: skip
-        died = await self._serve_until_stop(engine, members)
+        died = await self._serve_until_stop(engine, members, life)
         if died is not None:
-            if heartbeat is not None:
-                await heartbeat.set_state("restarting")
-            await self._hooks.on_unhealthy(died)  # routers stop sending it traffic at once
+            await life.unhealthy(died)  # routers stop sending it traffic at once
             await engine.stop(self._settings.dead_stop_timeout_s)  # the rest of its group
             log.warning("%s: endpoint marked unhealthy, the engine's group stopped", died)
             return died
-        if heartbeat is not None:
-            await heartbeat.set_state("draining")
-        await self._hooks.on_draining()
-        await self._drain(session, engine)
+        await life.draining()
+        await self._drain(session, engine, life)
         if engine.returncode is not None:  # it died while draining, before we stopped it
             raise await self._exited(engine)
         return None
-
-    async def _verify(self) -> None:
-        spec = self.spec
-        what = f"refusing to serve {spec.served_model_name}"
-        try:
-            await asyncio.to_thread(
-                verify_artifact, spec.artifact_dir, spec.expected_digest, spec.expected_files
-            )
-        except ArtifactMismatchError as exc:
-            raise ArtifactRefusedError(
-                f"{what}: the artifact in {spec.artifact_dir} does not match the registry: {exc}"
-            ) from exc
-        except (ArtifactError, OSError) as exc:
-            raise ArtifactRefusedError(f"{what}: {exc}") from exc
-        log.info("artifact %s verified (digest %s)", spec.artifact_dir, spec.expected_digest)
 
     def _open_log(self, files: contextlib.ExitStack) -> BinaryIO:
         path = self._settings.engine_log
@@ -334,7 +244,9 @@ class Supervisor:
         except OSError as exc:
             raise WorkerStartError(f"cannot write the engine log {path}: {exc}") from exc
 
-    async def _start_engine(self, session: aiohttp.ClientSession, engine: EngineProcess) -> bool:
+    async def _start_engine(
+        self, session: aiohttp.ClientSession, engine: EngineProcess, life: ReplicaLife
+    ) -> bool:
         """Wait for health and warm up; False if a stop came first. Raises WorkerStartError."""
         spec, settings = self.spec, self._settings
         try:
@@ -343,7 +255,7 @@ class Supervisor:
                 spec.base_url,
                 timeout_s=settings.start_timeout_s,
                 exited=lambda: engine.returncode,
-                interrupted=lambda: self._stop_requested_within(_HEALTH_POLL_S),
+                interrupted=lambda: life.stop_requested_within(_HEALTH_POLL_S),
             )
             if healthy:
                 await warm_up(
@@ -360,9 +272,11 @@ class Supervisor:
             ) from exc
         return healthy
 
-    async def _serve_until_stop(self, engine: EngineProcess, members: frozenset[int]) -> str | None:
+    async def _serve_until_stop(
+        self, engine: EngineProcess, members: frozenset[int], life: ReplicaLife
+    ) -> str | None:
         """Wait for a stop request (None) or the death of any engine process (what died)."""
-        stop = asyncio.create_task(self._stop.wait())
+        stop = asyncio.create_task(life.wait_stop())
         died = asyncio.create_task(engine.watch(members))
         try:
             await asyncio.wait({stop, died}, return_when=asyncio.FIRST_COMPLETED)
@@ -371,7 +285,9 @@ class Supervisor:
                 task.cancel()
         return died.result() if died.done() and not died.cancelled() else None
 
-    async def _drain(self, session: aiohttp.ClientSession, engine: EngineProcess) -> None:
+    async def _drain(
+        self, session: aiohttp.ClientSession, engine: EngineProcess, life: ReplicaLife
+    ) -> None:
         settings = self._settings
         deadline = time.monotonic() + settings.grace_s
         zero_reads = 0
@@ -383,29 +299,13 @@ class Supervisor:
             if zero_reads >= _DRAIN_ZERO_READS or (in_flight == 0 and remaining <= 0):
                 log.info("drained: no request in flight")
                 return
-            if remaining <= 0 or self._force.is_set():
+            if remaining <= 0 or life.force.is_set():
                 reason = "grace period ended" if remaining <= 0 else "second stop signal"
                 known = "an unknown number of" if in_flight is None else str(in_flight)
                 log.warning("%s with %s request(s) in flight; stopping anyway", reason, known)
                 return
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._force.wait(), min(settings.drain_poll_s, remaining))
-
-    async def _shutdown(self, heartbeat: Heartbeat | None) -> None:
-        """Stop the engine, delete the heartbeat, mark the endpoint gone. Never raises."""
-        engine = self.engine
-        if engine is not None:
-            try:
-                code = await engine.stop(self._settings.stop_timeout_s)
-                log.info("engine stopped (exit code %s)", code)
-            except Exception:
-                log.exception("stopping the engine failed")
-        if heartbeat is not None:
-            await heartbeat.stop()
-        try:
-            await self._hooks.on_gone()
-        except Exception:
-            log.exception("marking the endpoint gone failed; its heartbeat is deleted")
+                await asyncio.wait_for(life.force.wait(), min(settings.drain_poll_s, remaining))
 
     async def _exited(self, engine: EngineProcess) -> EngineExitedError:
         await engine.stop(self._settings.stop_timeout_s)  # the rest of its group, its last output

@@ -92,3 +92,29 @@ def test_exactly_one_celery_beat() -> None:
     assert beat["spec"]["strategy"]["type"] == "Recreate"
     (container,) = beat["spec"]["template"]["spec"]["containers"]
     assert container["command"][:4] == ["celery", "-A", "config", "beat"]
+
+
+def test_web_pods_collect_static_files_into_the_volume_they_serve_from() -> None:
+    """DEBUG=false: WhiteNoise serves STATIC_ROOT ($SWITCHYARD_VAR_DIR/staticfiles) only, so an
+    init container fills it on the web pod's own var volume, with the web container's settings."""
+    from django.core.management import get_commands  # noqa: PLC0415
+
+    pod = by_kind("Deployment")["switchyard-web"]["spec"]["template"]["spec"]
+    (web,) = pod["containers"]
+    (init,) = [c for c in pod.get("initContainers", []) if "collectstatic" in c["command"]]
+    assert init["command"][:3] == ["python", "-m", "config.manage"]
+    assert "collectstatic" in get_commands()
+    assert "--noinput" in init["command"]
+    assert init["envFrom"] == web["envFrom"]
+    var_dir = by_kind("ConfigMap")["switchyard-config"]["data"]["SWITCHYARD_VAR_DIR"]
+    mounts = {m["name"]: m["mountPath"] for m in init["volumeMounts"]}
+    assert {m["name"]: m["mountPath"] for m in web["volumeMounts"]} == mounts
+    assert var_dir in mounts.values()
+
+
+def test_management_commands_run_without_a_manage_py() -> None:
+    """The image installs the wheel: ``python -m config.manage``, never ``manage.py``."""
+    for resource in resources():
+        spec = resource.get("spec", {}).get("template", {}).get("spec", {})
+        for container in [*spec.get("containers", []), *spec.get("initContainers", [])]:
+            assert "manage.py" not in " ".join(container.get("command", [])), container["name"]

@@ -186,3 +186,14 @@ def test_systemd_analyze_verify(tmp_path: Path) -> None:
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert result.stderr.strip() == "", result.stderr  # warnings (unknown keys) too
+
+
+def test_the_web_unit_collects_static_files_before_it_starts() -> None:
+    """DEBUG=false: the admin's CSS is served from STATIC_ROOT only, so the web unit fills it."""
+    unit = parse_unit(UNITS / "switchyard-web.service")
+    pre = shlex.split(value(unit, "Service", "ExecStartPre"))
+    assert pre[0] == f"{INSTALL}/.venv/bin/python", pre
+    assert pre[1:4] == ["-m", "config.manage", "collectstatic"], pre
+    assert "collectstatic" in get_commands()
+    assert "--noinput" in pre
+    assert value(unit, "Service", "Environment").startswith("SWITCHYARD_VAR_DIR=")

@@ -26,7 +26,7 @@ from apps.models.selectors import endpoints_live, model_get_by_name, model_versi
 from apps.models.services import endpoint_register, endpoint_set_state
 from runtime.procs import watch_lifeline
 from runtime.workers.heartbeat import endpoint_heartbeat_key
-from runtime.workers.supervisor import WorkerError
+from runtime.workers.replica import WorkerError
 
 log = logging.getLogger("switchyard.worker")
 

@@ -18,10 +18,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, ClassVar, Final, Protocol
 
+from config.paths import manage_command
 from runtime.policy_names import by_name, lookup
-
-REPO_ROOT = Path(__file__).resolve().parents[3]
-MANAGE = str(REPO_ROOT / "manage.py")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -72,7 +70,7 @@ class ServeModelLauncher:
 
     def argv(self, spec: LaunchSpec) -> list[str]:
         argv = [
-            sys.executable, MANAGE, "serve_model", "--model", spec.model, "--label", spec.label,
+            *manage_command(), "serve_model", "--model", spec.model, "--label", spec.label,
             "--pool", spec.pool, "--port", str(spec.port),
             "--capacity", str(spec.capacity or self.default_capacity),
             "--grace", str(spec.grace_s),
@@ -93,7 +91,7 @@ class ServeEncoderLauncher:
 
     def argv(self, spec: LaunchSpec) -> list[str]:
         return [
-            sys.executable, MANAGE, "serve_encoder", "--model", spec.model, "--label", spec.label,
+            *manage_command(), "serve_encoder", "--model", spec.model, "--label", spec.label,
             "--pool", spec.pool, "--port", str(spec.port),
             "--capacity", str(spec.capacity or self.default_capacity),
             "--grace", str(spec.grace_s), *spec.extra_args,

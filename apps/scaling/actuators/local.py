@@ -42,8 +42,9 @@ import redis
 from apps.models.models import Endpoint, ModelVersion, Pool
 from apps.models.services.fleet import endpoint_register, endpoint_set_state
 from apps.scaling.actuators.base import Actuation, ActuatorError, Replicas, StartTime
-from apps.scaling.actuators.launchers import REPO_ROOT, Launcher, LaunchSpec, launcher_for_runtime
+from apps.scaling.actuators.launchers import Launcher, LaunchSpec, launcher_for_runtime
 from apps.scaling.models import PoolScaling
+from config.paths import SOURCE_ROOT
 from runtime.contract import scaling_local_key
 from runtime.procs import (
     StartError,
@@ -220,7 +221,7 @@ class LocalActuator:
         log = self._log_dir / f"{pool.name}-{port}.log"
         self._log_dir.mkdir(parents=True, exist_ok=True)
         proc = spawn(
-            launcher.argv(spec), log=log, cwd=REPO_ROOT, env=self._env,
+            launcher.argv(spec), log=log, cwd=SOURCE_ROOT, env=self._env,
             death_signal=self._death_signal,
         )  # fmt: skip
         timeout = self._start_timeout_s or launcher.start_timeout_s

@@ -13,9 +13,9 @@ import os
 import sys
 from pathlib import Path
 
-from runtime.workers.encoder.options import policy_arguments, policy_from
+from runtime.workers.encoder.options import device_argument, policy_arguments, policy_from
 from runtime.workers.encoder.worker import EncoderSpec, EncoderWorker
-from runtime.workers.supervisor import WorkerError
+from runtime.workers.replica import WorkerError
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -29,6 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--grace", type=float, default=30.0)
+    device_argument(parser)
     policy_arguments(parser)
     args = parser.parse_args(argv)
     logging.basicConfig(level=os.environ.get("SWITCHYARD_LOG_LEVEL", "INFO"))
@@ -44,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
         host=args.host,
         port=args.port,
         threads=args.threads,
+        device=args.device,
         policy=policy,
         grace_s=args.grace,
     )

@@ -1,4 +1,5 @@
-"""The encoder the PyTorch CPU worker serves: a BERT-style model with mean pooling.
+"""The encoder the PyTorch worker serves: a BERT-style model with mean pooling, on the CPU or a
+CUDA device (:func:`resolve_device`: ``auto`` is CUDA when torch sees one).
 
 :class:`Encoder` loads a sentence-transformers folder (``config.json``, ``model.safetensors``,
 tokenizer files; all-MiniLM-L6-v2 in the demo) with ``transformers`` and computes what
@@ -21,10 +22,26 @@ from typing import Any
 
 DEFAULT_LABELS = ("negative", "neutral", "positive")
 DEFAULT_HEAD_SEED = 13
+DEVICES = ("auto", "cpu", "cuda")
 
 
 class InputError(ValueError):
     """One input cannot be encoded (empty, token ids out of the vocabulary)."""
+
+
+def resolve_device(requested: str, *, cuda_available: bool) -> str:
+    """``auto`` -> ``cuda`` when a CUDA device is there, else ``cpu``; ``cuda`` without one is
+    a ValueError (a GPU worker must not fall back to the CPU silently)."""
+    if requested not in DEVICES:
+        raise ValueError(f"unknown device {requested!r}: choose one of {', '.join(DEVICES)}")
+    if requested == "auto":
+        return "cuda" if cuda_available else "cpu"
+    if requested == "cuda" and not cuda_available:
+        raise ValueError(
+            "device cuda was asked for but torch sees no CUDA device (a CPU build of torch, "
+            "or no driver): use --device cpu or auto"
+        )
+    return requested
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,13 +56,21 @@ class Encoder:
     """A loaded encoder; build it with :meth:`load` (slow: reads the weights)."""
 
     def __init__(
-        self, model: Any, tokenizer: Any, head: Any, info: EncoderInfo, *, threads: int
+        self,
+        model: Any,
+        tokenizer: Any,
+        head: Any,
+        info: EncoderInfo,
+        *,
+        threads: int,
+        device: str = "cpu",
     ) -> None:
         self._model = model
         self._tokenizer = tokenizer
         self._head = head
         self.info = info
         self.threads = threads
+        self.device = device
 
     @classmethod
     def load(
@@ -53,14 +78,18 @@ class Encoder:
         folder: Path,
         *,
         threads: int,
+        device: str = "cpu",
         labels: Sequence[str] = DEFAULT_LABELS,
         head_seed: int = DEFAULT_HEAD_SEED,
     ) -> Encoder:
+        """Load ``folder`` on ``device`` (``auto``/``cpu``/``cuda``; ValueError when ``cuda`` is
+        asked for and torch sees none)."""
         import torch  # noqa: PLC0415 - heavy; only the worker process imports it
         from transformers import AutoModel, AutoTokenizer  # noqa: PLC0415
 
         if threads < 1:
             raise ValueError("threads must be at least 1")
+        device = resolve_device(device, cuda_available=bool(torch.cuda.is_available()))
         torch.set_num_threads(threads)
         tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
         model = AutoModel.from_pretrained(str(folder), local_files_only=True)
@@ -74,13 +103,15 @@ class Encoder:
             head.weight.uniform_(-bound, bound, generator=generator)
             head.bias.zero_()
         head.eval()
+        model.to(device)
+        head.to(device)
         info = EncoderInfo(
             dimensions=dimensions,
             max_tokens=max_tokens,
             vocab_size=int(model.config.vocab_size),
             labels=tuple(labels),
         )
-        return cls(model, tokenizer, head, info, threads=threads)
+        return cls(model, tokenizer, head, info, threads=threads, device=device)
 
     # --- tokenization (cheap; on the event loop) -----------------------------------------
 
@@ -105,7 +136,7 @@ class Encoder:
 
     def embed(self, batch: Sequence[Sequence[int]]) -> list[list[float]]:
         """Normalised mean-pooled embeddings of a batch of token-id lists."""
-        return [row.tolist() for row in self._pooled(batch)]
+        return [row.tolist() for row in self._pooled(batch).cpu()]
 
     def classify(self, batch: Sequence[Sequence[int]]) -> list[list[float]]:
         """Label probabilities (softmax of the seeded head) for each input."""
@@ -113,7 +144,7 @@ class Encoder:
 
         with torch.inference_mode():
             logits = self._head(self._pooled(batch))
-            return [row.tolist() for row in torch.softmax(logits, dim=-1)]
+            return [row.tolist() for row in torch.softmax(logits, dim=-1).cpu()]
 
     def _pooled(self, batch: Sequence[Sequence[int]]) -> Any:
         import torch  # noqa: PLC0415
@@ -126,6 +157,9 @@ class Encoder:
         for row, ids in enumerate(batch):
             input_ids[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
             mask[row, : len(ids)] = 1
+        if self.device != "cpu":
+            input_ids = input_ids.to(self.device, non_blocking=True)
+            mask = mask.to(self.device, non_blocking=True)
         with torch.inference_mode():
             out = self._model(input_ids=input_ids, attention_mask=mask)
             tokens = out.last_hidden_state

@@ -1,4 +1,4 @@
-"""The batching flags shared by ``python -m runtime.workers.encoder`` and ``serve_encoder``."""
+"""The device and batching flags of ``python -m runtime.workers.encoder`` and ``serve_encoder``."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from runtime.workers.encoder.batcher import BatchPolicy
+from runtime.workers.encoder.model import DEVICES
 
 
 def policy_arguments(parser: argparse.ArgumentParser) -> None:
@@ -18,6 +19,16 @@ def policy_arguments(parser: argparse.ArgumentParser) -> None:
     add("--slo-ms", type=float, default=200.0, help="Class SLO when a request has no deadline.")
     add("--margin-ms", type=float, default=5.0, help="Safety margin before a deadline (ms).")
     add("--no-batching", action="store_true", help="Compute every input on its own, at once.")
+
+
+def device_argument(parser: argparse.ArgumentParser) -> None:
+    """``--device auto|cpu|cuda`` (shared with ``manage.py serve_encoder``)."""
+    parser.add_argument(
+        "--device",
+        choices=DEVICES,
+        default="auto",
+        help="Where the model runs: auto (CUDA when torch sees a GPU, else CPU), cpu or cuda.",
+    )
 
 
 def policy_from(options: Mapping[str, Any]) -> BatchPolicy:

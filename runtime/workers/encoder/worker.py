@@ -1,17 +1,19 @@
 """One encoder replica's life (DESIGN §4.6), in one process: verify, load, serve, drain.
 
-:meth:`EncoderWorker.run`:
+:meth:`EncoderWorker.run` takes the replica through the start-up sequence every worker shares
+(:class:`runtime.workers.replica.ReplicaLife`); this module is its encoder part:
 
 1. verify the artifact folder against the registry's digest (refuse with
-   :class:`~runtime.workers.supervisor.ArtifactRefusedError` before anything is registered);
+   :class:`~runtime.workers.replica.ArtifactRefusedError` before anything is registered);
 2. check the port, ``hooks.on_starting(base_url)`` (state ``starting``), heartbeat;
-3. load the model (``torch.set_num_threads`` for the cores it owns), start the batcher and the
+3. load the model on its device (``--device``: CUDA when present with ``auto``;
+   ``torch.set_num_threads`` for the cores it owns), start the batcher and the
    HTTP server, warm up over representative shapes (batch sizes x lengths, which also seeds the
    compute-time model) and once through HTTP, then heartbeat ``ready`` and ``hooks.on_ready()``;
 4. on SIGTERM/SIGINT: ``draining`` (new requests get 503), wait until no request is in flight or
    the grace period ends (a second signal ends it), stop, delete the heartbeat, ``on_gone``.
 
-The hooks are the same :class:`~runtime.workers.supervisor.WorkerHooks` as the vLLM supervisor's.
+The hooks are :class:`~runtime.workers.replica.WorkerHooks`, as for the vLLM supervisor.
 """
 
 from __future__ import annotations
@@ -19,8 +21,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
-import signal
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -29,18 +29,10 @@ from pathlib import Path
 import aiohttp
 from aiohttp import web
 
-from runtime.artifacts import ArtifactError, ArtifactMismatchError, verify_artifact
 from runtime.workers.encoder.batcher import BatchPolicy, DynamicBatcher
 from runtime.workers.encoder.model import Encoder
 from runtime.workers.encoder.server import EncoderService, build_app
-from runtime.workers.heartbeat import Heartbeat, endpoint_heartbeat_key
-from runtime.workers.supervisor import (
-    ArtifactRefusedError,
-    NoHooks,
-    WorkerHooks,
-    WorkerStartError,
-    check_port_free,
-)
+from runtime.workers.replica import ReplicaLife, ReplicaSpec, WorkerHooks, WorkerStartError
 
 log = logging.getLogger("switchyard.worker")
 
@@ -57,6 +49,7 @@ class EncoderSpec:
     host: str = "127.0.0.1"
     port: int
     threads: int = 1
+    device: str = "auto"  # auto (CUDA when torch sees one, else CPU), cpu or cuda
     policy: BatchPolicy = field(default_factory=BatchPolicy)
     grace_s: float = 30.0
     heartbeat_ttl_s: float = 15.0
@@ -73,88 +66,45 @@ class EncoderWorker:
         self, spec: EncoderSpec, *, hooks: WorkerHooks | None = None, redis_url: str | None = None
     ) -> None:
         self.spec = spec
-        self._hooks: WorkerHooks = hooks or NoHooks()
-        self._redis_url = redis_url
-        self._stop = asyncio.Event()
-        self._force = asyncio.Event()
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._life = ReplicaLife(
+            ReplicaSpec(
+                name=spec.model_name,
+                host=spec.host,
+                port=spec.port,
+                base_url=spec.base_url,
+                artifact_dir=spec.artifact_dir,
+                expected_digest=spec.expected_digest,
+                expected_files=spec.expected_files,
+                heartbeat_ttl_s=spec.heartbeat_ttl_s,
+                handle_signals=spec.handle_signals,
+            ),
+            hooks=hooks,
+            redis_url=redis_url,
+        )
         self.service: EncoderService | None = None
 
     def request_stop(self) -> None:
         """Begin draining (a second call ends the drain at once). Safe from any thread."""
-        loop = self._loop
-        if loop is None:
-            self._stop.set()
-        elif loop.is_running():
-            loop.call_soon_threadsafe(self._on_stop)
-
-    def _on_stop(self) -> None:
-        if self._stop.is_set():
-            self._force.set()
-        self._stop.set()
+        self._life.request_stop()
 
     async def run(self) -> None:
-        self._loop = loop = asyncio.get_running_loop()
-        installed: list[signal.Signals] = []
-        if self.spec.handle_signals:
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.add_signal_handler(sig, self._on_stop)
-                installed.append(sig)
-        try:
-            await self._run()
-        finally:
-            for sig in installed:
-                loop.remove_signal_handler(sig)
+        await self._life.run(self)
 
-    async def _verify(self) -> None:
-        spec = self.spec
-        if spec.expected_digest is None:
-            log.warning("serving %s without verifying its artifact", spec.artifact_dir)
-            return
-        what = f"refusing to serve {spec.model_name}"
-        try:
-            await asyncio.to_thread(
-                verify_artifact, spec.artifact_dir, spec.expected_digest, spec.expected_files
-            )
-        except ArtifactMismatchError as exc:
-            raise ArtifactRefusedError(
-                f"{what}: the artifact in {spec.artifact_dir} does not match the registry: {exc}"
-            ) from exc
-        except (ArtifactError, OSError) as exc:
-            raise ArtifactRefusedError(f"{what}: {exc}") from exc
-        log.info("artifact %s verified (digest %s)", spec.artifact_dir, spec.expected_digest)
+    # --- the engine's part of the sequence (runtime.workers.replica.ReplicaEngine) ---------
 
-    async def _run(self) -> None:
-        spec = self.spec
-        await self._verify()
-        if self._stop.is_set():
-            return
-        check_port_free(spec.host, spec.port)
-        endpoint_id = await self._hooks.on_starting(spec.base_url)
-        heartbeat = None
-        if self._redis_url is not None and endpoint_id is not None:
-            heartbeat = Heartbeat(
-                self._redis_url,
-                endpoint_heartbeat_key(endpoint_id),
-                ttl_s=spec.heartbeat_ttl_s,
-                fields={"endpoint": endpoint_id, "base_url": spec.base_url, "pid": os.getpid()},
-            )
-            await heartbeat.start("starting")
-        try:
-            await self._serve(heartbeat)
-        finally:
-            if heartbeat is not None:
-                await heartbeat.stop()
-            try:
-                await self._hooks.on_gone()
-            except Exception:
-                log.exception("marking the endpoint gone failed; its heartbeat is deleted")
+    def prepare(self) -> None:
+        return None
 
-    async def _serve(self, heartbeat: Heartbeat | None) -> None:
+    async def close(self) -> None:
+        return None  # serve() stops its batcher and server itself
+
+    async def serve(self, life: ReplicaLife) -> None:
         spec = self.spec
         started = time.monotonic()
         try:
-            encoder = await asyncio.to_thread(Encoder.load, spec.artifact_dir, threads=spec.threads)
+            encoder = await asyncio.to_thread(
+                Encoder.load, spec.artifact_dir, threads=spec.threads, device=spec.device
+            )
         except (OSError, ValueError) as exc:
             raise WorkerStartError(f"cannot load {spec.artifact_dir}: {exc}") from exc
         run = _runner(encoder)
@@ -174,20 +124,17 @@ class EncoderWorker:
             batcher.start()
             await asyncio.to_thread(warm_up_shapes, encoder, batcher, spec.policy.max_batch)
             await self._warm_http()
-            if heartbeat is not None:
-                await heartbeat.set_state("ready")
-            await self._hooks.on_ready()
+            await life.ready()
             log.info(
-                "%s ready at %s after %.1f s (%d threads, cost a=%.4f s b=%.2e s/token)",
-                spec.model_name, spec.base_url, time.monotonic() - started, spec.threads,
+                "%s ready at %s after %.1f s (%s, %d threads, cost a=%.4f s b=%.2e s/token)",
+                spec.model_name, spec.base_url, time.monotonic() - started, encoder.device,
+                spec.threads,
                 *batcher.cost.coefficients(),
             )  # fmt: skip
-            await self._stop.wait()
+            await life.wait_stop()
             service.draining = True
-            if heartbeat is not None:
-                await heartbeat.set_state("draining")
-            await self._hooks.on_draining()
-            await self._drain(service)
+            await life.draining()
+            await self._drain(service, life)
         finally:
             await batcher.stop()
             await runner.cleanup()
@@ -202,15 +149,15 @@ class EncoderWorker:
             if resp.status != 200:
                 raise WorkerStartError(f"warmup failed: HTTP {resp.status} {await resp.text()}")
 
-    async def _drain(self, service: EncoderService) -> None:
+    async def _drain(self, service: EncoderService, life: ReplicaLife) -> None:
         deadline = time.monotonic() + self.spec.grace_s
         while service.in_flight > 0 or service.batcher.waiting > 0:
             remaining = deadline - time.monotonic()
-            if remaining <= 0 or self._force.is_set():
+            if remaining <= 0 or life.force.is_set():
                 log.warning("stopping with %d request(s) in flight", service.in_flight)
                 return
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._force.wait(), min(0.05, remaining))
+                await asyncio.wait_for(life.force.wait(), min(0.05, remaining))
         log.info("drained: no request in flight")
 
 

@@ -2,17 +2,17 @@
 
 Starts embedded PostgreSQL / Redis for whichever of DATABASE_URL / REDIS_URL is unset (data under
 SWITCHYARD_VAR_DIR, default ./var, reused by the next run), migrates, collects static files, seeds
-the demo once, then runs platform/Procfile's processes under our supervisor (config.supervise) —
-control plane, Celery worker and beat, the router. The model replicas are the autoscaler's: beat's
-tick runs the local actuator (SWITCHYARD_SCALING_ACTUATOR=local), which starts ``serve_model`` /
-``serve_encoder`` for the demo pools within their min/max (``--no-worker``: autoscaling off, no
-replica). A process that exits is restarted with backoff (the embedded PostgreSQL and Redis too);
-the others keep running. Ctrl-C or SIGTERM stop every process, then the replicas
-(``manage.py stop_replicas``; also run at start for replicas a killed ``up`` left), the embedded
-servers last. Each step runs as a child
-process with the services' URLs in its environment (this process's own settings were read before
-the servers existed). A background thread says when the admin, the router and the demo model
-are ready (apps.core.up_console).
+the demo once, then runs the Procfile's processes (config/Procfile, package data) under our
+supervisor (config.supervise) — control plane, Celery worker and beat, the router. The model
+replicas are the autoscaler's: beat's tick runs the local actuator
+(SWITCHYARD_SCALING_ACTUATOR=local), which starts ``serve_model`` / ``serve_encoder`` for the demo
+pools within their min/max (``--no-worker``: autoscaling off, no replica). A process that exits is
+restarted with backoff (the embedded PostgreSQL and Redis too); the others keep running. Ctrl-C or
+SIGTERM stop every process, then the replicas (``stop_replicas``; also run at start for replicas a
+killed ``up`` left), the embedded servers last. Each step runs as a child process with the
+services' URLs in its environment (this process's own settings were read before the servers
+existed). A background thread says when the admin, the router and the demo model are ready
+(apps.core.up_console).
 """
 
 from __future__ import annotations
@@ -26,11 +26,11 @@ import threading
 from pathlib import Path
 from typing import Any, NoReturn
 
-from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from apps.core import up_console
 from apps.scaling.tasks import ENV_ACTUATOR
+from config import paths
 from config.embedded import PortInUseError, ServiceStartError, port_from_env, switchyard_env
 from config.processes import ManagedServer
 from config.supervise import Command as SupervisedCommand
@@ -92,8 +92,8 @@ class Command(BaseCommand):
         parser.add_argument(
             "--procfile",
             type=Path,
-            default=Path(settings.BASE_DIR) / "platform" / "Procfile",
-            help="the Procfile whose processes up runs (default platform/Procfile)",
+            default=paths.procfile(),
+            help="the Procfile whose processes up runs (default: the package's config/Procfile)",
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -163,7 +163,7 @@ class Command(BaseCommand):
         servers: list[ManagedServer],
         autoscale: bool,
     ) -> int:
-        base_dir = Path(settings.BASE_DIR)
+        base_dir = paths.SOURCE_ROOT  # the checkout, or site-packages
         web, router = ports["--port"], ports["--router-port"]
         env = {
             **env,
@@ -181,7 +181,7 @@ class Command(BaseCommand):
             env.pop(ENV_ACTUATOR, None)
         names = self._processes(procfile)
         commands = procfile_entries(procfile.read_text())
-        manage = [sys.executable, str(base_dir / "manage.py")]
+        manage = paths.manage_command()  # no manage.py needed: an installed wheel has none
         self._step(env, [*manage, "migrate", "--noinput"], "migrate")
         self._step(
             env, [*manage, "collectstatic", "--noinput", "--verbosity", "0"], "collectstatic"

@@ -1,10 +1,11 @@
 """``manage.py serve_encoder``: run one replica of a registered encoder (torch runtime) version.
 
 Resolves the version (``--label``, default the newest published), verifies its artifact folder
-against the registry's digest, loads it in this process (the PyTorch CPU worker with its
-dynamic batcher, :mod:`runtime.workers.encoder`), warms it up, registers the endpoint in
-``--pool`` and moves it through starting → ready → draining → gone; SIGTERM or Ctrl-C drains.
-The registry hooks are shared with ``serve_model`` (:mod:`apps.models.management.replica`).
+against the registry's digest, loads it in this process (the PyTorch worker with its dynamic
+batcher, :mod:`runtime.workers.encoder`, on ``--device auto|cpu|cuda``), warms it up, registers
+the endpoint in ``--pool`` and moves it through starting → ready → draining → gone; SIGTERM or
+Ctrl-C drains. The registry hooks are shared with ``serve_model``
+(:mod:`apps.models.management.replica`).
 """
 
 from __future__ import annotations
@@ -24,13 +25,14 @@ from apps.models.management.replica import (
     serve,
 )
 from apps.models.models import ModelVersion
-from runtime.workers.encoder.options import policy_arguments, policy_from
+from runtime.workers.encoder.options import device_argument, policy_arguments, policy_from
 from runtime.workers.encoder.worker import EncoderSpec, EncoderWorker
 
 
 class Command(BaseCommand):
     help = (
-        "Serve a registered encoder version (torch runtime) with the PyTorch CPU worker: verify "
+        "Serve a registered encoder version (torch runtime) with the PyTorch worker (CPU or CUDA, "
+        "--device): verify "
         "its artifact against the registry (refuse on a mismatch), load it, warm it up, register "
         "the endpoint and heartbeat it; on SIGTERM drain for up to --grace seconds."
     )
@@ -46,6 +48,7 @@ class Command(BaseCommand):
         add("--capacity", type=int, default=16, help="Concurrent requests routed to it.")
         add("--grace", type=float, default=30.0, help="Drain grace period in seconds.")
         add("--heartbeat-ttl", type=float, default=15.0, help="Heartbeat key TTL in seconds.")
+        device_argument(parser)
         policy_arguments(parser)
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -71,6 +74,7 @@ class Command(BaseCommand):
             host=options["host"],
             port=options["port"],
             threads=options["threads"],
+            device=options["device"],
             policy=policy,
             grace_s=options["grace"],
             heartbeat_ttl_s=options["heartbeat_ttl"],
@@ -80,5 +84,7 @@ class Command(BaseCommand):
             pool=pool, version=version, capacity=options["capacity"], base_url=advertised
         )
         worker = EncoderWorker(spec, hooks=hooks, redis_url=settings.REDIS_URL)
-        self.stdout.write(f"serving {version} (torch, cpu, {spec.threads} threads) in {pool}")
+        self.stdout.write(
+            f"serving {version} (torch, device {spec.device}, {spec.threads} threads) in {pool}"
+        )
         self.stdout.write(serve(worker.run(), hooks))
