@@ -12,6 +12,8 @@ import pytest
 from runtime.workers.encoder.__main__ import main as encoder_main
 from runtime.workers.encoder.model import DEVICES, Encoder, resolve_device
 
+pytestmark = pytest.mark.integration  # the heaviest level here (a real encoder on the CPU)
+
 
 @pytest.mark.unit
 @pytest.mark.parametrize(
