@@ -174,7 +174,7 @@ ROLLOUT_WARMUP_TIMEOUT_S = float(os.environ.get("SWITCHYARD_ROLLOUT_WARMUP_TIMEO
 # Routers record API-key last use in this Redis hash (prefix -> unix time); beat copies it.
 API_KEY_USAGE_HASH = os.environ.get(contract.ENV_KEY_USAGE_HASH, contract.KEY_USAGE_HASH)
 
-# The runtime snapshot (DESIGN §3).
+# The runtime snapshot (docs/design.md).
 SNAPSHOT_REDIS_PREFIX = os.environ.get(contract.ENV_SNAPSHOT_PREFIX, contract.SNAPSHOT_PREFIX)
 SNAPSHOT_KEEP_VERSIONS = 20
 

@@ -1,4 +1,4 @@
-"""Services between the routers' Redis balances and the PostgreSQL ledger (DESIGN §4.4).
+"""Services between the routers' Redis balances and the PostgreSQL ledger (docs/design.md).
 
 The model (amounts in Redis are integer micro-credits, see :mod:`runtime.contract`):
 

@@ -1,4 +1,4 @@
-"""Reads that span the apps: building the runtime snapshot from the database (DESIGN.md §3).
+"""Reads that span the apps: building the runtime snapshot from the database (docs/design.md).
 
 :func:`snapshot_build` compiles everything the data plane holds into one
 :class:`runtime.snapshot.Snapshot`. It reads in one REPEATABLE READ transaction, so the

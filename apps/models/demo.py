@@ -4,7 +4,7 @@
 ``generation_config.json``, ``model.safetensors``, ``tokenizer.json``, ``tokenizer_config.json``,
 ``chat_template.jinja``) whose bytes depend only on the seed, the parameters and the installed
 library versions, plus ``switchyard-manifest.json`` (:mod:`runtime.artifacts`). vLLM on CPU
-serves it (DESIGN §8: head size 64, since vLLM's CPU attention rejects 16). Weights are random:
+serves it (docs/design.md: head size 64, since vLLM's CPU attention rejects 16). Weights are random:
 the output is gibberish made of corpus words, which is all a routing demo needs.
 
 Nothing reaches a model hub: the tokenizer is trained on generated text and the weights come from

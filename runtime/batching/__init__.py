@@ -1,1 +1,1 @@
-"""Router-side coalescing of unary requests into upstream batches (DESIGN §4.2)."""
+"""Router-side coalescing of unary requests into upstream batches (docs/design.md)."""

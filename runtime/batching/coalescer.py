@@ -1,4 +1,4 @@
-"""Router-side coalescing of unary requests (DESIGN §4.2).
+"""Router-side coalescing of unary requests (docs/design.md).
 
 Requests that the scheduler has already admitted and granted (fairness, limits and the
 endpoint's in-flight slot are per request, before this) and that are compatible — same key:

@@ -1,4 +1,4 @@
-"""The query result cache (DESIGN §4.3): deterministic completions served again without an engine.
+"""The query result cache (docs/design.md): deterministic completions served again, no engine.
 
 - :mod:`.policy` — what is cacheable, and the key;
 - :mod:`.entry` — a stored completion and its replay as JSON or as OpenAI SSE;

@@ -1,4 +1,4 @@
-"""Metering: token usage -> credits -> usage events (DESIGN §4.4).
+"""Metering: token usage -> credits -> usage events (docs/design.md).
 
 - :mod:`.pricing` — the price book built from the snapshot: micro-credits per token of a
   version on a hardware tier, and the cost of a request (worst case at admission, actual at

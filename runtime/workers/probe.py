@@ -1,7 +1,7 @@
 """HTTP checks a supervisor makes against its own engine: health, warmup, requests in flight.
 
 They speak vLLM's OpenAI-compatible server (``/health``, ``/v1/completions``, ``/metrics``),
-which the simulator imitates. aiohttp only (DESIGN §8); every call has a timeout.
+which the simulator imitates. aiohttp only (docs/design.md); every call has a timeout.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""One replica's start-up sequence, shared by every worker (DESIGN §4.6): the vLLM supervisor
+"""One replica's start-up sequence, shared by every worker (docs/design.md): the vLLM supervisor
 (:mod:`runtime.workers.supervisor`) and the encoder worker (:mod:`runtime.workers.encoder`).
 
 :meth:`ReplicaLife.run` takes a replica through its life, the same for every kind of engine:

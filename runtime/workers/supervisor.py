@@ -1,4 +1,4 @@
-"""The vLLM worker supervisor (DESIGN §4.6): verify, start, warm up, register, drain, deregister.
+"""The vLLM worker supervisor (docs/design.md): verify, start, warm up, register, drain, deregister.
 
 :meth:`Supervisor.run` takes one replica through the start-up sequence every worker shares
 (:class:`runtime.workers.replica.ReplicaLife`); this module is its vLLM engine part:

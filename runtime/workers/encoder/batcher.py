@@ -1,4 +1,4 @@
-"""The worker-side dynamic batcher (DESIGN §4.2).
+"""The worker-side dynamic batcher (docs/design.md).
 
 Jobs (one input each: its task, token ids, absolute deadline) wait in groups keyed by task and
 length bucket, so short inputs are not padded to long ones. A group is released when the first

@@ -1,4 +1,4 @@
-"""One encoder replica's life (DESIGN §4.6), in one process: verify, load, serve, drain.
+"""One encoder replica's life (docs/design.md), in one process: verify, load, serve, drain.
 
 :meth:`EncoderWorker.run` takes the replica through the start-up sequence every worker shares
 (:class:`runtime.workers.replica.ReplicaLife`); this module is its encoder part:
