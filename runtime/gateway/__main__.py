@@ -27,6 +27,8 @@ from runtime.gateway.http_protocol import BoundedHttpToolsProtocol
 from runtime.gateway.workers import available_cores
 from runtime.telemetry.logging import logging_config
 
+WORKER_HEALTHCHECK_S = 30  # uvicorn's ping of each worker (whole seconds)
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -81,6 +83,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         host=args.host,
         port=args.port,
         workers=workers,
+        # A worker answers the master's health ping only once its imports are done: 3-5 s on
+        # a loaded 2-core machine, past uvicorn's 5 s, which then killed and restarted every
+        # new worker in a loop. A hung worker is replaced this much later instead.
+        timeout_worker_healthcheck=WORKER_HEALTHCHECK_S,
         loop="uvloop",
         http=BoundedHttpToolsProtocol,  # httptools, with a bounded request head
         lifespan="on",
