@@ -193,8 +193,8 @@ def test_kill_9_of_a_worker_during_a_redis_outage_bills_every_request_once(
             assert len(batch()) == BATCH  # balance (the outage's share is a quarter of it)
             if len(served_by(metrics_dir)) >= 2 or time.monotonic() > deadline:
                 break
-        assert len(served_by(metrics_dir)) >= 2, f"one worker served all:\n{not_requests(router)}"
-        eventually(lambda: set(answered) <= {r for _e, r in events()}, timeout=15,
+        assert len(served_by(metrics_dir)) >= 2, "one worker served everything"
+        eventually(lambda: set(answered) <= {r for _e, r in events()}, timeout=30,
                    what="the first events in the stream")  # fmt: skip
 
         server.kill()  # the outage: both workers answer from the local fallback and spool
@@ -207,7 +207,7 @@ def test_kill_9_of_a_worker_during_a_redis_outage_bills_every_request_once(
         assert during, "nothing was answered during the outage"
         slots = eventually(
             lambda: (s := spooled(var_dir)) and during <= set().union(*s.values()) and s,
-            timeout=15, what="every answered request's settlement in the spool",
+            timeout=30, what="every answered request's settlement in the spool",
         )  # fmt: skip
         busy = [d for d, ids in slots.items() if d.name.isdigit() and ids & during]
         if busy:  # a worker holding spooled, unbilled usage
@@ -219,11 +219,8 @@ def test_kill_9_of_a_worker_during_a_redis_outage_bills_every_request_once(
 
         os.kill(victim, signal.SIGKILL)  # its in-memory batch dies with it; the spool stays
         eventually(lambda: not pid_alive(victim), timeout=10, what="the worker to die")
-        try:
-            eventually(lambda: len(set(workers(router)) - {victim}) >= 2, timeout=60,
-                       what="uvicorn's replacement worker")  # fmt: skip
-        except AssertionError as exc:
-            raise AssertionError(f"{exc}\n{router.output()[-6000:]}") from None
+        eventually(lambda: len(set(workers(router)) - {victim}) >= 2, timeout=60,
+                   what="uvicorn's replacement worker")  # fmt: skip
         after: set[str] = set()
         for _ in range(ROUNDS):  # the new worker, in the outage still
             after.update(batch())
@@ -249,6 +246,9 @@ def test_kill_9_of_a_worker_during_a_redis_outage_bills_every_request_once(
         assert [r for r, n in requests.items() if n > 1] == []
         assert set(requests) == set(answered)  # none missing, none invented
         assert len(seen) == len(answered)
+    except AssertionError as exc:  # with what the router said (its request lines left out)
+        log = not_requests(routers[-1]) if routers else ""
+        raise AssertionError(f"{exc}\nrouter log:\n{log}") from None
     finally:
         for process in routers:
             process.stop()
