@@ -145,7 +145,9 @@ def test_kill_9_of_a_worker_during_a_redis_outage_bills_every_request_once(
     routers: list[Process] = []
     try:
         version = publisher.publish(msgspec.structs.replace(world.snapshot(), prices=(PRICE,)))
-        router = start_router(publisher.prefix, var_dir, workers=2, REDIS_URL=server.url)
+        metrics_dir = tmp_path / "prometheus"
+        env = {"REDIS_URL": server.url, "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir)}
+        router = start_router(publisher.prefix, var_dir, workers=2, **env)
         routers.append(router)
         wait_ready(router, version)
         headers = {"Authorization": f"Bearer {key}", "Cache-Control": "no-store",
@@ -187,7 +189,6 @@ def test_kill_9_of_a_worker_during_a_redis_outage_bills_every_request_once(
         funds.hset(credit_key(f"{publisher.prefix}:limits", "payer"), "balance", 10**12)
         funds.close()
         eventually(lambda: len(workers(router)) >= 2, timeout=60, what="both workers up")
-        metrics_dir = var_dir / f"prometheus-{router.port}"
         deadline = time.monotonic() + BOTH_SERVE_WITHIN_S
         for _ in range(4 * ROUNDS):  # Redis up: billed at once; both workers learn the
             assert len(batch()) == BATCH  # balance (the outage's share is a quarter of it)
@@ -233,7 +234,7 @@ def test_kill_9_of_a_worker_during_a_redis_outage_bills_every_request_once(
                    what="every answered request's event in the stream")  # fmt: skip
 
         router.stop()  # a restart replays whatever is left, and must add nothing twice
-        router = start_router(publisher.prefix, var_dir, workers=2, REDIS_URL=server.url)
+        router = start_router(publisher.prefix, var_dir, workers=2, **env)
         routers.append(router)
         wait_ready(router, version)
         eventually(lambda: not any(spooled(var_dir).values()), timeout=30,

@@ -108,8 +108,11 @@ def captured(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Captured:
     run = Captured()
     monkeypatch.setattr(uvicorn, "run", run)  # serving: test_gateway_workers.py
     monkeypatch.setenv("SWITCHYARD_VAR_DIR", str(tmp_path))
-    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
-    monkeypatch.delenv(ENV_WORKERS, raising=False)
+    for name in ("PROMETHEUS_MULTIPROC_DIR", ENV_WORKERS, "SWITCHYARD_ASSUMED_REPLICAS"):
+        # main() writes some into os.environ: setenv first records them for the restore
+        # (delenv alone records nothing for an absent variable, and they would leak)
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
     return run
 
 
