@@ -25,8 +25,16 @@ The same task renews the leases of this router's running requests every third of
 TTL, so only a crashed router's leases expire.
 
 When Redis does not answer (connection refused, timeout), admission falls back to
-:class:`~.limits.LocalLimits` (each limit divided by the assumed replica count), logs once,
-and tries Redis again after ``retry_s``; a recovery is logged once too.
+:class:`~.limits.LocalLimits` and :class:`~.credits.LocalCredits`, each limit and credit
+share divided by ``replicas`` — the number of router *processes* that share the limits (routers
+x ``--workers``, :attr:`runtime.gateway.config.RouterConfig.limit_processes`), so N workers of
+one router together stay within the one router's share — logs once, and tries Redis again after
+``retry_s``; a recovery is logged once too. The same count sizes the allowance grants (each <=
+1/(4 x replicas) of the free headroom).
+
+Settlements are spooled per process (:mod:`runtime.metering.spool`: a slot of its own, and the
+slots of dead processes adopted at start and every ``adopt_every_s``), so a worker killed while
+Redis is down loses nothing: whoever claims or adopts its slot replays it.
 """
 
 from __future__ import annotations
@@ -126,6 +134,7 @@ class RedisLimits:
         retry_s: float = 2.0,
         allowance_ttl_s: float | None = 1.0,
         settle_linger_s: float = 0.02,
+        adopt_every_s: float = 5.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if not lease_ttl_s > 0:
@@ -133,6 +142,7 @@ class RedisLimits:
         if settle_linger_s < 0:
             raise ValueError("settle_linger_s must be >= 0")
         self._linger_s = settle_linger_s
+        self._adopt_every_s = adopt_every_s
         self._redis_url = redis_url
         self._prefix = prefix
         self._stream = usage_stream
@@ -191,15 +201,15 @@ class RedisLimits:
         self._return = self._client.register_script(RETURN_LUA)
         if self._spool is not None:
             self._spool.open()
-            self._replay_spool()
+            self._replay(self._spool.pending())
         self._stopping = False
         self._task = asyncio.create_task(self._run(), name="limits-settler")
 
-    def _replay_spool(self) -> None:
-        """Queue what an earlier run left in the spool (applied once: see SETTLE_LUA)."""
-        assert self._spool is not None
+    def _replay(self, entries: list[tuple[Path, list[bytes]]]) -> None:
+        """Queue what an earlier run (or a dead process's slot, adopted) left in the spool
+        (applied once: see SETTLE_LUA)."""
         replayed = 0
-        for path, lines in self._spool.pending():
+        for path, lines in entries:
             for line in lines:
                 try:
                     self._settles.append(_SPOOL_DECODER.decode(line))
@@ -337,8 +347,10 @@ class RedisLimits:
         next_renew = self._clock() + renew_every
         tick = math.inf if self.allowances is None else self.allowances.ttl_s / 4.0
         next_tick = self._clock() + tick
+        adopt_every = math.inf if self._spool is None else self._adopt_every_s
+        next_adopt = self._clock() + adopt_every
         while not self._stopping:
-            wake_at = min(next_renew, next_tick)
+            wake_at = min(next_renew, next_tick, next_adopt)
             if self._settles:  # the batch's linger; while Redis is down, the retry interval
                 due = self._clock() + self._retry_s if self._down else self._settles_due
                 wake_at = min(wake_at, due)
@@ -356,6 +368,9 @@ class RedisLimits:
             if self._clock() >= next_renew:
                 await self.renew()
                 next_renew = self._clock() + renew_every
+            if self._spool is not None and self._clock() >= next_adopt:
+                self._replay(self._spool.adopt())  # the slots of dead processes
+                next_adopt = self._clock() + adopt_every
         if self.allowances is not None:
             await self.allowance_round(everything=True)
         await self.flush()
@@ -500,7 +515,7 @@ class RedisLimits:
             self._down = True
             logger.warning(
                 "limits: Redis unreachable (%r); using per-process limits (each limit / %d "
-                "assumed replicas) until it answers again",
+                "assumed replicas: routers x workers) until it answers again",
                 exc,
                 self.local.replicas,
             )

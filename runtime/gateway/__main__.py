@@ -1,9 +1,14 @@
 """``python -m runtime.gateway --host 127.0.0.1 --port 8080 [--workers N]``: run the router.
 
 ``--workers N`` > 1 runs N uvicorn worker processes on the one listening socket (fairness
-counters, limits and credits are in Redis, so they stay global). Their metrics are joined
-with prometheus_client's multiprocess mode: ``PROMETHEUS_MULTIPROC_DIR`` (default
-``$SWITCHYARD_VAR_DIR/prometheus-<port>``) is emptied at start and handed to the workers.
+counters, limits and credits are in Redis, so they stay global; the Redis-down fallback divides
+each limit by replicas x workers: ``SWITCHYARD_ROUTER_WORKERS`` tells the workers N). Each
+worker spools its settlements in a slot of its own (:mod:`runtime.metering.spool`) and dies
+with the master (:func:`runtime.gateway.workers.worker_app`). N defaults to the cores available
+to the process (:func:`runtime.gateway.workers.available_cores`: affinity and cgroup quota).
+Their metrics are joined with prometheus_client's multiprocess mode: ``PROMETHEUS_MULTIPROC_DIR``
+(default ``$SWITCHYARD_VAR_DIR/prometheus-<port>``) is emptied at start and handed to the
+workers.
 """
 
 from __future__ import annotations
@@ -17,8 +22,12 @@ from pathlib import Path
 
 import uvicorn
 
+from runtime.gateway.config import ENV_WORKERS
 from runtime.gateway.http_protocol import BoundedHttpToolsProtocol
+from runtime.gateway.workers import available_cores
 from runtime.telemetry.logging import logging_config
+
+WORKER_HEALTHCHECK_S = 30  # uvicorn's ping of each worker (whole seconds)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -29,7 +38,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (%(default)s)")
     parser.add_argument("--port", type=int, default=8080, help="port to bind (%(default)s)")
-    parser.add_argument("--workers", type=int, default=1, help="processes (%(default)s)")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="processes (default: the cores available to this process, cgroup quota included)",
+    )
     parser.add_argument("--log-level", default="info", help="log level (%(default)s)")
     parser.add_argument(
         "--graceful-shutdown-s",
@@ -58,15 +72,21 @@ def prepare_multiprocess_metrics(
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
-    if args.workers < 1:
+    workers = available_cores() if args.workers is None else args.workers
+    if workers < 1:
         raise SystemExit("--workers must be >= 1")
-    prepare_multiprocess_metrics(args.workers, args.port, os.environ)
+    os.environ[ENV_WORKERS] = str(workers)  # read by the workers' RouterConfig
+    prepare_multiprocess_metrics(workers, args.port, os.environ)
     uvicorn.run(
-        "runtime.gateway.app:create_app",
+        "runtime.gateway.workers:worker_app" if workers > 1 else "runtime.gateway.app:create_app",
         factory=True,
         host=args.host,
         port=args.port,
-        workers=args.workers,
+        workers=workers,
+        # A worker answers the master's health ping only once its imports are done: 3-5 s on
+        # a loaded 2-core machine, past uvicorn's 5 s, which then killed and restarted every
+        # new worker in a loop. A hung worker is replaced this much later instead.
+        timeout_worker_healthcheck=WORKER_HEALTHCHECK_S,
         loop="uvloop",
         http=BoundedHttpToolsProtocol,  # httptools, with a bounded request head
         lifespan="on",

@@ -15,7 +15,8 @@
 | ``SWITCHYARD_MAX_DEADLINE_S`` | ``600`` | no request may ask for more |
 | ``SWITCHYARD_LIMITS_PREFIX`` | *namespace*``:limits`` | tenant RPM/TPM/concurrency keys |
 | ``SWITCHYARD_FAIRNESS_PREFIX`` | *namespace*``:fairness`` | shared fairness counters |
-| ``SWITCHYARD_ASSUMED_REPLICAS`` | ``2`` | Redis down: each limit / this, per router |
+| ``SWITCHYARD_ASSUMED_REPLICAS`` | ``2`` | routers; Redis down: each limit / (this x workers) |
+| ``SWITCHYARD_ROUTER_WORKERS`` | ``1`` | worker processes of this router (``--workers`` sets it) |
 | ``SWITCHYARD_QUEUE_LIMIT`` | ``1000`` | queue bound of a band no class names |
 | ``SWITCHYARD_DEFAULT_BAND`` | ``1`` | priority band of a request without a class |
 | ``SWITCHYARD_COALESCE_WINDOW_MS`` | ``2`` | unary (torch) requests coalesce this long; 0: off |
@@ -40,6 +41,7 @@ from runtime import contract
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 DEFAULT_SNAPSHOT_PREFIX = contract.SNAPSHOT_PREFIX
 KEY_USAGE_HASH = contract.KEY_USAGE_HASH
+ENV_WORKERS = "SWITCHYARD_ROUTER_WORKERS"  # set by ``python -m runtime.gateway`` for its workers
 
 
 class ConfigError(ValueError):
@@ -82,7 +84,8 @@ class RouterConfig:
     tokenizer_cache_size: int = 8
     limits_prefix: str = ""  # "" -> namespace + ":limits"
     fairness_prefix: str = ""  # "" -> namespace + ":fairness"
-    assumed_replicas: int = 2
+    assumed_replicas: int = 2  # router replicas (machines or pods), each with ``workers``
+    workers: int = 1  # this router's worker processes (``--workers``, via the environment)
     lease_ttl_s: float = 30.0
     settle_linger_s: float = 0.02  # runtime/admission: a settlement batch's longest wait
     default_queue_limit: int = 1000
@@ -105,7 +108,7 @@ class RouterConfig:
                 raise ConfigError(f"{name} must be > 0")
         if self.max_deadline_s < self.default_deadline_s:
             raise ConfigError("max_deadline_s must be >= default_deadline_s")
-        for name in ("assumed_replicas", "default_queue_limit"):
+        for name in ("assumed_replicas", "workers", "default_queue_limit"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1")
         if self.default_band < 0:
@@ -114,6 +117,12 @@ class RouterConfig:
     @property
     def namespace(self) -> str:
         return contract.namespace_of(self.snapshot_prefix)
+
+    @property
+    def limit_processes(self) -> int:
+        """Router processes that share the tenant limits (replicas x workers): the Redis-down
+        fallback gives each process this share of every limit."""
+        return self.assumed_replicas * self.workers
 
     @property
     def limits_keys(self) -> str:
@@ -144,6 +153,7 @@ class RouterConfig:
             limits_prefix=env.get("SWITCHYARD_LIMITS_PREFIX") or "",
             fairness_prefix=env.get("SWITCHYARD_FAIRNESS_PREFIX") or "",
             assumed_replicas=int(_number(env, "SWITCHYARD_ASSUMED_REPLICAS", 2, minimum=1)),
+            workers=int(_number(env, ENV_WORKERS, 1, minimum=1)),
             default_queue_limit=int(_number(env, "SWITCHYARD_QUEUE_LIMIT", 1000, minimum=1)),
             default_band=int(_number(env, "SWITCHYARD_DEFAULT_BAND", 1, minimum=0)),
             coalesce_window_s=_number(env, "SWITCHYARD_COALESCE_WINDOW_MS", 2.0, minimum=0) / 1000,

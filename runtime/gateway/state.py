@@ -263,7 +263,7 @@ def build_state(config: RouterConfig) -> RouterState:
             prefix=config.limits_keys,
             usage_stream=usage_stream(config.namespace),
             spool_dir=config.snapshot_cache_path.parent / "usage-spool",
-            replicas=config.assumed_replicas,
+            replicas=config.limit_processes,  # routers x workers: the Redis-down share
             lease_ttl_s=config.lease_ttl_s,
             settle_linger_s=config.settle_linger_s,
         ),

@@ -105,7 +105,7 @@ def test_grace_end_cuts_streams_with_our_terminal_event(tmp_path: Path) -> None:
         "SWITCHYARD_VAR_DIR": str(tmp_path),
         "SWITCHYARD_KEY_USAGE_HASH": f"{publisher.prefix}:apikey:last_used",
     }
-    router, _ = spawn(["runtime.gateway", "--graceful-shutdown-s", "1"], env=env)
+    router, _ = spawn(["runtime.gateway", "--graceful-shutdown-s", "1", "--workers", "1"], env=env)
     wait_until_up(router, "/healthz")
     headers = {"Authorization": f"Bearer {key}", "Cache-Control": "no-store"}
     url = f"{router.base_url}/v1/chat/completions"
