@@ -66,8 +66,8 @@ MEANINGS: dict[str, str] = {
     "SWITCHYARD_ROUTER_WORKERS": "worker processes of this router (`--workers` sets it); each "
     "worker's share of the limits while Redis is down",
     "SWITCHYARD_API_RATE": "REST API throttle per credential (Django's rate syntax)",
-    "SWITCHYARD_ASSUMED_REPLICAS": "Redis down: each router lends a tenant 1/this of its limits "
-    "and of the balance Redis last reported",
+    "SWITCHYARD_ASSUMED_REPLICAS": "router replicas (machines or pods); Redis down: each process "
+    "lends a tenant 1/(this x workers) of its limits and of the balance Redis last reported",
     "SWITCHYARD_BEAT_LEASE_S": "how long the scheduling Celery beat's Redis lease outlives its "
     "last renewal: a standby beat takes over within this + 1 s",
     "SWITCHYARD_BEAT_ONLY": "comma-separated beat entry names: beat sends only these (a test's "
