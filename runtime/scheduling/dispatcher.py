@@ -102,6 +102,7 @@ class PoolDispatcher:
         sink: CounterSink | None = None,
         headroom_window_s: float = 10.0,
         cold_start: Callable[[int], float | None] | None = None,
+        lend: bool = False,
     ) -> None:
         if not tick_s > 0:
             raise ValueError(f"tick_s must be > 0, got {tick_s!r}")
@@ -111,6 +112,10 @@ class PoolDispatcher:
         self._tick_s = tick_s
         self._sink = sink
         self._headroom_window_s = headroom_window_s
+        # Lend: the headroom gate orders (over tenants yield to the others) but never blocks:
+        # idle slots go to whoever waits, and the caller takes them back by preemption
+        # (:mod:`.preempt`; the simulator does). Off by default.
+        self._lend = lend
         # Scale from zero: version -> expected start seconds of a replica (None: cannot).
         self._cold_start = cold_start
         self._seq = itertools.count(1)
@@ -244,7 +249,7 @@ class PoolDispatcher:
             capacity=self.placement.capacity(),
             now=now,
         )
-        if gate.blocks(ticket.tenant, self._inflight):
+        if not self._lend and gate.blocks(ticket.tenant, self._inflight):
             return None
         seq = next(self._seq)
         req = QueuedRequest(
@@ -423,7 +428,9 @@ class PoolDispatcher:
             # Tenants past their share yield to the others whatever the band: an over tenant's
             # interactive request goes after an under tenant's batch one (:mod:`.headroom`).
             req = self._queue.pop(under if gate else has_room)
-            if req is None and gate and not gated_full:
+            if req is None and gate and self._lend:
+                req = self._queue.pop(has_room)
+            elif req is None and gate and not gated_full:
                 req = self._queue.pop(
                     lambda r: not gate.blocks(r.tenant, self._inflight) and has_room(r)  # noqa: B023
                 )
@@ -531,6 +538,15 @@ class PoolDispatcher:
 
     def inflight(self) -> dict[str, int]:
         return dict(self._inflight)
+
+    def shares(self) -> dict[str, float]:
+        """Each active tenant's share of the pool's slots now (:meth:`.HeadroomRule.shares`)."""
+        return self._headroom.shares(
+            inflight=self._inflight,
+            queued=self._queued,
+            capacity=self.placement.capacity(),
+            now=self._clock(),
+        )
 
     def held_back(self) -> Gate:
         """The headroom gate as of now: who is held back, and the limits (:mod:`.headroom`).

@@ -199,6 +199,20 @@ class HeadroomRule:
             del self._seen[tenant]
         return active, total
 
+    def shares(
+        self, *, inflight: Mapping[str, int], queued: Mapping[str, int], capacity: int, now: float
+    ) -> dict[str, float]:
+        """Each active tenant's share of ``capacity`` slots, as :meth:`gate` counts it; a
+        read: it changes nothing the rule remembers."""
+        horizon = now - self.window_s
+        active = {
+            tenant: seen.weight
+            for tenant, seen in self._seen.items()
+            if seen.last >= horizon or inflight.get(tenant, 0) > 0 or queued.get(tenant, 0) > 0
+        }
+        total = sum(active.values())
+        return {t: capacity * w / total for t, w in active.items()} if total > 0 else {}
+
     def gate(
         self,
         *,
