@@ -1,0 +1,77 @@
+"""Victim choice for preemption (runtime.scheduling.preempt): pure, chosen by name."""
+
+from __future__ import annotations
+
+import pytest
+
+from runtime.policy_names import UnknownPolicyError
+from runtime.scheduling.preempt import FairVictim, NoPreemption, Running, Standing
+from runtime.scheduling.registry import preemption_names, preemption_policy
+
+pytestmark = pytest.mark.unit
+
+
+def gen(key: str, tenant: str, generated: int, started_at: float = 0.0) -> Running:
+    return Running(key, tenant, band=0, generated=generated, prompt_tokens=100,
+                   started_at=started_at)  # fmt: skip
+
+
+STANDING = {
+    "light": Standing(share=8.0, held=2),  # under
+    "flood": Standing(share=8.0, held=20),  # 1.5 shares over
+    "busy": Standing(share=8.0, held=10),  # 0.25 shares over
+}
+RUNNING = [gen("f1", "flood", 50), gen("f2", "flood", 3), gen("b1", "busy", 0),
+           gen("l1", "light", 0)]  # fmt: skip
+
+
+def test_the_victim_is_most_over_its_share_then_least_progress():
+    victim = FairVictim().victim("light", RUNNING, STANDING)
+    assert victim is not None and victim.key == "f2"  # flood is more over than busy; 3 < 50
+
+
+def test_ties_in_progress_go_to_the_one_started_last():
+    running = [gen("a", "flood", 3, started_at=1.0), gen("b", "flood", 3, started_at=2.0)]
+    victim = FairVictim().victim("light", running, STANDING)
+    assert victim is not None and victim.key == "b"
+
+
+def test_excess_is_counted_in_shares_so_weights_compare():
+    standing = {"light": Standing(2.0, 0), "heavy": Standing(16.0, 20), "small": Standing(2.0, 4)}
+    running = [gen("h", "heavy", 0), gen("s", "small", 100)]
+    victim = FairVictim().victim("light", running, standing)
+    assert victim is not None and victim.key == "s"  # 1 share over against a quarter
+
+
+def test_no_victim_for_a_tenant_over_its_share_or_without_anyone_over():
+    assert FairVictim().victim("busy", RUNNING, STANDING) is None
+    assert FairVictim().victim("flood", RUNNING, STANDING) is None
+    fair = {t: Standing(8.0, 8) for t in ("light", "flood", "busy")}
+    assert FairVictim().victim("light", RUNNING, fair) is None
+
+
+def test_the_given_judgment_overrides_held_against_share():
+    standing = {"light": Standing(8.0, 9, over=False), "flood": Standing(8.0, 4, over=True)}
+    victim = FairVictim().victim("light", [gen("f", "flood", 1)], standing)
+    assert victim is not None and victim.key == "f"
+    standing["light"] = Standing(8.0, 0, over=True)
+    assert FairVictim().victim("light", [gen("f", "flood", 1)], standing) is None
+
+
+def test_a_tenant_never_preempts_itself_and_an_unseen_one_is_under():
+    assert FairVictim().victim("light", [gen("l", "light", 0)], STANDING) is None
+    victim = FairVictim().victim("newcomer", RUNNING, STANDING)
+    assert victim is not None and victim.key == "f2"
+
+
+def test_resume_costs_the_prompt_plus_what_was_generated():
+    assert gen("x", "t", 42).resume_tokens == 142
+
+
+def test_policies_are_chosen_by_name():
+    assert preemption_names() == ("fair", "off")
+    assert isinstance(preemption_policy(" fair "), FairVictim)
+    assert isinstance(preemption_policy("off"), NoPreemption)
+    assert preemption_policy("off").victim("light", RUNNING, STANDING) is None
+    with pytest.raises(UnknownPolicyError, match=r"known: fair, off"):
+        preemption_policy("lru")
