@@ -349,7 +349,7 @@ class _Run:
         self.rendered[key] = (tokens, text_block_hashes(render_chat(pairs), self.block_size))
         return key
 
-    def granted(  # noqa: PLR0917 - private, positional by design
+    def granted(
         self,
         task: asyncio.Task[Grant],
         p: Planned,

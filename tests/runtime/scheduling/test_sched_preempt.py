@@ -27,20 +27,23 @@ RUNNING = [gen("f1", "flood", 50), gen("f2", "flood", 3), gen("b1", "busy", 0),
 
 def test_the_victim_is_most_over_its_share_then_least_progress():
     victim = FairVictim().victim("light", RUNNING, STANDING)
-    assert victim is not None and victim.key == "f2"  # flood is more over than busy; 3 < 50
+    assert victim is not None
+    assert victim.key == "f2"
 
 
 def test_ties_in_progress_go_to_the_one_started_last():
     running = [gen("a", "flood", 3, started_at=1.0), gen("b", "flood", 3, started_at=2.0)]
     victim = FairVictim().victim("light", running, STANDING)
-    assert victim is not None and victim.key == "b"
+    assert victim is not None
+    assert victim.key == "b"
 
 
 def test_excess_is_counted_in_shares_so_weights_compare():
     standing = {"light": Standing(2.0, 0), "heavy": Standing(16.0, 20), "small": Standing(2.0, 4)}
     running = [gen("h", "heavy", 0), gen("s", "small", 100)]
     victim = FairVictim().victim("light", running, standing)
-    assert victim is not None and victim.key == "s"  # 1 share over against a quarter
+    assert victim is not None
+    assert victim.key == "s"
 
 
 def test_no_victim_for_a_tenant_over_its_share_or_without_anyone_over():
@@ -53,7 +56,8 @@ def test_no_victim_for_a_tenant_over_its_share_or_without_anyone_over():
 def test_the_given_judgment_overrides_held_against_share():
     standing = {"light": Standing(8.0, 9, over=False), "flood": Standing(8.0, 4, over=True)}
     victim = FairVictim().victim("light", [gen("f", "flood", 1)], standing)
-    assert victim is not None and victim.key == "f"
+    assert victim is not None
+    assert victim.key == "f"
     standing["light"] = Standing(8.0, 0, over=True)
     assert FairVictim().victim("light", [gen("f", "flood", 1)], standing) is None
 
@@ -61,7 +65,8 @@ def test_the_given_judgment_overrides_held_against_share():
 def test_a_tenant_never_preempts_itself_and_an_unseen_one_is_under():
     assert FairVictim().victim("light", [gen("l", "light", 0)], STANDING) is None
     victim = FairVictim().victim("newcomer", RUNNING, STANDING)
-    assert victim is not None and victim.key == "f2"
+    assert victim is not None
+    assert victim.key == "f2"
 
 
 def test_resume_costs_the_prompt_plus_what_was_generated():
