@@ -41,7 +41,8 @@ import asyncio
 import dataclasses
 import heapq
 import itertools
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,6 +54,7 @@ from runtime.routing.prefix_index import PrefixIndex
 from runtime.routing.sticky import StickyRule
 from runtime.scheduling.dispatcher import PoolDispatcher
 from runtime.scheduling.grant import Grant, SchedulingError, Ticket
+from runtime.scheduling.headroom import Gate
 from runtime.scheduling.preempt import FairVictim, Running, Standing, VictimPolicy
 from runtime.scheduling.settings import PoolSettings
 from runtime.testing.fleet import HandFleet
@@ -147,6 +149,18 @@ class _Engine:
 
 
 _Waiting = tuple["asyncio.Task[Grant]", Planned, float, "_Seq | None"]
+
+
+def _standing(
+    gate: Gate, held: Mapping[str, int], shares: Mapping[str, float], arriving: str
+) -> dict[str, Standing]:
+    """What the victim policy is told: over are the tenants holding slots lent to them
+    (:meth:`Gate.lent`), and the arriving tenant when the gate, lending, blocks it."""
+    lent = gate.lent(held)
+    standing = {t: Standing(share, held.get(t, 0), over=t in lent) for t, share in shares.items()}
+    blocked = gate.blocks(arriving, held, lending=True)
+    standing[arriving] = Standing(shares.get(arriving, 0.0), held.get(arriving, 0), over=blocked)
+    return standing
 
 
 class _Run:
@@ -275,8 +289,9 @@ class _Run:
     def _preempt(
         self, phase: str, loop: asyncio.AbstractEventLoop, waiting: dict[int, _Waiting]
     ) -> bool:
-        """Take lent slots back: for each request of a tenant not over its share still
-        waiting (no free slot took it), stop the generation the victim policy chooses; it
+        """Take lent slots back: for each request still waiting (no free slot took it) whose
+        tenant the headroom gate lets through, stop a generation the victim policy chooses
+        among the tenants holding past their gate's limit (the slots lent to them); it
         re-queues with its deadline and, resumed, prefills its prompt plus what it generated.
         """
         assert self.victims is not None
@@ -285,17 +300,15 @@ class _Run:
         if not arriving:
             return False
         gate = self.dispatcher.held_back()
-        held = self.dispatcher.inflight()
+        if not gate:
+            return False
+        held = Counter(self.dispatcher.inflight())
         shares = self.dispatcher.shares()
-        standing = {
-            t: Standing(share, held.get(t, 0), over=t in gate.tenants)
-            for t, share in shares.items()
-        }
         by_key: dict[str, tuple[int, _Seq]] = {}
         running: list[Running] = []
         for endpoint_id, engine in self.engines.items():
             for seq in engine.running + engine.fresh:
-                key = str(id(seq))
+                key = f"{seq.planned.index}"
                 by_key[key] = (endpoint_id, seq)
                 running.append(Running(
                     key, seq.planned.tenant, seq.grant.ticket.band, seq.generated,
@@ -304,6 +317,7 @@ class _Run:
         flow = self.flow.setdefault(phase, Flow())
         preempted = False
         for tenant in arriving:
+            standing = _standing(gate, held, shares, tenant)
             victim = self.victims.victim(tenant, running, standing)
             if victim is None:
                 continue
@@ -311,9 +325,8 @@ class _Run:
             endpoint_id, seq = by_key[victim.key]
             engine = self.engines[endpoint_id]
             (engine.running if seq in engine.running else engine.fresh).remove(seq)
-            for who, change in ((victim.tenant, -1), (tenant, 1)):
-                was = standing.get(who, Standing(0.0, 0))
-                standing[who] = dataclasses.replace(was, held=was.held + change)
+            held[victim.tenant] -= 1
+            held[tenant] += 1
             seq.grant.release()
             seq.prefill = victim.resume_tokens
             flow.preemptions += 1

@@ -112,9 +112,9 @@ class PoolDispatcher:
         self._tick_s = tick_s
         self._sink = sink
         self._headroom_window_s = headroom_window_s
-        # Lend: the headroom gate orders (over tenants yield to the others) but never blocks:
-        # idle slots go to whoever waits, and the caller takes them back by preemption
-        # (:mod:`.preempt`; the simulator does). Off by default.
+        # Lend: what the headroom gate would hold back may take a slot nobody else waits
+        # for; the caller takes it back by preemption when a tenant the gate lets through
+        # arrives (:mod:`.preempt`; the simulator does). Off by default.
         self._lend = lend
         # Scale from zero: version -> expected start seconds of a replica (None: cannot).
         self._cold_start = cold_start
@@ -413,7 +413,9 @@ class PoolDispatcher:
             gate = self._headroom.gate(
                 inflight=self._inflight, queued=self._queued, capacity=capacity, now=now
             )
-            gated_full = bool(gate) and all(gate.blocks(t, self._inflight) for t in gate.tenants)
+            gated_full = bool(gate) and all(
+                gate.blocks(t, self._inflight, lending=self._lend) for t in gate.tenants
+            )
             rooms: dict[int, list[EndpointSnap]] = {}
 
             def has_room(req: QueuedRequest) -> bool:
@@ -428,12 +430,15 @@ class PoolDispatcher:
             # Tenants past their share yield to the others whatever the band: an over tenant's
             # interactive request goes after an under tenant's batch one (:mod:`.headroom`).
             req = self._queue.pop(under if gate else has_room)
-            if req is None and gate and self._lend:
-                req = self._queue.pop(has_room)
-            elif req is None and gate and not gated_full:
+            if req is None and gate and not gated_full:
                 req = self._queue.pop(
-                    lambda r: not gate.blocks(r.tenant, self._inflight) and has_room(r)  # noqa: B023
+                    lambda r: (
+                        not gate.blocks(r.tenant, self._inflight, lending=self._lend)  # noqa: B023
+                        and has_room(r)
+                    )
                 )
+            if req is None and gate and self._lend:  # lent: taken back by preemption
+                req = self._queue.pop(has_room)
             if req is None:
                 return
             waiter = self._waiting[req.id]
