@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from bench.dispatch_sim import _Engine, _Seq, flow_table, main, simulate, simulate_run, table
+from bench.preempt_sweep import measure
 from bench.scenario import load
 from bench.workload import Planned
 from runtime.scheduling.settings import PoolSettings
@@ -118,3 +119,11 @@ def test_the_command_takes_preempt_on(capsys: pytest.CaptureFixture[str]) -> Non
     assert "preemptions=" in out
     with pytest.raises(SystemExit):
         main(["--scenario", str(CONTENTION), "--preempt", "on", "--routing", "load"])
+
+
+def test_the_sweep_compares_fcfs_the_flood_limit_and_preemption() -> None:
+    m = measure(CONTENTION, "smoke", 1)
+    assert set(m) == {"fcfs", "off", "on"}
+    assert m["off"]["preemptions"] == m["fcfs"]["preemptions"] == 0
+    assert m["on"]["preemptions"] > 0
+    assert all(row["tps"] > 0 for row in m.values())

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from runtime.policy_names import UnknownPolicyError
+from runtime.scheduling.headroom import Gate
 from runtime.scheduling.preempt import FairVictim, NoPreemption, Running, Standing
 from runtime.scheduling.registry import preemption_names, preemption_policy
 
@@ -80,3 +81,15 @@ def test_policies_are_chosen_by_name():
     assert preemption_policy("off").victim("light", RUNNING, STANDING) is None
     with pytest.raises(UnknownPolicyError, match=r"known: fair, off"):
         preemption_policy("lru")
+
+
+def test_lending_counts_the_flooders_at_most_their_limit_against_the_others():
+    gate = Gate(frozenset({"busy", "flood"}), limit=20,
+                flooders=frozenset({"flood"}), flood_limit=8)  # fmt: skip
+    inflight = {"busy": 10, "flood": 14}  # 6 slots lent to the flood
+    assert gate.blocks("busy", inflight)  # without lending: 24 >= 20
+    assert not gate.blocks("busy", inflight, lending=True)  # 10 + 8 < 20
+    assert gate.blocks("flood", inflight, lending=True)
+    assert gate.lent(inflight) == {"flood"}
+    assert gate.lent({"busy": 10, "flood": 8}) == frozenset()
+    assert gate.lent({"busy": 21, "flood": 0}) == {"busy", "flood"}
