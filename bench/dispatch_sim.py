@@ -55,7 +55,8 @@ from runtime.routing.sticky import StickyRule
 from runtime.scheduling.dispatcher import PoolDispatcher
 from runtime.scheduling.grant import Grant, SchedulingError, Ticket
 from runtime.scheduling.headroom import Gate
-from runtime.scheduling.preempt import FairVictim, Running, Standing, VictimPolicy
+from runtime.scheduling.preempt import Running, Standing, VictimPolicy
+from runtime.scheduling.registry import preemption_names, preemption_policy
 from runtime.scheduling.settings import PoolSettings
 from runtime.testing.fleet import HandFleet
 from runtime.workers.simulator.prefix_cache import (
@@ -174,6 +175,7 @@ class _Run:
         rule: StickyRule | None = None,
         *,
         preempt: bool = False,
+        victim: str = "fair",
     ) -> None:
         self.scenario = scenario
         b = scenario.backends
@@ -199,7 +201,7 @@ class _Run:
         self.placements: dict[str, tuple[int, int]] = {}  # phase -> (sticky, by load)
         if preempt and self.prefix is not None:
             raise ValueError("preemption is not modelled with prefix caches")
-        self.victims: VictimPolicy | None = FairVictim() if preempt else None
+        self.victims: VictimPolicy | None = preemption_policy(victim) if preempt else None
         self.dispatcher = PoolDispatcher(
             "p", settings, fleet, clock=self.clock, tick_s=3600.0, lend=preempt
         )
@@ -408,10 +410,11 @@ async def simulate_run(
     routing: Mode | None = None,
     rule: StickyRule | None = None,
     preempt: bool = False,
+    victim: str = "fair",
 ) -> _Run:
     """:func:`simulate`, returning the whole run (its prefix-cache figures too); ``preempt``:
     the flood limit lends idle slots and takes them back by preemption (module docstring)."""
-    run = _Run(scenario, settings, routing, rule, preempt=preempt)
+    run = _Run(scenario, settings, routing, rule, preempt=preempt, victim=victim)
     run.phase_s = phase_s
     run.dispatcher.start()
     try:
@@ -559,6 +562,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="on: the flood limit lends idle slots and takes them back by preemption; a "
         "resumed generation prefills its prompt plus what it generated",
     )  # fmt: skip
+    parser.add_argument(
+        "--victim", choices=[n for n in preemption_names() if n != "off"], default="fair",
+        help="with --preempt on: the victim choice (runtime.scheduling.preempt)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     if args.preempt == "on" and args.routing is not None:
         parser.error("--preempt on is not modelled with --routing (prefix caches)")
@@ -576,11 +583,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     rule = _sticky_rule(parser, args.sticky)
     run = asyncio.run(
         simulate_run(scenario, settings, phase_s=phase_s, routing=args.routing, rule=rule,
-                     preempt=args.preempt == "on")
+                     preempt=args.preempt == "on", victim=args.victim)
     )  # fmt: skip
     print(f"{scenario.name}, {args.size} ({phase_s:g} s phases), policies {policies or 'default'}"
           + (f", routing {args.routing}" if args.routing else "")
-          + (", preempt on" if args.preempt == "on" else ""))  # fmt: skip
+          + (f", preempt on ({args.victim})" if args.preempt == "on" else ""))  # fmt: skip
     rows = table(scenario, run.outcomes)
     if run.prefix is not None:
         rows.update(prefix_table(run))

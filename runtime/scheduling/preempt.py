@@ -15,8 +15,15 @@ is only the choice, a pure function of what it is given:
 The ``fair`` policy preempts only for an arriving tenant that is not over its share, and only
 a generation of a tenant that is over its share: among those, the tenant most over its share
 (held minus share, in shares, so weights compare), then the generation whose loss costs least
-(fewest generated tokens: the least progress to re-prefill), then the one started last. A
-tenant that has no standing yet holds nothing: it is under. ``off`` never preempts.
+(the fewest tokens to re-prefill: prompt plus generated), then fewer generated, then the one
+started last. A tenant that has no standing yet holds nothing: it is under. ``fewest_generated``
+is the same with the least progress counted in generated tokens alone; ``off`` never preempts.
+
+Measured (``python -m bench.dispatch_sim --size full --seed 0 --preempt on``, contention):
+ranking by generated tokens alone preempted long prompts that had just started, and their
+re-prefills (65,816 tokens in the flood phase) slowed every step: 884 output tokens/s (84% of
+FCFS's), worst well-behaved p95 3.9x baseline; ranking by the re-prefill cost, 21,936 tokens
+re-prefilled, 989 tokens/s (94%), worst p95 1.36x.
 
 Policies are chosen by name (:func:`runtime.scheduling.registry.preemption_policy`).
 """
@@ -80,6 +87,11 @@ class FairVictim:
 
     name: ClassVar[str] = "fair"
 
+    @staticmethod
+    def progress(gen: Running) -> tuple[int, ...]:
+        """What preempting ``gen`` loses, smallest first."""
+        return (gen.resume_tokens, gen.generated)
+
     def victim(
         self, arriving: str, running: Sequence[Running], standing: Mapping[str, Standing]
     ) -> Running | None:
@@ -87,17 +99,27 @@ class FairVictim:
         if own is not None and own.is_over:
             return None
         best: Running | None = None
-        best_key: tuple[float, int, float, str] | None = None
+        best_key: tuple[float | int | str, ...] | None = None
         for gen in running:
             if gen.tenant == arriving:
                 continue
             theirs = standing.get(gen.tenant)
             if theirs is None or not theirs.is_over:
                 continue
-            key = (-theirs.excess, gen.generated, -gen.started_at, gen.key)
+            key = (-theirs.excess, *self.progress(gen), -gen.started_at, gen.key)
             if best_key is None or key < best_key:
                 best, best_key = gen, key
         return best
+
+
+class FewestGenerated(FairVictim):
+    """:class:`FairVictim` with the progress lost counted in generated tokens alone."""
+
+    name: ClassVar[str] = "fewest_generated"
+
+    @staticmethod
+    def progress(gen: Running) -> tuple[int, ...]:
+        return (gen.generated, gen.resume_tokens)
 
 
 class NoPreemption:

@@ -20,7 +20,7 @@ from runtime.policy_names import UnknownPolicyError, by_name, lookup
 from runtime.scheduling.fairness import FirstComeFirstServed, RoundRobin, VirtualTokenCounter
 from runtime.scheduling.interfaces import FairnessPolicy, OrderingPolicy, SaturationDetector
 from runtime.scheduling.ordering import ArrivalOrder, EarliestDeadlineFirst
-from runtime.scheduling.preempt import FairVictim, NoPreemption, VictimPolicy
+from runtime.scheduling.preempt import FairVictim, FewestGenerated, NoPreemption, VictimPolicy
 from runtime.scheduling.saturation import InflightOnly, VllmMetrics
 
 Interface = Literal["fairness", "ordering", "saturation"]
@@ -30,7 +30,7 @@ ORDERING_POLICIES: Final = (EarliestDeadlineFirst, ArrivalOrder)
 SATURATION_DETECTORS: Final = (VllmMetrics, InflightOnly)
 # Preemption's victim choice (:mod:`.preempt`): opt-in, so kept apart from the pool's
 # ``policies`` interfaces above (no pool names one yet; the simulator does).
-PREEMPTION_POLICIES: Final = (FairVictim, NoPreemption)
+PREEMPTION_POLICIES: Final = (FairVictim, FewestGenerated, NoPreemption)
 
 DEFAULTS: Final[Mapping[Interface, str]] = MappingProxyType(
     {"fairness": "vtc", "ordering": "edf", "saturation": "vllm_metrics"}

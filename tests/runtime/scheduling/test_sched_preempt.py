@@ -6,7 +6,13 @@ import pytest
 
 from runtime.policy_names import UnknownPolicyError
 from runtime.scheduling.headroom import Gate
-from runtime.scheduling.preempt import FairVictim, NoPreemption, Running, Standing
+from runtime.scheduling.preempt import (
+    FairVictim,
+    FewestGenerated,
+    NoPreemption,
+    Running,
+    Standing,
+)
 from runtime.scheduling.registry import preemption_names, preemption_policy
 
 pytestmark = pytest.mark.unit
@@ -75,11 +81,12 @@ def test_resume_costs_the_prompt_plus_what_was_generated():
 
 
 def test_policies_are_chosen_by_name():
-    assert preemption_names() == ("fair", "off")
+    assert preemption_names() == ("fair", "fewest_generated", "off")
+    assert isinstance(preemption_policy("fewest_generated"), FewestGenerated)
     assert isinstance(preemption_policy(" fair "), FairVictim)
     assert isinstance(preemption_policy("off"), NoPreemption)
     assert preemption_policy("off").victim("light", RUNNING, STANDING) is None
-    with pytest.raises(UnknownPolicyError, match=r"known: fair, off"):
+    with pytest.raises(UnknownPolicyError, match=r"known: fair, fewest_generated, off"):
         preemption_policy("lru")
 
 
@@ -93,3 +100,15 @@ def test_lending_counts_the_flooders_at_most_their_limit_against_the_others():
     assert gate.lent(inflight) == {"flood"}
     assert gate.lent({"busy": 10, "flood": 8}) == frozenset()
     assert gate.lent({"busy": 21, "flood": 0}) == {"busy", "flood"}
+
+
+def test_fair_loses_the_fewest_tokens_to_re_prefill_fewest_generated_the_fewest_generated():
+    long_prompt = Running("long", "flood", 0, generated=2, prompt_tokens=2000, started_at=0.0)
+    short_prompt = Running("short", "flood", 0, generated=40, prompt_tokens=100, started_at=0.0)
+    running = [long_prompt, short_prompt]
+    fair = FairVictim().victim("light", running, STANDING)
+    assert fair is not None
+    assert fair.key == "short"  # 140 tokens to re-prefill against 2002
+    fewest = FewestGenerated().victim("light", running, STANDING)
+    assert fewest is not None
+    assert fewest.key == "long"
