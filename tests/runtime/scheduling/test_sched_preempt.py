@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from runtime.policy_names import UnknownPolicyError
-from runtime.scheduling.headroom import Gate
+from runtime.scheduling.headroom import Gate, HeadroomRule
 from runtime.scheduling.preempt import (
     FairVictim,
     FewestGenerated,
@@ -112,3 +112,19 @@ def test_fair_loses_the_fewest_tokens_to_re_prefill_fewest_generated_the_fewest_
     fewest = FewestGenerated().victim("light", running, STANDING)
     assert fewest is not None
     assert fewest.key == "long"
+
+
+def test_the_rule_s_shares_are_a_read_that_changes_nothing():
+    def rule() -> HeadroomRule:
+        r = HeadroomRule(fraction=0.25, window_s=10.0)
+        r.note("flood", 1.0, now=0.0)
+        r.note("light", 3.0, now=0.0)
+        r.note("gone", 1.0, now=-20.0)
+        return r
+
+    looked, untouched = rule(), rule()
+    assert looked.shares(inflight={"flood": 6}, queued={}, capacity=12, now=1.0) == {
+        "flood": 3.0, "light": 9.0
+    }
+    args = {"inflight": {"flood": 6}, "queued": {"flood": 9}, "capacity": 12, "now": 2.0}
+    assert looked.gate(**args) == untouched.gate(**args)  # type: ignore[arg-type]
