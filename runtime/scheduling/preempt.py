@@ -88,7 +88,7 @@ class FairVictim:
     name: ClassVar[str] = "fair"
 
     @staticmethod
-    def progress(gen: Running) -> tuple[int, ...]:
+    def progress(gen: Running) -> tuple[int, int]:
         """What preempting ``gen`` loses, smallest first."""
         return (gen.resume_tokens, gen.generated)
 
@@ -99,14 +99,15 @@ class FairVictim:
         if own is not None and own.is_over:
             return None
         best: Running | None = None
-        best_key: tuple[float | int | str, ...] | None = None
+        best_key: tuple[float, int, int, float, str] | None = None
         for gen in running:
             if gen.tenant == arriving:
                 continue
             theirs = standing.get(gen.tenant)
             if theirs is None or not theirs.is_over:
                 continue
-            key = (-theirs.excess, *self.progress(gen), -gen.started_at, gen.key)
+            lost, then = self.progress(gen)
+            key = (-theirs.excess, lost, then, -gen.started_at, gen.key)
             if best_key is None or key < best_key:
                 best, best_key = gen, key
         return best
@@ -118,7 +119,7 @@ class FewestGenerated(FairVictim):
     name: ClassVar[str] = "fewest_generated"
 
     @staticmethod
-    def progress(gen: Running) -> tuple[int, ...]:
+    def progress(gen: Running) -> tuple[int, int]:
         return (gen.generated, gen.resume_tokens)
 
 
