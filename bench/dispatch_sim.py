@@ -41,7 +41,8 @@ import asyncio
 import dataclasses
 import heapq
 import itertools
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,6 +54,9 @@ from runtime.routing.prefix_index import PrefixIndex
 from runtime.routing.sticky import StickyRule
 from runtime.scheduling.dispatcher import PoolDispatcher
 from runtime.scheduling.grant import Grant, SchedulingError, Ticket
+from runtime.scheduling.headroom import Gate
+from runtime.scheduling.preempt import Running, Standing, VictimPolicy
+from runtime.scheduling.registry import preemption_names, preemption_policy
 from runtime.scheduling.settings import PoolSettings
 from runtime.testing.fleet import HandFleet
 from runtime.workers.simulator.prefix_cache import (
@@ -71,6 +75,18 @@ class Outcome:
     tenant: str
     klass: str
     ttft_s: float | None  # None: refused or dropped
+
+
+@dataclass(slots=True)
+class Flow:
+    """One phase's output: tokens generated (in all, and within the phase's duration from
+    its start), preemptions and the tokens their resumes re-prefilled."""
+
+    start: float = 0.0
+    tokens: int = 0
+    window_tokens: int = 0
+    preemptions: int = 0
+    reprefilled: int = 0
 
 
 @dataclass(slots=True)
@@ -102,6 +118,10 @@ class _Seq:
     prompt_tokens: int = 0  # as the simulator counts the rendered prompt (with a prefix cache)
     block_hashes: tuple[int, ...] = ()  # the engine's block hashes of the prompt
     cached: int = 0  # prompt tokens the engine's prefix cache held at admission
+    generated: int = 0  # output tokens so far (kept across a preemption)
+    prefill: int | None = None  # what its next admission prefills; None: the planned prompt
+    deadline: float = 0.0  # its ticket's deadline, kept when it re-queues after a preemption
+    started_at: float = 0.0  # when it last took a slot
 
 
 @dataclass(slots=True)
@@ -116,7 +136,9 @@ class _Engine:
 
     def duration(self, timing: TimingModel) -> float:
         if self.cache is None:
-            prefill = sum(s.planned.prompt_tokens for s in self.fresh)
+            prefill = sum(
+                s.planned.prompt_tokens if s.prefill is None else s.prefill for s in self.fresh
+            )
         else:
             prefill = 0
             for seq in self.fresh:
@@ -125,6 +147,21 @@ class _Engine:
         return timing.step_seconds(
             batch_size=len(self.running) + len(self.fresh), prefill_tokens=prefill
         )
+
+
+_Waiting = tuple["asyncio.Task[Grant]", Planned, float, "_Seq | None"]
+
+
+def _standing(
+    gate: Gate, held: Mapping[str, int], shares: Mapping[str, float], arriving: str
+) -> dict[str, Standing]:
+    """What the victim policy is told: over are the tenants holding slots lent to them
+    (:meth:`Gate.lent`), and the arriving tenant when the gate, lending, blocks it."""
+    lent = gate.lent(held)
+    standing = {t: Standing(share, held.get(t, 0), over=t in lent) for t, share in shares.items()}
+    blocked = gate.blocks(arriving, held, lending=True)
+    standing[arriving] = Standing(shares.get(arriving, 0.0), held.get(arriving, 0), over=blocked)
+    return standing
 
 
 class _Run:
@@ -136,6 +173,9 @@ class _Run:
         settings: PoolSettings,
         routing: Mode | None = None,
         rule: StickyRule | None = None,
+        *,
+        preempt: bool = False,
+        victim: str = "fair",
     ) -> None:
         self.scenario = scenario
         b = scenario.backends
@@ -159,7 +199,14 @@ class _Run:
         self.block_size = b.block_size
         self.rendered: dict[str, tuple[int, tuple[int, ...]]] = {}  # key -> engine's view
         self.placements: dict[str, tuple[int, int]] = {}  # phase -> (sticky, by load)
-        self.dispatcher = PoolDispatcher("p", settings, fleet, clock=self.clock, tick_s=3600.0)
+        if preempt and self.prefix is not None:
+            raise ValueError("preemption is not modelled with prefix caches")
+        self.victims: VictimPolicy | None = preemption_policy(victim) if preempt else None
+        self.dispatcher = PoolDispatcher(
+            "p", settings, fleet, clock=self.clock, tick_s=3600.0, lend=preempt
+        )
+        self.phase_s = float("inf")  # tokens count as "under the phase" up to this long
+        self.flow: dict[str, Flow] = {}  # phase -> output tokens, preemptions, re-prefill
         self.weights = {t.name: t.weight for t in scenario.tenants}
         self.order = itertools.count()
         self.events: list[tuple[float, int, Planned | int]] = []  # arrivals, step ends
@@ -177,7 +224,13 @@ class _Run:
 
     def step_ended(self, endpoint_id: int, phase: str) -> None:
         engine = self.engines[endpoint_id]
+        flow = self.flow.setdefault(phase, Flow())
+        in_window = self.clock.now - flow.start <= self.phase_s
         for seq in list(engine.running):
+            seq.prefill = None
+            seq.generated += 1
+            flow.tokens += 1
+            flow.window_tokens += in_window
             if not seq.started:
                 seq.started = True
                 ttft = self.clock.now - seq.arrived
@@ -199,7 +252,8 @@ class _Run:
         start = self.clock.now
         for p in requests:
             heapq.heappush(self.events, (start + p.at, next(self.order), p))
-        waiting: dict[int, tuple[asyncio.Task[Grant], Planned, float]] = {}
+        waiting: dict[int, _Waiting] = {}
+        self.flow[phase] = Flow(start=start)
         try:
             await self._play(phase, loop, waiting)
         finally:
@@ -210,7 +264,7 @@ class _Run:
         self,
         phase: str,
         loop: asyncio.AbstractEventLoop,
-        waiting: dict[int, tuple[asyncio.Task[Grant], Planned, float]],
+        waiting: dict[int, _Waiting],
     ) -> None:
         while self.events:
             at, key, item = heapq.heappop(self.events)
@@ -218,15 +272,75 @@ class _Run:
             if isinstance(item, Planned):
                 affinity = self.expect(item)
                 ticket = _ticket(self.scenario, item, at, self.weights[item.tenant], affinity)
-                waiting[key] = (loop.create_task(self.dispatcher.acquire(ticket)), item, at)
+                task = loop.create_task(self.dispatcher.acquire(ticket))
+                waiting[key] = (task, item, at, None)
             else:
                 self.step_ended(item, phase)
-            for _ in range(4):  # let the woken acquire() calls return
-                await asyncio.sleep(0)
-            for wait_key, (task, p, arrived) in list(waiting.items()):
-                if task.done():
-                    del waiting[wait_key]
-                    self.granted(task, p, arrived, phase)
+            await self._settle(phase, waiting)
+            if self.victims is not None and self._preempt(phase, loop, waiting):
+                await self._settle(phase, waiting)
+
+    async def _settle(self, phase: str, waiting: dict[int, _Waiting]) -> None:
+        for _ in range(4):  # let the woken acquire() calls return
+            await asyncio.sleep(0)
+        for wait_key, (task, p, arrived, paused) in list(waiting.items()):
+            if task.done():
+                del waiting[wait_key]
+                self.granted(task, p, arrived, phase, paused)
+
+    def _preempt(
+        self, phase: str, loop: asyncio.AbstractEventLoop, waiting: dict[int, _Waiting]
+    ) -> bool:
+        """Take lent slots back: for each request still waiting (no free slot took it) whose
+        tenant the headroom gate lets through, stop a generation the victim policy chooses
+        among the tenants holding past their gate's limit (the slots lent to them); it
+        re-queues with its deadline and, resumed, prefills its prompt plus what it generated.
+        """
+        assert self.victims is not None
+        arriving = [p.tenant for task, p, _, paused in waiting.values()
+                    if paused is None and not task.done()]  # fmt: skip
+        if not arriving:
+            return False
+        gate = self.dispatcher.held_back()
+        if not gate:
+            return False
+        held = Counter(self.dispatcher.inflight())
+        shares = self.dispatcher.shares()
+        by_key: dict[str, tuple[int, _Seq]] = {}
+        running: list[Running] = []
+        for endpoint_id, engine in self.engines.items():
+            for seq in engine.running + engine.fresh:
+                key = f"{seq.planned.index}"
+                by_key[key] = (endpoint_id, seq)
+                running.append(Running(
+                    key, seq.planned.tenant, seq.grant.ticket.band, seq.generated,
+                    seq.planned.prompt_tokens, seq.started_at,
+                ))  # fmt: skip
+        flow = self.flow.setdefault(phase, Flow())
+        preempted = False
+        for tenant in arriving:
+            standing = _standing(gate, held, shares, tenant)
+            victim = self.victims.victim(tenant, running, standing)
+            if victim is None:
+                continue
+            running.remove(victim)
+            endpoint_id, seq = by_key[victim.key]
+            engine = self.engines[endpoint_id]
+            (engine.running if seq in engine.running else engine.fresh).remove(seq)
+            held[victim.tenant] -= 1
+            held[tenant] += 1
+            seq.grant.release()
+            seq.prefill = victim.resume_tokens
+            flow.preemptions += 1
+            flow.reprefilled += victim.resume_tokens
+            ticket = dataclasses.replace(
+                seq.grant.ticket, input_tokens=victim.resume_tokens, max_output_tokens=seq.left,
+                deadline=seq.deadline,
+            )  # fmt: skip
+            task = loop.create_task(self.dispatcher.acquire(ticket))
+            waiting[next(self.order)] = (task, seq.planned, seq.arrived, seq)
+            preempted = True
+        return preempted
 
     def reset_caches(self) -> None:
         for engine in self.engines.values():
@@ -250,13 +364,28 @@ class _Run:
         self.rendered[key] = (tokens, text_block_hashes(render_chat(pairs), self.block_size))
         return key
 
-    def granted(self, task: asyncio.Task[Grant], p: Planned, arrived: float, phase: str) -> None:
+    def granted(
+        self,
+        task: asyncio.Task[Grant],
+        p: Planned,
+        arrived: float,
+        phase: str,
+        paused: _Seq | None = None,
+    ) -> None:
         if isinstance(task.exception(), SchedulingError):
-            self.outcomes.append(Outcome(phase, p.tenant, p.klass, None))
+            if paused is None or not paused.started:
+                self.outcomes.append(Outcome(phase, p.tenant, p.klass, None))
             return
         grant = task.result()
         endpoint_id = grant.endpoint.id if grant.endpoint is not None else 1
+        if paused is not None:  # a preempted generation resumes (its prefill is set)
+            paused.grant, paused.started_at = grant, self.clock.now
+            self.engines[endpoint_id].fresh.append(paused)
+            if not self.engines[endpoint_id].stepping:
+                self.step(endpoint_id)
+            return
         seq = _Seq(grant, p, arrived, max(p.max_tokens, 1))
+        seq.deadline, seq.started_at = grant.ticket.deadline, self.clock.now
         if self.prefix is not None:
             seq.prompt_tokens, seq.block_hashes = self.rendered.pop(str(p.index))
         self.engines[endpoint_id].fresh.append(seq)
@@ -280,9 +409,13 @@ async def simulate_run(
     max_requests: int = 100_000,
     routing: Mode | None = None,
     rule: StickyRule | None = None,
+    preempt: bool = False,
+    victim: str = "fair",
 ) -> _Run:
-    """:func:`simulate`, returning the whole run (its prefix-cache figures too)."""
-    run = _Run(scenario, settings, routing, rule)
+    """:func:`simulate`, returning the whole run (its prefix-cache figures too); ``preempt``:
+    the flood limit lends idle slots and takes them back by preemption (module docstring)."""
+    run = _Run(scenario, settings, routing, rule, preempt=preempt, victim=victim)
+    run.phase_s = phase_s
     run.dispatcher.start()
     try:
         for phase in scenario.phases:  # each starts once the previous one drained, as in `run`
@@ -316,6 +449,27 @@ def prefix_table(run: _Run) -> dict[str, dict[str, float | None]]:
             "hit_rate": hit / queried if queried else None,
             "sticky_share": placed[0] / sum(placed) if sum(placed) else None,
         }  # fmt: skip
+    return out
+
+
+def flow_table(run: _Run) -> dict[str, dict[str, float | None]]:
+    """Per phase: output tokens/s within the phase's duration, the interactive class's TTFT
+    SLO share over the tenants that do not flood, preemptions and re-prefilled tokens."""
+    out: dict[str, dict[str, float | None]] = {}
+    flooders = {t.name for t in run.scenario.tenants if t.flooding}
+    slo_ms = {name: spec.ttft_slo_ms for name, spec in run.scenario.classes.items()}
+    for phase in run.scenario.phases:
+        flow = run.flow.get(phase.name, Flow())
+        rows = [o for o in run.outcomes if o.phase == phase.name and o.tenant not in flooders
+                and o.klass == "interactive"]  # fmt: skip
+        met = sum(1 for o in rows if o.ttft_s is not None and o.ttft_s * 1000 <= slo_ms[o.klass])
+        out[f"{phase.name} flow"] = {
+            "tokens_per_s": flow.window_tokens / run.phase_s if run.phase_s > 0 else None,
+            "tokens": float(flow.tokens),
+            "slo_share": met / len(rows) if rows else None,
+            "preemptions": float(flow.preemptions),
+            "reprefilled": float(flow.reprefilled),
+        }
     return out
 
 
@@ -403,7 +557,18 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="with prefix caches in the engines: place by load or by the prefix index and "
         "the sticky rule (default: load when the scenario shares prefixes, else none)",
     )  # fmt: skip
+    parser.add_argument(
+        "--preempt", choices=("off", "on"), default="off",
+        help="on: the flood limit lends idle slots and takes them back by preemption; a "
+        "resumed generation prefills its prompt plus what it generated",
+    )  # fmt: skip
+    parser.add_argument(
+        "--victim", choices=[n for n in preemption_names() if n != "off"], default="fair",
+        help="with --preempt on: the victim choice (runtime.scheduling.preempt)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
+    if args.preempt == "on" and args.routing is not None:
+        parser.error("--preempt on is not modelled with --routing (prefix caches)")
     scenario = load(args.scenario)
     if args.seed is not None:
         scenario = dataclasses.replace(scenario, seed=args.seed)
@@ -417,13 +582,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     phase_s = scenario.size(args.size).phase_duration_s
     rule = _sticky_rule(parser, args.sticky)
     run = asyncio.run(
-        simulate_run(scenario, settings, phase_s=phase_s, routing=args.routing, rule=rule)
-    )
+        simulate_run(scenario, settings, phase_s=phase_s, routing=args.routing, rule=rule,
+                     preempt=args.preempt == "on", victim=args.victim)
+    )  # fmt: skip
     print(f"{scenario.name}, {args.size} ({phase_s:g} s phases), policies {policies or 'default'}"
-          + (f", routing {args.routing}" if args.routing else ""))  # fmt: skip
+          + (f", routing {args.routing}" if args.routing else "")
+          + (f", preempt on ({args.victim})" if args.preempt == "on" else ""))  # fmt: skip
     rows = table(scenario, run.outcomes)
     if run.prefix is not None:
         rows.update(prefix_table(run))
+    rows.update(flow_table(run))
     for key, row in rows.items():
         cells = "  ".join(f"{name}={_cell(name, value)}" for name, value in row.items())
         print(f"{key:34} {cells}")

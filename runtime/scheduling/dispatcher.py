@@ -102,6 +102,7 @@ class PoolDispatcher:
         sink: CounterSink | None = None,
         headroom_window_s: float = 10.0,
         cold_start: Callable[[int], float | None] | None = None,
+        lend: bool = False,
     ) -> None:
         if not tick_s > 0:
             raise ValueError(f"tick_s must be > 0, got {tick_s!r}")
@@ -111,6 +112,10 @@ class PoolDispatcher:
         self._tick_s = tick_s
         self._sink = sink
         self._headroom_window_s = headroom_window_s
+        # Lend: what the headroom gate would hold back may take a slot nobody else waits
+        # for; the caller takes it back by preemption when a tenant the gate lets through
+        # arrives (:mod:`.preempt`; the simulator does). Off by default.
+        self._lend = lend
         # Scale from zero: version -> expected start seconds of a replica (None: cannot).
         self._cold_start = cold_start
         self._seq = itertools.count(1)
@@ -244,7 +249,7 @@ class PoolDispatcher:
             capacity=self.placement.capacity(),
             now=now,
         )
-        if gate.blocks(ticket.tenant, self._inflight):
+        if not self._lend and gate.blocks(ticket.tenant, self._inflight):
             return None
         seq = next(self._seq)
         req = QueuedRequest(
@@ -408,7 +413,9 @@ class PoolDispatcher:
             gate = self._headroom.gate(
                 inflight=self._inflight, queued=self._queued, capacity=capacity, now=now
             )
-            gated_full = bool(gate) and all(gate.blocks(t, self._inflight) for t in gate.tenants)
+            gated_full = bool(gate) and all(
+                gate.blocks(t, self._inflight, lending=self._lend) for t in gate.tenants
+            )
             rooms: dict[int, list[EndpointSnap]] = {}
 
             def has_room(req: QueuedRequest) -> bool:
@@ -425,8 +432,13 @@ class PoolDispatcher:
             req = self._queue.pop(under if gate else has_room)
             if req is None and gate and not gated_full:
                 req = self._queue.pop(
-                    lambda r: not gate.blocks(r.tenant, self._inflight) and has_room(r)  # noqa: B023
+                    lambda r: (
+                        not gate.blocks(r.tenant, self._inflight, lending=self._lend)  # noqa: B023
+                        and has_room(r)
+                    )
                 )
+            if req is None and gate and self._lend:  # lent: taken back by preemption
+                req = self._queue.pop(has_room)
             if req is None:
                 return
             waiter = self._waiting[req.id]
@@ -531,6 +543,15 @@ class PoolDispatcher:
 
     def inflight(self) -> dict[str, int]:
         return dict(self._inflight)
+
+    def shares(self) -> dict[str, float]:
+        """Each active tenant's share of the pool's slots now (:meth:`.HeadroomRule.shares`)."""
+        return self._headroom.shares(
+            inflight=self._inflight,
+            queued=self._queued,
+            capacity=self.placement.capacity(),
+            now=self._clock(),
+        )
 
     def held_back(self) -> Gate:
         """The headroom gate as of now: who is held back, and the limits (:mod:`.headroom`).

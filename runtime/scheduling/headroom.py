@@ -99,13 +99,28 @@ class Gate:
     def __bool__(self) -> bool:
         return bool(self.tenants)
 
-    def blocks(self, tenant: str, inflight: Mapping[str, int]) -> bool:
-        """Whether ``tenant``, holding what ``inflight`` says, may not take one more slot."""
-        if tenant in self.tenants and sum(inflight.get(t, 0) for t in self.tenants) >= self.limit:
-            return True
-        return tenant in self.flooders and (
-            sum(inflight.get(t, 0) for t in self.flooders) >= self.flood_limit
-        )
+    def blocks(self, tenant: str, inflight: Mapping[str, int], *, lending: bool = False) -> bool:
+        """Whether ``tenant``, holding what ``inflight`` says, may not take one more slot.
+
+        ``lending``: the flooders' slots past their limit are lent (taken back by preemption,
+        :mod:`.preempt`), so they count at most ``flood_limit`` against the others' limit."""
+        flooded = sum(inflight.get(t, 0) for t in self.flooders)
+        if tenant in self.tenants:
+            held = sum(inflight.get(t, 0) for t in self.tenants)
+            if lending and flooded > self.flood_limit:
+                held -= flooded - self.flood_limit
+            if held >= self.limit:
+                return True
+        return tenant in self.flooders and flooded >= self.flood_limit
+
+    def lent(self, inflight: Mapping[str, int]) -> frozenset[str]:
+        """The tenants holding slots lent past their limit: the flooders past theirs, else
+        the gated tenants past theirs."""
+        if self.flooders and sum(inflight.get(t, 0) for t in self.flooders) > self.flood_limit:
+            return self.flooders
+        if self.tenants and sum(inflight.get(t, 0) for t in self.tenants) > self.limit:
+            return self.tenants
+        return frozenset()
 
 
 OPEN = Gate()
@@ -198,6 +213,20 @@ class HeadroomRule:
         for tenant in forget:
             del self._seen[tenant]
         return active, total
+
+    def shares(
+        self, *, inflight: Mapping[str, int], queued: Mapping[str, int], capacity: int, now: float
+    ) -> dict[str, float]:
+        """Each active tenant's share of ``capacity`` slots, as :meth:`gate` counts it; a
+        read: it changes nothing the rule remembers."""
+        horizon = now - self.window_s
+        active = {
+            tenant: seen.weight
+            for tenant, seen in self._seen.items()
+            if seen.last >= horizon or inflight.get(tenant, 0) > 0 or queued.get(tenant, 0) > 0
+        }
+        total = sum(active.values())
+        return {t: capacity * w / total for t, w in active.items()} if total > 0 else {}
 
     def gate(
         self,

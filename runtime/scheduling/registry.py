@@ -20,6 +20,7 @@ from runtime.policy_names import UnknownPolicyError, by_name, lookup
 from runtime.scheduling.fairness import FirstComeFirstServed, RoundRobin, VirtualTokenCounter
 from runtime.scheduling.interfaces import FairnessPolicy, OrderingPolicy, SaturationDetector
 from runtime.scheduling.ordering import ArrivalOrder, EarliestDeadlineFirst
+from runtime.scheduling.preempt import FairVictim, FewestGenerated, NoPreemption, VictimPolicy
 from runtime.scheduling.saturation import InflightOnly, VllmMetrics
 
 Interface = Literal["fairness", "ordering", "saturation"]
@@ -27,6 +28,9 @@ Interface = Literal["fairness", "ordering", "saturation"]
 FAIRNESS_POLICIES: Final = (VirtualTokenCounter, FirstComeFirstServed, RoundRobin)
 ORDERING_POLICIES: Final = (EarliestDeadlineFirst, ArrivalOrder)
 SATURATION_DETECTORS: Final = (VllmMetrics, InflightOnly)
+# Preemption's victim choice (:mod:`.preempt`): opt-in, so kept apart from the pool's
+# ``policies`` interfaces above (no pool names one yet; the simulator does).
+PREEMPTION_POLICIES: Final = (FairVictim, FewestGenerated, NoPreemption)
 
 DEFAULTS: Final[Mapping[Interface, str]] = MappingProxyType(
     {"fairness": "vtc", "ordering": "edf", "saturation": "vllm_metrics"}
@@ -76,6 +80,19 @@ def saturation_detector(name: str) -> SaturationDetector:
     """A new instance (default settings) of the saturation detector called ``name``."""
     detector: SaturationDetector = _lookup("saturation", name)
     return detector
+
+
+def preemption_names() -> tuple[str, ...]:
+    """The registered victim-choice policies' names, sorted."""
+    return tuple(sorted(by_name("preemption", PREEMPTION_POLICIES)))
+
+
+def preemption_policy(name: str) -> VictimPolicy:
+    """A new instance of the preemption (victim choice) policy called ``name``."""
+    policy: VictimPolicy = lookup(
+        "preemption policy", by_name("preemption", PREEMPTION_POLICIES), name
+    )()
+    return policy
 
 
 @dataclass(frozen=True, slots=True)

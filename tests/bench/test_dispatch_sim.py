@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.dispatch_sim import _Engine, _Seq, main, simulate, table
+from bench.dispatch_sim import _Engine, _Seq, flow_table, main, simulate, simulate_run, table
+from bench.preempt_sweep import measure
 from bench.scenario import load
 from bench.workload import Planned
 from runtime.scheduling.settings import PoolSettings
@@ -78,3 +79,51 @@ def _seq(*, prompt_tokens: int) -> _Seq:
     planned = Planned(index=0, at=0.0, tenant="t", klass="interactive",
                       prompt_tokens=prompt_tokens, max_tokens=4, stream=True)  # fmt: skip
     return _Seq(grant=None, planned=planned, arrived=0.0, left=4)  # type: ignore[arg-type]
+
+
+def test_preemption_lends_slots_takes_them_back_and_counts_each_token_once() -> None:
+    scenario = load(CONTENTION)
+    settings = PoolSettings.from_policies({}, ())
+    on = asyncio.run(simulate_run(scenario, settings, phase_s=2.5, preempt=True))
+    off = asyncio.run(simulate_run(scenario, settings, phase_s=2.5))
+    flood_on, flood_off = on.flow["flood"], off.flow["flood"]
+    assert flood_off.preemptions == 0
+    assert flood_on.preemptions > 0
+    # every resume re-prefilled at least its prompt (and the tokens it had generated)
+    assert flood_on.reprefilled > flood_on.preemptions * 8  # prompts are >= 8 tokens
+    # each request's tokens are generated once, preempted or not: the same total either way
+    plan = [o for o in on.outcomes if o.phase == "flood"]
+    assert flood_on.tokens == flood_off.tokens
+    assert len(plan) == len([o for o in off.outcomes if o.phase == "flood"])
+    assert all(o.ttft_s is not None for o in plan)  # a preempted one keeps its first TTFT
+    rows = flow_table(on)
+    assert rows["flood flow"]["preemptions"] == flood_on.preemptions
+
+
+def test_a_resumed_generation_prefills_its_prompt_and_what_it_generated() -> None:
+    b = load(CONTENTION).backends
+    timing = TimingModel(
+        prefill_tps=b.prefill_tps, decode_a_ms=b.decode_a_ms, decode_b_ms=b.decode_b_ms
+    )
+    resumed = _seq(prompt_tokens=500)
+    resumed.generated, resumed.prefill = 100, 600
+    engine = _Engine(running=[], fresh=[resumed])
+    assert engine.duration(timing) == pytest.approx(600 / 5000 + (10 + 0.5 * 1) / 1000)
+
+
+def test_the_command_takes_preempt_on(capsys: pytest.CaptureFixture[str]) -> None:
+    main(["--scenario", str(CONTENTION), "--size", "smoke", "--preempt", "on"])
+    out = capsys.readouterr().out
+    assert ", preempt on" in out
+    assert "flood flow" in out
+    assert "preemptions=" in out
+    with pytest.raises(SystemExit):
+        main(["--scenario", str(CONTENTION), "--preempt", "on", "--routing", "load"])
+
+
+def test_the_sweep_compares_fcfs_the_flood_limit_and_preemption() -> None:
+    m = measure(CONTENTION, "smoke", 1)
+    assert set(m) == {"fcfs", "off", "on"}
+    assert m["off"]["preemptions"] == m["fcfs"]["preemptions"] == 0
+    assert m["on"]["preemptions"] > 0
+    assert all(row["tps"] > 0 for row in m.values())
