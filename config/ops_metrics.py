@@ -115,7 +115,7 @@ def read_redis(client: redis.Redis[bytes], namespace: str) -> RedisSignals:
 
 
 def read_outbox() -> OutboxSignals:
-    from apps.core.models import SnapshotOutbox  # noqa: PLC0415
+    from apps.common.models import SnapshotOutbox  # noqa: PLC0415
 
     found = SnapshotOutbox.objects.aggregate(pending=Count("pk"), oldest=Min("created_at"))
     oldest = found["oldest"]

@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from apps.billing.drift import reconcile_record
 from apps.billing.ledger import Repair
-from apps.core.models import SnapshotOutbox
+from apps.common.models import SnapshotOutbox
 from config.beat_lock import BeatLease
 from runtime.contract import USAGE_GROUP, usage_stream
 
