@@ -24,6 +24,7 @@ from runtime.gateway.schema import (
     EmbeddingRequest,
     RequestDecoder,
 )
+from runtime.gateway.state import RouterState
 from runtime.gateway.unary import CoalescedDispatch
 from runtime.telemetry.logging import RequestRecord
 from runtime.telemetry.metrics import StageLabels
@@ -47,11 +48,7 @@ class InferenceConsumer(GatewayConsumer):
                                  coalesced=cls.coalesced)  # fmt: skip
 
     async def respond(self, body: bytes) -> None:
-        state = self.state
         scope = self.scope
-        record = RequestRecord(request_id=self.request_id, route=self.route)
-        if state.tracing.enabled:
-            state.tracing.begin(record, header(scope, b"traceparent"))
         ctx = RequestContext(
             spec=self.spec,
             request_id=self.request_id,
@@ -60,20 +57,28 @@ class InferenceConsumer(GatewayConsumer):
             raw_headers=scope.get("headers", ()),
             client=self,
             cut=lambda: self.cut_reason,
-            record=record,
+            record=RequestRecord(request_id=self.request_id, route=self.route),
         )
-        try:
-            await state.pipeline.run(ctx)
-        except BaseException as exc:
-            classify(record, exc, self.cut_reason)
-            raise
-        finally:
-            state.account(record, ctx.labels)
+        await serve(self.state, ctx)
 
     def on_refused(self, error: ApiError) -> None:
         record = RequestRecord(request_id=self.request_id, route=self.route)
         record.status, record.outcome = error.status, error.code or "error"
         self.state.account(record, StageLabels())
+
+
+async def serve(state: RouterState, ctx: RequestContext) -> None:
+    """Run the router's inference pipeline over ``ctx``, then account for the request."""
+    record = ctx.record
+    if state.tracing.enabled:
+        state.tracing.begin(record, ctx.headers(b"traceparent"))
+    try:
+        await state.pipeline.run(ctx)
+    except BaseException as exc:
+        classify(record, exc, ctx.cut())
+        raise
+    finally:
+        state.account(record, ctx.labels)
 
 
 class ChatCompletionsConsumer(InferenceConsumer):

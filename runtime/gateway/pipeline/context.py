@@ -15,6 +15,7 @@ response end has its concurrency slot back, so it may send its next request at o
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
@@ -34,6 +35,7 @@ from runtime.telemetry.metrics import StageLabels
 from runtime.upstream.response import UpstreamResponse
 
 Headers = Iterable[tuple[bytes, bytes]]
+END_WAIT_S = 0.25  # the most the last chunk waits for the early releases' writes (Redis)
 T = TypeVar("T")
 
 
@@ -123,6 +125,7 @@ class RequestContext:
     detach: bool = False  # the rest runs to its end without the client (Idempotency-Key)
     sink: ResponseSink = field(init=False)
     _early: list[Callable[[], None]] = field(default_factory=list)
+    _early_waits: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.sink = EndGuard(self.client, self.release_early)
@@ -174,14 +177,26 @@ class RequestContext:
         reads)."""
         self._early.append(step)
 
-    def release_early(self) -> None:
-        """The response is about to end: run the early steps and releases, latest first.
-        Not when the router cuts the request (its shutdown): the exit stack settles then."""
+    def wait_before_end(self, written: Callable[[], Awaitable[None]]) -> None:
+        """After the early releases, await ``written`` (bounded by :data:`END_WAIT_S`) before
+        the last chunk goes out: e.g. the freed concurrency slot reaching Redis."""
+        self._early_waits.append(written)
+
+    async def release_early(self) -> None:
+        """The response is about to end: run the early steps and releases, latest first, and
+        wait for their writes. Not when the router cuts the request (its shutdown): the exit
+        stack settles then."""
         if self.cut() is not None:
             return
         early, self._early = self._early, []
         for step in reversed(early):
             step()
+        waits, self._early_waits = self._early_waits, []
+        if waits:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(END_WAIT_S):
+                    for written in waits:
+                        await written()
 
 
 class EndGuard:
@@ -191,7 +206,7 @@ class EndGuard:
 
     __slots__ = ("_before_end", "_sink")
 
-    def __init__(self, sink: ResponseSink, before_end: Callable[[], None]) -> None:
+    def __init__(self, sink: ResponseSink, before_end: Callable[[], Awaitable[None]]) -> None:
         self._sink = sink
         self._before_end = before_end
 
@@ -200,7 +215,7 @@ class EndGuard:
 
     async def send_chunk(self, data: bytes, *, last: bool = False) -> None:
         if last:
-            self._before_end()
+            await self._before_end()
         await self._sink.send_chunk(data, last=last)
 
 

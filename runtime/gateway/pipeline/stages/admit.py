@@ -21,3 +21,4 @@ class Admit:
             deps, ctx.ready_snapshot, ctx.ready_principal.tenant, ctx.ready_plan
         )
         ctx.hold("settle", lambda: settle(deps, ctx), early=True)
+        ctx.wait_before_end(deps.limits.slots_freed)  # the freed slot is in Redis at the end
