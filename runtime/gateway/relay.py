@@ -216,12 +216,14 @@ async def relay_stream(
                 await sink.send_chunk(b"data: " + payload + b"\n\n")
     except StreamBroken as exc:
         result.outcome = "deadline_exceeded" if exc.reason == "deadline" else "stream_broken"
+        tokens.flush()  # counted before the end: what settles at the last chunk bills them
         await _end_with(sink, kind, meta, broken_error(exc), held)
         return result
     except asyncio.CancelledError:
         reason = cut() if cut is not None else None
         if reason is not None:  # the router cuts it (held chunks are not final any more)
             result.outcome = reason
+            tokens.flush()
             await _end_with(sink, kind, meta, ApiError.of(reason), [])
         raise
     finally:
