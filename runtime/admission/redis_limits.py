@@ -171,6 +171,7 @@ class RedisLimits:
         self._settles: list[Settlement] = []
         self._settles_due = math.inf  # when the queued batch must be sent
         self._wake = asyncio.Event()
+        self._flushed: list[asyncio.Future[None]] = []  # waiting for the queued batch's write
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
 
@@ -340,6 +341,23 @@ class RedisLimits:
             self._settles_due = self._clock() + self._linger_s
             self._wake.set()
 
+    async def slots_freed(self) -> None:
+        """Wait until the queued settlements that free a Redis concurrency slot are written
+        (at once when none is queued, or Redis is down: the local fallback decides then). The
+        gateway awaits this before a response's last byte, so a client that sees its response
+        end finds its slot free (issue #27)."""
+        urgent = self._settles and self._settles_due == -math.inf
+        if not urgent or self._task is None or self._down or self._stopping:
+            return
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._flushed.append(waiter)
+        await waiter
+
+    def _wake_flushed(self, waiters: list[asyncio.Future[None]]) -> None:
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
     # -- background -----------------------------------------------------------------------
 
     async def _run(self) -> None:
@@ -378,8 +396,11 @@ class RedisLimits:
     async def flush(self) -> int:
         """Write the queued settlements in one pipeline; returns how many were written."""
         if not self._settles or self._client is None or self._clock() < self._down_until:
+            self._wake_flushed(self._flushed)
+            self._flushed = []
             return 0
         batch, self._settles = self._settles, []
+        waiters, self._flushed = self._flushed, []
         self._settles_due = math.inf
         if self._spool is not None:
             segment = self._spool.rotate()
@@ -393,6 +414,8 @@ class RedisLimits:
             self._settles = batch + self._settles
             self._settles_due = -math.inf  # retried once Redis answers again
             return 0
+        finally:
+            self._wake_flushed(waiters)
         self._came_back()
         if self._spool is not None:
             for segment in self._segments:  # every settlement they hold is applied now

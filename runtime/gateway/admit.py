@@ -33,9 +33,9 @@ import msgspec
 from runtime.admission.credits import NO_ASK, CreditAsk, CreditRefusedError
 from runtime.admission.limits import Lease, LimitExceededError, LimitKind, Quota
 from runtime.contract import period_fields
+from runtime.gateway.bundles import AdmissionDeps
 from runtime.gateway.errors import ApiError, retry_after
 from runtime.gateway.plan import Plan
-from runtime.gateway.state import RouterState
 from runtime.metering.events import UsageEvent, encode_event
 from runtime.metering.pricing import MICRO, Rate, to_credits
 from runtime.scheduling.grant import (
@@ -87,31 +87,31 @@ def credit_ask(
     )
 
 
-def _rate_of(state: RouterState, snapshot: Snapshot, plan: Plan) -> tuple[Rate | None, str]:
-    pool = snapshot.pools.get(state.table.pool_of(snapshot, plan.version.id) or "")
-    if pool is None or state.prices is None:
+def _rate_of(deps: AdmissionDeps, snapshot: Snapshot, plan: Plan) -> tuple[Rate | None, str]:
+    pool = snapshot.pools.get(deps.table.pool_of(snapshot, plan.version.id) or "")
+    if pool is None or deps.prices.book is None:
         return None, pool.hardware_tier if pool is not None else ""
-    return state.prices.rate(plan.version.id, pool.hardware_tier), pool.hardware_tier
+    return deps.prices.book.rate(plan.version.id, pool.hardware_tier), pool.hardware_tier
 
 
 async def admit_limits(
-    state: RouterState, snapshot: Snapshot, tenant: TenantSnap, plan: Plan
+    deps: AdmissionDeps, snapshot: Snapshot, tenant: TenantSnap, plan: Plan
 ) -> Admission:
     limits = tenant.limits
     quota = Quota(rpm=limits.rpm, tpm=limits.tpm, concurrency=limits.max_concurrency)
-    rate, tier = _rate_of(state, snapshot, plan)
+    rate, tier = _rate_of(deps, snapshot, plan)
     ask = credit_ask(snapshot, tenant, plan, rate, now=time.time())
     try:
-        lease = await state.limits.acquire(
+        lease = await deps.limits.acquire(
             tenant.slug, quota, tokens=plan.prompt_tokens + plan.max_tokens, ask=ask
         )
     except LimitExceededError as exc:
         code = _LIMIT_CODES[exc.kind]
-        state.metrics.reject(code)
+        deps.metrics.reject(code)
         raise ApiError.of(code, str(exc), headers=retry_after(exc.retry_after_header)) from None
     except CreditRefusedError as exc:
         code = str(exc.kind)
-        state.metrics.reject(code)
+        deps.metrics.reject(code)
         extra = {"needed_credits": to_credits(exc.needed_uc),
                  "available_credits": to_credits(exc.available_uc)}  # fmt: skip
         raise ApiError.of(code, str(exc), extra=extra) from None
@@ -131,7 +131,7 @@ def fair_weight(tenant: TenantSnap, admission: Admission) -> float:
 
 
 def charge_hit(
-    state: RouterState,
+    deps: AdmissionDeps,
     snapshot: Snapshot,
     tenant: TenantSnap,
     plan: Plan,
@@ -142,22 +142,22 @@ def charge_hit(
 ) -> None:
     """Charge a cache hit to the tenant's fairness counters at the hit price: the weight is
     the usual one over (1 - the price's cache-hit discount); nothing for a free hit."""
-    pool = state.table.pool_of(snapshot, plan.version.id)
+    pool = deps.table.pool_of(snapshot, plan.version.id)
     if pool is None:
         return
     discount = admission.rate.cache_hit_discount if admission.rate is not None else 0.0
     if discount >= 1.0:
         return
     klass = plan.klass
-    band = klass.priority_band if klass is not None else state.config.default_band
-    state.dispatchers.get(snapshot, pool).charge_bypass(
+    band = klass.priority_band if klass is not None else deps.default_band
+    deps.dispatchers.get(snapshot, pool).charge_bypass(
         tenant=tenant.slug, band=band, weight=fair_weight(tenant, admission) / (1.0 - discount),
         input_tokens=tokens_in, output_tokens=tokens_out,
     )  # fmt: skip
 
 
 def settle_limits(
-    state: RouterState,
+    deps: AdmissionDeps,
     admission: Admission,
     *,
     served: bool,
@@ -176,7 +176,7 @@ def settle_limits(
         event_bytes = encode_event(msgspec.structs.replace(event, cost_uc=cost))
     else:
         event_bytes = b""
-    state.limits.settle(
+    deps.limits.settle(
         admission.lease,
         actual_tokens=tokens_in + tokens_out if usage_known else None,
         served=served,
@@ -185,8 +185,8 @@ def settle_limits(
     )
 
 
-def _no_endpoint(state: RouterState, plan: Plan, retry_s: int | None = None) -> ApiError:
-    state.metrics.reject("no_healthy_endpoint")
+def _no_endpoint(deps: AdmissionDeps, plan: Plan, retry_s: int | None = None) -> ApiError:
+    deps.metrics.reject("no_healthy_endpoint")
     if retry_s is not None:  # scale from zero: a replica starts, the deadline cannot wait
         return ApiError.of(
             "no_healthy_endpoint",
@@ -200,24 +200,24 @@ def _no_endpoint(state: RouterState, plan: Plan, retry_s: int | None = None) -> 
     )
 
 
-def _lowest_band(state: RouterState, snapshot: Snapshot) -> int:
+def _lowest_band(deps: AdmissionDeps, snapshot: Snapshot) -> int:
     bands = [c.priority_band for c in snapshot.classes.values()]
-    return max([state.config.default_band, *bands])
+    return max([deps.default_band, *bands])
 
 
 async def acquire_slot(
-    state: RouterState, snapshot: Snapshot, tenant: TenantSnap, plan: Plan, admission: Admission
+    deps: AdmissionDeps, snapshot: Snapshot, tenant: TenantSnap, plan: Plan, admission: Admission
 ) -> Grant:
     """Wait in the pool queue for an endpoint with room (see the module docstring); a request
     admitted on overdraft waits in the lowest band and is shed first."""
-    pool = state.table.pool_of(snapshot, plan.version.id) or plan.version.scale_pool or None
+    pool = deps.table.pool_of(snapshot, plan.version.id) or plan.version.scale_pool or None
     if pool is None:
-        raise _no_endpoint(state, plan)
+        raise _no_endpoint(deps, plan)
     klass = plan.klass
-    band = klass.priority_band if klass is not None else state.config.default_band
-    shed_order = klass.shed_order if klass is not None else state.config.default_band
+    band = klass.priority_band if klass is not None else deps.default_band
+    shed_order = klass.shed_order if klass is not None else deps.default_band
     if admission.lease.overdraft:
-        band, shed_order = _lowest_band(state, snapshot), -1
+        band, shed_order = _lowest_band(deps, snapshot), -1
     ticket = Ticket(
         tenant=tenant.slug,
         version=plan.version.id,
@@ -230,13 +230,13 @@ async def acquire_slot(
         deadline=plan.deadline,
         affinity_key=plan.affinity_key,
     )
-    dispatcher = state.dispatchers.get(snapshot, pool)
+    dispatcher = deps.dispatchers.get(snapshot, pool)
     try:
         grant = await dispatcher.acquire(ticket)
     except QueueRejectedError as exc:
         rejection = exc.rejection
         code = str(rejection.reason)  # "queue_full" | "wait_exceeds_deadline"
-        state.metrics.reject(code)
+        deps.metrics.reject(code)
         wait = rejection.estimated_wait_s
         raise ApiError.of(
             code,
@@ -249,17 +249,17 @@ async def acquire_slot(
         ) from None
     except QueueDropError as exc:
         if exc.reason is DropReason.SHED:
-            state.metrics.reject("shed")
+            deps.metrics.reject("shed")
             raise ApiError.of(
                 "shed",
                 f"The model '{plan.model.name}' is overloaded: {exc}.",
                 headers=retry_after(exc.retry_after_s),
             ) from None
-        state.metrics.reject("deadline_exceeded")
+        deps.metrics.reject("deadline_exceeded")
         raise ApiError.of(
             "deadline_exceeded", f"The request's deadline passed while it was queued: {exc}."
         ) from None
     except NoEndpointError as exc:
-        raise _no_endpoint(state, plan, exc.retry_after_s) from None
-    state.metrics.observe_queue_wait(pool, ticket.band, grant.waited_s)
+        raise _no_endpoint(deps, plan, exc.retry_after_s) from None
+    deps.metrics.observe_queue_wait(pool, ticket.band, grant.waited_s)
     return grant

@@ -24,6 +24,7 @@ from typing import Any
 import msgspec
 
 from runtime.gateway.auth import Principal
+from runtime.gateway.bundles import PlanningDeps
 from runtime.gateway.caps import embedding_budget, generation_budget
 from runtime.gateway.errors import ApiError
 from runtime.gateway.resolve import resolve_class, resolve_model, resolve_timeout
@@ -34,7 +35,6 @@ from runtime.gateway.schema import (
     EmbeddingRequest,
     InferenceRequest,
 )
-from runtime.gateway.state import RouterState
 from runtime.gateway.tokens import text_overheads
 from runtime.routing.versions import Headers, NoVersionError, choose_version
 from runtime.snapshot import ModelSnap, RequestClassSnap, Snapshot, TenantSnap, VersionSnap
@@ -65,7 +65,7 @@ class Plan(msgspec.Struct, kw_only=True):
 
 
 async def plan_request(
-    state: RouterState,
+    deps: PlanningDeps,
     snapshot: Snapshot,
     *,
     principal: Principal,
@@ -89,11 +89,11 @@ async def plan_request(
             raise ApiError.of("unsupported_parameter", param=name, model=model.name)
     klass = resolve_class(snapshot, tenant, class_header)
     record.klass = labels.klass = klass.name if klass is not None else ""
-    timeout_s = resolve_timeout(klass, timeout_header, state.config)
+    timeout_s = resolve_timeout(klass, timeout_header, deps.config)
     deadline = asyncio.get_running_loop().time() + timeout_s
     try:
         version = choose_version(
-            snapshot, model, tenant=tenant.slug, user=view.user, headers=headers, rng=state.rng
+            snapshot, model, tenant=tenant.slug, user=view.user, headers=headers, rng=deps.rng
         )
     except NoVersionError as exc:
         raise ApiError.of("model_not_found", str(exc), param="model") from None
@@ -105,13 +105,13 @@ async def plan_request(
     if isinstance(view, EmbeddingRequest):
         texts, extras = view.inputs()
         record.prompt_tokens = await embedding_budget(
-            state.tokens, tenant=tenant, version=version, texts=texts, overheads=extras
+            deps.tokens, tenant=tenant, version=version, texts=texts, overheads=extras
         )
     else:
         streaming, include_usage = view.streaming, view.include_usage
         record.stream = streaming
         budget = await _generation(
-            state, tenant=tenant, version=version, view=view, document=document, record=record
+            deps, tenant=tenant, version=version, view=view, document=document, record=record
         )
         for key, value in version.default_sampling.items():
             if key in _SAMPLING_DEFAULTS and key not in document and value is not None:
@@ -122,7 +122,7 @@ async def plan_request(
                 **(options if isinstance(options, dict) else {}),
                 "include_usage": True,
             }
-    _add_priority(snapshot, state, version, klass, document)
+    _add_priority(snapshot, deps, version, klass, document)
     return Plan(
         model=model,
         version=version,
@@ -138,7 +138,7 @@ async def plan_request(
 
 
 async def _generation(
-    state: RouterState,
+    deps: PlanningDeps,
     *,
     tenant: TenantSnap,
     version: VersionSnap,
@@ -159,7 +159,7 @@ async def _generation(
             longest = max(range(prompts), key=lambda i: len(texts[i]) * 4 + overheads[i])
             texts, overheads = [texts[longest]], [overheads[longest]]
     prompt, max_tokens = await generation_budget(
-        state.tokens,
+        deps.tokens,
         tenant=tenant,
         version=version,
         texts=texts,
@@ -188,7 +188,7 @@ def affinity_key(texts: list[str], prefix_chars: int = AFFINITY_PREFIX_CHARS) ->
 
 def _add_priority(
     snapshot: Snapshot,
-    state: RouterState,
+    deps: PlanningDeps,
     version: VersionSnap,
     klass: RequestClassSnap | None,
     document: dict[str, Any],
@@ -196,5 +196,5 @@ def _add_priority(
     """vLLM takes ``priority`` only with ``--scheduling-policy priority``: per-pool flag."""
     if klass is None:
         return
-    if state.table.policies(snapshot, version.id).get("upstream_priority") == "on":
+    if deps.table.policies(snapshot, version.id).get("upstream_priority") == "on":
         document["priority"] = klass.priority_band

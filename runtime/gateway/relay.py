@@ -166,13 +166,16 @@ async def relay_stream(
     labels: StageLabels,
     on_tokens: Callable[[int], None] | None = None,
     cut: Callable[[], str | None] | None = None,
+    result: RelayResult | None = None,
 ) -> RelayResult:
     """Relay an SSE stream; the first event is already buffered in ``upstream``.
 
     ``cut()``, asked when the relay is cancelled, names the error code the router cuts the
-    stream with (None: the client went away, nothing more is sent)."""
+    stream with (None: the client went away, nothing more is sent). ``result``, when given,
+    is filled as the stream goes (its outcome and usage are final when the last chunk is
+    sent) and returned."""
     inter_token = metrics.stage_observer("inter_token", labels)
-    result = RelayResult()
+    result = RelayResult() if result is None else result
     meta: _Meta | None = None
     await sink.start_response(200, [*SSE_HEADERS, *headers])
     last = time.perf_counter()  # not loop.time(): uvloop's clock ticks in milliseconds
@@ -213,12 +216,14 @@ async def relay_stream(
                 await sink.send_chunk(b"data: " + payload + b"\n\n")
     except StreamBroken as exc:
         result.outcome = "deadline_exceeded" if exc.reason == "deadline" else "stream_broken"
+        tokens.flush()  # counted before the end: what settles at the last chunk bills them
         await _end_with(sink, kind, meta, broken_error(exc), held)
         return result
     except asyncio.CancelledError:
         reason = cut() if cut is not None else None
         if reason is not None:  # the router cuts it (held chunks are not final any more)
             result.outcome = reason
+            tokens.flush()
             await _end_with(sink, kind, meta, ApiError.of(reason), [])
         raise
     finally:
@@ -247,12 +252,17 @@ async def _end_with(
 
 
 async def relay_unary(
-    sink: ResponseSink, upstream: UpstreamResponse, *, headers: Iterable[tuple[bytes, bytes]]
-) -> RelayResult:
-    """Relay a whole JSON body as it came."""
+    sink: ResponseSink, upstream: UpstreamResponse, *, headers: Iterable[tuple[bytes, bytes]],
+    result: RelayResult | None = None,
+) -> RelayResult:  # fmt: skip
+    """Relay a whole JSON body as it came (``result``, when given, is filled before the
+    body is sent, and returned)."""
     body = await upstream.read_json()
     probe = _usage_of(body)
+    result = RelayResult() if result is None else result
+    result.usage = probe.usage if probe is not None else None
+    result.events = 1
     length = (b"content-length", str(len(body)).encode("ascii"))
     await sink.start_response(200, [(b"content-type", b"application/json"), length, *headers])
     await sink.send_chunk(body, last=True)
-    return RelayResult(usage=probe.usage if probe is not None else None, events=1)
+    return result

@@ -1,7 +1,11 @@
 """Everything a router process holds, in one object built by the ASGI lifespan.
 
 uvicorn copies the lifespan ``state`` dict into every request scope, so consumers find this
-object at ``scope["state"][STATE_KEY]``; nothing lives in module globals.
+object at ``scope["state"][STATE_KEY]``; nothing lives in module globals. The state owns the
+components' life (build, start, stop); the request path sees only the narrow bundles of
+:mod:`runtime.gateway.bundles` (admission, planning, upstream, telemetry), the cache front and
+the inference :class:`~runtime.gateway.pipeline.stage.Pipeline`, all made by
+:func:`build_state`: nothing is created on first use.
 """
 
 from __future__ import annotations
@@ -11,15 +15,27 @@ import contextlib
 import logging
 import random
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from runtime.admission.redis_limits import RedisLimits
 from runtime.batching.coalescer import Coalescer
+from runtime.cache.metrics import CacheMetrics
 from runtime.contract import usage_stream
+from runtime.gateway.bundles import (
+    AdmissionDeps,
+    PlanningDeps,
+    PriceHolder,
+    Telemetry,
+    UpstreamDeps,
+)
+from runtime.gateway.cache_front import CacheFront
 from runtime.gateway.config import RouterConfig
 from runtime.gateway.key_usage import KeyUsageRecorder
 from runtime.gateway.live_view import live_sources
+from runtime.gateway.pipeline.build import inference_stages
+from runtime.gateway.pipeline.stage import Pipeline
+from runtime.gateway.pipeline.stages.account import Account
 from runtime.gateway.tokens import TokenCounter
+from runtime.gateway.unary import make_coalescer
 from runtime.metering.pricing import PriceBook
 from runtime.routing.inflight import InFlight
 from runtime.routing.shadow import ShadowMirror
@@ -45,9 +61,6 @@ from runtime.upstream.client import ClientConfig, UpstreamClient
 from runtime.upstream.health import HealthConfig, HealthMonitor
 from runtime.upstream.timeouts import TimeoutPolicy
 
-if TYPE_CHECKING:
-    from runtime.cache.gateway import CacheFront
-
 STATE_KEY = "switchyard"
 
 logger = logging.getLogger(__name__)
@@ -71,16 +84,27 @@ class RouterState:
     dispatchers: Dispatchers
     version_stats: VersionStats
     shadow: ShadowMirror
-    prices: PriceBook | None = None  # rebuilt on every snapshot swap (credits, issue #11)
+    coalescer: Coalescer  # runtime/batching: unary torch requests, batched per endpoint
+    cache: CacheFront  # the response cache and idempotency records (runtime/cache)
+    # The request path's views of the above (runtime/gateway/bundles.py) and its stages.
+    admission: AdmissionDeps
+    planning: PlanningDeps
+    upstream: UpstreamDeps
+    telemetry: Telemetry
+    pipeline: Pipeline
+    account: Account
     tracing: Tracing = field(default_factory=Tracing)  # off unless OTEL_EXPORTER_OTLP_* is set
     rng: random.Random = field(default_factory=random.Random)
     request_log: logging.Logger = field(default_factory=lambda: logging.getLogger(REQUEST_LOGGER))
     snapshot_task: asyncio.Task[None] | None = None
     loop_lag: LoopLagProbe | None = None  # the event loop's lag histogram (issue #14)
-    coalescer: Coalescer | None = None  # runtime/batching, made on the first unary torch request
-    cache: CacheFront | None = None  # runtime/cache, made on the first chat/completion request
     scaling: SignalsPublisher | None = None  # runtime/scaling: per-pool signals to Redis
     live: LiveAggregator | None = None  # per-second dashboard documents (telemetry.live)
+
+    @property
+    def prices(self) -> PriceBook | None:
+        """The snapshot's price book (credits, issue #11), rebuilt on every swap."""
+        return self.admission.prices.book
 
     @property
     def snapshot(self) -> Snapshot | None:
@@ -94,7 +118,7 @@ class RouterState:
         self.health.set_endpoints(snapshot.endpoints.values())
         self.breakers.retain(snapshot.endpoints)
         self.dispatchers.on_snapshot(snapshot)
-        self.prices = PriceBook(snapshot)
+        self.admission.prices.book = PriceBook(snapshot)
 
     def pool_views(self) -> list[PoolView]:
         """What the dispatchers report to ``/metrics`` (read at scrape time)."""
@@ -154,6 +178,7 @@ class RouterState:
         await self.limits.start()
         await self.shared.start()
         await self.health.start()
+        self.cache.start()
         if self.scaling is not None:
             self.scaling.start()
         if self.live is not None:
@@ -198,8 +223,7 @@ class RouterState:
         await self.key_usage.stop()
         await self.shadow.stop()
         await self.version_stats.stop()
-        if self.cache is not None:
-            await self.cache.close()
+        await self.cache.close()
         await self.client.close()
         if self.loop_lag is not None:
             await self.loop_lag.stop()
@@ -248,6 +272,57 @@ def build_state(config: RouterConfig) -> RouterState:
         )
 
     version_stats = VersionStats(config.redis_url, namespace=config.namespace)
+    limits = RedisLimits(
+        config.redis_url,
+        prefix=config.limits_keys,
+        usage_stream=usage_stream(config.namespace),
+        spool_dir=config.snapshot_cache_path.parent / "usage-spool",
+        replicas=config.limit_processes,  # routers x workers: the Redis-down share
+        lease_ttl_s=config.lease_ttl_s,
+        settle_linger_s=config.settle_linger_s,
+    )
+    dispatchers = Dispatchers(
+        placement_for=placement_for,
+        tick_s=config.dispatch_tick_s,
+        default_queue_limit=config.default_queue_limit,
+        headroom_window_s=config.headroom_window_s,
+        shared=shared,
+        cold_start=lambda version: cold_start_s(current(), version),
+    )
+    key_usage = KeyUsageRecorder(
+        config.redis_url, hash_key=config.key_usage_hash, interval_s=config.key_usage_flush_s
+    )
+    tokens = TokenCounter(cache_size=config.tokenizer_cache_size)
+    tracing = Tracing.from_env()
+    shadow = ShadowMirror(stats=version_stats)
+    rng = random.Random()  # noqa: S311 - load spreading, not secrets
+    request_log = logging.getLogger(REQUEST_LOGGER)
+    coalescer = make_coalescer(client, config.coalesce_window_s)
+    cache = CacheFront(config.redis_url, namespace=config.namespace,
+                       metrics=CacheMetrics(metrics.registry))  # fmt: skip
+    scaling = SignalsPublisher(
+        config.redis_url,
+        namespace=config.namespace,
+        pools=dispatchers.all,
+        meter=PoolMeter(SnapshotFleet(current, signals), engines=EngineScraper(current)),
+        interval_s=config.scaling_signals_s,
+    )
+    admission = AdmissionDeps(limits=limits, dispatchers=dispatchers, table=table,
+                              prices=PriceHolder(), metrics=metrics,
+                              default_band=config.default_band)  # fmt: skip
+    planning = PlanningDeps(config=config, tokens=tokens, table=table, rng=rng,
+                            key_usage=key_usage)  # fmt: skip
+    upstream = UpstreamDeps(
+        client=client, breakers=breakers, rng=rng, retry_attempts=config.retry_attempts,
+        backoff_base_s=config.retry_backoff_base_s, backoff_cap_s=config.retry_backoff_cap_s,
+        coalescer=coalescer, coalesce_window_s=config.coalesce_window_s, tracing=tracing,
+        metrics=metrics, shadow=shadow,
+    )  # fmt: skip
+    telemetry = Telemetry(metrics=metrics, tracing=tracing, version_stats=version_stats,
+                          request_log=request_log, snapshot=current, scaling=scaling)  # fmt: skip
+    stages = inference_stages(
+        snapshot=current, planning=planning, admission=admission, upstream=upstream, cache=cache
+    )
     state = RouterState(
         config=config,
         loader=loader,
@@ -258,40 +333,25 @@ def build_state(config: RouterConfig) -> RouterState:
         table=table,
         signals=signals,
         metrics=metrics,
-        limits=RedisLimits(
-            config.redis_url,
-            prefix=config.limits_keys,
-            usage_stream=usage_stream(config.namespace),
-            spool_dir=config.snapshot_cache_path.parent / "usage-spool",
-            replicas=config.limit_processes,  # routers x workers: the Redis-down share
-            lease_ttl_s=config.lease_ttl_s,
-            settle_linger_s=config.settle_linger_s,
-        ),
+        limits=limits,
         shared=shared,
-        dispatchers=Dispatchers(
-            placement_for=placement_for,
-            tick_s=config.dispatch_tick_s,
-            default_queue_limit=config.default_queue_limit,
-            headroom_window_s=config.headroom_window_s,
-            shared=shared,
-            cold_start=lambda version: cold_start_s(current(), version),
-        ),
-        key_usage=KeyUsageRecorder(
-            config.redis_url,
-            hash_key=config.key_usage_hash,
-            interval_s=config.key_usage_flush_s,
-        ),
-        tokens=TokenCounter(cache_size=config.tokenizer_cache_size),
-        tracing=Tracing.from_env(),
+        dispatchers=dispatchers,
+        key_usage=key_usage,
+        tokens=tokens,
+        tracing=tracing,
+        rng=rng,
+        request_log=request_log,
         version_stats=version_stats,
-        shadow=ShadowMirror(stats=version_stats),
-    )
-    state.scaling = SignalsPublisher(
-        config.redis_url,
-        namespace=config.namespace,
-        pools=state.dispatchers.all,
-        meter=PoolMeter(SnapshotFleet(current, signals), engines=EngineScraper(current)),
-        interval_s=config.scaling_signals_s,
+        shadow=shadow,
+        coalescer=coalescer,
+        cache=cache,
+        admission=admission,
+        planning=planning,
+        upstream=upstream,
+        telemetry=telemetry,
+        pipeline=Pipeline(stages),
+        account=Account(telemetry),
+        scaling=scaling,
     )
     state.loop_lag = LoopLagProbe(metrics.registry)
     state.loader.add_swap_callback(state.on_snapshot)
@@ -299,7 +359,9 @@ def build_state(config: RouterConfig) -> RouterState:
     metrics.attach_snapshot(loader)
     metrics.attach_fleet(state.endpoint_views)
     metrics.attach_admission(lambda: state.limits.degraded)
-    state.live = LiveAggregator(config.redis_url, config.namespace, live_sources(state))
+    state.live = telemetry.live = LiveAggregator(
+        config.redis_url, config.namespace, live_sources(state)
+    )
     return state
 
 

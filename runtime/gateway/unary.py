@@ -1,11 +1,11 @@
 """Coalesced dispatch for unary routes served by the PyTorch worker (embeddings, classifications).
 
-:class:`CoalescedDispatch` is mixed in front of an ``InferenceConsumer``: when the planned
-version runs on the ``torch`` runtime and coalescing is on, the request — already admitted,
-scheduled and granted an endpoint slot like any other — joins the router's
+When the planned version runs on the ``torch`` runtime and coalescing is on, the request —
+already admitted, scheduled and granted an endpoint slot like any other — joins the router's
 :class:`~runtime.batching.coalescer.Coalescer` under ``(endpoint, version, path)``; the group goes
 to the worker's ``/switchyard/v1/batch`` as one call and this request gets back its own
-``(status, body)``: its own usage, its own error. Anything else takes the normal path.
+``(status, body)``: its own usage, its own error. Anything else takes the normal path (the
+``dispatch`` stage asks :func:`coalescible`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import asyncio
 import math
 import time
 from collections.abc import Hashable, Sequence
-from typing import Any, ClassVar, cast
+from typing import TYPE_CHECKING, ClassVar, cast
 
 import msgspec
 
@@ -22,13 +22,15 @@ from runtime.batching.coalescer import CoalescePolicy, Coalescer, Member, Reply,
 from runtime.gateway.errors import ApiError, upstream_refusal
 from runtime.gateway.plan import Plan
 from runtime.gateway.relay import Usage
-from runtime.gateway.state import RouterState
 from runtime.gateway.upstream_errors import dispatch_error
+from runtime.scheduling.grant import Grant
 from runtime.snapshot import EndpointSnap
-from runtime.telemetry.logging import RequestRecord
-from runtime.telemetry.metrics import StageLabels
 from runtime.upstream.client import UpstreamClient
 from runtime.upstream.errors import UpstreamError
+
+if TYPE_CHECKING:
+    from runtime.gateway.bundles import UpstreamDeps
+    from runtime.gateway.pipeline.context import RequestContext
 
 BATCH_PATH = "/switchyard/v1/batch"
 DEADLINE_HEADER = "X-Switchyard-Deadline-Ms"
@@ -39,17 +41,14 @@ class _UsageOnly(msgspec.Struct):
     usage: Usage | None = None
 
 
-def coalescer_of(state: RouterState) -> Coalescer:
-    """The router's coalescer (made on first use: most routers never serve a torch model)."""
-    if state.coalescer is None:
-        client = state.client
+def make_coalescer(client: UpstreamClient, window_s: float) -> Coalescer:
+    """The router's coalescer (it starts nothing until a torch request arrives)."""
 
-        async def send(key: Hashable, members: Sequence[Member]) -> Sequence[Reply]:
-            endpoint, _version, path = cast("tuple[EndpointSnap, int, str]", key)
-            return await send_batch(client, endpoint, path, members)
+    async def send(key: Hashable, members: Sequence[Member]) -> Sequence[Reply]:
+        endpoint, _version, path = cast("tuple[EndpointSnap, int, str]", key)
+        return await send_batch(client, endpoint, path, members)
 
-        state.coalescer = Coalescer(send, CoalescePolicy(window_s=state.config.coalesce_window_s))
-    return state.coalescer
+    return Coalescer(send, CoalescePolicy(window_s=window_s))
 
 
 async def send_batch(
@@ -81,67 +80,63 @@ async def send_batch(
 
 
 class CoalescedDispatch:
-    """Mixin overriding ``InferenceConsumer._dispatch`` for torch-served unary models."""
+    """Mixin marking an inference route whose torch-served requests are coalesced."""
 
-    upstream_path: ClassVar[str] = ""
+    coalesced: ClassVar[bool] = True
 
-    async def _dispatch(
-        self,
-        state: RouterState,
-        plan: Plan,
-        attempts: Any,
-        record: RequestRecord,
-        labels: StageLabels,
-    ) -> Usage | None:
-        grant = attempts.grant
-        endpoint = grant.endpoint
-        if (
-            plan.version.runtime != TORCH_RUNTIME
-            or endpoint is None
-            or state.config.coalesce_window_s <= 0
-        ):
-            result: Usage | None = await super()._dispatch(  # type: ignore[misc]
-                state, plan, attempts, record, labels
-            )
-            return result
-        coalescer = coalescer_of(state)
-        dispatched_at = time.perf_counter()
-        attempts.count = 1
-        record.attempts = 1
-        try:
-            reply = await coalescer.submit(
-                (endpoint, plan.version.id, self.upstream_path),
-                Member(
-                    body=plan.body,
-                    deadline=plan.deadline,
-                    slo_s=plan.klass.ttft_slo_ms / 1000 if plan.klass is not None else None,
-                ),
-            )
-        except UpstreamError as exc:
-            raise dispatch_error(exc, model=plan.model.name) from None
-        except ValueError as exc:
-            raise ApiError.of("upstream_error", f"The model server failed: {exc}") from None
-        attempts.opened = True
-        record.endpoint = labels.endpoint = str(endpoint.id)
-        elapsed = time.perf_counter() - dispatched_at
-        state.metrics.observe("queue", grant.waited_s, labels)
-        state.metrics.observe("upstream_ttft", elapsed, labels)
-        record.timing("queue", grant.waited_s)
-        record.timing("upstream_ttft", elapsed)
-        if reply.status != 200:
-            if reply.status < 500:
-                raise upstream_refusal(reply.status, reply.body)
-            raise ApiError.of("upstream_error", "The model server failed on this request.")
-        usage = msgspec.json.decode(reply.body, type=_UsageOnly).usage
-        record.status = 200
-        record.outcome = "ok"
-        headers = [
-            (b"content-type", b"application/json"),
-            (b"x-switchyard-version", plan.version.label.encode("latin-1")),
-        ]
-        await self.start_response(200, headers)  # type: ignore[attr-defined]
-        await self.send_chunk(reply.body, last=True)  # type: ignore[attr-defined]
-        if usage is not None:
-            record.prompt_tokens = usage.prompt_tokens
-            record.completion_tokens = usage.completion_tokens
-        return usage
+
+def coalescible(deps: UpstreamDeps, plan: Plan, grant: Grant) -> bool:
+    """Whether this granted request goes to the coalescer."""
+    return (
+        plan.version.runtime == TORCH_RUNTIME
+        and grant.endpoint is not None
+        and deps.coalesce_window_s > 0
+    )
+
+
+async def dispatch_coalesced(deps: UpstreamDeps, ctx: RequestContext) -> None:
+    """Submit the request to the coalescer and answer the client with its own reply."""
+    plan, attempts, record, labels = ctx.ready_plan, ctx.ready_attempts, ctx.record, ctx.labels
+    grant = attempts.grant
+    endpoint = grant.endpoint
+    assert endpoint is not None  # coalescible() checked
+    dispatched_at = time.perf_counter()
+    attempts.count = 1
+    record.attempts = 1
+    try:
+        reply = await deps.coalescer.submit(
+            (endpoint, plan.version.id, ctx.spec.upstream_path),
+            Member(
+                body=plan.body,
+                deadline=plan.deadline,
+                slo_s=plan.klass.ttft_slo_ms / 1000 if plan.klass is not None else None,
+            ),
+        )
+    except UpstreamError as exc:
+        raise dispatch_error(exc, model=plan.model.name) from None
+    except ValueError as exc:
+        raise ApiError.of("upstream_error", f"The model server failed: {exc}") from None
+    attempts.opened = True
+    record.endpoint = labels.endpoint = str(endpoint.id)
+    elapsed = time.perf_counter() - dispatched_at
+    deps.metrics.observe("queue", grant.waited_s, labels)
+    deps.metrics.observe("upstream_ttft", elapsed, labels)
+    record.timing("queue", grant.waited_s)
+    record.timing("upstream_ttft", elapsed)
+    if reply.status != 200:
+        if reply.status < 500:
+            raise upstream_refusal(reply.status, reply.body)
+        raise ApiError.of("upstream_error", "The model server failed on this request.")
+    usage = msgspec.json.decode(reply.body, type=_UsageOnly).usage
+    record.status = 200
+    record.outcome = "ok"
+    if usage is not None:
+        record.prompt_tokens = usage.prompt_tokens
+        record.completion_tokens = usage.completion_tokens
+    ctx.usage = usage  # before the last chunk: settling (early) bills it
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"x-switchyard-version", plan.version.label.encode("latin-1")),
+    ]
+    await ctx.sink.start_response(200, headers)
+    await ctx.sink.send_chunk(reply.body, last=True)

@@ -247,7 +247,7 @@ class _StuckSink:
 async def test_a_stored_stream_cut_by_the_router_ends_with_its_terminal_chunk(
     reason: str | None,
 ) -> None:
-    from runtime.cache.gateway import send_entry  # noqa: PLC0415
+    from runtime.gateway.cache_front import send_entry  # noqa: PLC0415
 
     entry = Entry(kind="chat", id="chatcmpl-1", created=7, model="m", chunks=("Hi",),
                   finish_reason="stop", usage=CachedUsage(1, 1, 2))  # fmt: skip

@@ -1,5 +1,6 @@
-"""The glue the inference route calls: idempotency, lookup with single flight, capture of a
-miss, replay of a hit. The route stays in charge of auth, limits, escrow and settling.
+"""The cache front of the request path (the cache stages call it): idempotency, lookup with
+single flight, capture of a miss, replay of a hit. The other stages stay in charge of auth,
+limits, escrow and settling.
 
 Per request (chat and completions only; :meth:`CacheFront.begin`):
 
@@ -19,6 +20,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import redis.asyncio as aioredis
+from redis.exceptions import RedisError
 
 from runtime.cache.entry import (
     CachedUsage,
@@ -44,11 +46,12 @@ from runtime.cache.policy import (
 from runtime.cache.store import ResultStore, StoreConfig
 from runtime.contract import cache_purge_channel
 from runtime.gateway.relay import SSE_HEADERS, ResponseSink, Usage, end_cut
-from runtime.gateway.state import RouterState
-from runtime.redis_conn import cancel_and_wait
+from runtime.redis_conn import async_client, cancel_and_wait, raise_if_cancelling
 from runtime.snapshot import ModelSnap, TenantSnap, VersionSnap
 
 HIT_HEADER = b"x-switchyard-cache"
+PURGE_POLL_S = 5.0  # the purge subscription's read timeout (then it reads again)
+PURGE_RETRY_S = 1.0  # after the purge subscription failed
 logger = logging.getLogger(__name__)
 
 
@@ -146,7 +149,8 @@ class CacheFront:
 
     def __init__(self, redis_url: str, *, namespace: str, metrics: CacheMetrics,
                  config: StoreConfig | None = None) -> None:  # fmt: skip
-        self._redis: aioredis.Redis[bytes] = aioredis.Redis.from_url(redis_url)
+        # runtime/redis_conn.py: socket timeouts, a retry on a dropped connection, keepalive.
+        self._redis: aioredis.Redis[bytes] = async_client(redis_url, name="switchyard-cache")
         self._ns = namespace
         self.metrics = metrics
         self.store = ResultStore(self._redis, namespace=namespace,
@@ -164,7 +168,6 @@ class CacheFront:
         job = CacheJob()
         if route not in CACHED_ROUTES:
             return job
-        self._listen()
         if idempotency is not None:
             key = check_key(idempotency)
             digest = request_digest(document, route=route, neutral=())
@@ -229,16 +232,28 @@ class CacheFront:
             if job.hold is not None:
                 await job.hold.finish(entry if entry is not None else job.served)
 
-    def _listen(self) -> None:
+    def start(self) -> None:
+        """Follow the purge channel (a purge clears this router's L1)."""
         if self._purges is None:
             self._purges = asyncio.create_task(self._purge_listener(), name="cache-purges")
 
     async def _purge_listener(self) -> None:
-        pubsub = self._redis.pubsub()
-        await pubsub.subscribe(cache_purge_channel(self._ns))
+        while True:
+            try:
+                await self._follow_purges()
+            except (RedisError, OSError, TimeoutError) as exc:
+                logger.debug("cache: purge channel lost (%s); L1 cleared, resubscribing", exc)
+                self.store.l1.clear()  # a purge may have been missed while disconnected
+                await asyncio.sleep(PURGE_RETRY_S)
+
+    async def _follow_purges(self) -> None:
+        pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
         try:
-            async for message in pubsub.listen():
-                if message.get("type") == "message":
+            await pubsub.subscribe(cache_purge_channel(self._ns))
+            while True:
+                message = await pubsub.get_message(timeout=PURGE_POLL_S)
+                raise_if_cancelling()  # redis-py can swallow a cancellation mid-read
+                if message is not None and message.get("type") == "message":
                     self.store.l1.clear()
         finally:
             with contextlib.suppress(Exception):
@@ -250,11 +265,3 @@ class CacheFront:
             await cancel_and_wait(task)  # redis-py can swallow a cancellation mid-read
         await self._redis.aclose()  # type: ignore[attr-defined]
 
-
-def cache_front(state: RouterState) -> CacheFront:
-    """The router's cache, made on first use."""
-    if state.cache is None:
-        config = state.config
-        state.cache = CacheFront(config.redis_url, namespace=config.namespace,
-                                 metrics=CacheMetrics(state.metrics.registry))  # fmt: skip
-    return state.cache

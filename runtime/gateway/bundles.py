@@ -1,0 +1,95 @@
+"""The narrow bundles of router components that the request path's stages take.
+
+:class:`~runtime.gateway.state.RouterState` owns every component's life (build, start, stop);
+a stage gets only the bundle it reads: admission (limits, queues, prices, the routing table),
+planning (tokenizer, deadlines, version choice), upstream (client, breakers, retry knobs,
+coalescer) or telemetry (metrics, tracing, the live view, per-version stats, scaling, the
+request log). Each is built once in ``build_state``; none is created or replaced lazily.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from runtime.admission.redis_limits import RedisLimits
+from runtime.batching.coalescer import Coalescer
+from runtime.gateway.config import RouterConfig
+from runtime.gateway.key_usage import KeyUsageRecorder
+from runtime.gateway.tokens import TokenCounter
+from runtime.metering.pricing import PriceBook
+from runtime.routing.shadow import ShadowMirror
+from runtime.routing.table import RoutingTable
+from runtime.scaling.publisher import SignalsPublisher
+from runtime.scheduling.pools import Dispatchers
+from runtime.snapshot import Snapshot
+from runtime.telemetry.live import LiveAggregator
+from runtime.telemetry.metrics import RouterMetrics
+from runtime.telemetry.tracing import Tracing
+from runtime.telemetry.versions import VersionStats
+from runtime.upstream.breaker import BreakerBook
+from runtime.upstream.client import UpstreamClient
+
+
+class PriceHolder:
+    """The price book of the snapshot in force (replaced by the snapshot swap callback)."""
+
+    __slots__ = ("book",)
+
+    def __init__(self) -> None:
+        self.book: PriceBook | None = None
+
+
+@dataclass(slots=True, frozen=True, kw_only=True)
+class AdmissionDeps:
+    """Tenant limits and credits in Redis, the pool queues, prices, the routing table."""
+
+    limits: RedisLimits
+    dispatchers: Dispatchers
+    table: RoutingTable
+    prices: PriceHolder
+    metrics: RouterMetrics
+    default_band: int
+
+
+@dataclass(slots=True, frozen=True, kw_only=True)
+class PlanningDeps:
+    """What planning reads: the router's deadlines, the tokenizer, version choice's rng."""
+
+    config: RouterConfig
+    tokens: TokenCounter
+    table: RoutingTable
+    rng: random.Random
+    key_usage: KeyUsageRecorder
+
+
+@dataclass(slots=True, frozen=True, kw_only=True)
+class UpstreamDeps:
+    """Opening upstream: the client, breakers, retry knobs, the unary coalescer."""
+
+    client: UpstreamClient
+    breakers: BreakerBook
+    rng: random.Random
+    retry_attempts: int
+    backoff_base_s: float
+    backoff_cap_s: float
+    coalescer: Coalescer
+    coalesce_window_s: float
+    tracing: Tracing
+    metrics: RouterMetrics
+    shadow: ShadowMirror
+
+
+@dataclass(slots=True, kw_only=True)
+class Telemetry:
+    """Where a finished request is accounted: metrics, tracing, live, logs, rollout stats."""
+
+    metrics: RouterMetrics
+    tracing: Tracing
+    version_stats: VersionStats
+    request_log: logging.Logger
+    snapshot: Callable[[], Snapshot | None]
+    scaling: SignalsPublisher | None = None
+    live: LiveAggregator | None = None  # set once by build_state (its sources read the state)

@@ -1,0 +1,46 @@
+"""The inference stage list, in order. Adding a stage is one module under ``stages/`` plus
+one line here.
+
+``authenticate`` -> ``plan`` -> ``idempotency`` (replay, or detach) -> ``admit`` (registers
+``settle``) -> ``mirror`` -> ``cache`` (a hit answers) -> ``queue`` (registers the grant's
+release) -> ``dispatch`` (a coalesced unary request answers) -> ``relay``; then the context's
+exit stack runs the releases, and the consumer runs ``account``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from runtime.gateway.bundles import AdmissionDeps, PlanningDeps, UpstreamDeps
+from runtime.gateway.cache_front import CacheFront
+from runtime.gateway.pipeline.stage import Stage
+from runtime.gateway.pipeline.stages.admit import Admit
+from runtime.gateway.pipeline.stages.authenticate import Authenticate
+from runtime.gateway.pipeline.stages.cache import CacheBegin, CacheLookup
+from runtime.gateway.pipeline.stages.dispatch import Dispatch
+from runtime.gateway.pipeline.stages.mirror import Mirror
+from runtime.gateway.pipeline.stages.plan import PlanStage
+from runtime.gateway.pipeline.stages.queue import Queue
+from runtime.gateway.pipeline.stages.relay import Relay
+from runtime.snapshot import Snapshot
+
+
+def inference_stages(
+    *,
+    snapshot: Callable[[], Snapshot | None],
+    planning: PlanningDeps,
+    admission: AdmissionDeps,
+    upstream: UpstreamDeps,
+    cache: CacheFront,
+) -> list[Stage]:
+    return [
+        Authenticate(snapshot, planning.key_usage),
+        PlanStage(planning),
+        CacheBegin(cache),
+        Admit(admission),
+        Mirror(upstream.shadow),
+        CacheLookup(cache, admission),
+        Queue(admission),
+        Dispatch(upstream),
+        Relay(upstream.metrics),
+    ]

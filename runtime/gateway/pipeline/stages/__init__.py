@@ -1,0 +1,1 @@
+"""The request path's stages, one module each (their order: ``pipeline.build``)."""

@@ -1,0 +1,65 @@
+"""Stage ``dispatch``: open upstream on the granted endpoint, retrying elsewhere before the
+first byte (:func:`runtime.upstream.dispatch.open_with_retry`); a torch-served unary request
+goes to the coalescer instead and is answered here (:mod:`runtime.gateway.unary`). The
+upstream response's close is registered on the context."""
+
+from __future__ import annotations
+
+import math
+import time
+
+from runtime.gateway.bundles import UpstreamDeps
+from runtime.gateway.pipeline.context import RequestContext
+from runtime.gateway.unary import coalescible, dispatch_coalesced
+from runtime.gateway.upstream_errors import dispatch_error
+from runtime.upstream.dispatch import open_with_retry
+from runtime.upstream.errors import UpstreamError
+
+
+class Dispatch:
+    name = "dispatch"
+
+    def __init__(self, deps: UpstreamDeps) -> None:
+        self._deps = deps
+
+    async def __call__(self, ctx: RequestContext) -> None:
+        deps, plan, attempts = self._deps, ctx.ready_plan, ctx.ready_attempts
+        if ctx.spec.coalesced and coalescible(deps, plan, attempts.grant):
+            await dispatch_coalesced(deps, ctx)
+            ctx.answered = True
+            return
+        record, labels, grant = ctx.record, ctx.labels, attempts.grant
+        # Stage clocks use perf_counter: uvloop's loop.time() ticks in whole milliseconds.
+        dispatched_at = time.perf_counter()
+        try:
+            endpoint, upstream = await open_with_retry(
+                attempts,
+                deps.client,
+                deps.breakers,
+                ctx.spec.upstream_path,
+                plan.body,
+                deadline=plan.deadline,
+                rng=deps.rng,
+                max_attempts=deps.retry_attempts,
+                backoff_base=deps.backoff_base_s,
+                backoff_cap=deps.backoff_cap_s,
+                headers={"X-Request-Id": ctx.request_id, **deps.tracing.upstream_headers(record)},
+                first_byte_cap=None if plan.streaming else math.inf,
+            )
+        except UpstreamError as exc:
+            raise dispatch_error(exc, model=plan.model.name) from None
+        finally:
+            record.attempts = attempts.count
+            if attempts.count > 1:
+                deps.metrics.retries_total.labels(plan.model.name).inc(attempts.count - 1)
+        ctx.upstream = upstream
+        ctx.hold_async(upstream.aclose)
+        attempts.opened = True
+        record.endpoint = labels.endpoint = str(endpoint.id)
+        ttft = time.perf_counter() - dispatched_at
+        deps.metrics.observe("queue", grant.waited_s, labels)
+        deps.metrics.observe("upstream_ttft", ttft, labels)
+        record.timing("queue", grant.waited_s)
+        record.timing("upstream_ttft", ttft)
+        record.timing("ttft", time.monotonic() - record.started)  # client-side TTFT
+        record.status = 200

@@ -1,0 +1,33 @@
+"""Stage ``plan``: decode the body, then model, class, deadline, version, caps, upstream body
+(:func:`runtime.gateway.plan.plan_request`)."""
+
+from __future__ import annotations
+
+from runtime.gateway.bundles import PlanningDeps
+from runtime.gateway.pipeline.context import RequestContext
+from runtime.gateway.plan import plan_request
+from runtime.gateway.schema import decode_request
+
+
+class PlanStage:
+    name = "plan"
+
+    def __init__(self, deps: PlanningDeps) -> None:
+        self._deps = deps
+
+    async def __call__(self, ctx: RequestContext) -> None:
+        request = decode_request(ctx.body, ctx.spec.decoder)
+        ctx.request = request
+        ctx.plan = await plan_request(
+            self._deps,
+            ctx.ready_snapshot,
+            principal=ctx.ready_principal,
+            request=request,
+            route=ctx.spec.route,
+            tasks=ctx.spec.tasks,
+            class_header=ctx.headers(b"x-switchyard-class"),
+            timeout_header=ctx.headers(b"x-request-timeout"),
+            headers=ctx.raw_headers,  # a rollout's sticky header
+            record=ctx.record,
+            labels=ctx.labels,
+        )
