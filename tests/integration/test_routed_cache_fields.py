@@ -20,23 +20,15 @@ import httpx
 import pytest
 import redis
 from django.contrib.auth import get_user_model
+from fixtures.control_plane import model_served_by
 from fixtures.router import Process, redis_url, start_router, wait_ready
 from fixtures.wait import eventually
 from rest_framework.test import APIClient
 
 from apps.models.models import Model
-from apps.models.services import (
-    endpoint_register,
-    endpoint_set_state,
-    model_create,
-    model_version_create,
-    model_version_publish,
-    pool_create,
-    route_set,
-)
 from apps.tenants.services import api_key_create, tenant_create
 from runtime import contract, snapshot_store
-from tests.apps.rollouts.support import MODEL, artifact, start_simulator
+from tests.apps.rollouts.support import MODEL, start_simulator
 
 pytestmark = [
     pytest.mark.integration,
@@ -112,17 +104,7 @@ def stage(settings: Any, tmp_path: Path) -> Iterator[Stage]:
     try:
         sim = start_simulator()
         started.append(sim)
-        model = model_create(actor=None, name=MODEL, task="chat")
-        pool = pool_create(actor=None, name="sim", hardware_tier="cpu", cost_per_replica_hour="1")
-        version = model_version_create(
-            actor=None, model=model, label="v1", runtime="vllm", **artifact(tmp_path / "v1")
-        )
-        version = model_version_publish(actor=None, version=version)
-        endpoint = endpoint_register(
-            actor=None, pool=pool, version=version, base_url=sim.base_url, capacity=8
-        )
-        endpoint_set_state(actor=None, endpoint=endpoint, state="ready")
-        route_set(actor=None, model=model, splits=[(version, 100)])
+        model = model_served_by(sim.base_url, tmp_path / "v1", name=MODEL)
         keys = {}
         for slug in ("acme", "beta"):
             tenant = tenant_create(
