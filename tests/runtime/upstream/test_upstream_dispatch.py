@@ -6,6 +6,7 @@ import asyncio
 import json
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any
 
 import pytest
 import pytest_asyncio
@@ -25,6 +26,7 @@ from runtime.upstream import (
     TimeoutPolicy,
     UpstreamClient,
     UpstreamHTTPError,
+    UpstreamResponse,
     backoff_delay,
     open_with_retry,
 )
@@ -124,6 +126,25 @@ def now() -> float:
     return asyncio.get_running_loop().time()
 
 
+async def dispatch(
+    pick: Callable[[frozenset[int]], EndpointSnap | None],
+    client: UpstreamClient,
+    breakers: BreakerBook,
+    *,
+    payload: bytes | None = None,
+    deadline: float | None = None,
+    rng: random.Random | None = None,
+    **options: Any,
+) -> tuple[EndpointSnap, UpstreamResponse]:
+    """``open_with_retry`` on ``PATH``: ``body()``, a 10 s deadline and ``Random(1)`` unless
+    told otherwise."""
+    return await open_with_retry(
+        pick, client, breakers, PATH, body() if payload is None else payload,
+        deadline=now() + 10 if deadline is None else deadline,
+        rng=random.Random(1) if rng is None else rng, **options,
+    )  # fmt: skip
+
+
 @pytest.mark.integration
 @pytest.mark.asyncio
 async def test_refused_connection_is_retried_on_the_next_endpoint(
@@ -134,9 +155,7 @@ async def test_refused_connection_is_retried_on_the_next_endpoint(
     pick = InOrder([dead, live])
     breakers = BreakerBook(BreakerConfig(failure_threshold=1, cooldown_s=60))
     async with asyncio.timeout(20):
-        chosen, resp = await open_with_retry(
-            pick, client, breakers, PATH, body(), deadline=now() + 10, rng=random.Random(1)
-        )
+        chosen, resp = await dispatch(pick, client, breakers)
         async with resp:
             events = [e async for e in resp.events()]
     assert chosen.id == 2
@@ -148,9 +167,7 @@ async def test_refused_connection_is_retried_on_the_next_endpoint(
     # The open breaker keeps the next request off the dead endpoint without a connect.
     pick.calls.clear()
     async with asyncio.timeout(20):
-        chosen, resp = await open_with_retry(
-            pick, client, breakers, PATH, body(), deadline=now() + 10, rng=random.Random(1)
-        )
+        chosen, resp = await dispatch(pick, client, breakers)
         await resp.aclose()
     assert chosen.id == 2
     assert pick.calls == [frozenset(), frozenset({1})]
@@ -159,40 +176,26 @@ async def test_refused_connection_is_retried_on_the_next_endpoint(
 
 @pytest.mark.integration
 @pytest.mark.asyncio
-async def test_5xx_is_retried_elsewhere_and_counts_against_the_endpoint(
+@pytest.mark.parametrize(
+    ("status", "held"),
+    [(503, 1), (429, 0)],
+    ids=["5xx-counts-against-the-endpoint", "429-is-not-held-against-the-endpoint"],
+)
+async def test_an_error_answer_is_retried_elsewhere(
     client: UpstreamClient,
     simulator: Simulator,
     serve: Callable[[web.Application], Awaitable[str]],
+    status: int,
+    held: int,
 ) -> None:
-    failing = endpoint(1, await serve(app_answering(503)))
+    failing = endpoint(1, await serve(app_answering(status)))
     pick = InOrder([failing, endpoint(2, simulator.base_url)])
     breakers = BreakerBook()
     async with asyncio.timeout(20):
-        chosen, resp = await open_with_retry(
-            pick, client, breakers, PATH, body(), deadline=now() + 10, rng=random.Random(1)
-        )
+        chosen, resp = await dispatch(pick, client, breakers)
         await resp.aclose()
     assert chosen.id == 2
-    assert breakers.get(1).consecutive_failures == 1
-
-
-@pytest.mark.integration
-@pytest.mark.asyncio
-async def test_429_is_retried_but_not_held_against_the_endpoint(
-    client: UpstreamClient,
-    simulator: Simulator,
-    serve: Callable[[web.Application], Awaitable[str]],
-) -> None:
-    busy = endpoint(1, await serve(app_answering(429)))
-    pick = InOrder([busy, endpoint(2, simulator.base_url)])
-    breakers = BreakerBook()
-    async with asyncio.timeout(20):
-        chosen, resp = await open_with_retry(
-            pick, client, breakers, PATH, body(), deadline=now() + 10, rng=random.Random(1)
-        )
-        await resp.aclose()
-    assert chosen.id == 2
-    assert breakers.get(1).consecutive_failures == 0
+    assert breakers.get(1).consecutive_failures == held
 
 
 @pytest.mark.integration
@@ -202,15 +205,7 @@ async def test_4xx_is_not_retried(client: UpstreamClient, simulator: Simulator) 
     breakers = BreakerBook()
     async with asyncio.timeout(20):
         with pytest.raises(UpstreamHTTPError) as info:
-            await open_with_retry(
-                pick,
-                client,
-                breakers,
-                PATH,
-                body(model="unknown-model"),
-                deadline=now() + 10,
-                rng=random.Random(1),
-            )
+            await dispatch(pick, client, breakers, payload=body(model="unknown-model"))
     assert info.value.status == 404
     assert len(pick.calls) == 1
     assert breakers.get(1).consecutive_failures == 0
@@ -224,16 +219,7 @@ async def test_every_endpoint_failing_ends_with_no_endpoint_available(
     dead = [endpoint(i, f"http://127.0.0.1:{closed_port}") for i in (1, 2)]
     async with asyncio.timeout(20):
         with pytest.raises(NoEndpointAvailable) as info:
-            await open_with_retry(
-                InOrder(dead),
-                client,
-                BreakerBook(),
-                PATH,
-                body(),
-                deadline=now() + 10,
-                rng=random.Random(1),
-                max_attempts=5,
-            )
+            await dispatch(InOrder(dead), client, BreakerBook(), max_attempts=5)
     assert isinstance(info.value.__cause__, ConnectFailed)
 
 
@@ -246,16 +232,7 @@ async def test_attempts_are_bounded_by_max_attempts(
     pick = InOrder(dead)
     async with asyncio.timeout(20):
         with pytest.raises(ConnectFailed):
-            await open_with_retry(
-                pick,
-                client,
-                BreakerBook(),
-                PATH,
-                body(),
-                deadline=now() + 10,
-                rng=random.Random(1),
-                max_attempts=2,
-            )
+            await dispatch(pick, client, BreakerBook(), max_attempts=2)
     assert len(pick.calls) == 2
 
 
@@ -263,15 +240,7 @@ async def test_attempts_are_bounded_by_max_attempts(
 @pytest.mark.unit
 async def test_no_endpoint_at_all(client: UpstreamClient) -> None:
     with pytest.raises(NoEndpointAvailable):
-        await open_with_retry(
-            InOrder([]),
-            client,
-            BreakerBook(),
-            PATH,
-            body(),
-            deadline=now() + 1,
-            rng=random.Random(),
-        )
+        await dispatch(InOrder([]), client, BreakerBook(), deadline=now() + 1, rng=random.Random())
 
 
 @pytest.mark.integration
@@ -285,12 +254,10 @@ async def test_hung_endpoints_time_out_and_the_deadline_bounds_the_whole_request
     start = now()
     async with asyncio.timeout(10):
         with pytest.raises(DeadlineExceeded) as info:
-            await open_with_retry(
+            await dispatch(
                 pick,
                 client,
                 breakers,
-                PATH,
-                body(),
                 deadline=start + 0.8,
                 rng=random.Random(3),
                 max_attempts=20,
@@ -310,12 +277,10 @@ async def test_deadline_shorter_than_the_ttft_cap(client: UpstreamClient, blackh
     start = now()
     async with asyncio.timeout(10):
         with pytest.raises(DeadlineExceeded):
-            await open_with_retry(
+            await dispatch(
                 InOrder([endpoint(1, blackhole)]),
                 client,
                 breakers,
-                PATH,
-                body(),
                 deadline=start + 0.3,
                 rng=random.Random(),
             )
@@ -332,15 +297,7 @@ async def test_cancelled_half_open_probe_gives_the_probe_slot_back(
     breakers = BreakerBook(BreakerConfig(failure_threshold=1, cooldown_s=0.0))
     breakers.get(1).record_failure()  # open; cooldown 0: the next request is the probe
     task = asyncio.create_task(
-        open_with_retry(
-            InOrder([endpoint(1, blackhole)]),
-            client,
-            breakers,
-            PATH,
-            body(),
-            deadline=now() + 10,
-            rng=random.Random(),
-        )
+        dispatch(InOrder([endpoint(1, blackhole)]), client, breakers, rng=random.Random())
     )
     async with asyncio.timeout(10):
         await async_eventually(lambda: not breakers.get(1).available(), what="the probe is out")
@@ -358,13 +315,11 @@ async def test_stream_broken_after_first_byte_is_reported_to_the_breaker(
 ) -> None:
     breakers = BreakerBook()
     async with asyncio.timeout(20):
-        chosen, resp = await open_with_retry(
+        chosen, resp = await dispatch(
             InOrder([endpoint(9, failing_simulator.base_url)]),
             client,
             breakers,
-            PATH,
-            body(max_tokens=40),
-            deadline=now() + 10,
+            payload=body(max_tokens=40),
             rng=random.Random(),
         )
         with pytest.raises(StreamBroken):
@@ -407,9 +362,7 @@ async def test_connection_dropped_before_any_answer_is_retried(
     breakers = BreakerBook()
     pick = InOrder([endpoint(1, hangup), endpoint(2, simulator.base_url)])
     async with asyncio.timeout(20):
-        chosen, resp = await open_with_retry(
-            pick, client, breakers, PATH, body(), deadline=now() + 10, rng=random.Random(1)
-        )
+        chosen, resp = await dispatch(pick, client, breakers)
         await resp.aclose()
     assert chosen.id == 2
     assert breakers.get(1).consecutive_failures == 1
@@ -426,9 +379,7 @@ async def test_stream_ending_before_its_first_event_is_retried(
     empty = endpoint(1, await serve(app_with_empty_stream()))
     pick = InOrder([empty, endpoint(2, simulator.base_url)])
     async with asyncio.timeout(20):
-        chosen, resp = await open_with_retry(
-            pick, client, breakers, PATH, body(), deadline=now() + 10, rng=random.Random(1)
-        )
+        chosen, resp = await dispatch(pick, client, breakers)
         await resp.aclose()
     assert chosen.id == 2
     assert breakers.get(1).consecutive_failures == 1

@@ -25,6 +25,7 @@ from runtime.upstream import (
     HealthMonitor,
     UpstreamClient,
     UpstreamHTTPError,
+    UpstreamResponse,
     open_with_retry,
 )
 from tests.runtime.upstream.conftest import endpoint
@@ -103,24 +104,23 @@ def clock() -> Clock:
     return Clock()
 
 
-async def watched(client: UpstreamClient, worker: Worker, clock: Clock) -> HealthMonitor:
+@pytest_asyncio.fixture
+async def monitor(client: UpstreamClient, worker: Worker, clock: Clock) -> HealthMonitor:
     """A monitor watching the worker as endpoint ``ID``, healthy after one answered probe."""
-    monitor = HealthMonitor(client, CONFIG, clock=clock)
-    monitor.set_endpoints([endpoint(ID, await worker.start())])
-    assert (await monitor.check_once(ID)).healthy
-    return monitor
+    watching = HealthMonitor(client, CONFIG, clock=clock)
+    watching.set_endpoints([endpoint(ID, await worker.start())])
+    assert (await watching.check_once(ID)).healthy
+    return watching
 
 
 async def probe_times(monitor: HealthMonitor, n: int) -> list[EndpointStatus]:
     return [await monitor.check_once(ID) for _ in range(n)]
 
 
-@pytest.mark.integration
 @pytest.mark.asyncio
 async def test_probe_timeouts_with_recent_traffic_keep_the_endpoint_healthy(
-    client: UpstreamClient, worker: Worker, clock: Clock
+    monitor: HealthMonitor, worker: Worker, clock: Clock
 ) -> None:
-    monitor = await watched(client, worker, clock)
     worker.probe = "hang"
     async with asyncio.timeout(10):
         monitor.note_success(ID)
@@ -143,12 +143,10 @@ async def test_probe_timeouts_with_recent_traffic_keep_the_endpoint_healthy(
     assert (answered.metrics_timeouts, answered.health_timeouts) == (0, 0)
 
 
-@pytest.mark.integration
 @pytest.mark.asyncio
 async def test_probe_timeouts_without_traffic_eject_after_unhealthy_after(
-    client: UpstreamClient, worker: Worker, clock: Clock
+    monitor: HealthMonitor, worker: Worker
 ) -> None:
-    monitor = await watched(client, worker, clock)
     worker.probe = "hang"
     async with asyncio.timeout(10):
         statuses = await probe_times(monitor, LIMIT)
@@ -157,12 +155,10 @@ async def test_probe_timeouts_without_traffic_eject_after_unhealthy_after(
     assert not statuses[-1].passive
 
 
-@pytest.mark.integration
 @pytest.mark.asyncio
 async def test_the_window_passing_without_traffic_ejects_and_traffic_brings_it_back(
-    client: UpstreamClient, worker: Worker, clock: Clock
+    monitor: HealthMonitor, worker: Worker, clock: Clock
 ) -> None:
-    monitor = await watched(client, worker, clock)
     worker.probe = "hang"
     monitor.note_success(ID)
     async with asyncio.timeout(10):
@@ -180,13 +176,11 @@ async def test_the_window_passing_without_traffic_ejects_and_traffic_brings_it_b
     assert back.passive
 
 
-@pytest.mark.integration
 @pytest.mark.asyncio
 @pytest.mark.parametrize("status", [503, 500])
 async def test_failing_probe_answers_eject_despite_recent_traffic(
-    client: UpstreamClient, worker: Worker, clock: Clock, status: int
+    monitor: HealthMonitor, worker: Worker, clock: Clock, status: int
 ) -> None:
-    monitor = await watched(client, worker, clock)
     worker.probe = "fail"
     worker.probe_status = status
     async with asyncio.timeout(10):
@@ -197,13 +191,11 @@ async def test_failing_probe_answers_eject_despite_recent_traffic(
     assert statuses[-1].last_error in (f"/health: HTTP {status}", f"/metrics: HTTP {status}")
 
 
-@pytest.mark.integration
 @pytest.mark.asyncio
 async def test_a_refused_connection_ejects_despite_recent_traffic(
-    client: UpstreamClient, worker: Worker, clock: Clock
+    monitor: HealthMonitor, worker: Worker
 ) -> None:
     """A refused connection means the process is gone: its traffic is no evidence."""
-    monitor = await watched(client, worker, clock)
     await worker.stop()
     async with asyncio.timeout(10):
         monitor.note_success(ID)
@@ -214,7 +206,6 @@ async def test_a_refused_connection_ejects_despite_recent_traffic(
     assert last.metrics_timeouts == last.health_timeouts == 0
 
 
-@pytest.mark.integration
 @pytest.mark.asyncio
 async def test_a_new_endpoint_whose_first_probes_time_out_stays_usable_for_a_full_run(
     client: UpstreamClient, worker: Worker, clock: Clock
@@ -233,7 +224,6 @@ async def test_a_new_endpoint_whose_first_probes_time_out_stays_usable_for_a_ful
         assert (await monitor.check_once(ID)).healthy
 
 
-@pytest.mark.integration
 @pytest.mark.asyncio
 @pytest.mark.parametrize("gone", [False, True], ids=["failing-answer", "refused"])
 async def test_a_new_endpoint_is_refused_at_its_first_definite_failure(
@@ -251,12 +241,10 @@ async def test_a_new_endpoint_is_refused_at_its_first_definite_failure(
     assert first.health_failures == 1
 
 
-@pytest.mark.integration
 @pytest.mark.asyncio
 async def test_one_definite_failure_in_a_run_of_timeouts_is_not_excused(
-    client: UpstreamClient, worker: Worker, clock: Clock
+    monitor: HealthMonitor, worker: Worker
 ) -> None:
-    monitor = await watched(client, worker, clock)
     monitor.note_success(ID)
     async with asyncio.timeout(10):
         worker.probe = "hang"
@@ -268,12 +256,10 @@ async def test_one_definite_failure_in_a_run_of_timeouts_is_not_excused(
     assert not failed.healthy
 
 
-@pytest.mark.integration
 @pytest.mark.asyncio
 async def test_metrics_timeouts_alone_are_excused_too(
-    client: UpstreamClient, worker: Worker, clock: Clock
+    monitor: HealthMonitor, worker: Worker
 ) -> None:
-    monitor = await watched(client, worker, clock)
     worker.probe = "hang"
     monitor.note_success(ID)
     async with asyncio.timeout(10):
@@ -285,7 +271,6 @@ async def test_metrics_timeouts_alone_are_excused_too(
     assert statuses[-1].running == 1  # the last good reading is kept
 
 
-@pytest.mark.integration
 @pytest.mark.asyncio
 async def test_a_zero_window_turns_passive_evidence_off(
     client: UpstreamClient, worker: Worker, clock: Clock
@@ -322,13 +307,11 @@ def test_config_refuses_a_negative_window() -> None:
         HealthConfig(passive_window_s=-1)
 
 
-@pytest.mark.integration
 @pytest.mark.asyncio
 async def test_a_request_opened_through_dispatch_is_noted_as_a_success(
-    client: UpstreamClient, worker: Worker, clock: Clock
+    client: UpstreamClient, monitor: HealthMonitor, worker: Worker, clock: Clock
 ) -> None:
     """The wiring the gateway uses: the breaker book reports its successes to the monitor."""
-    monitor = await watched(client, worker, clock)
     breakers = BreakerBook(on_success=monitor.note_success)
     ep = endpoint(ID, worker_url(monitor))
     loop = asyncio.get_running_loop()
@@ -337,32 +320,21 @@ async def test_a_request_opened_through_dispatch_is_noted_as_a_success(
     def pick(excluded: frozenset[int]) -> EndpointSnap | None:
         return None if ID in excluded else ep
 
+    async def send(**options: int) -> tuple[EndpointSnap, UpstreamResponse]:
+        return await open_with_retry(
+            pick, client, breakers, CHAT, body, deadline=loop.time() + 5, rng=random.Random(1),
+            **options,
+        )  # fmt: skip
+
     worker.chat_status = 503  # a failed request is no evidence
     async with asyncio.timeout(10):
         with pytest.raises(UpstreamHTTPError):
-            await open_with_retry(
-                pick,
-                client,
-                breakers,
-                CHAT,
-                body,
-                deadline=loop.time() + 5,
-                rng=random.Random(1),
-                max_attempts=1,
-            )
+            await send(max_attempts=1)
     assert monitor.last_success(ID) is None
     worker.chat_status = 200
     clock.now += 1.0
     async with asyncio.timeout(10):
-        chosen, resp = await open_with_retry(
-            pick,
-            client,
-            breakers,
-            CHAT,
-            body,
-            deadline=loop.time() + 5,
-            rng=random.Random(1),
-        )
+        chosen, resp = await send()
         await resp.aclose()
     assert chosen.id == ID
     assert monitor.last_success(ID) == clock.now
