@@ -222,7 +222,7 @@ async def test_local_fallback_lends_a_share_of_the_last_known_balance(bank: Bank
     limits = bank.limits(replicas=2, timeout_s=0.2)
     await limits.start()
     await limits.acquire("t", QUOTA, tokens=1, ask=ask(100))  # learns: 900 available
-    limits._went_down(OSError("Redis went away"))  # what a failed call does
+    limits._went_down(ConnectionRefusedError("Redis went away"))  # what a refused call does
     local = await limits.acquire("t", QUOTA, tokens=1, ask=ask(400))
     assert local.source == "local"
     assert limits.degraded
