@@ -113,3 +113,9 @@ class LocalCredits:
         known.used_uc += ask.need_uc
         self._tenants[tenant] = known
         return ask.need_uc, False
+
+    def unhold(self, tenant: str, held_uc: int) -> None:
+        """Give back what :meth:`hold` took for a request refused after all (its limits)."""
+        known = self._tenants.get(tenant)
+        if known is not None and held_uc > 0:
+            known.used_uc = max(0, known.used_uc - held_uc)

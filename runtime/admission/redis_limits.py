@@ -24,13 +24,29 @@ exact path) is sent at once, so a client at its concurrency limit never waits on
 The same task renews the leases of this router's running requests every third of the lease
 TTL, so only a crashed router's leases expire.
 
-When Redis does not answer (connection refused, timeout), admission falls back to
-:class:`~.limits.LocalLimits` and :class:`~.credits.LocalCredits`, each limit and credit
-share divided by ``replicas`` — the number of router *processes* that share the limits (routers
-x ``--workers``, :attr:`runtime.gateway.config.RouterConfig.limit_processes`), so N workers of
-one router together stay within the one router's share — logs once, and tries Redis again after
+When Redis does not answer, admission falls back to :class:`~.limits.LocalLimits` and
+:class:`~.credits.LocalCredits`, each limit and credit share divided by ``replicas`` — the
+number of router *processes* that share the limits (routers x ``--workers``,
+:attr:`runtime.gateway.config.RouterConfig.limit_processes`), so N workers of one router
+together stay within the one router's share — logs once, and tries Redis again after
 ``retry_s``; a recovery is logged once too. The same count sizes the allowance grants (each <=
 1/(4 x replicas) of the free headroom).
+
+**The rule for entering the fallback (hysteresis).** One slow call is not an outage:
+
+- a *connection* error (the client already retried it once on a fresh connection: nothing
+  listens, Redis is stopped) enters the fallback at once;
+- a *timeout* (or any other failure) enters it only after ``fail_after`` (3) failures in a row,
+  or when failures have gone on for ``fail_for_s`` (1 s) with no call answering in between.
+  A failure counts towards the run only if its call started after the run's previous counted
+  failure, so the calls that one stall times out together count once.
+
+Until then, only the request whose call failed is decided by the local fallback; every other
+request (and the background task) still asks Redis. Any answer from Redis ends the run and
+the fallback. A request the local fallback refuses (its share of a limit or of the credits)
+is asked of Redis once more before the refusal stands (one call, bounded by ``timeout_s``):
+if Redis answers, its verdict wins, so a tenant within its global limits is not refused by a
+blip.
 
 Settlements are spooled per process (:mod:`runtime.metering.spool`: a slot of its own, and the
 slots of dead processes adopted at start and every ``adopt_every_s``), so a worker killed while
@@ -51,6 +67,7 @@ from typing import Any
 
 import msgspec
 import redis.asyncio as aioredis
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, RedisError
 
 from runtime.admission.allowance import (
@@ -68,6 +85,7 @@ from runtime.admission.credits import (
 from runtime.admission.limits import (
     WINDOW_S,
     Lease,
+    LimitExceededError,
     LimitKind,
     LocalLimits,
     Quota,
@@ -118,6 +136,11 @@ def _text(value: Any) -> bytes:
     return value if isinstance(value, bytes) else str(value).encode()
 
 
+def _refused(exc: BaseException) -> bool:
+    """A connection error: nothing was sent, or nothing listens (see the module docstring)."""
+    return isinstance(exc, RedisConnectionError | ConnectionError)
+
+
 class RedisLimits:
     """See the module docstring. ``start()`` in the lifespan, ``stop()`` at shutdown."""
 
@@ -132,6 +155,8 @@ class RedisLimits:
         lease_ttl_s: float = 30.0,
         timeout_s: float = 0.5,
         retry_s: float = 2.0,
+        fail_after: int = 3,
+        fail_for_s: float = 1.0,
         allowance_ttl_s: float | None = 1.0,
         settle_linger_s: float = 0.02,
         adopt_every_s: float = 5.0,
@@ -139,6 +164,8 @@ class RedisLimits:
     ) -> None:
         if not lease_ttl_s > 0:
             raise ValueError("lease_ttl_s must be > 0")
+        if fail_after < 1:
+            raise ValueError("fail_after must be >= 1")
         if settle_linger_s < 0:
             raise ValueError("settle_linger_s must be >= 0")
         self._linger_s = settle_linger_s
@@ -149,6 +176,11 @@ class RedisLimits:
         self._lease_ms = int(lease_ttl_s * 1000)
         self._timeout_s = timeout_s
         self._retry_s = retry_s
+        self._fail_after = fail_after
+        self._fail_for_s = fail_for_s
+        self._failures = 0  # the current run of failures (see the module docstring)
+        self._failing_since = math.inf  # when the run's first failure came
+        self._last_failure = -math.inf  # when its last counted failure came
         self._clock = clock
         self.local = LocalLimits(replicas=replicas, clock=clock)
         self.local_credits = LocalCredits(replicas=replicas)
@@ -251,16 +283,39 @@ class RedisLimits:
                 self._wake.set()
             if taken is not None:
                 return taken
+        if self._admit is None:
+            return self._acquire_local(uuid.uuid4().hex, tenant, quota, tokens, ask)
+        if self._clock() >= self._down_until:
+            lease = await self._acquire_redis(tenant, quota, tokens, ask)
+            if lease is not None:
+                return lease
+        try:
+            return self._acquire_local(uuid.uuid4().hex, tenant, quota, tokens, ask)
+        except (LimitExceededError, CreditRefusedError):
+            # refused by the fallback's share only: Redis decides if it answers (once)
+            lease = await self._acquire_redis(tenant, quota, tokens, ask)
+            if lease is None:
+                raise
+            return lease
+
+    async def _acquire_redis(
+        self, tenant: str, quota: Quota, tokens: int, ask: CreditAsk
+    ) -> Lease | None:
+        """One admission call: the lease, Redis's refusal raised, or None when Redis did not
+        answer (a failure counted towards the fallback). A call that timed out may have run:
+        its concurrency slot, RPM entry and escrow are released (queued; a no-op if it did
+        not run); its TPM debit, if any, stays (the safe side)."""
         lease_id = uuid.uuid4().hex
-        if self._admit is None or self._clock() < self._down_until:
-            return self._acquire_local(lease_id, tenant, quota, tokens, ask)
         args = [lease_id, quota.rpm, quota.tpm, quota.concurrency, tokens, self._lease_ms,
                 int(WINDOW_S * 1000), *ask.args]  # fmt: skip
+        started = self._clock()
         try:
             answer = await self._admit(keys=self.keys(tenant), args=args)
         except (RedisError, OSError) as exc:
-            self._went_down(exc)
-            return self._acquire_local(lease_id, tenant, quota, tokens, ask)
+            self._went_down(exc, started)
+            if not _refused(exc):
+                self._queue(Settlement(tenant, lease_id, 0, True, 0, "", "", ""), urgent=True)
+            return None
         self._came_back()
         status, retry_ms, detail, available, room, hold = answer
         status = _text(status)
@@ -282,7 +337,11 @@ class RedisLimits:
         self, lease_id: str, tenant: str, quota: Quota, tokens: int, ask: CreditAsk
     ) -> Lease:
         hold, overdraft = self.local_credits.hold(tenant, ask)  # may refuse: before limits
-        lease = self.local.acquire(lease_id, tenant, quota, tokens=tokens)
+        try:
+            lease = self.local.acquire(lease_id, tenant, quota, tokens=tokens)
+        except LimitExceededError:
+            self.local_credits.unhold(tenant, hold)
+            raise
         lease.ask, lease.hold_uc, lease.overdraft = ask, hold, overdraft
         return lease
 
@@ -407,10 +466,11 @@ class RedisLimits:
             if segment is not None:
                 self._segments.append(segment)
         calls = [(self._settle_keys(item), self._settle_args(item)) for item in batch]
+        started = self._clock()
         try:
             await self._pipelined(self._settle, SETTLE_LUA, calls)
         except (RedisError, OSError) as exc:
-            self._went_down(exc)
+            self._went_down(exc, started)
             self._settles = batch + self._settles
             self._settles_due = -math.inf  # retried once Redis answers again
             return 0
@@ -448,11 +508,13 @@ class RedisLimits:
         ]
         if not calls:
             return 0
+        started = self._clock()
         try:
             await self._pipelined(self._renew, RENEW_LUA, calls)
         except (RedisError, OSError) as exc:
-            self._went_down(exc)
+            self._went_down(exc, started)
             return 0
+        self._came_back()
         return len(self._active)
 
     async def _pipelined(
@@ -493,13 +555,15 @@ class RedisLimits:
             for a in asks
         ]  # fmt: skip
         calls += [(self._return, RETURN_LUA, self.keys(g.tenant)[:3], g.args()) for g in gives]
+        started = self._clock()
         try:
             answers = await self._evaluate(calls)
         except (RedisError, OSError) as exc:
-            self._went_down(exc)
+            self._went_down(exc, started)
             for ask in asks:  # what was granted meanwhile, if anything, expires on its own
                 self.allowances.failed(ask)
             return
+        self._came_back()
         for ask, answer in zip(asks, answers, strict=False):
             requests, tokens, slots = (int(x) for x in answer)
             self.allowances.granted(ask, requests, tokens, slots)
@@ -532,18 +596,45 @@ class RedisLimits:
             todo = missing
         return answers
 
-    def _went_down(self, exc: BaseException) -> None:
-        self._down_until = self._clock() + self._retry_s
-        if not self._down:
-            self._down = True
-            logger.warning(
-                "limits: Redis unreachable (%r); using per-process limits (each limit / %d "
-                "assumed replicas: routers x workers) until it answers again",
-                exc,
-                self.local.replicas,
-            )
+    def _went_down(self, exc: BaseException, started: float | None = None) -> None:
+        """A call that started at ``started`` (None: now) failed with ``exc``: count it
+        towards the run and enter the fallback when the rule (module docstring) says so."""
+        now = self._clock()
+        if self._down:  # already on the fallback: Redis is asked again after retry_s
+            self._down_until = now + self._retry_s
+            return
+        if started is None:
+            started = now
+        if self._failures == 0:
+            self._failing_since = now
+        if self._failures == 0 or started >= self._last_failure:
+            self._failures += 1
+            self._last_failure = now
+        if not (
+            _refused(exc)
+            or self._failures >= self._fail_after
+            or now - self._failing_since >= self._fail_for_s
+        ):
+            logger.info(
+                "limits: a Redis call failed (%r): failure %d of %d before the fallback",
+                exc, self._failures, self._fail_after,
+            )  # fmt: skip
+            return
+        self._down_until = now + self._retry_s
+        self._down = True
+        logger.warning(
+            "limits: Redis unreachable (%r, %d failure(s) in a row); using per-process limits "
+            "(each limit / %d assumed replicas: routers x workers) until it answers again",
+            exc,
+            self._failures,
+            self.local.replicas,
+        )
 
     def _came_back(self) -> None:
+        self._failures = 0
+        self._failing_since = math.inf
+        self._last_failure = -math.inf
         if self._down:
             self._down = False
+            self._down_until = 0.0
             logger.warning("limits: Redis answers again; limits are global once more")

@@ -222,7 +222,11 @@ async def test_local_fallback_lends_a_share_of_the_last_known_balance(bank: Bank
     limits = bank.limits(replicas=2, timeout_s=0.2)
     await limits.start()
     await limits.acquire("t", QUOTA, tokens=1, ask=ask(100))  # learns: 900 available
-    limits._went_down(OSError("Redis went away"))  # what a failed call does
+
+    async def gone(**_: object) -> None:  # Redis went away: every admission call is refused
+        raise ConnectionRefusedError("Redis went away")
+
+    limits._admit = gone
     local = await limits.acquire("t", QUOTA, tokens=1, ask=ask(400))
     assert local.source == "local"
     assert limits.degraded
