@@ -108,13 +108,14 @@ async def admit_limits(
     except LimitExceededError as exc:
         code = _LIMIT_CODES[exc.kind]
         deps.metrics.reject(code)
-        raise ApiError.of(code, str(exc), headers=retry_after(exc.retry_after_header)) from None
+        headers = retry_after(exc.retry_after_header)
+        raise ApiError.of(code, reason=str(exc), headers=headers) from None
     except CreditRefusedError as exc:
         code = str(exc.kind)
         deps.metrics.reject(code)
         extra = {"needed_credits": to_credits(exc.needed_uc),
                  "available_credits": to_credits(exc.available_uc)}  # fmt: skip
-        raise ApiError.of(code, str(exc), extra=extra) from None
+        raise ApiError.of(code, reason=str(exc), extra=extra) from None
     return Admission(lease=lease, rate=rate, tier=tier)
 
 
@@ -190,14 +191,12 @@ def _no_endpoint(deps: AdmissionDeps, plan: Plan, retry_s: int | None = None) ->
     if retry_s is not None:  # scale from zero: a replica starts, the deadline cannot wait
         return ApiError.of(
             "no_healthy_endpoint",
-            f"No replica of the model '{plan.model.name}' is ready; one is starting and takes "
-            f"about {retry_s} s, longer than the request's deadline allows.",
+            model=plan.model.name,
+            reason=f"a replica is starting and takes about {retry_s} s, longer than the "
+            "request's deadline allows",
             headers=retry_after(retry_s),
         )
-    return ApiError.of(
-        "no_healthy_endpoint",
-        f"No healthy endpoint is available for the model '{plan.model.name}'.",
-    )
+    return ApiError.of("no_healthy_endpoint", model=plan.model.name, reason="none is ready")
 
 
 def _lowest_band(deps: AdmissionDeps, snapshot: Snapshot) -> int:
@@ -240,7 +239,8 @@ async def acquire_slot(
         wait = rejection.estimated_wait_s
         raise ApiError.of(
             code,
-            f"The model '{plan.model.name}' is overloaded: {rejection.message}.",
+            model=plan.model.name,
+            reason=rejection.message,
             headers=retry_after(rejection.retry_after_s),
             extra={
                 "queue_position": rejection.position,
@@ -252,13 +252,12 @@ async def acquire_slot(
             deps.metrics.reject("shed")
             raise ApiError.of(
                 "shed",
-                f"The model '{plan.model.name}' is overloaded: {exc}.",
+                model=plan.model.name,
+                reason=str(exc),
                 headers=retry_after(exc.retry_after_s),
             ) from None
         deps.metrics.reject("deadline_exceeded")
-        raise ApiError.of(
-            "deadline_exceeded", f"The request's deadline passed while it was queued: {exc}."
-        ) from None
+        raise ApiError.of("deadline_exceeded", when=f"while it was queued: {exc}") from None
     except NoEndpointError as exc:
         raise _no_endpoint(deps, plan, exc.retry_after_s) from None
     deps.metrics.observe_queue_wait(pool, ticket.band, grant.waited_s)

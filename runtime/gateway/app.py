@@ -138,7 +138,7 @@ def settle_heap() -> None:
 
 
 async def _not_started(send: Send) -> None:
-    error = ApiError.of("not_ready", "The router has not started (no ASGI lifespan ran).")
+    error = ApiError.of("not_ready", reason="it has not started (no ASGI lifespan ran)")
     await send(
         {
             "type": "http.response.start",

@@ -33,14 +33,14 @@ def bearer_token(authorization: bytes | None) -> str:
     if not authorization:
         raise ApiError.of(
             "missing_api_key",
-            "You didn't provide an API key. Send it as 'Authorization: Bearer <key>'.",
+            reason="You didn't provide an API key. Send it as 'Authorization: Bearer <key>'.",
         )
     scheme, _, token = authorization.decode("latin-1").strip().partition(" ")
     token = token.strip()
     if scheme.lower() != "bearer" or not token:
         raise ApiError.of(
             "missing_api_key",
-            "The Authorization header must be 'Bearer <key>'.",
+            reason="The Authorization header must be 'Bearer <key>'.",
         )
     return token
 
@@ -52,14 +52,14 @@ def authenticate(snapshot: Snapshot, token: str, *, now: float) -> Principal:
     presented = api_key_digest(token)
     expected = record.digest if record is not None else _DUMMY_DIGEST
     if not hmac.compare_digest(presented, expected) or record is None:
-        raise ApiError.of("invalid_api_key", "Incorrect API key provided.")
+        raise ApiError.of("invalid_api_key")
     if record.expires_at is not None and now >= record.expires_at:
-        raise ApiError.of("expired_api_key", "This API key has expired.")
+        raise ApiError.of("expired_api_key")
     tenant = snapshot.tenants.get(record.tenant)
     if tenant is None:
-        raise ApiError.of("invalid_api_key", "Incorrect API key provided.")
+        raise ApiError.of("invalid_api_key")
     if tenant.status != "active":
-        raise ApiError.of("tenant_suspended", f"The tenant of this API key is {tenant.status}.")
+        raise ApiError.of("tenant_suspended", state=tenant.status)
     if INFERENCE_SCOPE not in record.scopes:
-        raise ApiError.of("insufficient_scope", "This API key lacks the 'inference' scope.")
+        raise ApiError.of("insufficient_scope", scope=INFERENCE_SCOPE)
     return Principal(record, tenant)

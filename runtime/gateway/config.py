@@ -127,12 +127,12 @@ class RouterConfig:
     @property
     def limits_keys(self) -> str:
         """The Redis key prefix of the tenant limits."""
-        return self.limits_prefix or f"{self.namespace}:limits"
+        return self.limits_prefix or contract.limits_prefix(self.namespace)
 
     @property
     def fairness_keys(self) -> str:
         """The Redis key prefix of the shared fairness counters."""
-        return self.fairness_prefix or f"{self.namespace}:fairness"
+        return self.fairness_prefix or contract.fairness_prefix(self.namespace)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> RouterConfig:

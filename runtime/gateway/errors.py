@@ -28,6 +28,8 @@ UPSTREAM = "upstream_error"
 RATE_LIMIT = "rate_limit_error"
 INSUFFICIENT_QUOTA = "insufficient_quota"
 
+NO_SNAPSHOT: Final = "it has no configuration snapshot yet"  # not_ready's usual reason
+
 
 class ErrorKind(msgspec.Struct, frozen=True):
     status: int
@@ -128,13 +130,13 @@ ERROR_KINDS: Final[Mapping[str, ErrorKind]] = MappingProxyType(
         "internal_error": ErrorKind(500, SERVER, "Internal error."),
         "upstream_error": ErrorKind(502, UPSTREAM, "The model server failed: {reason}"),
         "stream_broken": ErrorKind(502, UPSTREAM, "upstream failed mid-stream"),
-        "not_ready": ErrorKind(503, SERVER, "The router has no configuration snapshot yet."),
+        "not_ready": ErrorKind(503, SERVER, "The router is not ready: {reason}."),
         # the router's SIGTERM grace period ended with this request still running
         "router_shutdown": ErrorKind(
             503, SERVER, "The router is shutting down; its grace period for this request ended."
         ),
         "no_healthy_endpoint": ErrorKind(
-            503, SERVER, "No healthy endpoint is available for the model '{model}'."
+            503, SERVER, "No healthy endpoint is available for the model '{model}': {reason}."
         ),
         "deadline_exceeded": ErrorKind(504, TIMEOUT, "The request's deadline passed {when}."),
         "upstream_timeout": ErrorKind(
@@ -215,8 +217,10 @@ class ApiError(Exception):
         **fields: object,
     ) -> ApiError:
         """The error ``code`` of :data:`ERROR_KINDS`, its template filled from ``fields``
-        (and ``param``). ``message`` replaces the template where a caller already holds the
-        whole sentence (a limit's own explanation); ``status`` is honoured only for codes
+        (and ``param``): a limit's explanation or the engine's own text travels as a field
+        value (``reason=...``). ``message`` replaces the template; the gateway never passes
+        it (tests/contracts/test_error_templates.py) except :func:`upstream_refusal`, which
+        returns the engine's 4xx message verbatim. ``status`` is honoured only for codes
         whose status is the engine's (``upstream_rejected``)."""
         kind = ERROR_KINDS[code]
         if message is None:

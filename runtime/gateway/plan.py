@@ -95,8 +95,8 @@ async def plan_request(
         version = choose_version(
             snapshot, model, tenant=tenant.slug, user=view.user, headers=headers, rng=deps.rng
         )
-    except NoVersionError as exc:
-        raise ApiError.of("model_not_found", str(exc), param="model") from None
+    except NoVersionError:
+        raise ApiError.of("model_not_found", param="model", model=model.name) from None
     record.version = labels.version = version.label
     document.pop("priority", None)
     streaming = False

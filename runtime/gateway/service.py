@@ -7,7 +7,7 @@ from typing import ClassVar
 
 from runtime.gateway.auth import authenticate, bearer_token
 from runtime.gateway.consumers import GatewayConsumer, Scope, header
-from runtime.gateway.errors import ApiError, as_json
+from runtime.gateway.errors import NO_SNAPSHOT, ApiError, as_json
 
 
 class ModelsConsumer(GatewayConsumer):
@@ -16,7 +16,7 @@ class ModelsConsumer(GatewayConsumer):
     async def respond(self, body: bytes) -> None:
         snapshot = self.state.snapshot
         if snapshot is None:
-            raise ApiError.of("not_ready")
+            raise ApiError.of("not_ready", reason=NO_SNAPSHOT)
         principal = authenticate(
             snapshot, bearer_token(header(self.scope, b"authorization")), now=time.time()
         )

@@ -58,10 +58,13 @@ from runtime.telemetry.tracing import Tracing
 from runtime.telemetry.versions import VersionStats
 from runtime.upstream.breaker import BreakerBook, BreakerState
 from runtime.upstream.client import ClientConfig, UpstreamClient
+from runtime.upstream.drain import DrainClient
 from runtime.upstream.health import HealthConfig, HealthMonitor
 from runtime.upstream.timeouts import TimeoutPolicy
 
 STATE_KEY = "switchyard"
+SHADOW_INFLIGHT = 4  # shadow copies in flight at once (more are dropped)
+SHADOW_TIMEOUT_S = 60.0  # a shadow copy is read to its end within this
 
 logger = logging.getLogger(__name__)
 
@@ -84,6 +87,7 @@ class RouterState:
     dispatchers: Dispatchers
     version_stats: VersionStats
     shadow: ShadowMirror
+    shadow_client: DrainClient  # the mirror's own pool (runtime/upstream/drain), closed on stop
     coalescer: Coalescer  # runtime/batching: unary torch requests, batched per endpoint
     cache: CacheFront  # the response cache and idempotency records (runtime/cache)
     # The request path's views of the above (runtime/gateway/bundles.py) and its stages.
@@ -222,6 +226,7 @@ class RouterState:
         await self.limits.stop()
         await self.key_usage.stop()
         await self.shadow.stop()
+        await self.shadow_client.close()
         await self.version_stats.stop()
         await self.cache.close()
         await self.client.close()
@@ -294,7 +299,11 @@ def build_state(config: RouterConfig) -> RouterState:
     )
     tokens = TokenCounter(cache_size=config.tokenizer_cache_size)
     tracing = Tracing.from_env()
-    shadow = ShadowMirror(stats=version_stats)
+    shadow_client = DrainClient(timeout_s=SHADOW_TIMEOUT_S, limit=SHADOW_INFLIGHT)
+    shadow = ShadowMirror(
+        stats=version_stats, max_inflight=SHADOW_INFLIGHT, timeout_s=SHADOW_TIMEOUT_S,
+        client=shadow_client,
+    )  # fmt: skip
     rng = random.Random()  # noqa: S311 - load spreading, not secrets
     request_log = logging.getLogger(REQUEST_LOGGER)
     coalescer = make_coalescer(client, config.coalesce_window_s)
@@ -304,7 +313,9 @@ def build_state(config: RouterConfig) -> RouterState:
         config.redis_url,
         namespace=config.namespace,
         pools=dispatchers.all,
-        meter=PoolMeter(SnapshotFleet(current, signals), engines=EngineScraper(current)),
+        meter=PoolMeter(
+            SnapshotFleet(current, signals), engines=EngineScraper(current, client=client)
+        ),
         interval_s=config.scaling_signals_s,
     )
     admission = AdmissionDeps(limits=limits, dispatchers=dispatchers, table=table,
@@ -343,6 +354,7 @@ def build_state(config: RouterConfig) -> RouterState:
         request_log=request_log,
         version_stats=version_stats,
         shadow=shadow,
+        shadow_client=shadow_client,
         coalescer=coalescer,
         cache=cache,
         admission=admission,

@@ -115,7 +115,7 @@ async def dispatch_coalesced(deps: UpstreamDeps, ctx: RequestContext) -> None:
     except UpstreamError as exc:
         raise dispatch_error(exc, model=plan.model.name) from None
     except ValueError as exc:
-        raise ApiError.of("upstream_error", f"The model server failed: {exc}") from None
+        raise ApiError.of("upstream_error", reason=str(exc)) from None
     attempts.opened = True
     record.endpoint = labels.endpoint = str(endpoint.id)
     elapsed = time.perf_counter() - dispatched_at
@@ -126,7 +126,7 @@ async def dispatch_coalesced(deps: UpstreamDeps, ctx: RequestContext) -> None:
     if reply.status != 200:
         if reply.status < 500:
             raise upstream_refusal(reply.status, reply.body)
-        raise ApiError.of("upstream_error", "The model server failed on this request.")
+        raise ApiError.of("upstream_error", reason=f"it answered HTTP {reply.status}.")
     usage = msgspec.json.decode(reply.body, type=_UsageOnly).usage
     record.status = 200
     record.outcome = "ok"

@@ -19,13 +19,13 @@ def dispatch_error(error: UpstreamError, *, model: str) -> ApiError:
     if isinstance(error, DeadlineExceeded):
         return ApiError.of("deadline_exceeded", when="before the model answered")
     if isinstance(error, NoEndpointAvailable | ConnectFailed | ConnectionDropped):
-        return ApiError.of("no_healthy_endpoint", model=model)
+        return ApiError.of("no_healthy_endpoint", model=model, reason="none could be reached")
     if isinstance(error, FirstByteTimeout):
         return ApiError.of("upstream_timeout", model=model)
     if isinstance(error, UpstreamHTTPError):
         if error.status == 429:
             return ApiError.of(
-                "no_healthy_endpoint", f"Every endpoint of the model '{model}' is overloaded."
+                "no_healthy_endpoint", model=model, reason="every endpoint is overloaded"
             )
         if error.status < 500:
             return upstream_refusal(error.status, error.body)

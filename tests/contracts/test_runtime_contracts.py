@@ -33,16 +33,7 @@ SCANNED = ("runtime", "frontend")
 OWN_JOB = {"runtime/contract.py": "redis-key", "runtime/redis_conn.py": "redis-client"}
 
 # (path, rule) -> why it is still there. Shrinks only.
-ALLOWED: dict[tuple[str, str], str] = {
-    ("runtime/cache/gateway.py", "redis-client"): (
-        "moved by the pipeline issue: the cache front (its L2 client has no socket timeouts) "
-        "moves into runtime/gateway/ and takes its client from runtime.redis_conn.async_client"
-    ),
-    ("runtime/gateway/config.py", "redis-key"): (
-        "moved by the pipeline issue: RouterConfig's limits/fairness prefixes become "
-        "runtime.contract.limits_prefix(ns) / fairness_prefix(ns)"
-    ),
-}
+ALLOWED: dict[tuple[str, str], str] = {}
 
 _LINT = (
     "import sys; from importlinter.cli import lint_imports_command; "

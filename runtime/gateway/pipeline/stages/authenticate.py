@@ -6,7 +6,7 @@ import time
 from collections.abc import Callable
 
 from runtime.gateway.auth import authenticate, bearer_token
-from runtime.gateway.errors import ApiError
+from runtime.gateway.errors import NO_SNAPSHOT, ApiError
 from runtime.gateway.key_usage import KeyUsageRecorder
 from runtime.gateway.pipeline.context import RequestContext
 from runtime.snapshot import Snapshot
@@ -24,7 +24,7 @@ class Authenticate:
     async def __call__(self, ctx: RequestContext) -> None:
         snapshot = self._snapshot()
         if snapshot is None:
-            raise ApiError.of("not_ready")
+            raise ApiError.of("not_ready", reason=NO_SNAPSHOT)
         ctx.snapshot = snapshot
         record = ctx.record
         started = time.perf_counter()
