@@ -86,7 +86,8 @@ def test_replicated_deployments_have_a_disruption_budget() -> None:
         assert any(matches(b["spec"]["selector"]["matchLabels"], labels) for b in budgets), name
 
 
-def test_exactly_one_celery_beat() -> None:
+def test_the_celery_beat_deployment_ships_one_replica_recreated() -> None:
+    """One beat by default (more may run: the Redis lease holder schedules, config/beat_lock.py)."""
     beat = by_kind("Deployment")["switchyard-celery-beat"]
     assert beat["spec"]["replicas"] == 1
     assert beat["spec"]["strategy"]["type"] == "Recreate"
