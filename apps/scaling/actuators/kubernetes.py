@@ -53,7 +53,7 @@ class KubernetesActuator:
         ``service_account_dir`` and ``KUBERNETES_SERVICE_HOST``/``_PORT``), else a kubeconfig
         (``kubeconfig``, else ``$KUBECONFIG`` / ``~/.kube/config``). The client configuration is
         this actuator's own (the client's process-wide default is left alone)."""
-        from kubernetes import client, config  # type: ignore[import-untyped]  # noqa: PLC0415
+        from kubernetes import client, config  # noqa: PLC0415
         from kubernetes.config.incluster_config import (  # type: ignore[import-untyped]  # noqa: PLC0415
             InClusterConfigLoader,
         )
