@@ -40,7 +40,7 @@ def actuator_from_env() -> Actuator | None:
     if kind == "kubernetes":
         from apps.scaling.actuators.kubernetes import KubernetesActuator  # noqa: PLC0415
 
-        return KubernetesActuator.from_kubeconfig(
+        return KubernetesActuator.from_cluster(
             os.environ.get("KUBECONFIG") or None,
             namespace=os.environ.get("SWITCHYARD_K8S_NAMESPACE", "switchyard"),
         )

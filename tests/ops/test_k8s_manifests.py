@@ -1,5 +1,7 @@
 """platform/k8s: every manifest validates (strict) against the Kubernetes schemas offline, and
-the deployment has what running on many machines needs: probes, PDBs, requests, one beat."""
+the deployment has what running on many machines needs: probes, PDBs, requests, one beat,
+securityContext everywhere, an API token and least-privilege RBAC for the worker only, the
+router's preStop drain."""
 
 from __future__ import annotations
 
@@ -119,3 +121,98 @@ def test_management_commands_run_without_a_manage_py() -> None:
         spec = resource.get("spec", {}).get("template", {}).get("spec", {})
         for container in [*spec.get("containers", []), *spec.get("initContainers", [])]:
             assert "manage.py" not in " ".join(container.get("command", [])), container["name"]
+
+
+def pods() -> dict[str, dict[str, Any]]:
+    """Every pod template (Deployments and the migrate Job), by its owner's name."""
+    return {
+        r["metadata"]["name"]: r["spec"]["template"]["spec"]
+        for r in resources()
+        if "template" in r.get("spec", {})
+    }
+
+
+# Where the root filesystem stays writable, and why (the caches vLLM/torch/Triton write).
+WRITABLE_ROOT = {"switchyard-worker-gpu"}
+
+
+def test_every_pod_and_container_runs_unprivileged_as_a_numeric_non_root_user() -> None:
+    assert len(pods()) >= 6
+    for name, pod in pods().items():
+        context = pod["securityContext"]
+        assert context["runAsNonRoot"] is True, name
+        assert isinstance(context["runAsUser"], int), name
+        assert context["runAsUser"] > 0, name
+        mounts_by_volume = {v["name"] for v in pod.get("volumes", []) if "emptyDir" in v}
+        for container in [*pod["containers"], *pod.get("initContainers", [])]:
+            own = container["securityContext"]
+            assert own["allowPrivilegeEscalation"] is False, (name, container["name"])
+            assert own["capabilities"]["drop"] == ["ALL"], (name, container["name"])
+            assert "add" not in own["capabilities"], (name, container["name"])
+            assert own["readOnlyRootFilesystem"] is (name not in WRITABLE_ROOT), name
+            mounts = {m["mountPath"]: m["name"] for m in container.get("volumeMounts", [])}
+            assert mounts.get("/tmp") in mounts_by_volume, (name, container["name"])
+            assert mounts.get("/var/lib/switchyard") in mounts_by_volume, (name, container["name"])
+
+
+def test_only_the_celery_worker_gets_an_api_token() -> None:
+    with_token = {
+        name: pod.get("serviceAccountName")
+        for name, pod in pods().items()
+        if pod.get("automountServiceAccountToken") is not False
+    }
+    assert with_token == {"switchyard-celery-worker": "switchyard-celery-worker"}
+    (account,) = by_kind("ServiceAccount").values()
+    assert account["metadata"]["name"] == "switchyard-celery-worker"
+
+
+def test_the_autoscaler_role_grants_exactly_the_scale_verbs() -> None:
+    (role,) = by_kind("Role").values()
+    assert not by_kind("ClusterRole")
+    assert not by_kind("ClusterRoleBinding")
+    rules = {
+        (group, resource): sorted(rule["verbs"])
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+    }
+    assert rules == {
+        ("apps", "deployments/scale"): ["get", "patch", "update"],
+        ("apps", "deployments"): ["get", "list"],
+    }
+    assert all("resourceNames" not in rule for rule in role["rules"])
+    (binding,) = by_kind("RoleBinding").values()
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": role["metadata"]["name"],
+    }
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "switchyard-celery-worker", "namespace": "switchyard"}
+    ]
+
+
+def test_the_router_drains_before_sigterm_within_its_grace_period() -> None:
+    """preStop keeps the pod serving while its endpoints drop; SIGTERM then starts the router's
+    own grace (--graceful-shutdown-s); Kubernetes kills at terminationGracePeriodSeconds, counted
+    from the start of preStop, so it must cover both."""
+    from runtime.gateway.__main__ import build_parser  # noqa: PLC0415
+
+    pod = pods()["switchyard-router"]
+    (container,) = pod["containers"]
+    pre_stop = container["lifecycle"]["preStop"]["sleep"]["seconds"]
+    assert pre_stop >= 5
+    args = build_parser().parse_args(container["command"][3:])
+    assert pod["terminationGracePeriodSeconds"] >= pre_stop + args.graceful_shutdown_s
+
+
+def test_web_probes_ask_django_with_an_allowed_host() -> None:
+    from django.urls import resolve  # noqa: PLC0415
+
+    (web,) = pods()["switchyard-web"]["containers"]
+    allowed = by_kind("ConfigMap")["switchyard-config"]["data"]["ALLOWED_HOSTS"].split(",")
+    for probe in (web["readinessProbe"], web["livenessProbe"]):
+        get = probe["httpGet"]
+        resolve(get["path"])  # a real URL of config/urls.py
+        headers = {h["name"]: h["value"] for h in get["httpHeaders"]}
+        assert headers["Host"] in allowed
