@@ -159,7 +159,10 @@ async def test_step_time_follows_the_timing_model(make_engine):
     first_latency = recorder.tokens[0][2]
     later = [latency for _, first, latency in recorder.tokens if not first]
     assert first_latency >= 0.12 - 0.005
-    assert all(latency >= 0.02 - 0.005 for latency in later)
+    # Steps keep a drift-free schedule: a late step shortens the next one (the catch-up), so a
+    # single gap may be short, but no token arrives before the model's time for it.
+    arrivals = list(itertools.accumulate(later, initial=first_latency))
+    assert all(at >= 0.12 + 0.02 * k - 0.005 for k, at in enumerate(arrivals)), arrivals
     assert engine.steps == 5
 
 
