@@ -4,11 +4,11 @@ once Redis answers again; the SwitchyardRouterRedisFallback alert reads it."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from fixtures.wait import async_eventually
 from private_redis import PrivateRedis
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -59,10 +59,10 @@ async def test_the_gauge_follows_the_fallback(server: PrivateRedis) -> None:
         assert fallback_gauge(metrics) == 1.0
 
         server.start()
-        deadline = asyncio.get_running_loop().time() + 10.0
-        while await admit(limits) != "redis":  # the fallback retries Redis after retry_s
-            assert asyncio.get_running_loop().time() < deadline, "still on the fallback"
-            await asyncio.sleep(0.05)
+        async def back_on_redis() -> bool:  # the fallback retries Redis after retry_s
+            return await admit(limits) == "redis"
+
+        await async_eventually(back_on_redis, timeout=10.0, interval=0.05, what="back on Redis")
         assert fallback_gauge(metrics) == 0.0
     finally:
         await limits.stop()

@@ -10,6 +10,7 @@ import msgspec
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
+from fixtures.wait import async_eventually
 from routing_support import endpoint, snapshot
 
 from runtime.routing.shadow import ShadowMirror
@@ -97,9 +98,7 @@ async def test_copies_go_through_an_injected_client_the_mirror_does_not_close() 
         snap = shadow_world(f"http://127.0.0.1:{server.port}")
         path = "/v1/chat/completions"
         assert mirror.offer(snap, snap.models["m"], snap.versions[1], path, b'{"n": 1}')
-        async with asyncio.timeout(5):
-            while mirror.inflight:  # noqa: ASYNC110 - polls the mirror's tasks
-                await asyncio.sleep(0.01)
+        await async_eventually(lambda: mirror.inflight == 0, timeout=5.0, what="mirror idle")
         assert seen == [b'{"n": 1}']
         await mirror.stop()
         answer = await client.post(f"http://127.0.0.1:{server.port}{path}", b"{}")  # still open

@@ -8,6 +8,7 @@ import asyncio
 from pathlib import Path
 
 import pytest
+from fixtures.wait import async_eventually
 
 from runtime.procs import free_port
 from runtime.workers.replica import (
@@ -81,15 +82,9 @@ async def test_the_sequence_in_order_and_the_second_stop_ends_the_drain(tmp_path
     engine = Engine(hooks)
     life = ReplicaLife(spec(tmp_path), hooks=hooks)
     run = asyncio.create_task(life.run(engine))
-    for _ in range(200):  # bounded: ready comes at once
-        if "ready" in hooks.calls:
-            break
-        await asyncio.sleep(0.01)
+    await async_eventually(lambda: "ready" in hooks.calls, timeout=2.0, what="ready")
     life.request_stop()
-    for _ in range(200):
-        if "draining" in hooks.calls:
-            break
-        await asyncio.sleep(0.01)
+    await async_eventually(lambda: "draining" in hooks.calls, timeout=2.0, what="draining")
     assert not run.done()  # draining until the second stop
     life.request_stop()
     await asyncio.wait_for(run, 5)
