@@ -16,7 +16,8 @@ from typing import Any, ClassVar
 from runtime.gateway.consumers import GatewayConsumer, header
 from runtime.gateway.errors import ApiError
 from runtime.gateway.pipeline.context import RequestContext, RouteSpec
-from runtime.gateway.pipeline.stages.account import classify
+from runtime.gateway.pipeline.stage import Pipeline
+from runtime.gateway.pipeline.stages.account import Account, classify
 from runtime.gateway.plan import GENERATIVE
 from runtime.gateway.schema import (
     ChatRequest,
@@ -24,10 +25,10 @@ from runtime.gateway.schema import (
     EmbeddingRequest,
     RequestDecoder,
 )
-from runtime.gateway.state import RouterState
 from runtime.gateway.unary import CoalescedDispatch
 from runtime.telemetry.logging import RequestRecord
 from runtime.telemetry.metrics import StageLabels
+from runtime.telemetry.tracing import Tracing
 
 
 class InferenceConsumer(GatewayConsumer):
@@ -59,7 +60,8 @@ class InferenceConsumer(GatewayConsumer):
             cut=lambda: self.cut_reason,
             record=RequestRecord(request_id=self.request_id, route=self.route),
         )
-        await serve(self.state, ctx)
+        state = self.state
+        await serve(ctx, pipeline=state.pipeline, account=state.account, tracing=state.tracing)
 
     def on_refused(self, error: ApiError) -> None:
         record = RequestRecord(request_id=self.request_id, route=self.route)
@@ -67,18 +69,20 @@ class InferenceConsumer(GatewayConsumer):
         self.state.account(record, StageLabels())
 
 
-async def serve(state: RouterState, ctx: RequestContext) -> None:
-    """Run the router's inference pipeline over ``ctx``, then account for the request."""
+async def serve(
+    ctx: RequestContext, *, pipeline: Pipeline, account: Account, tracing: Tracing
+) -> None:
+    """Run the inference ``pipeline`` over ``ctx``, then ``account`` for the request."""
     record = ctx.record
-    if state.tracing.enabled:
-        state.tracing.begin(record, ctx.headers(b"traceparent"))
+    if tracing.enabled:
+        tracing.begin(record, ctx.headers(b"traceparent"))
     try:
-        await state.pipeline.run(ctx)
+        await pipeline.run(ctx)
     except BaseException as exc:
         classify(record, exc, ctx.cut())
         raise
     finally:
-        state.account(record, ctx.labels)
+        account(record, ctx.labels)
 
 
 class ChatCompletionsConsumer(InferenceConsumer):

@@ -176,7 +176,10 @@ async def request(
         body=msgspec.json.encode(body), headers=sent.get, raw_headers=list(sent.items()),
         client=client, cut=cut, record=record,
     )  # fmt: skip
-    task = asyncio.create_task(serve(router.state, ctx))
+    state = router.state
+    task = asyncio.create_task(
+        serve(ctx, pipeline=state.pipeline, account=state.account, tracing=state.tracing)
+    )
     error: BaseException | None = None
     try:
         await task
