@@ -31,6 +31,9 @@ import hashlib
 import msgspec
 
 SCHEMA_VERSION = 1
+# What a version may declare it can do (``VersionSnap.capabilities``), read by model aliases
+# (:mod:`runtime.gateway.aliases`) and checked where a version is written.
+CAPABILITIES = ("json_output", "tools", "vision")
 
 
 class TenantLimits(msgspec.Struct, frozen=True, kw_only=True):
@@ -92,8 +95,8 @@ class VersionSnap(msgspec.Struct, frozen=True, kw_only=True):
     # is ready ("" = none), and its measured start time in seconds.
     scale_pool: str = ""
     cold_start_s: float = 0.0
-    # What the build declares it can do (``runtime.gateway.aliases.CAPABILITIES``: tools,
-    # json_output, vision): a model alias picks only a version that has what a request needs.
+    # What the build declares it can do (:data:`CAPABILITIES`): a model alias picks only a
+    # version that has what a request needs.
     capabilities: tuple[str, ...] = ()
 
 

@@ -5,7 +5,8 @@ An alias (``Snapshot.aliases``, e.g. a family name) lists member models of one t
 member the router takes the version its route would serve (the route's split, as for the model
 itself) and keeps it when:
 
-- the version declares every capability the request needs (``VersionSnap.capabilities``):
+- the version declares every capability the request needs (``VersionSnap.capabilities``, of
+  ``runtime.snapshot.CAPABILITIES``):
   ``tools`` (the body has ``tools`` or ``functions``), ``json_output`` (``response_format`` of
   type ``json_object`` or ``json_schema``), ``vision`` (an ``image_url`` / ``input_image``
   content part);
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping, Sequence
-from typing import Any, Final
+from typing import Any
 
 from runtime.gateway.caps import context_cap
 from runtime.gateway.errors import ApiError
@@ -32,13 +33,12 @@ from runtime.routing.table import RoutingTable
 from runtime.routing.versions import Headers, NoVersionError, choose_version
 from runtime.snapshot import AliasSnap, ModelSnap, Snapshot, TenantSnap, VersionSnap
 
-CAPABILITIES: Final = ("json_output", "tools", "vision")
 _JSON_FORMATS = frozenset({"json_object", "json_schema"})
 _IMAGE_PARTS = frozenset({"image_url", "input_image"})
 
 
 def required_capabilities(document: Mapping[str, Any]) -> frozenset[str]:
-    """What the request body needs of the engine, by :data:`CAPABILITIES` name."""
+    """What the request body needs of the engine, by ``runtime.snapshot.CAPABILITIES`` name."""
     needs: set[str] = set()
     if document.get("tools") or document.get("functions"):
         needs.add("tools")

@@ -119,14 +119,18 @@ class Degrade:
         return deps.dispatchers.get(snapshot, pool).queue_wait_s(band)
 
     def _unavailable(self, snapshot: Snapshot, version: VersionSnap) -> str:
-        endpoints = [
-            e for e in self._admission.table.endpoints(snapshot, version.id) if e.state == "ready"
-        ]
-        if not endpoints:
+        """"" when an endpoint of ``version`` passes its pool's filters (ready, healthy,
+        breaker closed) or one will start (scale from zero); else why none does."""
+        deps = self._admission
+        pool = deps.table.pool_of(snapshot, version.id)
+        if pool is None:
             return "" if version.scale_pool else NO_ENDPOINT
-        if not any(self._breakers.available(e.id) for e in endpoints):
+        if deps.dispatchers.get(snapshot, pool).placement.candidates(version.id, frozenset()):
+            return ""
+        ready = [e for e in deps.table.endpoints(snapshot, version.id) if e.state == "ready"]
+        if any(not self._breakers.available(e.id) for e in ready):
             return BREAKER_OPEN
-        return ""
+        return "" if version.scale_pool else NO_ENDPOINT
 
     @staticmethod
     def _cap(ctx: RequestContext, plan: Plan, cap: int) -> bool:
