@@ -51,7 +51,9 @@ class Immutable(Conflict):
 
 
 class ModelSerializer(serializers.ModelSerializer[Model]):
-    fallback = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    fallback: serializers.SlugRelatedField[Model] = serializers.SlugRelatedField(
+        slug_field="name", read_only=True
+    )
 
     class Meta:
         model = Model
