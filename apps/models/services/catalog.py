@@ -29,10 +29,12 @@ VERSION_FIELDS = (
     "tensor_parallel_size",
     "capabilities",
 )
-MODEL_FIELDS = ("name", "task", "description", "refused_fields", "members")
+MODEL_FIELDS = ("name", "task", "description", "refused_fields")
+# Degradation's fallback and an alias's members (apps.models.services.aliases).
+MODEL_ALIAS_FIELDS = ("fallback", "members")
 # The result-cache switches the snapshot carries per model (CachePolicySnap).
 MODEL_CACHE_FIELDS = ("cache_enabled", "cache_shared", "cache_ttl_s")
-MODEL_WRITABLE_FIELDS = (*MODEL_FIELDS, "fallback", *MODEL_CACHE_FIELDS)
+MODEL_WRITABLE_FIELDS = (*MODEL_FIELDS, *MODEL_ALIAS_FIELDS, *MODEL_CACHE_FIELDS)
 
 
 def model_cache_errors(values: Mapping[str, Any]) -> dict[str, str | None]:
@@ -60,6 +62,8 @@ def _created_state(model: Model) -> dict[str, Any]:
     state = _model_state(model, MODEL_FIELDS)
     if model.fallback is not None:
         state["fallback"] = model.fallback.name
+    if model.members:
+        state["members"] = model.members
     defaults = Model()
     for field in MODEL_CACHE_FIELDS:
         if getattr(model, field) != getattr(defaults, field):
