@@ -171,7 +171,7 @@ class DegradeSettings:
     def policy_for(self, klass: str) -> DegradationPolicy:
         return self.per_class.get(klass, self.default)
 
-    def wait_s(self, ttft_slo_ms: int | None) -> float:
+    def wait_s(self, ttft_slo_ms: float | None) -> float:
         """The threshold for a class with ``ttft_slo_ms`` (None: no class)."""
         if self.wait_ms is not None:
             return self.wait_ms / 1000.0
