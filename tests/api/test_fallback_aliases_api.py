@@ -2,22 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 from rest_framework.test import APIClient
 
 from runtime.artifacts import manifest_digest
-from tests.api.conftest import World, manifest
+from tests.api.conftest import World, etag_patch, manifest
 
 pytestmark = pytest.mark.db
 
 OPS = "/api/v1/ops"
-
-
-def _patch(client: APIClient, url: str, data: dict[str, Any]) -> Any:
-    etag = client.get(url)["ETag"]
-    return client.patch(url, data, format="json", HTTP_IF_MATCH=etag)
 
 
 def test_fallback_members_and_capabilities_round_trip(
@@ -37,7 +30,7 @@ def test_fallback_members_and_capabilities_round_trip(
     )
     assert big.status_code == 201
     assert big.json()["fallback"] == "small"
-    cycle = _patch(staff_client, f"{OPS}/models/{small.json()['id']}/", {"fallback": "big"})
+    cycle = etag_patch(staff_client, f"{OPS}/models/{small.json()['id']}/", {"fallback": "big"})
     assert cycle.status_code == 400
     assert cycle.json()["error"]["fields"] == {
         "fallback": ["Fallbacks must not form a cycle: small -> big -> small."]
