@@ -119,8 +119,9 @@ class Degrade:
         return deps.dispatchers.get(snapshot, pool).queue_wait_s(band)
 
     def _unavailable(self, snapshot: Snapshot, version: VersionSnap) -> str:
-        """"" when an endpoint of ``version`` passes its pool's filters (ready, healthy,
-        breaker closed) or one will start (scale from zero); else why none does."""
+        """Why no endpoint of ``version`` can serve now (:data:`BREAKER_OPEN`,
+        :data:`NO_ENDPOINT`); empty when one passes its pool's filters (ready, healthy,
+        breaker closed) or one will start (scale from zero)."""
         deps = self._admission
         pool = deps.table.pool_of(snapshot, version.id)
         if pool is None:
