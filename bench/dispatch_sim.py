@@ -49,6 +49,7 @@ from pathlib import Path
 from bench.prefix_placement import Mode, PrefixFleet
 from bench.scenario import Scenario, load
 from bench.workload import Planned, chat_messages, plan_phase
+from runtime.degradation import DegradeSettings, Limits, PoolState
 from runtime.routing.prefix import chat_block_hashes
 from runtime.routing.prefix_index import PrefixIndex
 from runtime.routing.sticky import StickyRule
@@ -87,6 +88,8 @@ class Flow:
     window_tokens: int = 0
     preemptions: int = 0
     reprefilled: int = 0
+    capped: int = 0  # requests whose max_tokens a cap_tokens degradation lowered
+    tokens_capped: int = 0  # the output tokens those caps took away (asked - cap)
 
 
 @dataclass(slots=True)
@@ -176,8 +179,10 @@ class _Run:
         *,
         preempt: bool = False,
         victim: str = "fair",
+        degrade: DegradeSettings | None = None,
     ) -> None:
         self.scenario = scenario
+        self.degrade = degrade or DegradeSettings()
         b = scenario.backends
         self.timing = TimingModel(
             prefill_tps=b.prefill_tps, decode_a_ms=b.decode_a_ms, decode_b_ms=b.decode_b_ms
@@ -270,6 +275,7 @@ class _Run:
             at, key, item = heapq.heappop(self.events)
             self.clock.now = at
             if isinstance(item, Planned):
+                item = self.degraded(phase, item)
                 affinity = self.expect(item)
                 ticket = _ticket(self.scenario, item, at, self.weights[item.tenant], affinity)
                 task = loop.create_task(self.dispatcher.acquire(ticket))
@@ -353,6 +359,26 @@ class _Run:
             )
             self.prefix.sticky = self.prefix.by_load = 0
 
+    def degraded(self, phase: str, p: Planned) -> Planned:
+        """The request as the ``degrade`` stage sends it: the pool's policy for its class,
+        decided on the dispatcher's measured queue wait (one pool: no fallback to model)."""
+        spec = self.scenario.classes[p.klass]
+        policy = self.degrade.policy_for(p.klass)
+        if policy.name == "off":
+            return p
+        state = PoolState(queue_wait_s=self.dispatcher.queue_wait_s(spec.priority_band))
+        limits = Limits(
+            wait_s=self.degrade.wait_s(spec.ttft_slo_ms), max_tokens=self.degrade.max_tokens,
+            asked_tokens=p.max_tokens, has_fallback=False,
+        )  # fmt: skip
+        decision = policy.decide(state, limits)
+        if decision is None or not decision.max_tokens:
+            return p
+        flow = self.flow[phase]
+        flow.capped += 1
+        flow.tokens_capped += p.max_tokens - decision.max_tokens
+        return dataclasses.replace(p, max_tokens=decision.max_tokens)
+
     def expect(self, p: Planned) -> str | None:
         """With prefix caches: tell the placement the request's router-side blocks."""
         if self.prefix is None:
@@ -411,10 +437,13 @@ async def simulate_run(
     rule: StickyRule | None = None,
     preempt: bool = False,
     victim: str = "fair",
+    degrade: DegradeSettings | None = None,
 ) -> _Run:
     """:func:`simulate`, returning the whole run (its prefix-cache figures too); ``preempt``:
-    the flood limit lends idle slots and takes them back by preemption (module docstring)."""
-    run = _Run(scenario, settings, routing, rule, preempt=preempt, victim=victim)
+    the flood limit lends idle slots and takes them back by preemption (module docstring);
+    ``degrade``: the pool's degradation (``cap_tokens`` is modelled)."""
+    run = _Run(scenario, settings, routing, rule, preempt=preempt, victim=victim,
+               degrade=degrade)  # fmt: skip
     run.phase_s = phase_s
     run.dispatcher.start()
     try:
@@ -454,7 +483,8 @@ def prefix_table(run: _Run) -> dict[str, dict[str, float | None]]:
 
 def flow_table(run: _Run) -> dict[str, dict[str, float | None]]:
     """Per phase: output tokens/s within the phase's duration, the interactive class's TTFT
-    SLO share over the tenants that do not flood, preemptions and re-prefilled tokens."""
+    SLO share and availability (share served) over the tenants that do not flood,
+    preemptions, re-prefilled tokens, and the requests and tokens degradation capped."""
     out: dict[str, dict[str, float | None]] = {}
     flooders = {t.name for t in run.scenario.tenants if t.flooding}
     slo_ms = {name: spec.ttft_slo_ms for name, spec in run.scenario.classes.items()}
@@ -467,8 +497,11 @@ def flow_table(run: _Run) -> dict[str, dict[str, float | None]]:
             "tokens_per_s": flow.window_tokens / run.phase_s if run.phase_s > 0 else None,
             "tokens": float(flow.tokens),
             "slo_share": met / len(rows) if rows else None,
+            "available": sum(1 for o in rows if o.ttft_s is not None) / len(rows) if rows else None,
             "preemptions": float(flow.preemptions),
             "reprefilled": float(flow.reprefilled),
+            "capped": float(flow.capped),
+            "tokens_capped": float(flow.tokens_capped),
         }
     return out
 
@@ -516,6 +549,8 @@ def _cell(name: str, value: float | None) -> str:
         return "-"
     if name in ("p95_over_baseline", "hit_rate", "sticky_share", "slo_share"):
         return f"{value:.2f}"
+    if name == "available":
+        return f"{value:.4f}"
     return f"{value:.0f}"
 
 
@@ -563,6 +598,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         "resumed generation prefills its prompt plus what it generated",
     )  # fmt: skip
     parser.add_argument(
+        "--flood-load", type=float, default=None, metavar="X",
+        help="the flood phase's total load, x capacity (the scenario's flood_load_factor)",
+    )  # fmt: skip
+    parser.add_argument(
         "--victim", choices=[n for n in preemption_names() if n != "off"], default="fair",
         help="with --preempt on: the victim choice (runtime.scheduling.preempt)",
     )  # fmt: skip
@@ -572,6 +611,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     scenario = load(args.scenario)
     if args.seed is not None:
         scenario = dataclasses.replace(scenario, seed=args.seed)
+    if args.flood_load is not None:
+        phases = tuple(
+            dataclasses.replace(ph, flood_load_factor=args.flood_load)
+            if ph.flood_load_factor is not None else ph
+            for ph in scenario.phases
+        )  # fmt: skip
+        scenario = dataclasses.replace(scenario, phases=phases)
     policies = dict(scenario.switchyard.policies)
     for item in args.policy:
         key, sep, value = item.partition("=")
@@ -579,11 +625,12 @@ def main(argv: Sequence[str] | None = None) -> None:
             parser.error(f"--policy wants KEY=VALUE, got {item!r}")
         policies[key.strip()] = value.strip()
     settings = PoolSettings.from_policies(policies, ())
+    degrade = DegradeSettings.from_policies(policies)  # the `degrade*` policies
     phase_s = scenario.size(args.size).phase_duration_s
     rule = _sticky_rule(parser, args.sticky)
     run = asyncio.run(
         simulate_run(scenario, settings, phase_s=phase_s, routing=args.routing, rule=rule,
-                     preempt=args.preempt == "on", victim=args.victim)
+                     preempt=args.preempt == "on", victim=args.victim, degrade=degrade)
     )  # fmt: skip
     print(f"{scenario.name}, {args.size} ({phase_s:g} s phases), policies {policies or 'default'}"
           + (f", routing {args.routing}" if args.routing else "")

@@ -1,9 +1,11 @@
 """Check a pool's ``policies`` against the runtime's registries, where they are written.
 
-A pool's ``policies`` (``PoolSnap.policies``) is a string → string map read by two owners:
+A pool's ``policies`` (``PoolSnap.policies``) is a string → string map read by three owners:
 scheduling (:mod:`runtime.scheduling.settings`: ``fairness``, ``ordering``, ``saturation``,
 ``headroom``, ``max_queue``, ``band_shares``) and routing (:mod:`runtime.routing.endpoints`:
-``filters``, ``scorers``, ``picker``; :mod:`runtime.gateway.plan`: ``upstream_priority``).
+``filters``, ``scorers``, ``picker``; :mod:`runtime.gateway.plan`: ``upstream_priority``) and
+degradation (:mod:`runtime.degradation`: ``degrade``, ``degrade_wait_ms``,
+``degrade_max_tokens``).
 The router falls back to the defaults on a bad value (a typo must not take a pool down), so
 the control plane calls :func:`pool_policy_errors` before it stores one. A key of a new policy
 is one entry in :data:`POOL_POLICY_KEYS`. No Django here.
@@ -14,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Final
 
+from runtime.degradation import DEGRADE_KEYS, degrade_policy_errors
 from runtime.policy_names import UnknownPolicyError
 from runtime.routing.endpoints import EndpointSelector
 from runtime.scheduling.settings import PoolSettings, SettingsError
@@ -22,7 +25,7 @@ SCHEDULING_KEYS: Final = ("fairness", "ordering", "saturation", "headroom", "max
                           "band_shares")  # fmt: skip
 ROUTING_KEYS: Final = ("filters", "scorers", "picker")
 UPSTREAM_PRIORITY_VALUES: Final = ("on", "off")
-POOL_POLICY_KEYS: Final = (*SCHEDULING_KEYS, *ROUTING_KEYS, "upstream_priority")
+POOL_POLICY_KEYS: Final = (*SCHEDULING_KEYS, *ROUTING_KEYS, "upstream_priority", *DEGRADE_KEYS)
 
 
 def pool_policy_errors(policies: Mapping[str, str]) -> list[str]:
@@ -47,4 +50,5 @@ def pool_policy_errors(policies: Mapping[str, str]) -> list[str]:
     priority = policies.get("upstream_priority")
     if priority is not None and priority not in UPSTREAM_PRIORITY_VALUES:
         errors.append(f"upstream_priority must be 'on' or 'off', got {priority!r}.")
+    errors.extend(degrade_policy_errors(policies))
     return errors

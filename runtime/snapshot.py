@@ -31,6 +31,9 @@ import hashlib
 import msgspec
 
 SCHEMA_VERSION = 1
+# What a version may declare it can do (``VersionSnap.capabilities``), read by model aliases
+# (:mod:`runtime.gateway.aliases`) and checked where a version is written.
+CAPABILITIES = ("json_output", "tools", "vision")
 
 
 class TenantLimits(msgspec.Struct, frozen=True, kw_only=True):
@@ -92,6 +95,9 @@ class VersionSnap(msgspec.Struct, frozen=True, kw_only=True):
     # is ready ("" = none), and its measured start time in seconds.
     scale_pool: str = ""
     cold_start_s: float = 0.0
+    # What the build declares it can do (:data:`CAPABILITIES`): a model alias picks only a
+    # version that has what a request needs.
+    capabilities: tuple[str, ...] = ()
 
 
 class CachePolicySnap(msgspec.Struct, frozen=True, kw_only=True):
@@ -108,6 +114,17 @@ class ModelSnap(msgspec.Struct, frozen=True, kw_only=True):
     versions: tuple[int, ...]  # published version ids, oldest -> newest published
     cache: CachePolicySnap = CachePolicySnap()
     refused_fields: tuple[str, ...] = ()  # request fields answered 400 unsupported_parameter
+    fallback: str = ""  # the smaller model a ``fallback`` degradation moves requests to
+
+
+class AliasSnap(msgspec.Struct, frozen=True, kw_only=True):
+    """A model alias (e.g. a family name): each request goes to the cheapest member whose
+    version fits it (context, capabilities); ``members`` are model names of ``task``, in the
+    operator's order (the tie-break)."""
+
+    name: str
+    task: str
+    members: tuple[str, ...]
 
 
 class PoolSnap(msgspec.Struct, frozen=True, kw_only=True):
@@ -215,6 +232,7 @@ class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
     prices: tuple[PriceSnap, ...] = ()
     credits: dict[str, CreditSnap] = {}  # tenant slug -> credit settings; absent = defaults
     safety: SafetySnap = SafetySnap()  # policy packs; absent (older documents) = none
+    aliases: dict[str, AliasSnap] = {}  # alias name -> its members; never a model's name
 
 
 _ENCODER = msgspec.json.Encoder()

@@ -40,6 +40,7 @@ from apps.rollouts.models import TRAFFIC_STATES, Rollout
 from apps.scaling.selectors import scale_from_zero_versions
 from apps.tenants.models import ApiKey, RequestClass, Tenant
 from runtime.snapshot import (
+    AliasSnap,
     ApiKeySnap,
     CachePolicySnap,
     CreditSnap,
@@ -81,6 +82,7 @@ def snapshot_build() -> Snapshot:
         tenants = _tenants()
         api_keys = _api_keys()
         models, versions = _models_and_versions()
+        aliases = _aliases(models)
         pools = _pools()
         endpoints = _endpoints(versions)
         routes = _routes(versions)
@@ -99,6 +101,7 @@ def snapshot_build() -> Snapshot:
         routes=routes,
         prices=prices,
         credits=credits,
+        aliases=aliases,
     )
 
 
@@ -171,7 +174,7 @@ def _api_keys() -> dict[str, ApiKeySnap]:
 def _models_and_versions() -> tuple[dict[str, ModelSnap], dict[int, VersionSnap]]:
     queryset = (
         ModelVersion.objects.filter(published_at__isnull=False)
-        .select_related("model")
+        .select_related("model", "model__fallback")
         .order_by("model__name", "published_at", "id")
     )
     versions: dict[int, VersionSnap] = {}
@@ -179,6 +182,7 @@ def _models_and_versions() -> tuple[dict[str, ModelSnap], dict[int, VersionSnap]
     tasks: dict[str, str] = {}
     refused: dict[str, tuple[str, ...]] = {}
     caches: dict[str, CachePolicySnap] = {}
+    fallbacks: dict[str, str] = {}
     scalable = scale_from_zero_versions()  # apps/scaling
     for mv in queryset:
         manifest = mv.manifest if isinstance(mv.manifest, Mapping) else {}
@@ -197,10 +201,12 @@ def _models_and_versions() -> tuple[dict[str, ModelSnap], dict[int, VersionSnap]
             tensor_parallel_size=mv.tensor_parallel_size,
             scale_pool=scalable.get(mv.pk, ("", 0.0))[0],
             cold_start_s=scalable.get(mv.pk, ("", 0.0))[1],
+            capabilities=_strings(mv.capabilities, where=f"{where} capabilities"),
         )
         per_model.setdefault(mv.model.name, []).append(mv.pk)
         tasks[mv.model.name] = mv.model.task
         refused[mv.model.name] = tuple(mv.model.refused_fields or ())
+        fallbacks[mv.model.name] = mv.model.fallback.name if mv.model.fallback else ""
         caches[mv.model.name] = CachePolicySnap(
             enabled=mv.model.cache_enabled, shared=mv.model.cache_shared,
             ttl_s=mv.model.cache_ttl_s,
@@ -212,10 +218,23 @@ def _models_and_versions() -> tuple[dict[str, ModelSnap], dict[int, VersionSnap]
             versions=tuple(ids),
             refused_fields=refused[name],
             cache=caches[name],
+            # only a fallback with a published version (the snapshot's models)
+            fallback=fallbacks[name] if fallbacks[name] in per_model else "",
         )
         for name, ids in per_model.items()
     }
     return models, versions
+
+
+def _aliases(models: Mapping[str, ModelSnap]) -> dict[str, AliasSnap]:
+    """Each alias with its members that have a published version (none: left out)."""
+    aliases: dict[str, AliasSnap] = {}
+    for alias in Model.objects.exclude(members=[]).order_by("name"):
+        where = f"alias {alias.name} members"
+        members = tuple(m for m in _strings(alias.members, where=where) if m in models)
+        if members:
+            aliases[alias.name] = AliasSnap(name=alias.name, task=alias.task, members=members)
+    return aliases
 
 
 def _pools() -> dict[str, PoolSnap]:

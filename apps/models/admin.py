@@ -95,6 +95,8 @@ class ModelForm(_ModelForm):
                     refused_fields=cleaned.get("refused_fields") or [],
                     exclude_pk=self.instance.pk,
                     cache={field: cleaned[field] for field in MODEL_CACHE_FIELDS},
+                    fallback=cleaned.get("fallback"),
+                    members=cleaned.get("members") or [],
                 ),
             )
         return cleaned
@@ -103,13 +105,15 @@ class ModelForm(_ModelForm):
 @admin.register(Model)
 class ModelAdmin(NoDeleteAdmin, _ModelAdmin):
     form = ModelForm
-    list_display = ("name", "task", "cache_enabled", "cache_shared", "cache_ttl_s", "created_at")
+    list_display = ("name", "task", "fallback", "cache_enabled", "cache_shared", "cache_ttl_s",
+                    "created_at")  # fmt: skip
     list_filter = ("task",)
     search_fields = ("name",)
 
     def save_model(self, request: HttpRequest, obj: Model, form: Any, change: bool) -> None:
         data = {field: form.cleaned_data[field] for field in MODEL_WRITABLE_FIELDS}
         data["refused_fields"] = data["refused_fields"] or []  # an empty box: refuse nothing
+        data["members"] = data["members"] or []  # an empty box: not an alias
         if change:
             current = Model.objects.get(pk=obj.pk)
             model_update(actor=actor_of(request), model=current, **data)
@@ -127,6 +131,8 @@ class ModelVersionForm(_VersionForm):
 
     def clean(self) -> dict[str, Any]:
         cleaned = super().clean() or {}
+        if "capabilities" in cleaned and cleaned["capabilities"] is None:
+            cleaned["capabilities"] = []  # an empty box: declares nothing
         instance = self.instance
         if instance.pk is not None:
             current = ModelVersion.objects.select_related("model").get(pk=instance.pk)

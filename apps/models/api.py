@@ -51,6 +51,10 @@ class Immutable(Conflict):
 
 
 class ModelSerializer(serializers.ModelSerializer[Model]):
+    fallback: serializers.SlugRelatedField[Model] = serializers.SlugRelatedField(
+        slug_field="name", read_only=True
+    )
+
     class Meta:
         model = Model
         fields = (
@@ -62,6 +66,8 @@ class ModelSerializer(serializers.ModelSerializer[Model]):
             "cache_enabled",
             "cache_shared",
             "cache_ttl_s",
+            "fallback",
+            "members",
             "created_at",
         )
         read_only_fields = fields
@@ -84,6 +90,18 @@ class ModelWriteSerializer(serializers.Serializer[Any]):
     )
     cache_ttl_s = serializers.IntegerField(
         required=False, help_text="How long a cached result is kept, in seconds (>= 1)."
+    )
+    fallback = serializers.SlugRelatedField(
+        slug_field="name",
+        queryset=Model.objects.all(),
+        required=False,
+        allow_null=True,
+        help_text="The model (by name) a 'fallback' degradation moves requests to; null: none.",
+    )
+    members = serializers.ListField(
+        child=serializers.CharField(),
+        required=False,
+        help_text="An alias's member models (by name); empty: not an alias.",
     )
 
 
@@ -153,6 +171,7 @@ class VersionSerializer(serializers.ModelSerializer[ModelVersion]):
             "runtime",
             "memory_gb",
             "tensor_parallel_size",
+            "capabilities",
             "published",
             "published_at",
             "created_at",
@@ -168,6 +187,11 @@ class VersionWriteSerializer(serializers.Serializer[Any]):
     runtime = serializers.ChoiceField(choices=ModelVersion.Runtime.choices)
     memory_gb = serializers.FloatField(required=False, default=1.0)
     tensor_parallel_size = serializers.IntegerField(required=False, default=1)
+    capabilities = serializers.ListField(
+        child=serializers.CharField(),
+        required=False,
+        help_text='What the build can do, for model aliases: "json_output", "tools", "vision".',
+    )
 
 
 class VersionPatchSerializer(VersionWriteSerializer):

@@ -38,6 +38,21 @@ class Model(models.Model):
     cache_ttl_s = models.PositiveIntegerField(
         default=3600, help_text="How long a cached result is kept, in seconds."
     )
+    fallback = models.ForeignKey(
+        "self",
+        on_delete=models.PROTECT,
+        null=True,
+        blank=True,
+        related_name="fallback_for",
+        help_text="A smaller model of the same task that a pool's 'fallback' degradation moves "
+        "requests to when this one's pool is saturated or its breakers are open.",
+    )
+    members = models.JSONField(
+        default=list,
+        blank=True,
+        help_text="An alias (e.g. a family name): the names of the models of its task it "
+        "resolves to, per request the cheapest that fits. An alias has no versions.",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -67,6 +82,12 @@ class ModelVersion(models.Model):
     memory_gb = models.FloatField(default=1.0, validators=[MinValueValidator(0.0)])
     tensor_parallel_size = models.PositiveSmallIntegerField(
         default=1, validators=[MinValueValidator(1)]
+    )
+    capabilities = models.JSONField(
+        default=list,
+        blank=True,
+        help_text='What this build can do, for model aliases: any of "json_output", "tools", '
+        '"vision".',
     )
     published_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 
 from apps.common.validation import is_int, str_map_error
 from runtime.pool_policies import pool_policy_errors
+from runtime.snapshot import CAPABILITIES
 
 # OpenAI-style model ids: "tiny-llama", "all-MiniLM-L6-v2", "org/name-7b".
 MODEL_NAME_RE = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._/-]{0,98}[A-Za-z0-9])?$")
@@ -55,6 +56,28 @@ def refused_fields_error(fields: object) -> str | None:
     essential = sorted(ROUTER_FIELDS.intersection(fields))
     if essential:
         return f"The router needs {', '.join(essential)}; it cannot be refused."
+    return None
+
+
+def capabilities_error(capabilities: object) -> str | None:
+    """A version's declared capabilities: distinct names of ``runtime.snapshot.CAPABILITIES``."""
+    known = ", ".join(CAPABILITIES)
+    if not isinstance(capabilities, list) or not all(isinstance(c, str) for c in capabilities):
+        return f'Capabilities must be a JSON list of names, e.g. ["tools"] (known: {known}).'
+    unknown = sorted(set(capabilities).difference(CAPABILITIES))
+    if unknown:
+        return f"Unknown capabilities: {', '.join(map(repr, unknown))} (known: {known})."
+    if len(set(capabilities)) != len(capabilities):
+        return "Capabilities must not repeat."
+    return None
+
+
+def members_shape_error(members: object) -> str | None:
+    """An alias's members: a list of distinct model names (that they exist is the service's)."""
+    if not isinstance(members, list) or not all(isinstance(m, str) for m in members):
+        return 'Members must be a JSON list of model names, e.g. ["llama-8b", "llama-70b"].'
+    if len(set(members)) != len(members):
+        return "Members must not repeat."
     return None
 
 
@@ -120,5 +143,3 @@ def pool_policies_error(policies: object) -> str | None:
         return shape_error
     errors = pool_policy_errors(policies)
     return " ".join(errors) if errors else None
-
-

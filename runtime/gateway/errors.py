@@ -70,6 +70,9 @@ ERROR_KINDS: Final[Mapping[str, ErrorKind]] = MappingProxyType(
             "{param} asks for {requested} output tokens, above this tenant's limit of {cap}.",
         ),
         "context_length_exceeded": ErrorKind(400, INVALID_REQUEST, "{reason}"),
+        "model_alias_unfit": ErrorKind(
+            400, INVALID_REQUEST, "No model of the alias '{model}' fits this request: {reason}."
+        ),
         "unsupported_model_task": ErrorKind(
             400,
             INVALID_REQUEST,

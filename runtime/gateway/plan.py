@@ -23,6 +23,7 @@ from typing import Any
 
 import msgspec
 
+from runtime.gateway.aliases import resolve_alias
 from runtime.gateway.auth import Principal
 from runtime.gateway.bundles import PlanningDeps
 from runtime.gateway.caps import embedding_budget, generation_budget
@@ -77,13 +78,19 @@ async def plan_request(
     record: RequestRecord,
     labels: StageLabels,
     headers: Headers = (),
+    model_name: str | None = None,
 ) -> Plan:
-    """Everything decided before dispatch; raises ApiError for every refusal."""
+    """Everything decided before dispatch; raises ApiError for every refusal. ``model_name``
+    replaces the body's model (a fallback degradation)."""
     tenant = principal.tenant
     view: InferenceRequest = request.request
     document = request.document
-    model = resolve_model(snapshot, tenant, view.model, tasks=tasks, route=route)
+    model, version = await _model_and_version(
+        deps, snapshot, tenant, request, model_name or view.model, tasks=tasks, route=route,
+        headers=headers,
+    )  # fmt: skip
     record.model = labels.model = model.name
+    document["model"] = model.name  # an alias's member, or a fallback: what the engine serves
     for name in model.refused_fields:
         if name in document:
             raise ApiError.of("unsupported_parameter", param=name, model=model.name)
@@ -91,12 +98,6 @@ async def plan_request(
     record.klass = labels.klass = klass.name if klass is not None else ""
     timeout_s = resolve_timeout(klass, timeout_header, deps.config)
     deadline = asyncio.get_running_loop().time() + timeout_s
-    try:
-        version = choose_version(
-            snapshot, model, tenant=tenant.slug, user=view.user, headers=headers, rng=deps.rng
-        )
-    except NoVersionError:
-        raise ApiError.of("model_not_found", param="model", model=model.name) from None
     record.version = labels.version = version.label
     document.pop("priority", None)
     streaming = False
@@ -137,6 +138,56 @@ async def plan_request(
     )
 
 
+async def _model_and_version(
+    deps: PlanningDeps,
+    snapshot: Snapshot,
+    tenant: TenantSnap,
+    request: Decoded[Any],
+    name: str,
+    *,
+    tasks: frozenset[str],
+    route: str,
+    headers: Headers,
+) -> tuple[ModelSnap, VersionSnap]:
+    """The model named (or an alias's cheapest fitting member) and the version to serve."""
+    view: InferenceRequest = request.request
+    alias = snapshot.aliases.get(name)
+    if alias is not None:
+        if alias.task not in tasks:
+            raise ApiError.of(
+                "unsupported_model_task", param="model", model=name, task=alias.task, route=route
+            )
+        texts, overheads, _ = prompt_texts(view)
+        wanted = None if isinstance(view, EmbeddingRequest) else view.requested_max_tokens()
+        return await resolve_alias(
+            snapshot, alias, tenant=tenant, document=request.document, texts=texts,
+            overheads=overheads, max_tokens=wanted, tokens=deps.tokens, table=deps.table,
+            rng=deps.rng, user=view.user, headers=headers,
+        )  # fmt: skip
+    model = resolve_model(snapshot, tenant, name, tasks=tasks, route=route)
+    try:
+        version = choose_version(
+            snapshot, model, tenant=tenant.slug, user=view.user, headers=headers, rng=deps.rng
+        )
+    except NoVersionError:
+        raise ApiError.of("model_not_found", param="model", model=model.name) from None
+    return model, version
+
+
+def prompt_texts(view: InferenceRequest) -> tuple[list[str], list[int], int]:
+    """The texts the caps count, their overheads and the number of prompts (a completion
+    batch counts only its longest prompt: each is its own sequence)."""
+    if isinstance(view, ChatRequest):
+        texts = view.texts()
+        return texts, text_overheads(texts, [m.role for m in view.messages]), 1
+    texts, overheads = view.inputs()
+    prompts = len(texts)
+    if isinstance(view, CompletionRequest) and prompts > 1:
+        longest = max(range(prompts), key=lambda i: len(texts[i]) * 4 + overheads[i])
+        texts, overheads = [texts[longest]], [overheads[longest]]
+    return texts, overheads, prompts
+
+
 async def _generation(
     deps: PlanningDeps,
     *,
@@ -148,16 +199,7 @@ async def _generation(
 ) -> int:
     """Check the caps, set ``max_tokens`` in ``document``; the whole output budget."""
     is_chat = isinstance(view, ChatRequest)
-    if isinstance(view, ChatRequest):
-        texts = view.texts()
-        overheads = text_overheads(texts, [m.role for m in view.messages])
-        prompts = 1
-    else:
-        texts, overheads = view.inputs()
-        prompts = len(texts)
-        if prompts > 1:  # a batch: each prompt is its own sequence; cap the longest
-            longest = max(range(prompts), key=lambda i: len(texts[i]) * 4 + overheads[i])
-            texts, overheads = [texts[longest]], [overheads[longest]]
+    texts, overheads, prompts = prompt_texts(view)
     prompt, max_tokens = await generation_budget(
         deps.tokens,
         tenant=tenant,

@@ -11,7 +11,8 @@ from runtime.gateway.errors import NO_SNAPSHOT, ApiError, as_json
 
 
 class ModelsConsumer(GatewayConsumer):
-    """The models the key's tenant may use (all published models when it has no list)."""
+    """The models the key's tenant may use (all published models when it has no list), then
+    the model aliases with a member it may use."""
 
     async def respond(self, body: bytes) -> None:
         snapshot = self.state.snapshot
@@ -23,6 +24,10 @@ class ModelsConsumer(GatewayConsumer):
         self.state.key_usage.record(principal.key.prefix, time.time())
         allowed = principal.tenant.models
         names = sorted(n for n in snapshot.models if not allowed or n in allowed)
+        names += sorted(  # a model alias, where the tenant may use one of its members
+            a.name for a in snapshot.aliases.values()
+            if not allowed or any(m in allowed for m in a.members)
+        )  # fmt: skip
         wanted = self.scope.get("url_route", {}).get("kwargs", {}).get("model")
         created = int(snapshot.created_at)
         entries = [

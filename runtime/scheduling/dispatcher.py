@@ -538,6 +538,15 @@ class PoolDispatcher:
     def contended(self) -> bool:
         return bool(self._waiting)
 
+    def queue_wait_s(self, band: int) -> float:
+        """How long the oldest request waiting in ``band`` or a more urgent one has waited
+        (0 when none waits): the measured wait degradation reads (:mod:`runtime.degradation`).
+        Waiters are kept in arrival order, so the scan stops at the first one of those bands."""
+        for waiter in self._waiting.values():
+            if waiter.req.band <= band:
+                return max(0.0, self._clock() - waiter.req.arrived_at)
+        return 0.0
+
     def counters(self) -> dict[tuple[int, str], float]:
         return {(b, t): self._queue.counter(b, t) for b, t in self._known}
 

@@ -14,6 +14,9 @@
   reason (``rate_limit_exceeded``, ``tokens_per_minute_exceeded``,
   ``concurrency_limit_exceeded``, ``queue_full``, ``wait_exceeds_deadline``, ``shed``,
   ``deadline_exceeded``, ``no_healthy_endpoint``);
+- ``switchyard_degraded_total{action, reason}``: requests degraded instead of queued long
+  (action ``cap_tokens`` / ``fallback``; reason ``queue_wait``, ``breaker_open``,
+  ``no_endpoint``: :mod:`runtime.degradation`);
 - read from the dispatchers at scrape time (:meth:`RouterMetrics.attach_scheduling`):
   ``switchyard_queue_length{pool, band}``, ``switchyard_served_tokens_total{pool, tenant,
   kind}`` (kind ``input`` / ``output``), ``switchyard_tenant_share{pool, tenant, kind}``
@@ -286,6 +289,12 @@ class RouterMetrics:
             "switchyard_rejections",
             "Requests refused or dropped before reaching an engine, by reason.",
             ["reason"],
+            registry=self.registry,
+        )
+        self.degraded_total = Counter(
+            "switchyard_degraded",
+            "Requests degraded before admission, by action and reason (runtime.degradation).",
+            ["action", "reason"],
             registry=self.registry,
         )
         self._scheduling: _SchedulingCollector | None = None

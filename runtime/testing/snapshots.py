@@ -97,6 +97,7 @@ class SnapshotBuilder:
     endpoints: dict[int, s.EndpointSnap] = field(default_factory=dict)
     routes: dict[str, s.RouteSnap] = field(default_factory=dict)
     prices: list[s.PriceSnap] = field(default_factory=list)
+    aliases: dict[str, s.AliasSnap] = field(default_factory=dict)
 
     def add_class(self, name: str, *, band: int, deadline_ms: int = 60_000, **fields: Any) -> Self:
         values: dict[str, Any] = {
@@ -131,10 +132,14 @@ class SnapshotBuilder:
         return key
 
     def add_model(
-        self, name: str, version_id: int, *, task: str = "chat", **version_fields: Any
-    ) -> Self:
-        """A model with one published version (``version_fields`` go to its VersionSnap)."""
-        self.models[name] = s.ModelSnap(name=name, task=task, versions=(version_id,))
+        self, name: str, version_id: int, *, task: str = "chat", fallback: str = "",
+        **version_fields: Any,
+    ) -> Self:  # fmt: skip
+        """A model with one published version (``version_fields`` go to its VersionSnap);
+        ``fallback`` names the model a ``fallback`` degradation moves its requests to."""
+        self.models[name] = s.ModelSnap(
+            name=name, task=task, versions=(version_id,), fallback=fallback
+        )
         self.versions[version_id] = version_snap(version_id, name, **version_fields)
         return self
 
@@ -183,6 +188,11 @@ class SnapshotBuilder:
         )  # fmt: skip
         return self
 
+    def add_alias(self, name: str, members: tuple[str, ...], *, task: str = "chat") -> Self:
+        """A model alias over published models ``members`` (cheapest fitting one serves)."""
+        self.aliases[name] = s.AliasSnap(name=name, task=task, members=members)
+        return self
+
     def snapshot(self, *, version: int = 0, created_at: float | None = None) -> s.Snapshot:
         """The snapshot as built so far (the builder can go on changing afterwards)."""
         return s.Snapshot(
@@ -197,4 +207,5 @@ class SnapshotBuilder:
             endpoints=dict(self.endpoints),
             routes=dict(self.routes),
             prices=tuple(self.prices),
+            aliases=dict(self.aliases),
         )

@@ -170,6 +170,12 @@ def session_client(user: Any) -> APIClient:
     return client
 
 
+def etag_patch(client: APIClient, url: str, data: dict[str, Any]) -> Any:
+    """PATCH ``url`` with the ETag a GET of it returns as If-Match."""
+    etag = client.get(url)["ETag"]
+    return client.patch(url, data, format="json", HTTP_IF_MATCH=etag)
+
+
 def token_client(secret: str) -> APIClient:
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION=f"Bearer {secret}")

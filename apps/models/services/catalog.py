@@ -16,6 +16,7 @@ from apps.common.outbox import snapshot_publish_on_commit
 from apps.common.validation import exists_other, refuse_unknown
 from apps.models import validators as v
 from apps.models.models import Model, ModelVersion
+from apps.models.services import aliases
 from runtime.artifacts import manifest_digest
 
 VERSION_FIELDS = (
@@ -26,11 +27,14 @@ VERSION_FIELDS = (
     "runtime",
     "memory_gb",
     "tensor_parallel_size",
+    "capabilities",
 )
 MODEL_FIELDS = ("name", "task", "description", "refused_fields")
+# Degradation's fallback and an alias's members (apps.models.services.aliases).
+MODEL_ALIAS_FIELDS = ("fallback", "members")
 # The result-cache switches the snapshot carries per model (CachePolicySnap).
 MODEL_CACHE_FIELDS = ("cache_enabled", "cache_shared", "cache_ttl_s")
-MODEL_WRITABLE_FIELDS = (*MODEL_FIELDS, *MODEL_CACHE_FIELDS)
+MODEL_WRITABLE_FIELDS = (*MODEL_FIELDS, *MODEL_ALIAS_FIELDS, *MODEL_CACHE_FIELDS)
 
 
 def model_cache_errors(values: Mapping[str, Any]) -> dict[str, str | None]:
@@ -44,14 +48,28 @@ def model_cache_errors(values: Mapping[str, Any]) -> dict[str, str | None]:
     return errors
 
 
+def _model_state(model: Model, fields: tuple[str, ...] = MODEL_WRITABLE_FIELDS) -> dict[str, Any]:
+    """The model's ``fields`` for an audit record (the fallback by name)."""
+    state = audit_state(model, [f for f in fields if f != "fallback"])
+    if "fallback" in fields:
+        state["fallback"] = model.fallback.name if model.fallback is not None else None
+    return state
+
+
 def _created_state(model: Model) -> dict[str, Any]:
-    """A create's audit record: the model's fields, and the cache switches set off default."""
-    state = audit_state(model, MODEL_FIELDS)
+    """A create's audit record: the model's fields, and the fallback and the cache switches
+    set off default."""
+    state = _model_state(model, MODEL_FIELDS)
+    if model.fallback is not None:
+        state["fallback"] = model.fallback.name
+    if model.members:
+        state["members"] = model.members
     defaults = Model()
     for field in MODEL_CACHE_FIELDS:
         if getattr(model, field) != getattr(defaults, field):
             state[field] = getattr(model, field)
     return state
+
 
 # --- models ---------------------------------------------------------------------------------
 
@@ -63,11 +81,17 @@ def model_validate(
     refused_fields: object = (),
     exclude_pk: int | None = None,
     cache: Mapping[str, Any] | None = None,
+    fallback: Model | None = None,
+    members: object = (),
 ) -> None:
-    """The model's rules; ``cache`` holds whichever cache switches are being written."""
+    """The model's rules; ``cache`` holds whichever cache switches are being written; the
+    fallback's and an alias's members' are :mod:`apps.models.services.aliases`'."""
     name_error = v.model_name_error(name)
     if name_error is None and exists_other(Model.objects.filter(name=name), exclude_pk):
         name_error = f"A model named {name!r} already exists."
+    if name_error is None and exclude_pk is not None:
+        name_error = aliases.rename_error(Model.objects.get(pk=exclude_pk), name)
+    members = list(members) if isinstance(members, tuple) else members
     cv.raise_if(
         {
             "name": name_error,
@@ -78,6 +102,12 @@ def model_validate(
                 list(refused_fields) if isinstance(refused_fields, tuple) else refused_fields
             ),
             **model_cache_errors(cache or {}),
+            "fallback": aliases.fallback_error(
+                name=name, task=task, fallback=fallback, exclude_pk=exclude_pk
+            ),
+            "members": aliases.members_error(
+                name=name, task=task, members=members, exclude_pk=exclude_pk
+            ),
         }
     )
 
@@ -89,23 +119,27 @@ def model_create(
     task: str,
     description: str = "",
     refused_fields: list[str] | None = None,
+    fallback: Model | None = None,
+    members: list[str] | None = None,
     **cache: Any,
 ) -> Model:
-    """A new model; ``cache`` may set ``cache_enabled``, ``cache_shared``, ``cache_ttl_s``."""
+    """A new model (an alias when ``members`` names models); ``cache`` may set
+    ``cache_enabled``, ``cache_shared``, ``cache_ttl_s``."""
     refuse_unknown(cache, MODEL_CACHE_FIELDS)
     refused = list(refused_fields or [])
-    model_validate(name=name, task=task, refused_fields=refused, cache=cache)
+    listed = list(members or [])
+    model_validate(name=name, task=task, refused_fields=refused, cache=cache,
+                   fallback=fallback, members=listed)  # fmt: skip
     with transaction.atomic():
         try:
             with transaction.atomic():
                 model = Model.objects.create(
-                    name=name, task=task, description=description, refused_fields=refused, **cache
-                )
+                    name=name, task=task, description=description, refused_fields=refused,
+                    fallback=fallback, members=listed, **cache,
+                )  # fmt: skip
         except IntegrityError as exc:
             raise ValidationError({"name": f"A model named {name!r} already exists."}) from exc
-        audit_record(
-            actor=actor, action="model.create", target=model, after=_created_state(model)
-        )
+        audit_record(actor=actor, action="model.create", target=model, after=_created_state(model))
         snapshot_publish_on_commit()
     return model
 
@@ -119,9 +153,11 @@ def model_update(*, actor: AbstractBaseUser | None, model: Model, **changes: Any
         refused_fields=merged["refused_fields"],
         exclude_pk=model.pk,
         cache={field: merged[field] for field in MODEL_CACHE_FIELDS},
+        fallback=merged["fallback"],
+        members=merged["members"],
     )
     with transaction.atomic():
-        before = audit_state(model, MODEL_WRITABLE_FIELDS)
+        before = _model_state(model)
         for field, value in changes.items():
             setattr(model, field, value)
         model.save()
@@ -130,7 +166,7 @@ def model_update(*, actor: AbstractBaseUser | None, model: Model, **changes: Any
             action="model.update",
             target=model,
             before=before,
-            after=audit_state(model, MODEL_WRITABLE_FIELDS),
+            after=_model_state(model),
         )
         snapshot_publish_on_commit()
     return model
@@ -149,10 +185,12 @@ def model_version_validate(
     runtime: str,
     memory_gb: float,
     tensor_parallel_size: int,
+    capabilities: object = (),
     exclude_pk: int | None = None,
 ) -> None:
     """Rules for a draft version. The manifest may be partial; publishing needs all of it."""
     label_error = v.label_error(label)
+    capabilities = list(capabilities) if isinstance(capabilities, tuple) else capabilities
     if label_error is None and exists_other(model.versions.filter(label=label), exclude_pk):
         label_error = f"Model {model.name!r} already has a version labelled {label!r}."
     uri_ok = (
@@ -179,6 +217,8 @@ def model_version_validate(
             "tensor_parallel_size": None
             if tp_ok
             else "Tensor parallel size must be an integer from 1 to 1024.",
+            "capabilities": v.capabilities_error(capabilities),
+            "model": aliases.alias_version_error(model),
         }
     )
 
@@ -194,8 +234,10 @@ def model_version_create(
     runtime: str,
     memory_gb: float = 1.0,
     tensor_parallel_size: int = 1,
+    capabilities: list[str] | None = None,
 ) -> ModelVersion:
     fields: dict[str, Any] = {
+        "capabilities": list(capabilities or []),
         "label": label,
         "artifact_uri": artifact_uri,
         "digest": digest,

@@ -1,7 +1,8 @@
 """The inference stage list, in order. Adding a stage is one module under ``stages/`` plus
 one line here.
 
-``authenticate`` -> ``plan`` -> ``idempotency`` (replay, or detach) -> ``admit`` (registers
+``authenticate`` -> ``plan`` -> ``degrade`` (cap or fall back, per the pool's policy) ->
+``idempotency`` (replay, or detach) -> ``admit`` (registers
 ``settle``) -> ``mirror`` -> ``cache`` (a hit answers) -> ``queue`` (registers the grant's
 release) -> ``dispatch`` (a coalesced unary request answers) -> ``relay``; then the context's
 exit stack runs the releases, and the consumer runs ``account``.
@@ -17,6 +18,7 @@ from runtime.gateway.pipeline.stage import Stage
 from runtime.gateway.pipeline.stages.admit import Admit
 from runtime.gateway.pipeline.stages.authenticate import Authenticate
 from runtime.gateway.pipeline.stages.cache import CacheBegin, CacheLookup
+from runtime.gateway.pipeline.stages.degrade import Degrade
 from runtime.gateway.pipeline.stages.dispatch import Dispatch
 from runtime.gateway.pipeline.stages.mirror import Mirror
 from runtime.gateway.pipeline.stages.plan import PlanStage
@@ -36,6 +38,7 @@ def inference_stages(
     return [
         Authenticate(snapshot, planning.key_usage),
         PlanStage(planning),
+        Degrade(planning, admission, upstream.breakers),
         CacheBegin(cache),
         Admit(admission),
         Mirror(upstream.shadow),
