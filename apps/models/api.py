@@ -140,6 +140,9 @@ class OpsModelDetailApi(OperatorApi):
 class VersionSerializer(serializers.ModelSerializer[ModelVersion]):
     model = serializers.CharField(source="model.name", read_only=True)
     published = serializers.BooleanField(source="is_published", read_only=True)
+    signing_key = serializers.SlugRelatedField(
+        slug_field="name", read_only=True, help_text="The trusted key that signed the digest."
+    )
 
     class Meta:
         model = ModelVersion
@@ -155,6 +158,8 @@ class VersionSerializer(serializers.ModelSerializer[ModelVersion]):
             "tensor_parallel_size",
             "published",
             "published_at",
+            "signing_key",
+            "signature",
             "created_at",
         )
         read_only_fields = fields
@@ -176,7 +181,7 @@ class VersionPatchSerializer(VersionWriteSerializer):
 
 
 def _versions() -> QuerySet[ModelVersion]:
-    return ModelVersion.objects.select_related("model")
+    return ModelVersion.objects.select_related("model", "signing_key")
 
 
 @extend_schema_view(get=extend_schema(operation_id="ops_versions_list", tags=["ops: registry"]))
