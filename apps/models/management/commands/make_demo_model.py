@@ -112,9 +112,9 @@ class Command(BaseCommand):
             self.stdout.write(f"{version} already registered")
         if registration.published_now:
             self.stdout.write(f"published {version}")
-        if signed_now:
-            self.stdout.write(f"signed {version} with the demo key {version.signing_key}")
         elif version.is_published:
             self.stdout.write(f"{version} is published")
         else:
             self.stdout.write(f"{version} is a draft (not published)")
+        if signed_now:
+            self.stdout.write(f"signed {version} with the demo key {version.signing_key}")
