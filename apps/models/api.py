@@ -140,7 +140,7 @@ class OpsModelDetailApi(OperatorApi):
 class VersionSerializer(serializers.ModelSerializer[ModelVersion]):
     model = serializers.CharField(source="model.name", read_only=True)
     published = serializers.BooleanField(source="is_published", read_only=True)
-    signing_key = serializers.SlugRelatedField(
+    signing_key: Any = serializers.SlugRelatedField(
         slug_field="name", read_only=True, help_text="The trusted key that signed the digest."
     )
 

@@ -5,37 +5,80 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('registry', '0004_model_cache_policy'),
+        ("registry", "0004_model_cache_policy"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='TrustedKey',
+            name="TrustedKey",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.SlugField(help_text='The key id signatures name.', max_length=63, unique=True)),
-                ('public_key', models.CharField(help_text='Base64 of the 32 raw bytes of the Ed25519 public key (a PEM is accepted and converted).', max_length=44, unique=True)),
-                ('active', models.BooleanField(default=True, help_text='Workers refuse signatures by an inactive key at their next start.')),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                (
+                    "name",
+                    models.SlugField(
+                        help_text="The key id signatures name.", max_length=63, unique=True
+                    ),
+                ),
+                (
+                    "public_key",
+                    models.CharField(
+                        help_text="Base64 of the 32 raw bytes of the Ed25519 public key (a PEM is accepted and converted).",
+                        max_length=44,
+                        unique=True,
+                    ),
+                ),
+                (
+                    "active",
+                    models.BooleanField(
+                        default=True,
+                        help_text="Workers refuse signatures by an inactive key at their next start.",
+                    ),
+                ),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
             ],
             options={
-                'ordering': ['name'],
+                "ordering": ["name"],
             },
         ),
         migrations.AddField(
-            model_name='modelversion',
-            name='signature',
-            field=models.CharField(blank=True, default='', help_text='Base64 Ed25519 signature over the digest (empty: unsigned).', max_length=88),
+            model_name="modelversion",
+            name="signature",
+            field=models.CharField(
+                blank=True,
+                default="",
+                help_text="Base64 Ed25519 signature over the digest (empty: unsigned).",
+                max_length=88,
+            ),
         ),
         migrations.AddField(
-            model_name='modelversion',
-            name='signing_key',
-            field=models.ForeignKey(blank=True, help_text='The trusted key that made the signature.', null=True, on_delete=django.db.models.deletion.PROTECT, related_name='signed_versions', to='registry.trustedkey'),
+            model_name="modelversion",
+            name="signing_key",
+            field=models.ForeignKey(
+                blank=True,
+                help_text="The trusted key that made the signature.",
+                null=True,
+                on_delete=django.db.models.deletion.PROTECT,
+                related_name="signed_versions",
+                to="registry.trustedkey",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='modelversion',
-            constraint=models.CheckConstraint(condition=models.Q(models.Q(('signature', ''), ('signing_key__isnull', True)), models.Q(models.Q(('signature', ''), _negated=True), ('signing_key__isnull', False)), _connector='OR'), name='modelversion_signature_with_key'),
+            model_name="modelversion",
+            constraint=models.CheckConstraint(
+                condition=models.Q(
+                    models.Q(("signature", ""), ("signing_key__isnull", True)),
+                    models.Q(
+                        models.Q(("signature", ""), _negated=True), ("signing_key__isnull", False)
+                    ),
+                    _connector="OR",
+                ),
+                name="modelversion_signature_with_key",
+            ),
         ),
     ]
