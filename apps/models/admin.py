@@ -221,12 +221,12 @@ class TrustedKeyForm(_KeyForm):
     def clean(self) -> dict[str, Any]:
         cleaned = super().clean() or {}
         if self.instance.pk is None and not self.errors:
-            run_validator(
-                self,
-                lambda: trusted_key_validate(
+            try:  # the key as stored (a PEM becomes base64), before the model's own checks
+                cleaned["public_key"] = trusted_key_validate(
                     name=cleaned["name"], public_key=cleaned["public_key"]
-                ),
-            )
+                )
+            except ValidationError as error:
+                add_service_errors(self, error)
         return cleaned
 
 

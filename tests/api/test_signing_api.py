@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from cryptography.hazmat.primitives import serialization
 from django.core.management import CommandError, call_command
+from django.urls import reverse
 from rest_framework.test import APIClient
 
 from apps.common.models import AuditEvent
@@ -224,3 +225,34 @@ def test_the_demo_key_is_made_once_and_signs_once(world: World, tmp_path: Any) -
     assert demo_sign(version=version, var_dir=tmp_path) is False  # signed already
     assert TrustedKey.objects.count() == 1
     verify_signature(trusted.public_key, version.digest, version.signature)
+
+
+# --- admin ------------------------------------------------------------------------------------
+
+
+def test_the_admin_adds_keys_through_the_service_and_shows_a_malformed_key(
+    admin_client: Any, db: Any
+) -> None:
+    add = reverse("admin:registry_trustedkey_add")
+    assert admin_client.get(add).status_code == 200
+    bad = admin_client.post(add, {"name": "release", "public_key": "c2hvcnQ=", "active": "on"})
+    assert bad.status_code == 200  # the form again, with the service's message
+    assert "an Ed25519 public key is 32 bytes" in bad.content.decode()
+    assert not TrustedKey.objects.exists()
+
+    key, _ = generate_private_key()
+    pem = (
+        key.public_key()
+        .public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+        .decode()
+    )
+    good = admin_client.post(add, {"name": "release", "public_key": pem, "active": "on"})
+    assert good.status_code == 302
+    trusted = TrustedKey.objects.get()
+    assert trusted.public_key == public_key_text(key)
+
+    change = reverse("admin:registry_trustedkey_change", args=[trusted.pk])
+    assert admin_client.post(change, {"active": ""}).status_code == 302  # unticked
+    trusted.refresh_from_db()
+    assert trusted.active is False
+    assert AuditEvent.objects.filter(action="trusted_key.update").count() == 1
