@@ -3,6 +3,11 @@ environment, set before pytest-django loads the settings (a conftest is too late
 
 Outside DEBUG the settings need a SECRET_KEY (config/secret_key.py); the test session gets a
 fixed test-only key unless SECRET_KEY is already set. The processes tests start inherit it.
+
+Artifact signatures are required by default (runtime/signing.py); the test session makes them
+optional (a present signature is still checked) unless SWITCHYARD_ARTIFACT_SIGNATURES is set,
+because most tests register throwaway versions without signing them. The signature tests set
+"required" themselves.
 """
 
 from __future__ import annotations
@@ -21,3 +26,4 @@ def pytest_load_initial_conftests(
 ) -> None:
     if not os.environ.get("SECRET_KEY", "").strip() and not os.environ.get("SECRET_KEY_FILE"):
         os.environ["SECRET_KEY"] = TEST_SECRET_KEY
+    os.environ.setdefault("SWITCHYARD_ARTIFACT_SIGNATURES", "optional")

@@ -195,6 +195,11 @@ STORAGES = {
     "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
 }
 
+# Model artifact signatures (runtime/signing.py): "required" (workers refuse an unsigned
+# version) or "optional" (unsigned versions are served with a warning). Either way a present
+# signature must verify against a key the registry trusts.
+ARTIFACT_SIGNATURES = os.environ.get("SWITCHYARD_ARTIFACT_SIGNATURES", "required")
+
 SESSION_COOKIE_HTTPONLY = True
 CSRF_COOKIE_HTTPONLY = True
 SESSION_COOKIE_SECURE = _env_bool("SECURE_COOKIES", default=False)

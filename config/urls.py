@@ -9,6 +9,7 @@ from apps.billing import api as billing_api
 from apps.billing import api_ops as billing_ops
 from apps.core import api as core_api
 from apps.models import api as models_api
+from apps.models import api_signing as signing_api
 from apps.rollouts import api as rollouts_api
 from apps.rollouts import api_actions as rollout_actions
 from apps.scaling import api as scaling_api
@@ -49,6 +50,9 @@ ops_urls = [
     path("models/<int:pk>/versions/", models_api.OpsVersionListApi.as_view()),
     path("versions/<int:pk>/", models_api.OpsVersionDetailApi.as_view()),
     path("versions/<int:pk>/publish/", models_api.OpsVersionPublishApi.as_view()),
+    path("versions/<int:pk>/signature/", signing_api.OpsVersionSignatureApi.as_view()),
+    path("trusted-keys/", signing_api.OpsTrustedKeyListApi.as_view()),
+    path("trusted-keys/<int:pk>/", signing_api.OpsTrustedKeyDetailApi.as_view()),
     path("pools/", models_api.OpsPoolListApi.as_view()),
     path("pools/<int:pk>/", models_api.OpsPoolDetailApi.as_view()),
     path("pools/<int:pk>/scaling/", scaling_api.OpsPoolScalingApi.as_view()),

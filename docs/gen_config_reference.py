@@ -66,6 +66,9 @@ MEANINGS: dict[str, str] = {
     "SWITCHYARD_ROUTER_WORKERS": "worker processes of this router (`--workers` sets it); each "
     "worker's share of the limits while Redis is down",
     "SWITCHYARD_API_RATE": "REST API throttle per credential (Django's rate syntax)",
+    "SWITCHYARD_ARTIFACT_SIGNATURES": "`required`: workers refuse a model version without a "
+    "signature by a trusted key; `optional`: unsigned versions are served with a warning (a "
+    "present signature is still checked); see [Signed artifacts](../operations/signing.md)",
     "SWITCHYARD_ASSUMED_REPLICAS": "router replicas (machines or pods); Redis down: each process "
     "lends a tenant 1/(this x workers) of its limits and of the balance Redis last reported",
     "SWITCHYARD_BEAT_LEASE_S": "how long the scheduling Celery beat's Redis lease outlives its "

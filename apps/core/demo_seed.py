@@ -1,6 +1,7 @@
 """The demo data `switchyard up` seeds once: classes, tenants with keys and credits, an operator,
 a CPU pool, the demo model (helper command ``make_demo_model``) and its prices, and the demo
-pools' autoscaling settings (the version the local actuator starts).
+pools' autoscaling settings (the version the local actuator starts). The demo versions are
+signed with the demo key (apps.models.demo_signing) so workers requiring signatures serve them.
 
 Every write goes through the apps' services. Each step is idempotent on its own (an existing
 request class, tenant, user, pool, model or price is left as it is), so a second run creates
@@ -15,8 +16,10 @@ import json
 import secrets
 from dataclasses import asdict, dataclass, field
 from decimal import Decimal
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.db import transaction
@@ -27,6 +30,7 @@ from apps.billing.models import Price
 from apps.billing.services import credit_grant, price_set
 from apps.common.audit import audit_record
 from apps.models.demo_encoder import EncoderPackageMissingError, demo_encoder_register
+from apps.models.demo_signing import demo_sign
 from apps.models.models import ModelVersion, Pool
 from apps.models.services import pool_create, pool_update
 from apps.scaling.models import PoolScaling
@@ -163,6 +167,8 @@ def _demo_model(result: SeedResult, *, stdout: SupportsWrite[str]) -> None:
     version = ModelVersion.objects.select_related("model").get(pk=summary["version_id"])
     if summary["version_created"]:
         result.created.append(f"model version {version} ({summary['path']})")
+    if summary["signed_now"]:
+        result.created.append(f"demo signature of {version}")
     if not Price.objects.filter(version=version, hardware_tier=HARDWARE_TIER).exists():
         price_set(actor=None, version=version, hardware_tier=HARDWARE_TIER, **DEMO_PRICE)
         result.created.append(f"price of {version} on {HARDWARE_TIER}")
@@ -194,6 +200,8 @@ def _demo_encoder(result: SeedResult, *, stdout: SupportsWrite[str]) -> None:
     version = registration.version
     if registration.created:
         result.created.append(f"model version {version} (torch)")
+    if demo_sign(version=version, var_dir=Path(settings.VAR_DIR)):
+        result.created.append(f"demo signature of {version}")
     if not Pool.objects.filter(name=ENCODER_POOL_NAME).exists():
         pool_create(
             actor=None, name=ENCODER_POOL_NAME, hardware_tier=HARDWARE_TIER,

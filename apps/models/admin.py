@@ -17,7 +17,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 
 from apps.common.admin_support import actor_of, add_service_errors, adopt, run_validator
-from apps.models.models import Endpoint, Model, ModelVersion, Pool, Route
+from apps.models.models import Endpoint, Model, ModelVersion, Pool, Route, TrustedKey
 from apps.models.services import (
     endpoint_register,
     endpoint_set_state,
@@ -44,6 +44,11 @@ from apps.models.services.catalog import (
     published_error,
 )
 from apps.models.services.fleet import POOL_FIELDS
+from apps.models.services.signing import (
+    trusted_key_create,
+    trusted_key_set_active,
+    trusted_key_validate,
+)
 
 if TYPE_CHECKING:  # generic in django-stubs only; not subscriptable at runtime
     _ModelForm = forms.ModelForm[Model]
@@ -51,14 +56,18 @@ if TYPE_CHECKING:  # generic in django-stubs only; not subscriptable at runtime
     _PoolForm = forms.ModelForm[Pool]
     _EndpointForm = forms.ModelForm[Endpoint]
     _RouteForm = forms.ModelForm[Route]
+    _KeyForm = forms.ModelForm[TrustedKey]
     _ModelAdmin = admin.ModelAdmin[Model]
     _VersionAdmin = admin.ModelAdmin[ModelVersion]
     _PoolAdmin = admin.ModelAdmin[Pool]
     _EndpointAdmin = admin.ModelAdmin[Endpoint]
     _RouteAdmin = admin.ModelAdmin[Route]
+    _KeyAdmin = admin.ModelAdmin[TrustedKey]
 else:
-    _ModelForm = _VersionForm = _PoolForm = _EndpointForm = _RouteForm = forms.ModelForm
-    _ModelAdmin = _VersionAdmin = _PoolAdmin = _EndpointAdmin = _RouteAdmin = admin.ModelAdmin
+    _ModelForm = _VersionForm = _PoolForm = _EndpointForm = _RouteForm = _KeyForm = forms.ModelForm
+    _ModelAdmin = _VersionAdmin = _PoolAdmin = _EndpointAdmin = _RouteAdmin = _KeyAdmin = (
+        admin.ModelAdmin
+    )
 
 SPLIT_RE = re.compile(r"^\s*(?P<label>[^=\s]+)\s*=\s*(?P<weight>-?\d+)\s*$")
 
@@ -152,7 +161,14 @@ class ModelVersionForm(_VersionForm):
 @admin.register(ModelVersion)
 class ModelVersionAdmin(NoDeleteAdmin, _VersionAdmin):
     form = ModelVersionForm
-    list_display = ("__str__", "runtime", "short_digest", "published_at", "created_at")
+    list_display = (
+        "__str__",
+        "runtime",
+        "short_digest",
+        "signing_key",
+        "published_at",
+        "created_at",
+    )
     list_filter = ("runtime", "model")
     search_fields = ("label", "model__name", "digest")
     actions = ("publish_selected",)
@@ -162,11 +178,12 @@ class ModelVersionAdmin(NoDeleteAdmin, _VersionAdmin):
         return f"{obj.digest[:12]}…"
 
     def get_readonly_fields(self, request: HttpRequest, obj: ModelVersion | None = None) -> Any:
+        signed = ("signing_key", "signature")  # manage.py sign_artifact or the REST API
         if obj is None:
-            return ("published_at",)
+            return ("published_at", *signed)
         if obj.is_published:
-            return ("model", *VERSION_FIELDS, "published_at")  # immutable once published
-        return ("model", "published_at")
+            return ("model", *VERSION_FIELDS, "published_at", *signed)  # immutable once published
+        return ("model", "published_at", *signed)
 
     def save_model(self, request: HttpRequest, obj: ModelVersion, form: Any, change: bool) -> None:
         data = form.cleaned_data
@@ -187,6 +204,58 @@ class ModelVersionAdmin(NoDeleteAdmin, _VersionAdmin):
                 messages.error(request, f"{version}: {'; '.join(error.messages)}")
             else:
                 messages.success(request, f"Published {version}.")
+
+
+# --- trusted keys ---------------------------------------------------------------------------
+
+
+class TrustedKeyForm(_KeyForm):
+    public_key = forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 3}),
+        help_text="Base64 of the 32 raw bytes, or a PEM 'PUBLIC KEY' (stored as base64).",
+    )
+
+    class Meta:
+        model = TrustedKey
+        fields = ("name", "public_key", "active")
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self.instance.pk is not None:  # read-only once added (the admin shows it)
+            self.fields.pop("public_key", None)
+
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean() or {}
+        if self.instance.pk is None and not self.errors:
+            try:  # the key as stored (a PEM becomes base64), before the model's own checks
+                cleaned["public_key"] = trusted_key_validate(
+                    name=cleaned["name"], public_key=cleaned["public_key"]
+                )
+            except ValidationError as error:
+                add_service_errors(self, error)
+        return cleaned
+
+
+@admin.register(TrustedKey)
+class TrustedKeyAdmin(NoDeleteAdmin, _KeyAdmin):
+    """Keys whose artifact signatures workers accept; only ``active`` changes after adding."""
+
+    form = TrustedKeyForm
+    list_display = ("name", "public_key", "active", "created_at")
+    list_filter = ("active",)
+    search_fields = ("name", "public_key")
+
+    def get_readonly_fields(self, request: HttpRequest, obj: TrustedKey | None = None) -> Any:
+        return () if obj is None else ("name", "public_key")
+
+    def save_model(self, request: HttpRequest, obj: TrustedKey, form: Any, change: bool) -> None:
+        data = form.cleaned_data
+        if change:
+            current = TrustedKey.objects.get(pk=obj.pk)
+            trusted_key_set_active(actor=actor_of(request), key=current, active=data["active"])
+        else:
+            fields = {f: data[f] for f in ("name", "public_key", "active")}
+            adopt(obj, trusted_key_create(actor=actor_of(request), **fields))
 
 
 # --- pools ----------------------------------------------------------------------------------

@@ -158,6 +158,9 @@ class OpsModelDetailApi(OperatorApi):
 class VersionSerializer(serializers.ModelSerializer[ModelVersion]):
     model = serializers.CharField(source="model.name", read_only=True)
     published = serializers.BooleanField(source="is_published", read_only=True)
+    signing_key: Any = serializers.SlugRelatedField(
+        slug_field="name", read_only=True, help_text="The trusted key that signed the digest."
+    )
 
     class Meta:
         model = ModelVersion
@@ -174,6 +177,8 @@ class VersionSerializer(serializers.ModelSerializer[ModelVersion]):
             "capabilities",
             "published",
             "published_at",
+            "signing_key",
+            "signature",
             "created_at",
         )
         read_only_fields = fields
@@ -200,7 +205,7 @@ class VersionPatchSerializer(VersionWriteSerializer):
 
 
 def _versions() -> QuerySet[ModelVersion]:
-    return ModelVersion.objects.select_related("model")
+    return ModelVersion.objects.select_related("model", "signing_key")
 
 
 @extend_schema_view(get=extend_schema(operation_id="ops_versions_list", tags=["ops: registry"]))

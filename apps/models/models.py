@@ -62,6 +62,29 @@ class Model(models.Model):
         return self.name
 
 
+class TrustedKey(models.Model):
+    """An Ed25519 public key whose artifact signatures workers accept while it is active
+    (runtime.signing: what is signed and how keys are encoded)."""
+
+    name = models.SlugField(max_length=63, unique=True, help_text="The key id signatures name.")
+    public_key = models.CharField(
+        max_length=44,
+        unique=True,
+        help_text="Base64 of the 32 raw bytes of the Ed25519 public key (a PEM is accepted and "
+        "converted).",
+    )
+    active = models.BooleanField(
+        default=True, help_text="Workers refuse signatures by an inactive key at their next start."
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering: ClassVar[list[str]] = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
 class ModelVersion(models.Model):
     """One build of a model. Immutable once ``published_at`` is set."""
 
@@ -90,6 +113,20 @@ class ModelVersion(models.Model):
         '"vision".',
     )
     published_at = models.DateTimeField(null=True, blank=True)
+    signature = models.CharField(
+        max_length=88,
+        blank=True,
+        default="",
+        help_text="Base64 Ed25519 signature over the digest (empty: unsigned).",
+    )
+    signing_key = models.ForeignKey(
+        TrustedKey,
+        on_delete=models.PROTECT,
+        null=True,
+        blank=True,
+        related_name="signed_versions",
+        help_text="The trusted key that made the signature.",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -99,6 +136,11 @@ class ModelVersion(models.Model):
             models.CheckConstraint(
                 condition=models.Q(tensor_parallel_size__gte=1) & models.Q(memory_gb__gte=0),
                 name="modelversion_resources_valid",
+            ),
+            models.CheckConstraint(
+                condition=(models.Q(signature="") & models.Q(signing_key__isnull=True))
+                | (~models.Q(signature="") & models.Q(signing_key__isnull=False)),
+                name="modelversion_signature_with_key",
             ),
         ]
 

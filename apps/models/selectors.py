@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.db.models import Prefetch, QuerySet
 
-from apps.models.models import Endpoint, Model, ModelVersion, Pool, Route
+from apps.models.models import Endpoint, Model, ModelVersion, Pool, Route, TrustedKey
 
 
 def models_all() -> QuerySet[Model]:
@@ -51,3 +51,8 @@ def route_for(model: Model) -> Route | None:
 
 def routes_all() -> QuerySet[Route]:
     return Route.objects.select_related("model").prefetch_related("splits__version")
+
+
+def trusted_keys_active() -> dict[str, str]:
+    """The active trusted keys' public keys by name: what a worker checks signatures with."""
+    return dict(TrustedKey.objects.filter(active=True).values_list("name", "public_key"))

@@ -27,6 +27,7 @@ from types import MappingProxyType
 from typing import BinaryIO, Literal
 
 from runtime.procs import async_stop_group, die_with_parent, group_pids, pid_alive
+from runtime.signing import SignatureCheck
 
 log = logging.getLogger("switchyard.worker")
 
@@ -59,6 +60,7 @@ class WorkerSpec:
     artifact_dir: Path
     expected_digest: str
     expected_files: Mapping[str, str] | None = None
+    signature: SignatureCheck | None = None  # the registry's; None: not checked
     served_model_name: str
     host: str = "127.0.0.1"
     port: int

@@ -3,9 +3,11 @@
 
 :meth:`ReplicaLife.run` takes a replica through its life, the same for every kind of engine:
 
-1. **verify** the artifact folder against the registry's digest (a mismatch raises
-   :class:`ArtifactRefusedError`, naming the files that differ, before anything is registered
-   or started; no digest: not verified, said in the log);
+1. **verify** the registry's signature over the artifact's digest (:mod:`runtime.signing`:
+   unsigned when required, an untrusted key or a bad signature raises
+   :class:`ArtifactRefusedError`), then the artifact folder against that digest (a mismatch
+   raises it too, naming the files that differ), before anything is registered or started;
+   no digest: not verified, said in the log;
 2. check the port is free and let the engine **prepare** (open its log): a failure refuses
    before anything is registered;
 3. **register**: ``hooks.on_starting(base_url)`` (state ``starting``) returns the endpoint id,
@@ -37,6 +39,7 @@ from typing import Protocol
 
 from runtime.artifacts import ArtifactError, ArtifactMismatchError, verify_artifact
 from runtime.procs import port_is_free
+from runtime.signing import SignatureCheck, SignatureError, check_signature
 from runtime.workers.heartbeat import Heartbeat, endpoint_heartbeat_key
 
 log = logging.getLogger("switchyard.worker")
@@ -47,7 +50,8 @@ class WorkerError(Exception):
 
 
 class ArtifactRefusedError(WorkerError):
-    """The artifact is missing or differs from the registry's digest: nothing was started."""
+    """The artifact's signature is missing or does not verify, or the artifact is missing or
+    differs from the registry's digest: nothing was started."""
 
 
 class WorkerStartError(WorkerError):
@@ -114,6 +118,7 @@ class ReplicaSpec:
     artifact_dir: Path
     expected_digest: str | None  # None: not verified (bench and local experiments only)
     expected_files: Mapping[str, str] | None = None
+    signature: SignatureCheck | None = None  # None: not checked (no registry: bench, tests)
     heartbeat_ttl_s: float = 15.0
     handle_signals: bool = True  # False when run() is not on the main thread
 
@@ -216,6 +221,15 @@ class ReplicaLife:
             log.warning("serving %s without verifying its artifact", spec.artifact_dir)
             return
         what = f"refusing to serve {spec.name}"
+        if spec.signature is not None:
+            try:
+                signer = check_signature(spec.signature, spec.expected_digest)
+            except SignatureError as exc:
+                raise ArtifactRefusedError(f"{what}: {exc}") from exc
+            if signer is None:
+                log.warning("%s is not signed; serving it (signatures are optional)", spec.name)
+            else:
+                log.info("signature of %s by key %r verified", spec.name, signer)
         try:
             await asyncio.to_thread(
                 verify_artifact, spec.artifact_dir, spec.expected_digest, spec.expected_files

@@ -118,6 +118,7 @@ class Supervisor:
                 artifact_dir=spec.artifact_dir,
                 expected_digest=spec.expected_digest,
                 expected_files=spec.expected_files,
+                signature=spec.signature,
                 heartbeat_ttl_s=settings.heartbeat_ttl_s,
                 handle_signals=settings.handle_signals,
             ),

@@ -2,14 +2,18 @@
 
 ONE real ``up`` for the module (embedded PostgreSQL and Redis, the real vLLM CPU engine serving
 the demo model, free ports, a private var directory). For each victim, in order — the web
-process, the Celery worker, the embedded Redis, the router, then the vLLM engine's API server
-and its engine core (last: each costs an engine restart) — three clients stream short chat
+process, the Celery worker, the Celery beat holding the schedule's lease, the embedded Redis,
+the router, then the vLLM engine's API server and its engine core (last: each costs an engine
+restart) — three clients stream short chat
 completions through the router (deadline 20 s each) while the victim gets SIGKILL. Asserted:
 
 - no client hangs past its deadline; no request ends with an error that is not ours (vLLM's raw
   error event or document);
 - killing the web process, the Celery worker (which started the model's replicas: they outlive
-  it) or Redis fails no request at all;
+  it), the beat or Redis fails no request at all;
+- the beat: a beat process (``up`` restarts the killed one) holds the lease again and sends the
+  schedule within the lease + its standby poll (``config/beat_lock.py``), and every request of
+  the window is in the ledger once: 0 usage records lost, none twice;
 - every stream ends with success or our terminal event and ``[DONE]``; only the router's own
   death may cut a stream it was serving (nobody is left to write the terminal event) or refuse
   connections while it is down;
@@ -40,10 +44,14 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import psycopg
 import pytest
+import redis
 from fixtures.platform_up import PlatformUp, http_status
+from fixtures.wait import eventually
 from traffic import CLIENT_SLACK_S, DEADLINE_S, Result, Traffic
 
+from config import beat_lock
 from runtime.procs import cmdline, pid_alive
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timing]
@@ -99,6 +107,36 @@ def redis_pings(port: int) -> bool:
         return conn.recv(16).startswith(b"+PONG")
 
 
+def beat_holder(up: PlatformUp) -> int:
+    """The pid of the beat holding the lease, from its heartbeat (0 when none)."""
+    client = redis.Redis(host="127.0.0.1", port=up.redis_port, socket_timeout=1.0)
+    try:
+        raw = client.get(beat_lock.heartbeat_key(beat_lock.beat_namespace()))
+    finally:
+        client.close()
+    return int(raw.decode().split(" ", 1)[1].split(":")[1]) if raw else 0
+
+
+def usage_records(up: PlatformUp) -> int:
+    """How many usage records ``up``'s ledger holds (its embedded PostgreSQL)."""
+    url = f"postgresql://postgres@127.0.0.1:{up.ports['pg-port']}/switchyard"
+    with psycopg.connect(url, connect_timeout=3) as conn:
+        row = conn.execute("SELECT count(*) FROM billing_usagerecord").fetchone()
+    return int(row[0]) if row else 0
+
+
+def settled_usage_records(up: PlatformUp) -> int:
+    """The ledger's count once it stops moving (the usage stream consumed): the same for 3 s."""
+    seen: list[tuple[float, int]] = []
+
+    def settled() -> tuple[int] | None:  # a tuple: a count of 0 is an answer too
+        seen.append((time.monotonic(), usage_records(up)))
+        same = [t for t, n in seen if n == seen[-1][1]]
+        return (seen[-1][1],) if seen[-1][0] - same[0] >= 3.0 else None
+
+    return eventually(settled, timeout=60.0, interval=0.5, what="the ledger settled")[0]
+
+
 @dataclass(frozen=True)
 class Victim:
     name: str
@@ -117,6 +155,8 @@ class Victim:
             return lambda: replaced() and redis_pings(up.redis_port)
         if self.name == "router":
             return lambda: replaced() and http_status(f"{up.router}/readyz") == 200
+        if self.name == "beat":  # another beat took the lease (after it expired)
+            return lambda: beat_holder(up) not in (0, killed) and pid_alive(beat_holder(up))
         return replaced  # the engine: serving again is its check
 
 
@@ -124,6 +164,8 @@ VICTIMS = [
     Victim("web", r"uvicorn config\.asgi:application"),
     # celery renames its master "[celeryd: celery@host:MainProcess] ... (-A config worker ...)"
     Victim("celery-worker", r"celeryd: \S+:MainProcess|celery -A config worker"),
+    # celery renames it "[celery beat] -A config beat ..."
+    Victim("beat", r"\[celery beat\]|celery -A config beat"),
     Victim("redis", r"redis-server"),
     Victim("router", r"-m runtime\.gateway"),
     Victim("engine-api-server", API_SERVER, engine=True),
@@ -194,6 +236,7 @@ def check_results(victim: Victim, results: list[Result], killed_at: float) -> Co
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("victim", VICTIMS, ids=[v.name for v in VICTIMS])
 def test_kill_9_under_traffic(up: PlatformUp, victim: Victim) -> None:
+    ledger_before = settled_usage_records(up) if victim.name == "beat" else 0
     traffic = Traffic(router=up.router, api_key=up.api_key()).start()
     try:
         up.wait_for("traffic flowing", lambda: first_ok_after(traffic.snapshot(), 0) is not None,
@@ -236,6 +279,14 @@ def test_kill_9_under_traffic(up: PlatformUp, victim: Victim) -> None:
     if victim.engine and mid_stream and around:
         assert terminal >= 1, (outcomes, around)
     assert not pid_alive(killed)
+    if victim.name == "beat":  # each request billed once: none lost while no beat sent
+        billed = len(results)  # all of them ok (check_results)
+        ledger = eventually(
+            lambda: (n := usage_records(up)) >= ledger_before + billed and n,
+            timeout=30.0, interval=0.5, what=f"{billed} usage records in the ledger",
+        )  # fmt: skip
+        assert ledger == ledger_before + billed, (ledger_before, billed, ledger)
+        assert settled_usage_records(up) == ledger  # and no more arrive
     if victim.engine:  # the old engine's processes are gone: one engine per model replica
         replicas = len(leaders(up.find(REPLICA)))
         assert replicas >= 1, up.find(REPLICA)

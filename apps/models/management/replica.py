@@ -22,11 +22,18 @@ from django.db import connections
 from redis.exceptions import RedisError
 
 from apps.models.models import Endpoint, Model, ModelVersion, Pool
-from apps.models.selectors import endpoints_live, model_get_by_name, model_versions_published
+from apps.models.selectors import (
+    endpoints_live,
+    model_get_by_name,
+    model_versions_published,
+    trusted_keys_active,
+)
 from apps.models.services import endpoint_register, endpoint_set_state
+from apps.models.services.signing import artifact_refused_record
 from runtime.procs import watch_lifeline
+from runtime.signing import SignatureCheck
 from runtime.workers.heartbeat import endpoint_heartbeat_key
-from runtime.workers.replica import WorkerError
+from runtime.workers.replica import ArtifactRefusedError, WorkerError
 
 log = logging.getLogger("switchyard.worker")
 
@@ -77,6 +84,11 @@ def serve(main: Coroutine[Any, Any, None], hooks: RegistryHooks) -> str:
     watch_lifeline()
     try:
         asyncio.run(closing())
+    except ArtifactRefusedError as exc:
+        log.error("%s", exc)  # noqa: TRY400 - the message is the whole story, no traceback
+        worker = hooks.base_url or socket.gethostname()
+        artifact_refused_record(version=hooks.version, worker=worker, reason=str(exc))
+        raise CommandError(str(exc)) from exc
     except WorkerError as exc:
         raise CommandError(str(exc)) from exc
     except ValidationError as exc:
@@ -90,6 +102,27 @@ def registry_messages(exc: ValidationError) -> str:
     if hasattr(exc, "error_dict"):
         return "; ".join(f"{field}: {' '.join(errs)}" for field, errs in exc.message_dict.items())
     return " ".join(exc.messages)
+
+
+SIGNATURE_MODES = ("required", "optional")
+
+
+def signature_check(version: ModelVersion) -> SignatureCheck:
+    """What the worker checks the version's signature with: the registry's active keys, read
+    from the registry in the same place as the digest (settings.ARTIFACT_SIGNATURES says
+    whether an unsigned version is refused)."""
+    mode = settings.ARTIFACT_SIGNATURES
+    if mode not in SIGNATURE_MODES:
+        raise CommandError(
+            f"SWITCHYARD_ARTIFACT_SIGNATURES is {mode!r}; it must be 'required' or 'optional'"
+        )
+    key = version.signing_key
+    return SignatureCheck(
+        required=mode == "required",
+        key_name=key.name if key is not None else "",
+        signature=version.signature,
+        trusted=trusted_keys_active(),
+    )
 
 
 def artifact_dir(version: ModelVersion) -> Path:

@@ -29,6 +29,7 @@ from pathlib import Path
 import aiohttp
 from aiohttp import web
 
+from runtime.signing import SignatureCheck
 from runtime.workers.encoder.batcher import BatchPolicy, DynamicBatcher
 from runtime.workers.encoder.model import Encoder
 from runtime.workers.encoder.server import EncoderService, build_app
@@ -44,6 +45,7 @@ class EncoderSpec:
     artifact_dir: Path
     expected_digest: str | None  # None: not verified (bench and local experiments only)
     expected_files: Mapping[str, str] | None = None
+    signature: SignatureCheck | None = None  # the registry's; None: not checked
     model_name: str
     aliases: tuple[str, ...] = ()  # more model names it answers to (same weights)
     host: str = "127.0.0.1"
@@ -75,6 +77,7 @@ class EncoderWorker:
                 artifact_dir=spec.artifact_dir,
                 expected_digest=spec.expected_digest,
                 expected_files=spec.expected_files,
+                signature=spec.signature,
                 heartbeat_ttl_s=spec.heartbeat_ttl_s,
                 handle_signals=spec.handle_signals,
             ),

@@ -280,6 +280,7 @@ def test_command_registers_one_published_version_idempotently(
     assert "already up to date" in first
     assert "registered demo-llama:v1" in first
     assert "published demo-llama:v1" in first
+    assert "signed demo-llama:v1 with the demo key demo-" in first
     events = AuditEvent.objects.count()
 
     again = json.loads(_run("--out", str(copy_of_seed0), "--json"))
@@ -296,6 +297,7 @@ def test_command_registers_one_published_version_idempotently(
         "version_id": version.pk,
         "version_created": False,
         "published": True,
+        "signed_now": False,  # signed by the first run, with the demo key
     }
 
 

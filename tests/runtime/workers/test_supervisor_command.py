@@ -25,7 +25,7 @@ from fixtures.net import free_port
 from fixtures.wait import eventually
 
 from apps.common.models import AuditEvent
-from apps.models.models import Endpoint
+from apps.models.models import Endpoint, ModelVersion
 from apps.models.selectors import model_get_by_name
 from apps.models.services import (
     endpoint_register,
@@ -35,8 +35,14 @@ from apps.models.services import (
     model_version_publish,
     pool_create,
 )
+from apps.models.services.signing import (
+    model_version_sign_with,
+    trusted_key_create,
+    trusted_key_set_active,
+)
 from runtime.artifacts import compute_manifest, manifest_digest
 from runtime.procs import descendant_pids, pid_alive
+from runtime.signing import generate_private_key, public_key_text, sign_digest
 from runtime.workers.heartbeat import endpoint_heartbeat_key
 
 pytestmark = pytest.mark.integration
@@ -233,9 +239,14 @@ def subprocess_database_url() -> str:
     return f"postgres://{conf['USER']}{password}@{conf['HOST']}:{conf['PORT']}/{conf['NAME']}"
 
 
-def serve_model_process(port: int, tmp_path, out, *args: str) -> subprocess.Popen:  # type: ignore[no-untyped-def]
-    """``manage.py serve_model`` (simulator backend) as a real process, output to ``out``."""
+def serve_model_process(
+    port: int, tmp_path, out, *args: str, signatures: str | None = None
+) -> subprocess.Popen:  # type: ignore[no-untyped-def]
+    """``manage.py serve_model`` (simulator backend) as a real process, output to ``out``;
+    ``signatures`` sets SWITCHYARD_ARTIFACT_SIGNATURES (the test session's otherwise)."""
     env = {**os.environ, "DATABASE_URL": subprocess_database_url()}
+    if signatures is not None:
+        env["SWITCHYARD_ARTIFACT_SIGNATURES"] = signatures
     return subprocess.Popen(
         [sys.executable, "manage.py", "serve_model", "--model", MODEL, "--pool", "cpu",
          "--port", str(port), "--backend", "simulator",
@@ -371,3 +382,111 @@ def test_a_killed_engine_takes_the_endpoint_out_of_routing_and_comes_back(
     endpoint.refresh_from_db()
     assert endpoint.state == "gone"
     assert "endpoint taken out of routing" in (tmp_path / "serve_model.out").read_text()
+
+
+# --- artifact signatures ----------------------------------------------------------------------
+
+
+@pytest.fixture
+def signed(make_version):
+    """Make a version signed by the trusted key "release"; returns (version, key)."""
+
+    def make(**kwargs):
+        key, _ = generate_private_key()
+        trusted = trusted_key_create(actor=None, name="release", public_key=public_key_text(key))
+        version = model_version_sign_with(
+            actor=None, version=make_version(**kwargs), private_key=key
+        )
+        return version, trusted, key
+
+    return make
+
+
+def refusal_event(version):
+    event = AuditEvent.objects.filter(action="model_version.artifact_refused").get()
+    assert (event.target_type, event.target_id) == ("registry.modelversion", str(version.pk))
+    return event
+
+
+@pytest.mark.db
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("case", "reason"),
+    [
+        ("unsigned", "the version is not signed and artifact signatures are required"),
+        ("key deactivated", "signed with key 'release', which the registry does not trust"),
+        ("signature tampered", "the signature does not verify against digest"),
+    ],
+)
+def test_unsigned_or_badly_signed_is_refused_with_an_event(
+    case, reason, signed, make_version, pool, settings, caplog
+):
+    settings.ARTIFACT_SIGNATURES = "required"
+    if case == "unsigned":
+        version = make_version()
+    else:
+        version, trusted, key = signed()
+    if case == "key deactivated":
+        trusted_key_set_active(actor=None, key=trusted, active=False)
+    if case == "signature tampered":  # the registry row changed behind the services' back
+        other = sign_digest(key, "ab" * 32)
+        ModelVersion.objects.filter(pk=version.pk).update(signature=other)
+    with caplog.at_level("ERROR", logger="switchyard.worker"), pytest.raises(CommandError) as exc:
+        serve()
+    message = str(exc.value)
+    assert message.startswith(f"refusing to serve {MODEL}: ")
+    assert reason in message
+    assert not Endpoint.objects.exists()
+    assert refusal_event(version).after["reason"] == message
+    assert message in caplog.text
+
+
+@pytest.mark.db
+@pytest.mark.django_db
+def test_optional_signatures_let_an_unsigned_version_through_and_a_bad_mode_is_an_error(
+    make_version, pool, settings
+):
+    """ "optional" lets an unsigned version reach the engine (here: a port already taken, so
+    the refusal is the port's, after the signature check) and still checks a signature."""
+    settings.ARTIFACT_SIGNATURES = "optional"
+    make_version()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        with pytest.raises(CommandError, match=r"cannot serve on 127\.0\.0\.1"):
+            serve(port=taken.getsockname()[1])
+    settings.ARTIFACT_SIGNATURES = "sometimes"
+    with pytest.raises(CommandError, match="SWITCHYARD_ARTIFACT_SIGNATURES is 'sometimes'"):
+        serve()
+
+
+@pytest.mark.db
+@pytest.mark.integration
+@pytest.mark.django_db(transaction=True)  # the serve_model process must see the rows
+def test_a_worker_process_serves_a_signed_version_and_refuses_a_bad_signature(
+    signed, pool, tmp_path
+):
+    version, _trusted, key = signed()
+    port = free_port()
+    base_url = f"http://127.0.0.1:{port}"
+    with (tmp_path / "good.out").open("w") as out:
+        proc = serve_model_process(port, tmp_path, out, "--grace", "1", signatures="required")
+        try:
+            wait_state(base_url, "ready", proc)
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(30) == 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert "signature of sim-llama by key 'release' verified" in (tmp_path / "good.out").read_text()
+
+    ModelVersion.objects.filter(pk=version.pk).update(signature=sign_digest(key, "cd" * 32))
+    with (tmp_path / "bad.out").open("w") as out:
+        proc = serve_model_process(free_port(), tmp_path, out, signatures="required")
+        assert proc.wait(60) != 0
+    log = (tmp_path / "bad.out").read_text()
+    reason = refusal_event(version).after["reason"]
+    assert reason.startswith(f"refusing to serve {MODEL}: the signature does not verify")
+    assert f"ERROR switchyard.worker {reason}" in log  # the log line
+    assert Endpoint.objects.filter(state="gone").count() == 1  # only the good run's

@@ -1,7 +1,8 @@
 """``manage.py make_demo_model``: generate the tiny demo Llama locally and register it.
 
 Generation is deterministic (same seed, same bytes, same digest) and skipped when the output
-folder already holds an intact model for that seed; registration is idempotent.
+folder already holds an intact model for that seed; registration is idempotent. The version is
+signed with the demo key (apps.models.demo_signing) unless it is signed already.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from apps.models.demo import ensure_demo_model
 from apps.models.demo_registration import DEMO_LABEL, DEMO_MODEL_NAME, demo_model_register
+from apps.models.demo_signing import demo_sign
 
 __all__ = ["DEMO_LABEL", "DEMO_MODEL_NAME", "Command"]
 
@@ -86,6 +88,7 @@ class Command(BaseCommand):
             raise CommandError(f"could not register the demo model: {_messages(exc)}") from exc
 
         version = registration.version
+        signed_now = demo_sign(version=version, var_dir=Path(settings.VAR_DIR))
         if options["json"]:
             summary = {
                 "path": str(artifact.path),
@@ -97,6 +100,7 @@ class Command(BaseCommand):
                 "version_id": version.pk,
                 "version_created": registration.version_created,
                 "published": version.is_published,
+                "signed_now": signed_now,
             }
             self.stdout.write(json.dumps(summary, sort_keys=True))
             return
@@ -112,3 +116,5 @@ class Command(BaseCommand):
             self.stdout.write(f"{version} is published")
         else:
             self.stdout.write(f"{version} is a draft (not published)")
+        if signed_now:
+            self.stdout.write(f"signed {version} with the demo key {version.signing_key}")

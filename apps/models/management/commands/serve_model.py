@@ -23,6 +23,7 @@ from apps.models.management.replica import (
     pool_named,
     published_version,
     serve,
+    signature_check,
 )
 from apps.models.models import ModelVersion
 from runtime.workers.launch import Backend, WorkerSpec
@@ -82,6 +83,7 @@ class Command(BaseCommand):
             artifact_dir=artifact_dir(version),
             expected_digest=version.digest,
             expected_files=files if isinstance(files, dict) else None,
+            signature=signature_check(version),
             served_model_name=version.model.name,
             host=options["host"],
             port=options["port"],
