@@ -6,7 +6,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("registry", "0004_model_cache_policy"),
+        ("registry", "0005_fallback_aliases"),
     ]
 
     operations = [
