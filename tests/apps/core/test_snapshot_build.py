@@ -231,8 +231,8 @@ def test_query_count_does_not_grow_with_rows(
         Price.objects.create(version=mv, hardware_tier="cpu", input_per_1k=1, output_per_1k=1)
         Pool.objects.create(name=f"pool-{i}", hardware_tier="cpu")
     # 14 queries: + credit settings (#11), + running rollouts' route exclusions (#15),
-    # + scale-from-zero versions (#16).
-    with django_assert_max_num_queries(14):
+    # + scale-from-zero versions (#16); 16: + safety packs and their attachments (#31).
+    with django_assert_max_num_queries(16):
         snapshot = snapshot_build()
     assert len(snapshot.tenants) == 17
     assert len(snapshot.models["tiny"].versions) == 17
