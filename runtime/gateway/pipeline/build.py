@@ -1,17 +1,19 @@
 """The inference stage list, in order. Adding a stage is one module under ``stages/`` plus
 one line here.
 
-``authenticate`` -> ``plan`` -> ``idempotency`` (replay, or detach) -> ``admit`` (registers
-``settle``) -> ``mirror`` -> ``cache`` (a hit answers) -> ``queue`` (registers the grant's
-release) -> ``dispatch`` (a coalesced unary request answers) -> ``relay``; then the context's
-exit stack runs the releases, and the consumer runs ``account``.
+``authenticate`` -> ``plan`` -> ``prefilter`` (refuse or redact; no pack: nothing) ->
+``postfilter`` (the output screen the relay and replays apply) -> ``idempotency`` (replay,
+or detach) -> ``admit`` (registers ``settle``) -> ``mirror`` -> ``cache`` (a hit answers) ->
+``queue`` (registers the grant's release) -> ``dispatch`` (a coalesced unary request
+answers) -> ``relay``; then the context's exit stack runs the releases, and the consumer runs
+``account``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from runtime.gateway.bundles import AdmissionDeps, PlanningDeps, UpstreamDeps
+from runtime.gateway.bundles import AdmissionDeps, PlanningDeps, SafetyDeps, UpstreamDeps
 from runtime.gateway.cache_front import CacheFront
 from runtime.gateway.pipeline.stage import Stage
 from runtime.gateway.pipeline.stages.admit import Admit
@@ -20,6 +22,8 @@ from runtime.gateway.pipeline.stages.cache import CacheBegin, CacheLookup
 from runtime.gateway.pipeline.stages.dispatch import Dispatch
 from runtime.gateway.pipeline.stages.mirror import Mirror
 from runtime.gateway.pipeline.stages.plan import PlanStage
+from runtime.gateway.pipeline.stages.postfilter import Postfilter
+from runtime.gateway.pipeline.stages.prefilter import Prefilter
 from runtime.gateway.pipeline.stages.queue import Queue
 from runtime.gateway.pipeline.stages.relay import Relay
 from runtime.snapshot import Snapshot
@@ -32,10 +36,13 @@ def inference_stages(
     admission: AdmissionDeps,
     upstream: UpstreamDeps,
     cache: CacheFront,
+    safety: SafetyDeps,
 ) -> list[Stage]:
     return [
         Authenticate(snapshot, planning.key_usage),
         PlanStage(planning),
+        Prefilter(safety),
+        Postfilter(safety),
         CacheBegin(cache),
         Admit(admission),
         Mirror(upstream.shadow),
