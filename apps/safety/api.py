@@ -42,17 +42,25 @@ class PolicyPackWriteSerializer(serializers.Serializer[Any]):
 
 
 class PolicyAttachmentSerializer(serializers.ModelSerializer[PolicyAttachment]):
-    tenant: Any = serializers.SlugRelatedField(
-        slug_field="slug", queryset=Tenant.objects.all(), required=False, allow_null=True
-    )
-    model: Any = serializers.SlugRelatedField(
-        slug_field="name", queryset=Model.objects.all(), required=False, allow_null=True
-    )
+    tenant: Any = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    model: Any = serializers.SlugRelatedField(slug_field="name", read_only=True)
 
     class Meta:
         model = PolicyAttachment
         fields = ("id", "pack_name", "tenant", "model", "created_at")
-        read_only_fields = ("id", "created_at")
+        read_only_fields = fields
+
+
+class PolicyAttachmentWriteSerializer(serializers.Serializer[Any]):
+    """A pack's name and one target: a tenant (slug) or a model (name)."""
+
+    pack_name = serializers.CharField(max_length=64)
+    tenant = serializers.SlugRelatedField(
+        slug_field="slug", queryset=Tenant.objects.all(), required=False, allow_null=True
+    )
+    model = serializers.SlugRelatedField(
+        slug_field="name", queryset=Model.objects.all(), required=False, allow_null=True
+    )
 
 
 class InterventionSerializer(serializers.ModelSerializer[Intervention]):
@@ -99,12 +107,12 @@ class OpsPolicyAttachmentListApi(OperatorApi, generics.ListAPIView[PolicyAttachm
 
     @extend_schema(
         operation_id="ops_safety_attachments_create",
-        request=PolicyAttachmentSerializer,
+        request=PolicyAttachmentWriteSerializer,
         responses={201: PolicyAttachmentSerializer},
         tags=TAGS,
     )
     def post(self, request: Request) -> Response:
-        body = validated_body(PolicyAttachmentSerializer, request)
+        body = validated_body(PolicyAttachmentWriteSerializer, request)
         attachment = attachment_create(
             actor=actor_of(request),
             pack_name=body["pack_name"],
