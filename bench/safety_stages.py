@@ -160,7 +160,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--tokens", type=int, default=200, help="output tokens per answer")
     args = parser.parse_args(argv)
     m = measure(args.iterations, args.tokens)
-    print("safety stages, 20-rule pack, a ~1.6 KB chat request (CPU per call)")
+    print("safety stages, 20-rule pack, 1,011 characters of chat text (CPU per call)")
     print(f"prefilter, no pack attached:    {m['prefilter_none_us']:8.2f} us")
     print(f"postfilter, no pack attached:   {m['postfilter_none_us']:8.2f} us")
     print(f"prefilter, clean (pass):        {m['prefilter_clean_us']:8.1f} us")
