@@ -54,10 +54,6 @@ class InterventionRecorder(PeriodicFlusher):
             del self._pending[0]
             self.dropped.inc()
 
-    @property
-    def pending(self) -> int:
-        return len(self._pending)
-
     async def flush(self) -> int:
         """Append the pending events to the stream; returns how many (0 on failure)."""
         if not self._pending or self._client is None:

@@ -24,14 +24,14 @@ from fixtures.router import Process, Publisher, World, http_get, redis_url, star
 from fixtures.router import wait_ready as router_ready
 from fixtures.wait import eventually
 from integration_support import start_simulator, tenant_limits
+from test_credits import Ledger
 
 from apps.common.models import AuditEvent
 from apps.safety.consume import interventions_write
 from apps.safety.models import Intervention
 from apps.safety.tasks import interventions_consume
 from apps.tenants.services import tenant_create
-from runtime.contract import credit_key, safety_stream
-from runtime.metering.events import decode_event
+from runtime.contract import safety_stream
 from runtime.safety.events import Intervention as Event
 from runtime.snapshot import PolicyPackSnap, SafetyRuleSnap, SafetySnap
 
@@ -54,21 +54,17 @@ class Fleet:
     world: World
     publisher: Publisher
     redis: redis.Redis[bytes]
+    ledger: Ledger
 
     def client(self, tenant: str = "payer") -> openai.OpenAI:
         return openai.OpenAI(base_url=f"{self.router.base_url}/v1",
                              api_key=self.world.secrets[tenant], max_retries=0)  # fmt: skip
 
     def balance(self, tenant: str = "payer") -> int:
-        key = credit_key(f"{self.publisher.prefix}:limits", tenant)
-        return int(self.redis.hget(key, "balance") or 0)
+        return self.ledger.state(tenant)["balance"]
 
     def usage_events(self) -> list[tuple[dict[str, Any], int]]:
-        out = []
-        for _id, fields in self.redis.xrange(f"{self.publisher.prefix}:usage"):
-            event = msgspec.to_builtins(decode_event(fields[b"event"]))
-            out.append((event, int(fields[b"charged"])))
-        return out
+        return self.ledger.events()
 
     def interventions(self) -> list[dict[str, Any]]:
         entries = self.redis.xrange(safety_stream(self.publisher.prefix))
@@ -93,20 +89,22 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     publisher = Publisher(f"switchyard:test:safety:{uuid.uuid4().hex[:10]}")
     client: redis.Redis[bytes] = redis.Redis.from_url(redis_url())
     router = None
+    ledger = Ledger(publisher.prefix)
     try:
         snapshot = msgspec.structs.replace(world.snapshot(), safety=SAFETY)
         version = publisher.publish(snapshot)
         router = start_router(publisher.prefix, tmp_path_factory.mktemp("router"))
         router_ready(router, version)
         for tenant in ("payer", "other"):
-            client.hset(credit_key(f"{publisher.prefix}:limits", tenant), "balance", FUNDS)
-        yield Fleet(router, sim, world, publisher, client)
+            ledger.fund(tenant, FUNDS)
+        yield Fleet(router, sim, world, publisher, client, ledger)
     finally:
         if router is not None:
             router.stop()
         sim.stop()
         publisher.cleanup()
         client.close()
+        ledger.close()
 
 
 def counted(text: str, **labels: str) -> float:
