@@ -43,7 +43,16 @@ PACK = PolicyPackSnap(name="house", version=1, rules=(
     SafetyRuleSnap(id="emails", kind="pii", action="redact", detectors=("email",)),
     SafetyRuleSnap(id="no-secret", kind="terms", action="stop", terms=("secret phrase",)),
 ))  # fmt: skip
-SAFETY = SafetySnap(packs={"house": PACK}, tenants={"payer": ("house",)})
+# Classifier rules whose model has no endpoint: one fails closed, one open.
+GUARDS = {
+    name: PolicyPackSnap(name=name, version=1, rules=(SafetyRuleSnap(
+        id="toxicity", kind="classifier", action="refuse", model="guard-model", threshold=0.5,
+        fail_open=name == "lenient"),))
+    for name in ("strict", "lenient")
+}  # fmt: skip
+SAFETY = SafetySnap(packs={"house": PACK, **GUARDS},
+                    tenants={"payer": ("house",), "strict": ("strict",),
+                             "lenient": ("lenient",)})  # fmt: skip
 FUNDS = 10_000_000  # micro-credits
 
 
@@ -83,7 +92,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     world.add_model(MODEL, 1)
     world.add_endpoint(1, 1, sim.base_url, pool="cpu", capacity=64)
     world.add_price(1, input_per_1k=1.0, output_per_1k=2.0)
-    for tenant in ("payer", "other"):
+    for tenant in ("payer", "other", "strict", "lenient"):
         world.add_tenant(tenant, tenant_limits=tenant_limits())
         world.add_key(tenant, tenant)
     publisher = Publisher(f"switchyard:test:safety:{uuid.uuid4().hex[:10]}")
@@ -95,7 +104,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
         version = publisher.publish(snapshot)
         router = start_router(publisher.prefix, tmp_path_factory.mktemp("router"))
         router_ready(router, version)
-        for tenant in ("payer", "other"):
+        for tenant in ("payer", "other", "strict", "lenient"):
             ledger.fund(tenant, FUNDS)
         yield Fleet(router, sim, world, publisher, client, ledger)
     finally:
@@ -145,6 +154,31 @@ def test_a_refused_input_names_the_rule_costs_nothing_and_is_counted(fleet: Flee
     assert (events[0]["tenant"], events[0]["rule"]) == ("payer", "topic-ban")
     assert events[0]["key"] == fleet.world.secrets["payer"].split("_")[1]  # the key's prefix
     assert "Forbidden" not in msgspec.json.encode(events[0]).decode()  # no content
+
+
+def test_a_classifier_that_is_down_fails_closed_or_open_as_its_rule_says(fleet: Fleet) -> None:
+    message = [{"role": "user", "content": "hello there"}]
+    with pytest.raises(openai.BadRequestError) as refused:
+        fleet.client("strict").chat.completions.create(model=MODEL, messages=message,  # type: ignore[arg-type]
+                                                       max_tokens=3)  # fmt: skip
+    error = refused.value.body
+    assert isinstance(error, dict)
+    assert error["code"] == "content_policy_violation"
+    assert "classifier was unavailable" in error["message"]
+    served = fleet.client("lenient").chat.completions.create(
+        model=MODEL,
+        messages=message,
+        max_tokens=3,  # type: ignore[arg-type]
+    )
+    assert served.choices[0].finish_reason == "length"
+
+    def failures() -> dict[str, tuple[str, str]]:
+        return {e["tenant"]: (e["action"], e["failed"]) for e in fleet.interventions()
+                if e["rule"] == "toxicity"}  # fmt: skip
+
+    found = eventually(lambda: len(failures()) == 2 and failures(), timeout=10,
+                       what="both classifier failures on the safety stream")  # fmt: skip
+    assert found == {"strict": ("refuse", "closed"), "lenient": ("pass", "open")}
 
 
 def test_a_redacted_input_reaches_the_engine_redacted(fleet: Fleet) -> None:
