@@ -9,6 +9,7 @@ snapshot carries each name's newest one.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from django.contrib.auth.base_user import AbstractBaseUser
@@ -23,10 +24,14 @@ from apps.safety.models import PolicyAttachment, PolicyPack
 from apps.tenants.models import Tenant
 from runtime.safety.rules import pack_errors
 
+PACK_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")  # it names metrics' label values and events
+
 
 def pack_validate(*, name: str, version: int, rules: Any) -> None:
     """Raise one ``ValidationError`` keyed by field when the pack is malformed."""
     errors: dict[str, list[str]] = {}
+    if not PACK_NAME.fullmatch(name):
+        errors["name"] = ["1-64 letters, digits, '_', '.' or '-'."]
     for field, message in pack_errors({"name": name, "version": version, "rules": rules}):
         errors.setdefault(field, []).append(message)
     if errors:

@@ -56,12 +56,14 @@ def tenant() -> Tenant:
          "rules[0].terms", "blocks nothing"),
         ([{"id": "t", "kind": "spells", "action": "stop"}], "rules[0].kind", "unknown kind"),
         ("not a list", "rules", "Expected `array`"),
+        (TERMS, "name", "letters, digits"),
     ],
 )  # fmt: skip
 def test_a_malformed_pack_is_a_field_error_over_rest(
     ops: APIClient, rules: Any, field: str, words: str
 ) -> None:
-    refused = ops.post(PACKS, {"name": "house", "rules": rules}, format="json")
+    name = "house" if field != "name" else "a house"
+    refused = ops.post(PACKS, {"name": name, "rules": rules}, format="json")
     assert refused.status_code == 400, refused.content
     fields = refused.json()["error"]["fields"]
     assert field in fields, fields

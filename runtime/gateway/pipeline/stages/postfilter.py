@@ -16,6 +16,8 @@ from runtime.gateway.screen import OutputScreen
 from runtime.safety.events import output_event
 from runtime.safety.postfilter import Stop
 
+GENERATING = ("chat", "completion")  # the routes whose answers are generated text
+
 
 class Postfilter:
     name = "postfilter"
@@ -25,7 +27,7 @@ class Postfilter:
 
     async def __call__(self, ctx: RequestContext) -> None:
         packs = ctx.packs
-        if not packs or not any(p.stop.active for p in packs):
+        if not packs or ctx.spec.kind not in GENERATING or not any(p.stop.active for p in packs):
             return
         plan, principal, events = ctx.ready_plan, ctx.ready_principal, self._deps.events
 
