@@ -56,6 +56,7 @@ INSTALLED_APPS = [
     "apps.rollouts",
     "apps.billing",
     "apps.scaling",
+    "apps.safety",
     "frontend",
 ]
 
@@ -156,6 +157,7 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": 15.0,
     },
     "usage-stream-to-ledger": {"task": "apps.billing.tasks.usage_consume", "schedule": 1.0},
+    "safety-stream-to-audit": {"task": "apps.safety.tasks.interventions_consume", "schedule": 1.0},
     "reconcile-credit-balances": {"task": "apps.billing.tasks.credit_reconcile", "schedule": 30.0},
     "evaluate-rollout-gates": {
         "task": "apps.rollouts.tasks.rollouts_evaluate",

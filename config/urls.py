@@ -12,6 +12,7 @@ from apps.models import api as models_api
 from apps.models import api_signing as signing_api
 from apps.rollouts import api as rollouts_api
 from apps.rollouts import api_actions as rollout_actions
+from apps.safety import api as safety_api
 from apps.scaling import api as scaling_api
 from apps.tenants import api as tenants_api
 from apps.tenants import api_ops as tenants_ops
@@ -66,6 +67,11 @@ ops_urls = [
     path("rollouts/<int:pk>/", rollouts_api.OpsRolloutDetailApi.as_view()),
     path("rollouts/<int:pk>/cancel/", rollouts_api.OpsRolloutCancelApi.as_view()),
     *rollout_actions.rollout_action_urls(),
+    path("safety/packs/", safety_api.OpsPolicyPackListApi.as_view()),
+    path("safety/packs/<int:pk>/", safety_api.OpsPolicyPackDetailApi.as_view()),
+    path("safety/attachments/", safety_api.OpsPolicyAttachmentListApi.as_view()),
+    path("safety/attachments/<int:pk>/", safety_api.OpsPolicyAttachmentDetailApi.as_view()),
+    path("safety/interventions/", safety_api.OpsInterventionListApi.as_view()),
     path("snapshot/refresh/", core_api.OpsSnapshotRefreshApi.as_view()),
     path("tasks/<str:task_id>/", core_api.OpsTaskStatusApi.as_view()),
     path("audit/", tenants_ops.OpsAuditApi.as_view()),

@@ -19,6 +19,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
 from apps.rollouts.models import Rollout
+from apps.safety.selectors import interventions_of_tenant
 from apps.tenants.models import Tenant
 from apps.tenants.selectors import (
     api_keys_for_tenant,
@@ -31,6 +32,8 @@ from frontend.rollout_actions import action_perform, action_queue, rollout_actio
 from frontend.rollout_panels import rollout_view, rollouts_recent
 from frontend.scaling_panels import scaling_view
 from frontend.tenant_panels import balance, budget_rows, may_manage_keys
+
+INTERVENTIONS_SHOWN = 20  # the tenant page's safety table: the newest ones
 
 OPERATOR_PAGES = ("fleet", "traffic", "stages", "tenants")
 
@@ -75,6 +78,7 @@ def tenant_page_render(request: HttpRequest, tenant: Tenant, new_secret: str = "
         "new_secret": new_secret,
         "balance": balance(tenant),
         "budgets": budget_rows(tenant),
+        "interventions": interventions_of_tenant(tenant)[:INTERVENTIONS_SHOWN],
     }
     return render(request, "frontend/tenant.html", context)
 

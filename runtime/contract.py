@@ -19,6 +19,7 @@ key                                     what
 ``{ns}:limits:{<tenant>}:escrow``        hash: lease id -> micro-credits held by that request
 ``{ns}:limits:{<tenant>}:done:{lease}``  set once a lease is settled (replays are no-ops), 1 h TTL
 ``{ns}:usage``                          stream of usage events (consumer group ``ledger``)
+``{ns}:safety:events``                  stream of safety interventions (consumer group ``audit``)
 ``{ns}:ledger-lock``                    held while the ledger consumer/reconciler move balances
 ``{ns}:fairness:{pool}``                hash: ``"<band>|<tenant>"`` -> shared fairness counter
 ``{ns}:endpoint:{id}:heartbeat``        a worker's heartbeat (TTL; JSON value)
@@ -164,6 +165,15 @@ def done_key(prefix: str, tenant: str, lease_id: str) -> str:
 
 def usage_stream(namespace: str) -> str:
     return f"{namespace}:usage"
+
+
+SAFETY_GROUP: Final = "audit"
+"""The consumer group of the Celery consumer on the safety interventions stream."""
+
+
+def safety_stream(namespace: str) -> str:
+    """The stream of safety interventions (refusals, redactions, stops) routers report."""
+    return f"{namespace}:safety:events"
 
 
 def ledger_lock(namespace: str) -> str:

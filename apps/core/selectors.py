@@ -16,7 +16,8 @@ What goes in (see the invariants in :mod:`runtime.snapshot`):
 - pools with their policy names; endpoints that are not "gone";
 - routes with their splits. A model with no route gets no entry in ``routes``: the router then
   sends its traffic to the model's newest published version.
-- prices per version and hardware tier.
+- prices per version and hardware tier;
+- safety: each policy pack name's newest version and the packs per tenant and per model.
 
 The stored values were validated by the services that wrote them; a value that still does not
 fit the schema (an odd manifest, a non-string policy name) is coerced or dropped with a warning
@@ -37,6 +38,7 @@ from django.db.models import Prefetch, Q
 from apps.billing.models import Price
 from apps.models.models import Endpoint, Model, ModelVersion, Pool, Route, RouteSplit
 from apps.rollouts.models import TRAFFIC_STATES, Rollout
+from apps.safety.selectors import safety_snapshot
 from apps.scaling.selectors import scale_from_zero_versions
 from apps.tenants.models import ApiKey, RequestClass, Tenant
 from runtime.snapshot import (
@@ -88,6 +90,7 @@ def snapshot_build() -> Snapshot:
         routes = _routes(versions)
         prices = _prices(versions)
         credits = _credits()
+        safety = safety_snapshot()
     return Snapshot(
         version=0,
         created_at=time.time(),
@@ -102,6 +105,7 @@ def snapshot_build() -> Snapshot:
         prices=prices,
         credits=credits,
         aliases=aliases,
+        safety=safety,
     )
 
 

@@ -3,8 +3,9 @@
 :class:`~runtime.gateway.state.RouterState` owns every component's life (build, start, stop);
 a stage gets only the bundle it reads: admission (limits, queues, prices, the routing table),
 planning (tokenizer, deadlines, version choice), upstream (client, breakers, retry knobs,
-coalescer) or telemetry (metrics, tracing, the live view, per-version stats, scaling, the
-request log). Each is built once in ``build_state``; none is created or replaced lazily.
+coalescer), safety (compiled policy packs, the classifier, the intervention recorder) or
+telemetry (metrics, tracing, the live view, per-version stats, scaling, the request log).
+Each is built once in ``build_state``; none is created or replaced lazily.
 """
 
 from __future__ import annotations
@@ -17,11 +18,14 @@ from dataclasses import dataclass
 from runtime.admission.redis_limits import RedisLimits
 from runtime.batching.coalescer import Coalescer
 from runtime.gateway.config import RouterConfig
+from runtime.gateway.interventions import InterventionRecorder
 from runtime.gateway.key_usage import KeyUsageRecorder
 from runtime.gateway.tokens import TokenCounter
 from runtime.metering.pricing import PriceBook
 from runtime.routing.shadow import ShadowMirror
 from runtime.routing.table import RoutingTable
+from runtime.safety.classify import Classifier
+from runtime.safety.compiled import PackCache
 from runtime.scaling.publisher import SignalsPublisher
 from runtime.scheduling.pools import Dispatchers
 from runtime.snapshot import Snapshot
@@ -80,6 +84,15 @@ class UpstreamDeps:
     tracing: Tracing
     metrics: RouterMetrics
     shadow: ShadowMirror
+
+
+@dataclass(slots=True, frozen=True, kw_only=True)
+class SafetyDeps:
+    """The filters' packs compiled per version, the classifier's model calls, the events."""
+
+    packs: PackCache
+    classifier: Classifier
+    events: InterventionRecorder
 
 
 @dataclass(slots=True, kw_only=True)

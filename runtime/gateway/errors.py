@@ -53,6 +53,11 @@ ERROR_KINDS: Final[Mapping[str, ErrorKind]] = MappingProxyType(
             400, INVALID_REQUEST, "The parameter '{param}' is not accepted for the model '{model}'."
         ),
         "invalid_header": ErrorKind(400, INVALID_REQUEST, "{header} {reason}"),
+        "content_policy_violation": ErrorKind(
+            400,
+            INVALID_REQUEST,
+            "The request was refused by content policy '{pack}', rule '{rule}'{how}.",
+        ),
         "bad_http_request": ErrorKind(400, INVALID_REQUEST, "Invalid HTTP request: {reason}."),
         "idempotency_key_reused": ErrorKind(
             400,

@@ -15,6 +15,12 @@ While streaming, ``on_tokens(n)`` reports the generated chunks in batches of
 :data:`TOKEN_BATCH` (one chunk is about one token; a chat stream's opening role-only chunk is
 not counted; the caller corrects with the final usage), so fairness counters move as output
 streams, without a call per token.
+
+With an output ``screen`` (the ``postfilter`` stage's, :mod:`runtime.gateway.screen`), each
+chunk's text is checked before it goes out; on a stop the upstream is closed at once (the
+engine drops the sequence), the stream ends with the screen's ``content_filter`` frames and
+``[DONE]``, and the result's usage is the prompt plus the tokens received up to the stop
+(what settling bills). A unary answer is screened before it is sent.
 """
 
 from __future__ import annotations
@@ -26,8 +32,10 @@ from collections.abc import Callable, Iterable
 from typing import Protocol
 
 import msgspec
+from prometheus_client import Histogram
 
 from runtime.gateway.errors import ApiError
+from runtime.gateway.screen import OutputScreen
 from runtime.telemetry.metrics import RouterMetrics, StageLabels
 from runtime.upstream.errors import StreamBroken
 from runtime.upstream.response import UpstreamResponse
@@ -66,7 +74,7 @@ class _Meta(msgspec.Struct):
 
 
 class RelayResult(msgspec.Struct, kw_only=True):
-    outcome: str = "ok"  # "ok" | "stream_broken" | "deadline_exceeded"
+    outcome: str = "ok"  # "ok" | "stream_broken" | "deadline_exceeded" | "content_filter"
     usage: Usage | None = None
     events: int = 0
     gaps_ms: list[float] = []  # inter-token latency: gaps between streamed events
@@ -141,8 +149,10 @@ class _TokenBatches:
     def __init__(self, on_tokens: Callable[[int], None] | None) -> None:
         self.on_tokens = on_tokens
         self.unreported = 0
+        self.total = 0  # every chunk counted (the output tokens of a stream stopped early)
 
     def count(self) -> None:
+        self.total += 1
         if self.on_tokens is None:
             return
         self.unreported += 1
@@ -167,6 +177,7 @@ async def relay_stream(
     on_tokens: Callable[[int], None] | None = None,
     cut: Callable[[], str | None] | None = None,
     result: RelayResult | None = None,
+    screen: OutputScreen | None = None,
 ) -> RelayResult:
     """Relay an SSE stream; the first event is already buffered in ``upstream``.
 
@@ -189,12 +200,7 @@ async def relay_stream(
         stream = upstream.events()
         async with contextlib.aclosing(stream) as events:
             async for payload in events:
-                now = time.perf_counter()
-                if result.events:
-                    inter_token.observe(now - last)
-                    result.gaps_ms.append((now - last) * 1000.0)
-                last = now
-                result.events += 1
+                last = _arrived(result, inter_token, last)
                 if meta is None:
                     meta = _meta_of(payload)
                 probe = _usage_of(payload)
@@ -208,8 +214,12 @@ async def relay_stream(
                 # A chat stream opens with a role-only chunk (no token); usage-only chunks
                 # carry none either.
                 opening = kind == "chat" and result.events == 1
-                if not opening and (probe is None or probe.choices):
-                    tokens.count()
+                generated = not opening and (probe is None or bool(probe.choices))
+                end = _count(tokens, screen, payload) if generated else None
+                if end is not None:  # stop the engine first, then tell the client
+                    await events.aclose()
+                    await _stop_with(sink, end, result, screen, tokens)
+                    return result
                 if not include_usage and _is_final(payload):
                     held.append(payload)
                     continue
@@ -228,8 +238,50 @@ async def relay_stream(
         raise
     finally:
         tokens.flush()
-    await sink.send_chunk(_frames(held) + DONE_FRAME, last=True)
+    await _end_stream(sink, held, result, screen, tokens)
     return result
+
+
+def _arrived(result: RelayResult, inter_token: Histogram, last: float) -> float:
+    """Note an event's arrival (its gap from the previous one: inter-token latency)."""
+    now = time.perf_counter()
+    if result.events:
+        inter_token.observe(now - last)
+        result.gaps_ms.append((now - last) * 1000.0)
+    result.events += 1
+    return now
+
+
+def _count(tokens: _TokenBatches, screen: OutputScreen | None, payload: bytes) -> bytes | None:
+    """Count a generated chunk; the frames that end the stream when the screen stops it."""
+    tokens.count()
+    return screen.chunk(payload, tokens.total) if screen is not None else None
+
+
+async def _end_stream(
+    sink: ResponseSink, held: list[bytes], result: RelayResult, screen: OutputScreen | None,
+    tokens: _TokenBatches,
+) -> None:  # fmt: skip
+    """The stream's last frames: the held final chunks and ``[DONE]``, unless the screen
+    stops it at its very end (a match held back until then; its final chunks not sent)."""
+    end = screen.finish(tokens.total) if screen is not None else None
+    if end is not None:
+        await _stop_with(sink, end, result, screen, tokens)
+    else:
+        await sink.send_chunk(_frames(held) + DONE_FRAME, last=True)
+
+
+async def _stop_with(
+    sink: ResponseSink, end: bytes, result: RelayResult, screen: OutputScreen | None,
+    tokens: _TokenBatches,
+) -> None:  # fmt: skip
+    """End a stream the post-filter stopped; it is billed the prompt and the tokens received
+    (the result's usage, settled as the last chunk goes out)."""
+    tokens.flush()
+    result.outcome = "content_filter"
+    if screen is not None:
+        result.usage = Usage(**screen.usage(tokens.total))
+    await sink.send_chunk(end, last=True)
 
 
 async def end_cut(
@@ -253,15 +305,18 @@ async def _end_with(
 
 async def relay_unary(
     sink: ResponseSink, upstream: UpstreamResponse, *, headers: Iterable[tuple[bytes, bytes]],
-    result: RelayResult | None = None,
+    result: RelayResult | None = None, screen: OutputScreen | None = None,
 ) -> RelayResult:  # fmt: skip
-    """Relay a whole JSON body as it came (``result``, when given, is filled before the
-    body is sent, and returned)."""
+    """Relay a whole JSON body as it came, or as the ``screen`` cut it (``result``, when
+    given, is filled before the body is sent, and returned)."""
     body = await upstream.read_json()
     probe = _usage_of(body)
+    screened = screen.unary(body) if screen is not None else None
     result = RelayResult() if result is None else result
     result.usage = probe.usage if probe is not None else None
     result.events = 1
+    if screened is not None:
+        body, result.outcome = screened, "content_filter"
     length = (b"content-length", str(len(body)).encode("ascii"))
     await sink.start_response(200, [(b"content-type", b"application/json"), length, *headers])
     await sink.send_chunk(body, last=True)

@@ -24,16 +24,19 @@ from runtime.gateway.bundles import (
     AdmissionDeps,
     PlanningDeps,
     PriceHolder,
+    SafetyDeps,
     Telemetry,
     UpstreamDeps,
 )
 from runtime.gateway.cache_front import CacheFront
 from runtime.gateway.config import RouterConfig
+from runtime.gateway.interventions import InterventionRecorder
 from runtime.gateway.key_usage import KeyUsageRecorder
 from runtime.gateway.live_view import live_sources
 from runtime.gateway.pipeline.build import inference_stages
 from runtime.gateway.pipeline.stage import Pipeline
 from runtime.gateway.pipeline.stages.account import Account
+from runtime.gateway.safety_classifier import UpstreamClassifier
 from runtime.gateway.tokens import TokenCounter
 from runtime.gateway.unary import make_coalescer
 from runtime.metering.pricing import PriceBook
@@ -41,6 +44,7 @@ from runtime.routing.inflight import InFlight
 from runtime.routing.shadow import ShadowMirror
 from runtime.routing.signals import FleetSignals
 from runtime.routing.table import RoutingTable
+from runtime.safety.compiled import PackCache
 from runtime.scaling.engines import EngineScraper
 from runtime.scaling.fleet import SnapshotFleet
 from runtime.scaling.publisher import PoolMeter, SignalsPublisher
@@ -90,10 +94,12 @@ class RouterState:
     shadow_client: DrainClient  # the mirror's own pool (runtime/upstream/drain), closed on stop
     coalescer: Coalescer  # runtime/batching: unary torch requests, batched per endpoint
     cache: CacheFront  # the response cache and idempotency records (runtime/cache)
+    interventions: InterventionRecorder  # safety events: a metric, and batches to Redis
     # The request path's views of the above (runtime/gateway/bundles.py) and its stages.
     admission: AdmissionDeps
     planning: PlanningDeps
     upstream: UpstreamDeps
+    safety: SafetyDeps
     telemetry: Telemetry
     pipeline: Pipeline
     account: Account
@@ -177,6 +183,7 @@ class RouterState:
         if self.loop_lag is not None:
             self.loop_lag.start()
         await self.key_usage.start()
+        await self.interventions.start()
         await self.version_stats.start()
         await self.shadow.start()
         await self.limits.start()
@@ -225,6 +232,7 @@ class RouterState:
         await self.shared.stop()
         await self.limits.stop()
         await self.key_usage.stop()
+        await self.interventions.stop()
         await self.shadow.stop()
         await self.shadow_client.close()
         await self.version_stats.stop()
@@ -331,9 +339,14 @@ def build_state(config: RouterConfig) -> RouterState:
     )  # fmt: skip
     telemetry = Telemetry(metrics=metrics, tracing=tracing, version_stats=version_stats,
                           request_log=request_log, snapshot=current, scaling=scaling)  # fmt: skip
+    interventions = InterventionRecorder(config.redis_url, namespace=config.namespace,
+                                         registry=metrics.registry)  # fmt: skip
+    safety = SafetyDeps(packs=PackCache(), classifier=UpstreamClassifier(client, current),
+                        events=interventions)  # fmt: skip
     stages = inference_stages(
-        snapshot=current, planning=planning, admission=admission, upstream=upstream, cache=cache
-    )
+        snapshot=current, planning=planning, admission=admission, upstream=upstream, cache=cache,
+        safety=safety,
+    )  # fmt: skip
     state = RouterState(
         config=config,
         loader=loader,
@@ -357,9 +370,11 @@ def build_state(config: RouterConfig) -> RouterState:
         shadow_client=shadow_client,
         coalescer=coalescer,
         cache=cache,
+        interventions=interventions,
         admission=admission,
         planning=planning,
         upstream=upstream,
+        safety=safety,
         telemetry=telemetry,
         pipeline=Pipeline(stages),
         account=Account(telemetry),

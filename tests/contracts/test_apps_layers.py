@@ -78,7 +78,7 @@ def _fake_tree(tmp_path: Path, imports: dict[str, str]) -> Path:
     (module -> the module it imports) and nothing else."""
     config = configparser.ConfigParser()
     config.read(CONTRACTS)
-    names = ("common", "tenants", "models", "billing", "scaling", "rollouts", "core")
+    names = ("common", "tenants", "models", "billing", "scaling", "safety", "rollouts", "core")
     for package in ("apps", "frontend"):
         (tmp_path / package).mkdir()
         (tmp_path / package / "__init__.py").write_text("")
@@ -99,7 +99,8 @@ def _fake_tree(tmp_path: Path, imports: dict[str, str]) -> Path:
     [
         ({"apps.common.audit": "apps.tenants"}, "apps: common < tenants"),
         ({"apps.tenants.api": "apps.billing"}, "apps: common < tenants"),
-        ({"apps.billing.ledger": "apps.scaling"}, "billing and scaling are independent"),
+        ({"apps.billing.ledger": "apps.scaling"}, "billing, scaling and safety are independent"),
+        ({"apps.safety.consume": "apps.billing"}, "billing, scaling and safety are independent"),
         ({"apps.rollouts.views": "frontend"}, "never import the dashboard"),
     ],
 )

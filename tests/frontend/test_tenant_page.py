@@ -10,6 +10,7 @@ from django.contrib.auth.models import User
 from django.test import Client
 
 from apps.billing.services import budget_set, credit_grant, usage_record_create
+from apps.safety.models import Intervention
 from apps.tenants.models import ApiKey, Membership, Tenant
 from apps.tenants.services import api_key_create, api_key_digest
 
@@ -156,3 +157,16 @@ def test_balance_and_budget_panel_shows_the_ledger(people: dict[str, User]) -> N
     assert "125.5" in body
     assert "over soft alert" in body
     assert "(50%)" in body
+
+
+def test_the_tenant_page_lists_its_safety_interventions(admin: User) -> None:
+    acme = Tenant.objects.get(slug="acme")
+    Intervention.objects.create(event_id="r9:output:stop:house:no-secret", tenant=acme,
+                                api_key="abcd1234", model="chatty", request_id="r9",
+                                stage="output", action="stop", pack="house", rule="no-secret",
+                                occurred_at=datetime.now(tz=UTC))  # fmt: skip
+    page = _client(admin).get(PAGE).content.decode()
+    table = page.split('id="table-interventions"', 1)[1].split("</table>", 1)[0]
+    assert "house / no-secret" in table
+    assert "<td>stop</td>" in table
+    assert "abcd1234" in table

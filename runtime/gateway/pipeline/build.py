@@ -2,7 +2,8 @@
 one line here.
 
 ``authenticate`` -> ``plan`` -> ``degrade`` (cap or fall back, per the pool's policy) ->
-``idempotency`` (replay, or detach) -> ``admit`` (registers
+``prefilter`` (refuse or redact; no pack: nothing) -> ``postfilter`` (the output screen the
+relay and replays apply) -> ``idempotency`` (replay, or detach) -> ``admit`` (registers
 ``settle``) -> ``mirror`` -> ``cache`` (a hit answers) -> ``queue`` (registers the grant's
 release) -> ``dispatch`` (a coalesced unary request answers) -> ``relay``; then the context's
 exit stack runs the releases, and the consumer runs ``account``.
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from runtime.gateway.bundles import AdmissionDeps, PlanningDeps, UpstreamDeps
+from runtime.gateway.bundles import AdmissionDeps, PlanningDeps, SafetyDeps, UpstreamDeps
 from runtime.gateway.cache_front import CacheFront
 from runtime.gateway.pipeline.stage import Stage
 from runtime.gateway.pipeline.stages.admit import Admit
@@ -22,6 +23,8 @@ from runtime.gateway.pipeline.stages.degrade import Degrade
 from runtime.gateway.pipeline.stages.dispatch import Dispatch
 from runtime.gateway.pipeline.stages.mirror import Mirror
 from runtime.gateway.pipeline.stages.plan import PlanStage
+from runtime.gateway.pipeline.stages.postfilter import Postfilter
+from runtime.gateway.pipeline.stages.prefilter import Prefilter
 from runtime.gateway.pipeline.stages.queue import Queue
 from runtime.gateway.pipeline.stages.relay import Relay
 from runtime.snapshot import Snapshot
@@ -34,11 +37,14 @@ def inference_stages(
     admission: AdmissionDeps,
     upstream: UpstreamDeps,
     cache: CacheFront,
+    safety: SafetyDeps,
 ) -> list[Stage]:
     return [
         Authenticate(snapshot, planning.key_usage),
         PlanStage(planning),
         Degrade(planning, admission, upstream.breakers),
+        Prefilter(safety),
+        Postfilter(safety),
         CacheBegin(cache),
         Admit(admission),
         Mirror(upstream.shadow),

@@ -28,6 +28,8 @@ from runtime.gateway.cache_front import CacheJob
 from runtime.gateway.plan import Plan
 from runtime.gateway.relay import RelayResult, ResponseSink, Usage
 from runtime.gateway.schema import Decoded, RequestDecoder
+from runtime.gateway.screen import OutputScreen
+from runtime.safety.compiled import CompiledPack
 from runtime.scheduling.grant import Grant
 from runtime.snapshot import EndpointSnap, Snapshot
 from runtime.telemetry.logging import RequestRecord
@@ -121,6 +123,8 @@ class RequestContext:
     upstream: UpstreamResponse | None = None
     relay: RelayResult | None = None  # the relay's result, filled while it runs
     usage: Usage | None = None  # the usage of an answer that completed
+    packs: tuple[CompiledPack, ...] = ()  # the safety packs in force (the prefilter's find)
+    screen: OutputScreen | None = None  # the post-filter's output check (stop rules in force)
     answered: bool = False  # a stage answered: the stages after it do not run
     detach: bool = False  # the rest runs to its end without the client (Idempotency-Key)
     # Headers a stage adds to the response, whoever starts it (e.g. a degradation's).

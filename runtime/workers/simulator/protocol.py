@@ -24,7 +24,12 @@ from runtime.workers.simulator.prefix_cache import (
     text_block_hashes,
     token_block_hashes,
 )
-from runtime.workers.simulator.text import count_chat_tokens, count_text_tokens, derive_seed
+from runtime.workers.simulator.text import (
+    count_chat_tokens,
+    count_text_tokens,
+    derive_seed,
+    scripted_tokens,
+)
 
 NATURAL_MAX_TOKENS = 256
 
@@ -62,6 +67,7 @@ class GenerationRequest:
     priority: int
     seed: int
     block_hashes: tuple[int, ...] = ()  # the prompt's full blocks (empty: caching off)
+    script: tuple[str, ...] = ()  # tokens a prompt's [[emit: ...]] markers ask for (text.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +122,7 @@ def parse_completion(body: dict[str, Any], config: SimulatorConfig) -> Generatio
     else:
         raise ApiError("prompt must be a string or a list of token ids", param="prompt")
     gen = _generation("completion", body, config, tokens, key, body.get("max_tokens"))
+    gen = _scripted(gen, key if isinstance(prompt, str) else "")
     return dataclasses.replace(gen, block_hashes=hashes)
 
 
@@ -136,6 +143,7 @@ def parse_chat(body: dict[str, Any], config: SimulatorConfig) -> GenerationReque
         requested, param = body.get("max_tokens"), "max_tokens"
     key = "\x1e".join(contents)
     gen = _generation("chat", body, config, count_chat_tokens(contents), key, requested, param)
+    gen = _scripted(gen, key)
     cache = config.prefix_cache
     if not cache.enabled:
         return gen
@@ -223,6 +231,17 @@ def _generation(  # noqa: PLR0917 - private helper shared by the two parsers
         priority=priority,
         seed=seed,
     )
+
+
+def _scripted(gen: GenerationRequest, prompt: str) -> GenerationRequest:
+    """``gen`` with the tokens its prompt's ``[[emit: ...]]`` markers ask for (the test hook);
+    a request that would stop on its own sooner runs until they are out (within its budget)."""
+    script = scripted_tokens(prompt)
+    if not script:
+        return gen
+    output = max(gen.output_tokens, min(len(script), gen.max_tokens))
+    reason = "length" if output == gen.max_tokens else gen.finish_reason
+    return dataclasses.replace(gen, script=script, output_tokens=output, finish_reason=reason)
 
 
 def _budget(prompt_tokens: int, requested: Any, param: str, config: SimulatorConfig) -> int:

@@ -31,7 +31,7 @@ from runtime.workers.simulator.protocol import (
     parse_completion,
     parse_embedding,
 )
-from runtime.workers.simulator.text import WordStream, embedding_vector
+from runtime.workers.simulator.text import embedding_vector, output_words
 
 CONFIG = web.AppKey("config", SimulatorConfig)
 ENGINE = web.AppKey("engine", Engine)
@@ -138,7 +138,7 @@ async def _generate(
         output_tokens=gen.output_tokens,
         finish_reason=gen.finish_reason,
         priority=gen.priority,
-        words=WordStream(gen.seed),
+        words=output_words(gen.script, gen.seed),
         block_hashes=gen.block_hashes,
     )
     limit = config.fail_after_tokens

@@ -9,6 +9,10 @@ turn, as a chat template would.
 Output: every generated token is one pseudo-word with a leading space (" lorem"), drawn from a
 ``random.Random`` seeded from the simulator seed, the request's ``seed`` and the prompt, so the
 same request gives the same text on every run. Embeddings are unit vectors seeded the same way.
+
+Test hook: a prompt holding ``[[emit: some words]]`` makes the answer begin with those words,
+one token per word (" some", " words"), before the seeded ones: a test can make a stream carry
+a given phrase (e.g. a banned one, for the safety post-filter). Several markers emit in order.
 """
 
 from __future__ import annotations
@@ -16,6 +20,9 @@ from __future__ import annotations
 import hashlib
 import math
 import random
+import re
+from collections.abc import Iterator
+from itertools import chain
 
 CHARS_PER_TOKEN = 4
 MESSAGE_OVERHEAD_TOKENS = 4
@@ -30,6 +37,21 @@ _VOCABULARY: tuple[str, ...] = (
     "cillum", "fugiat", "nulla", "pari", "atur", "excep", "teur", "sint", "occae", "cat",
     "cupi", "datat",
 )  # fmt: skip
+
+
+_EMIT = re.compile(r"\[\[emit:\s*(.*?)\]\]", re.DOTALL)
+
+
+def scripted_tokens(text: str) -> tuple[str, ...]:
+    """The tokens a prompt's ``[[emit: ...]]`` markers ask for (one per word), in order."""
+    if "[[emit:" not in text:
+        return ()
+    return tuple(" " + word for phrase in _EMIT.findall(text) for word in phrase.split())
+
+
+def output_words(script: tuple[str, ...], seed: int) -> Iterator[str]:
+    """The answer's tokens: the scripted ones first, then the seeded pseudo-words."""
+    return chain(script, WordStream(seed)) if script else WordStream(seed)
 
 
 def count_text_tokens(text: str) -> int:

@@ -230,9 +230,10 @@ def test_query_count_does_not_grow_with_rows(
         Endpoint.objects.create(pool=cpu, version=mv, base_url=f"http://10.0.0.{i}:8000")
         Price.objects.create(version=mv, hardware_tier="cpu", input_per_1k=1, output_per_1k=1)
         Pool.objects.create(name=f"pool-{i}", hardware_tier="cpu")
-    # 15 queries: + credit settings (#11), + running rollouts' route exclusions (#15),
-    # + scale-from-zero versions (#16), + model aliases (#33).
-    with django_assert_max_num_queries(15):
+    # 17 queries: + credit settings (#11), + running rollouts' route exclusions (#15),
+    # + scale-from-zero versions (#16), + model aliases (#33), + safety packs and their
+    # attachments (#31).
+    with django_assert_max_num_queries(17):
         snapshot = snapshot_build()
     assert len(snapshot.tenants) == 17
     assert len(snapshot.models["tiny"].versions) == 17

@@ -72,6 +72,8 @@ async def send_stored(ctx: RequestContext, entry: Entry, how: bytes) -> None:
     """A stored answer (a hit, a replay) to the client, through the context's sink."""
     plan, record = ctx.ready_plan, ctx.record
     record.status, record.outcome = 200, "ok"
+    if ctx.screen is not None:  # screened under the packs in force now
+        entry = ctx.screen.entry(entry)
     record.prompt_tokens = entry.usage.prompt_tokens
     record.completion_tokens = entry.usage.completion_tokens
     headers = [(b"x-switchyard-version", plan.version.label.encode("latin-1")),

@@ -38,9 +38,10 @@ class Relay:
                 on_tokens=attempts.grant.charge_output,
                 cut=ctx.cut,
                 result=result,
+                screen=ctx.screen,
             )
         else:
-            await relay_unary(ctx.sink, upstream, headers=extra, result=result)
+            await relay_unary(ctx.sink, upstream, headers=extra, result=result, screen=ctx.screen)
         ended()
 
 

@@ -17,11 +17,12 @@ from runtime.metering.events import UsageEvent
 
 
 def usage_outcome(outcome: str, usage: Usage | None) -> str:
-    """The ledger's outcome: "ok" (answered with usage), "cancelled" (the client went away),
-    else "error" (a broken stream, a deadline, an error after the engine was reached)."""
+    """The ledger's outcome: "ok" (answered with usage, a stop by the post-filter included),
+    "cancelled" (the client went away), else "error" (a broken stream, a deadline, an error
+    after the engine was reached)."""
     if outcome in ("", "ok", "client_disconnected") and usage is None:
         return "cancelled"
-    return "ok" if outcome in ("", "ok") else "error"
+    return "ok" if outcome in ("", "ok", "content_filter") else "error"
 
 
 def settle(deps: AdmissionDeps, ctx: RequestContext) -> None:
