@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import msgspec
@@ -205,10 +206,17 @@ def _lowest_band(deps: AdmissionDeps, snapshot: Snapshot) -> int:
 
 
 async def acquire_slot(
-    deps: AdmissionDeps, snapshot: Snapshot, tenant: TenantSnap, plan: Plan, admission: Admission
+    deps: AdmissionDeps,
+    snapshot: Snapshot,
+    tenant: TenantSnap,
+    plan: Plan,
+    admission: Admission,
+    *,
+    on_queued: Callable[[Callable[[], int | None]], None] | None = None,
 ) -> Grant:
     """Wait in the pool queue for an endpoint with room (see the module docstring); a request
-    admitted on overdraft waits in the lowest band and is shed first."""
+    admitted on overdraft waits in the lowest band and is shed first. ``on_queued`` is told
+    when the request has to wait (:attr:`Ticket.on_queued`)."""
     pool = deps.table.pool_of(snapshot, plan.version.id) or plan.version.scale_pool or None
     if pool is None:
         raise _no_endpoint(deps, plan)
@@ -228,6 +236,7 @@ async def acquire_slot(
         weight=fair_weight(tenant, admission),
         deadline=plan.deadline,
         affinity_key=plan.affinity_key,
+        on_queued=on_queued,
     )
     dispatcher = deps.dispatchers.get(snapshot, pool)
     try:

@@ -156,6 +156,10 @@ class RequestContext:
     def ready_attempts(self) -> Attempts:
         return _need(self.attempts, "attempts")
 
+    def version_header(self) -> list[tuple[bytes, bytes]]:
+        """``x-switchyard-version``: the version that serves the request."""
+        return [(b"x-switchyard-version", self.ready_plan.version.label.encode("latin-1"))]
+
     # -- the one release mechanism ---------------------------------------------------------
 
     def hold(self, name: str, release: Callable[[], None], *, early: bool = False) -> Release:
@@ -170,6 +174,17 @@ class RequestContext:
     def hold_async(self, release: Callable[[], Awaitable[None]]) -> None:
         """Await ``release`` exactly once when the request ends."""
         self.exits.push_async_callback(release)
+
+    def on_failure(self, handler: Callable[[BaseException], Awaitable[None]]) -> None:
+        """Await ``handler(error)`` when the request ends by an exception (a refusal, a
+        cancellation), at its place among the releases; the exception still propagates."""
+
+        async def exit_(_type: object, error: BaseException | None, _tb: object) -> bool:
+            if error is not None:
+                await handler(error)
+            return False
+
+        self.exits.push_async_exit(exit_)
 
     def before_end(self, step: Callable[[], None]) -> None:
         """Run ``step`` only if the response ends cleanly (its last chunk goes out), before

@@ -1,0 +1,238 @@
+"""Streams that wait in the pool queue: headers at once, ``: queued`` comments while they wait
+(issue #33), through a real router in front of a one-slot simulator.
+
+A long stream holds the only slot; the streams under test queue behind it for about
+``HOLD_TOKENS`` x 20 ms. Their clients' read timeouts are shorter than that wait.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from fixtures.idle_proxy import IdleProxy
+from fixtures.router import Process, Publisher, World, metric_value, start_router, wait_ready
+from fixtures.wait import async_eventually
+from gateway_fleet import start_simulator
+
+from runtime.snapshot import RequestClassSnap
+
+pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
+
+HOLD_TOKENS = 150  # 20 ms per token: the slot is held for about 3 s
+CLASSES = {"beat": 200, "quiet": 0, "proxied": 1000}  # class -> heartbeat_ms
+
+
+class BeatFleet:
+    def __init__(self, var_dir: Path) -> None:
+        self.publisher = Publisher(f"switchyard:test:gw-beat:{uuid.uuid4().hex[:10]}")
+        self.world = World()
+        self.sim: Process | None = None
+        self.router: Process | None = None
+        self.var_dir = var_dir
+
+    def start(self) -> None:
+        world = self.world
+        for name, beat_ms in CLASSES.items():
+            world.classes[name] = RequestClassSnap(
+                name=name, priority_band=0, ttft_slo_ms=1000, deadline_ms=60_000,
+                max_queue_length=50, shed_order=1, heartbeat_ms=beat_ms,
+            )  # fmt: skip
+        world.add_tenant("acme", classes=tuple(CLASSES), default_class="beat")
+        world.add_key("good", "acme")
+        self.sim = start_simulator("beat", "--max-num-seqs", "1", "--decode-a-ms", "20")
+        world.add_model("beat", 1)
+        world.add_endpoint(1, 1, self.sim.base_url, pool="beat", capacity=1)
+        version = self.publisher.publish(world.snapshot())
+        self.router = start_router(self.publisher.prefix, self.var_dir)
+        wait_ready(self.router, version)
+
+    @property
+    def base_url(self) -> str:
+        assert self.router is not None
+        return self.router.base_url
+
+    @property
+    def key(self) -> str:
+        return self.world.secrets["good"]
+
+    def stop(self) -> None:
+        if self.router is not None:
+            self.router.stop()
+        if self.sim is not None:
+            self.sim.stop()
+        self.publisher.cleanup()
+
+
+@pytest.fixture(scope="module")
+def bf(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BeatFleet]:
+    fleet = BeatFleet(tmp_path_factory.mktemp("beat-var"))
+    try:
+        fleet.start()
+        yield fleet
+    finally:
+        fleet.stop()
+
+
+def chat(max_tokens: int, **extra: object) -> dict[str, object]:
+    messages = [{"role": "user", "content": "hi"}]
+    return {"model": "beat", "messages": messages, "max_tokens": max_tokens, "stream": True,
+            **extra}  # fmt: skip
+
+
+def client(bf: BeatFleet, *, base_url: str | None = None, timeout: float = 30) -> httpx.AsyncClient:
+    headers = {"Authorization": f"Bearer {bf.key}"}
+    return httpx.AsyncClient(base_url=base_url or bf.base_url, headers=headers, timeout=timeout)
+
+
+async def hold(bf: BeatFleet, tokens: int = HOLD_TOKENS) -> asyncio.Task[httpx.Response]:
+    """A long stream that holds the only slot; returns once the engine runs it (after the
+    previous test's holder left the engine)."""
+    assert bf.sim is not None
+    sim_url = bf.sim.base_url
+
+    async def engine_runs(count: float) -> bool:
+        async with httpx.AsyncClient(base_url=sim_url) as sim:
+            text = (await sim.get("/metrics")).text
+        return metric_value(text, "vllm:num_requests_running") == count
+
+    await async_eventually(lambda: engine_runs(0.0), timeout=10, interval=0.05,
+                           what="the engine is idle")  # fmt: skip
+    http = client(bf)
+
+    async def post() -> httpx.Response:
+        async with http:
+            return await http.post("/v1/chat/completions", json=chat(tokens))
+
+    task = asyncio.create_task(post())
+    await async_eventually(lambda: engine_runs(1.0), timeout=10, interval=0.05,
+                           what="the holder runs")  # fmt: skip
+    return task
+
+
+async def queued(bf: BeatFleet) -> float:
+    async with client(bf) as http:
+        text = (await http.get("/metrics")).text
+    return sum(
+        float(line.rpartition(" ")[2])
+        for line in text.splitlines()
+        if line.startswith("switchyard_queue_length{") and 'pool="beat"' in line
+    )
+
+
+async def test_a_queued_stream_gets_headers_and_heartbeats_and_completes(bf: BeatFleet) -> None:
+    holder = await hold(bf)
+    # The read timeout (1 s) is far shorter than the wait (about 3 s): only the heartbeats
+    # (every 200 ms) keep it.
+    async with (
+        client(bf, timeout=1.0) as http,
+        http.stream("POST", "/v1/chat/completions", json=chat(3)) as answer,
+    ):
+        assert answer.status_code == 200
+        assert answer.headers["content-type"].startswith("text/event-stream")
+        assert answer.headers["x-switchyard-version"] == "v1"
+        lines = [line async for line in answer.aiter_lines() if line]
+    comments = [line for line in lines if line.startswith(":")]
+    data = [line for line in lines if line.startswith("data: ")]
+    assert len(comments) >= 5, lines  # about 3 s of 200 ms beats
+    assert comments[0] == ": queued position=1"
+    assert lines.index(comments[-1]) < lines.index(data[0])  # heartbeats only before the output
+    assert data[-1] == "data: [DONE]"
+    assert any(json.loads(d[6:])["choices"][0].get("finish_reason") == "length" for d in data[:-1])
+    assert (await holder).status_code == 200
+
+
+async def test_the_openai_client_with_a_short_timeout_reads_a_queued_stream(bf: BeatFleet) -> None:
+    holder = await hold(bf)
+    api = openai.AsyncOpenAI(base_url=f"{bf.base_url}/v1", api_key=bf.key, timeout=1.0,
+                             max_retries=0)  # fmt: skip
+    async with api:
+        stream = await api.chat.completions.create(
+            model="beat", messages=[{"role": "user", "content": "hi"}], max_tokens=3, stream=True
+        )
+        chunks = [chunk async for chunk in stream]
+    assert chunks[-1].choices[0].finish_reason == "length"
+    assert (await holder).status_code == 200
+
+
+async def test_a_deadline_passing_after_the_headers_ends_the_stream_with_an_error_event(
+    bf: BeatFleet,
+) -> None:
+    holder = await hold(bf)
+    async with client(bf) as http:
+        answer = await http.post("/v1/chat/completions", json=chat(3),
+                                 headers={"X-Request-Timeout": "1"})  # fmt: skip
+    assert answer.status_code == 200  # the headers went out while it was queued
+    events = [block for block in answer.text.split("\n\n") if block]
+    assert events[0].startswith(": queued")
+    assert events[-1] == "data: [DONE]"
+    terminal = json.loads(events[-2].removeprefix("data: "))
+    assert terminal["object"] == "chat.completion.chunk"
+    assert terminal["model"] == "beat"
+    assert terminal["choices"][0]["finish_reason"] == "error"
+    assert terminal["error"]["code"] == "deadline_exceeded"
+    assert "queued" in terminal["error"]["message"]
+    holder.cancel()
+
+
+async def test_a_class_with_heartbeats_off_still_answers_504_in_json(bf: BeatFleet) -> None:
+    holder = await hold(bf)
+    async with client(bf) as http:
+        answer = await http.post("/v1/chat/completions", json=chat(3), headers={
+            "X-Request-Timeout": "0.5", "X-Switchyard-Class": "quiet"})  # fmt: skip
+    assert answer.status_code == 504
+    assert answer.json()["error"]["code"] == "deadline_exceeded"
+    holder.cancel()
+
+
+async def test_a_client_gone_while_its_stream_is_queued_frees_its_place(bf: BeatFleet) -> None:
+    holder = await hold(bf)
+    async with (
+        client(bf) as http,
+        http.stream("POST", "/v1/chat/completions", json=chat(3)) as answer,
+    ):
+        assert answer.status_code == 200
+        lines = answer.aiter_lines()
+        assert (await anext(lines)).startswith(": queued")
+        assert await queued(bf) == 1
+    # the client closed the connection while queued
+
+    async def empty() -> bool:
+        return await queued(bf) == 0
+
+    await async_eventually(empty, timeout=5, interval=0.05, what="the queue empties")
+    holder.cancel()
+
+
+@pytest.mark.timing
+async def test_no_stream_breaks_behind_an_idle_cutting_proxy(bf: BeatFleet) -> None:
+    """Issue #33's goal, scaled: proxy idle timeout 2 s, queue wait about 6 s, heartbeat 1 s.
+    A stream whose class sends no heartbeats, behind the same proxy, is cut (the control)."""
+    holder = await hold(bf, tokens=300)
+    port = int(bf.base_url.rpartition(":")[2])
+    async with IdleProxy(port, idle_s=2.0) as proxy:
+        http = client(bf, base_url=proxy.base_url)
+
+        async def one(klass: str) -> str:
+            answer = await http.post("/v1/chat/completions", json=chat(2),
+                                     headers={"X-Switchyard-Class": klass})  # fmt: skip
+            return answer.text
+
+        async with http:
+            beating = [asyncio.create_task(one("proxied")) for _ in range(4)]
+            control = asyncio.create_task(one("quiet"))
+            with pytest.raises(httpx.RemoteProtocolError):
+                await control
+            texts = await asyncio.gather(*beating)
+    assert proxy.cut == 1  # the control only
+    for text in texts:
+        assert text.startswith(": queued")
+        assert text.endswith("data: [DONE]\n\n")
+        assert '"finish_reason":"error"' not in text
+    assert (await holder).status_code == 200
