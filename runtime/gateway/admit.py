@@ -37,6 +37,7 @@ from runtime.contract import period_fields
 from runtime.gateway.bundles import AdmissionDeps
 from runtime.gateway.errors import ApiError, retry_after
 from runtime.gateway.plan import Plan
+from runtime.gateway.ratelimit_headers import ratelimit_headers
 from runtime.metering.events import UsageEvent, encode_event
 from runtime.metering.pricing import MICRO, Rate, to_credits
 from runtime.scheduling.grant import (
@@ -110,6 +111,8 @@ async def admit_limits(
         code = _LIMIT_CODES[exc.kind]
         deps.metrics.reject(code)
         headers = retry_after(exc.retry_after_header)
+        if exc.rates is not None:
+            headers += ratelimit_headers(exc.rates)
         raise ApiError.of(code, reason=str(exc), headers=headers) from None
     except CreditRefusedError as exc:
         code = str(exc.kind)

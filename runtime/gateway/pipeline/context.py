@@ -123,12 +123,13 @@ class RequestContext:
     usage: Usage | None = None  # the usage of an answer that completed
     answered: bool = False  # a stage answered: the stages after it do not run
     detach: bool = False  # the rest runs to its end without the client (Idempotency-Key)
+    response_headers: list[tuple[bytes, bytes]] = field(default_factory=list)  # on any answer
     sink: ResponseSink = field(init=False)
     _early: list[Callable[[], None]] = field(default_factory=list)
     _early_waits: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self.sink = EndGuard(self.client, self.release_early)
+        self.sink = EndGuard(self.client, self.release_early, self.response_headers)
 
     # -- what earlier stages decided (a missing one is a wrong stage order) ---------------
 
@@ -217,15 +218,22 @@ class RequestContext:
 class EndGuard:
     """The sink every stage answers through: before the response's last chunk goes out it
     runs the context's early releases (the concurrency slot, the grant, settling), so the
-    client never sees its response end while its slot is still taken."""
+    client never sees its response end while its slot is still taken. The response carries
+    ``extra`` headers too (the context's ``response_headers``: the rate limits)."""
 
-    __slots__ = ("_before_end", "_sink")
+    __slots__ = ("_before_end", "_extra", "_sink")
 
-    def __init__(self, sink: ResponseSink, before_end: Callable[[], Awaitable[None]]) -> None:
+    def __init__(
+        self, sink: ResponseSink, before_end: Callable[[], Awaitable[None]],
+        extra: list[tuple[bytes, bytes]] | None = None,
+    ) -> None:  # fmt: skip
         self._sink = sink
         self._before_end = before_end
+        self._extra = [] if extra is None else extra
 
     async def start_response(self, status: int, headers: Headers) -> None:
+        if self._extra:
+            headers = [*headers, *self._extra]
         await self._sink.start_response(status, headers)
 
     async def send_chunk(self, data: bytes, *, last: bool = False) -> None:

@@ -137,6 +137,7 @@ async def test_a_queued_stream_gets_headers_and_heartbeats_and_completes(bf: Bea
         assert answer.status_code == 200
         assert answer.headers["content-type"].startswith("text/event-stream")
         assert answer.headers["x-switchyard-version"] == "v1"
+        assert answer.headers["x-ratelimit-limit-requests"] == "1000"  # on the early headers
         lines = [line async for line in answer.aiter_lines() if line]
     comments = [line for line in lines if line.startswith(":")]
     data = [line for line in lines if line.startswith("data: ")]
