@@ -16,11 +16,11 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from fixtures.idle_proxy import IdleProxy
 from fixtures.router import Process, Publisher, World, metric_value, start_router, wait_ready
 from fixtures.wait import async_eventually
 from gateway_fleet import start_simulator
 
+from bench.idle_proxy import IdleProxy
 from runtime.snapshot import RequestClassSnap
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
