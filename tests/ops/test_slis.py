@@ -113,6 +113,15 @@ def samples(text: str, name: str) -> dict[tuple[tuple[str, str], ...], float]:
     return found
 
 
+def stage_count(text: str, stage: str, klass: str, model: str) -> float:
+    found = samples(text, "switchyard_stage_seconds_count")
+    return sum(
+        value
+        for labels, value in found.items()
+        if {("stage", stage), ("class", klass), ("model", model)} <= set(labels)
+    )
+
+
 def sli(text: str, kind: str, sli_name: str, klass: str, model: str) -> float:
     key = (("class", klass), ("model", model), ("sli", sli_name))
     return samples(text, f"switchyard_sli_{kind}_total").get(key, 0.0)
@@ -196,6 +205,9 @@ def test_router_counts_slis_per_class_and_model(
     assert sli(text, "events", "availability", "interactive", GHOST) == 1
     assert sli(text, "good", "availability", "interactive", GHOST) == 0
     assert sli(text, "events", "availability", "", "") == 0
+    # The stage histogram's upstream_ttft is a stream's too; both requests have an e2e.
+    assert stage_count(text, "upstream_ttft", "interactive", CHAT) == 1
+    assert stage_count(text, "e2e", "interactive", CHAT) == 2
 
     def ghost_down() -> bool:
         text = httpx.get(f"{proc.base_url}/metrics", timeout=10).text
