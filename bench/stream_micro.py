@@ -25,6 +25,7 @@ import random
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 
+from bench.safety_micro import cpu_us
 from runtime.admission.limits import Quota, RateState
 from runtime.gateway.heartbeat import QueuedStream
 from runtime.gateway.ratelimit_headers import ratelimit_headers
@@ -41,15 +42,6 @@ class NullSink:
 
     async def send_chunk(self, data: bytes, *, last: bool = False) -> None:
         return None
-
-
-def cpu_us(fn: Callable[[], object], iterations: int) -> float:
-    """CPU microseconds per call of ``fn``."""
-    fn()
-    start = time.process_time()
-    for _ in range(iterations):
-        fn()
-    return (time.process_time() - start) / iterations * 1e6
 
 
 def async_cpu_us(make: Callable[[], Awaitable[None]], iterations: int) -> float:

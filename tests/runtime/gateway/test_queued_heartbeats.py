@@ -16,12 +16,18 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from fixtures.router import Process, Publisher, World, metric_value, start_router, wait_ready
 from fixtures.wait import async_eventually
-from gateway_fleet import start_simulator
+from gateway_fleet import (
+    Fleet,
+    Publisher,
+    World,
+    metric_value,
+    start_router,
+    start_simulator,
+    wait_ready,
+)
 
 from bench.idle_proxy import IdleProxy
-from runtime.snapshot import RequestClassSnap
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
 
@@ -29,52 +35,38 @@ HOLD_TOKENS = 150  # 20 ms per token: the slot is held for about 3 s
 CLASSES = {"beat": 200, "quiet": 0, "proxied": 1000}  # class -> heartbeat_ms
 
 
-class BeatFleet:
-    def __init__(self, var_dir: Path) -> None:
-        self.publisher = Publisher(f"switchyard:test:gw-beat:{uuid.uuid4().hex[:10]}")
-        self.world = World()
-        self.sim: Process | None = None
-        self.router: Process | None = None
-        self.var_dir = var_dir
-
-    def start(self) -> None:
-        world = self.world
-        for name, beat_ms in CLASSES.items():
-            world.classes[name] = RequestClassSnap(
-                name=name, priority_band=0, ttft_slo_ms=1000, deadline_ms=60_000,
-                max_queue_length=50, shed_order=1, heartbeat_ms=beat_ms,
-            )  # fmt: skip
-        world.add_tenant("acme", classes=tuple(CLASSES), default_class="beat")
-        world.add_key("good", "acme")
-        self.sim = start_simulator("beat", "--max-num-seqs", "1", "--decode-a-ms", "20")
-        world.add_model("beat", 1)
-        world.add_endpoint(1, 1, self.sim.base_url, pool="beat", capacity=1)
-        version = self.publisher.publish(world.snapshot())
-        self.router = start_router(self.publisher.prefix, self.var_dir)
-        wait_ready(self.router, version)
-
-    @property
-    def base_url(self) -> str:
-        assert self.router is not None
-        return self.router.base_url
-
-    @property
-    def key(self) -> str:
-        return self.world.secrets["good"]
-
-    def stop(self) -> None:
-        if self.router is not None:
-            self.router.stop()
-        if self.sim is not None:
-            self.sim.stop()
-        self.publisher.cleanup()
+def start_fleet(var_dir: Path) -> Fleet:
+    """One one-slot simulator behind a router; a class per heartbeat interval of CLASSES."""
+    publisher = Publisher(f"switchyard:test:gw-beat:{uuid.uuid4().hex[:10]}")
+    world = World()
+    for name, beat_ms in CLASSES.items():
+        world.add_class(name, band=0, heartbeat_ms=beat_ms)
+    world.add_tenant("acme", classes=tuple(CLASSES), default_class="beat")
+    world.add_key("good", "acme")
+    world.add_model("beat", 1)
+    sim = start_simulator("beat", "--max-num-seqs", "1", "--decode-a-ms", "20")
+    world.add_endpoint(1, 1, sim.base_url, pool="beat", capacity=1)
+    version = publisher.publish(world.snapshot())
+    try:
+        router = start_router(publisher.prefix, var_dir)
+    except BaseException:
+        sim.stop()
+        publisher.cleanup()
+        raise
+    fleet = Fleet(router=router, sims={"beat": sim}, world=world, publisher=publisher,
+                  var_dir=var_dir)  # fmt: skip
+    try:
+        wait_ready(router, version)
+    except BaseException:
+        fleet.stop()
+        raise
+    return fleet
 
 
 @pytest.fixture(scope="module")
-def bf(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BeatFleet]:
-    fleet = BeatFleet(tmp_path_factory.mktemp("beat-var"))
+def bf(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    fleet = start_fleet(tmp_path_factory.mktemp("beat-var"))
     try:
-        fleet.start()
         yield fleet
     finally:
         fleet.stop()
@@ -86,16 +78,15 @@ def chat(max_tokens: int, **extra: object) -> dict[str, object]:
             **extra}  # fmt: skip
 
 
-def client(bf: BeatFleet, *, base_url: str | None = None, timeout: float = 30) -> httpx.AsyncClient:
-    headers = {"Authorization": f"Bearer {bf.key}"}
+def client(bf: Fleet, *, base_url: str | None = None, timeout: float = 30) -> httpx.AsyncClient:
+    headers = {"Authorization": f"Bearer {bf.key('good')}"}
     return httpx.AsyncClient(base_url=base_url or bf.base_url, headers=headers, timeout=timeout)
 
 
-async def hold(bf: BeatFleet, tokens: int = HOLD_TOKENS) -> asyncio.Task[httpx.Response]:
+async def hold(bf: Fleet, tokens: int = HOLD_TOKENS) -> asyncio.Task[httpx.Response]:
     """A long stream that holds the only slot; returns once the engine runs it (after the
     previous test's holder left the engine)."""
-    assert bf.sim is not None
-    sim_url = bf.sim.base_url
+    sim_url = bf.sims["beat"].base_url
 
     async def engine_runs(count: float) -> bool:
         async with httpx.AsyncClient(base_url=sim_url) as sim:
@@ -116,7 +107,7 @@ async def hold(bf: BeatFleet, tokens: int = HOLD_TOKENS) -> asyncio.Task[httpx.R
     return task
 
 
-async def queued(bf: BeatFleet) -> float:
+async def queued(bf: Fleet) -> float:
     async with client(bf) as http:
         text = (await http.get("/metrics")).text
     return sum(
@@ -126,7 +117,7 @@ async def queued(bf: BeatFleet) -> float:
     )
 
 
-async def test_a_queued_stream_gets_headers_and_heartbeats_and_completes(bf: BeatFleet) -> None:
+async def test_a_queued_stream_gets_headers_and_heartbeats_and_completes(bf: Fleet) -> None:
     holder = await hold(bf)
     # The read timeout (1 s) is far shorter than the wait (about 3 s): only the heartbeats
     # (every 200 ms) keep it.
@@ -149,9 +140,9 @@ async def test_a_queued_stream_gets_headers_and_heartbeats_and_completes(bf: Bea
     assert (await holder).status_code == 200
 
 
-async def test_the_openai_client_with_a_short_timeout_reads_a_queued_stream(bf: BeatFleet) -> None:
+async def test_the_openai_client_with_a_short_timeout_reads_a_queued_stream(bf: Fleet) -> None:
     holder = await hold(bf)
-    api = openai.AsyncOpenAI(base_url=f"{bf.base_url}/v1", api_key=bf.key, timeout=1.0,
+    api = openai.AsyncOpenAI(base_url=f"{bf.base_url}/v1", api_key=bf.key('good'), timeout=1.0,
                              max_retries=0)  # fmt: skip
     async with api:
         stream = await api.chat.completions.create(
@@ -163,7 +154,7 @@ async def test_the_openai_client_with_a_short_timeout_reads_a_queued_stream(bf: 
 
 
 async def test_a_deadline_passing_after_the_headers_ends_the_stream_with_an_error_event(
-    bf: BeatFleet,
+    bf: Fleet,
 ) -> None:
     holder = await hold(bf)
     async with client(bf) as http:
@@ -182,7 +173,7 @@ async def test_a_deadline_passing_after_the_headers_ends_the_stream_with_an_erro
     holder.cancel()
 
 
-async def test_a_class_with_heartbeats_off_still_answers_504_in_json(bf: BeatFleet) -> None:
+async def test_a_class_with_heartbeats_off_still_answers_504_in_json(bf: Fleet) -> None:
     holder = await hold(bf)
     async with client(bf) as http:
         answer = await http.post("/v1/chat/completions", json=chat(3), headers={
@@ -192,7 +183,7 @@ async def test_a_class_with_heartbeats_off_still_answers_504_in_json(bf: BeatFle
     holder.cancel()
 
 
-async def test_a_client_gone_while_its_stream_is_queued_frees_its_place(bf: BeatFleet) -> None:
+async def test_a_client_gone_while_its_stream_is_queued_frees_its_place(bf: Fleet) -> None:
     holder = await hold(bf)
     async with (
         client(bf) as http,
@@ -212,7 +203,7 @@ async def test_a_client_gone_while_its_stream_is_queued_frees_its_place(bf: Beat
 
 
 @pytest.mark.timing
-async def test_no_stream_breaks_behind_an_idle_cutting_proxy(bf: BeatFleet) -> None:
+async def test_no_stream_breaks_behind_an_idle_cutting_proxy(bf: Fleet) -> None:
     """Issue #33's goal, scaled: proxy idle timeout 2 s, queue wait about 6 s, heartbeat 1 s.
     A stream whose class sends no heartbeats, behind the same proxy, is cut (the control)."""
     holder = await hold(bf, tokens=300)
