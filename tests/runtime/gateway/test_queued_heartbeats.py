@@ -180,6 +180,9 @@ async def test_a_class_with_heartbeats_off_still_answers_504_in_json(bf: Fleet) 
             "X-Request-Timeout": "0.5", "X-Switchyard-Class": "quiet"})  # fmt: skip
     assert answer.status_code == 504
     assert answer.json()["error"]["code"] == "deadline_exceeded"
+    # A refusal after admission carries the rate-limit headers too (this one was counted).
+    assert answer.headers["x-ratelimit-limit-requests"] == "1000"
+    assert int(answer.headers["x-ratelimit-remaining-requests"]) < 1000
     holder.cancel()
 
 
