@@ -26,6 +26,7 @@ from runtime.gateway.relay import ResponseSink, end_cut, end_with_error
 Headers = Iterable[tuple[bytes, bytes]]
 MAX_INTERVAL_S = 5.0  # the issue's bound: every 5 s at most
 DEFAULT_INTERVAL_MS = 5000  # a request without a class
+STOP_WAIT_S = 1.0  # the most a beat being written may hold up the request's next step
 
 
 def comment(position: int | None) -> bytes:
@@ -106,7 +107,10 @@ class QueuedStream:
             return
         if not self._sending:
             task.cancel()
-        await asyncio.wait([task])
+        done, _ = await asyncio.wait([task], timeout=STOP_WAIT_S)
+        if not done:  # a beat stuck on a client that does not read: give up on it
+            task.cancel()
+            await asyncio.wait([task])
 
     async def fail(self, error: BaseException, cut_reason: str | None) -> None:
         """The request failed after the heartbeats started the response: end the stream with

@@ -116,3 +116,21 @@ def test_the_micro_bench_measures_every_part() -> None:
     assert set(numbers) == {"ratelimit_us", "heartbeat_setup_us", "heartbeat_queued_us",
                             "heartbeat_beat_us", "sli_judge_us"}  # fmt: skip
     assert all(value > 0 for value in numbers.values())
+
+
+class Stuck(Recorder):
+    """A client that stopped reading: a body chunk never finishes sending."""
+
+    async def send_chunk(self, data: bytes, *, last: bool = False) -> None:
+        await asyncio.Event().wait()
+
+
+@pytest.mark.asyncio
+async def test_a_beat_stuck_on_a_client_that_does_not_read_does_not_hold_the_request() -> None:
+    sink = Stuck()
+    s = stream(sink)
+    s.queued(lambda: 1)
+    await asyncio.sleep(0.01)  # the first beat is being written, and never will be
+    async with asyncio.timeout(5):
+        await s.stop()
+    assert s.beats == 0
