@@ -34,16 +34,17 @@ class Queue:
         plan = ctx.ready_plan
         stream: QueuedStream | None = None
         if interval_ms := heartbeat_ms(plan):
+            headers = [*SSE_HEADERS, *ctx.version_header()]
             stream = beating = QueuedStream(ctx.sink, interval_s=interval_ms / 1000.0,
-                                  headers=[*SSE_HEADERS, *ctx.version_header()],
-                                  kind=ctx.spec.kind, model=plan.model.name)  # fmt: skip
+                                            headers=headers, kind=ctx.spec.kind,
+                                            model=plan.model.name)  # fmt: skip
             ctx.sink = stream
             ctx.on_failure(lambda error: beating.fail(error, ctx.cut()))
         grant = await acquire_slot(self._deps, ctx.ready_snapshot, ctx.ready_principal.tenant,
                                    plan, ctx.ready_admission,
                                    on_queued=stream.queued if stream else None)  # fmt: skip
-        if stream is not None:
-            await stream.stop()
         ctx.grant = grant
         ctx.attempts = Attempts(grant)
-        ctx.hold("grant", grant.release, early=True)
+        ctx.hold("grant", grant.release, early=True)  # before any await: never lost
+        if stream is not None:
+            await stream.stop()
