@@ -136,7 +136,7 @@ async def measure(iterations: int) -> dict[str, float]:
         async def run() -> None:
             document["max_tokens"] = 200
             plan.max_tokens = 200
-            ctx.reply_headers.clear()
+            ctx.response_headers.clear()
             await stage(ctx)
 
         return run, ctx
@@ -177,7 +177,7 @@ async def _while_queued(
     await asyncio.sleep(0.01)  # the second ticket is queued, past the 1 ms threshold
     try:
         await capped()
-        assert ctx.reply_headers == [(b"x-switchyard-degraded", b"max_tokens=128")]
+        assert ctx.response_headers == [(b"x-switchyard-degraded", b"max_tokens=128")]
         return await cpu_us(capped, iterations)
     finally:
         waiting.cancel()

@@ -73,6 +73,8 @@ class RequestClassSnap(msgspec.Struct, frozen=True, kw_only=True):
     deadline_ms: int
     max_queue_length: int
     shed_order: int  # shed lower numbers first under overload
+    heartbeat_ms: int = 5000  # ': queued' comments to a waiting stream (0: off; <= 5000)
+    itl_slo_ms: int = 200  # the objective for a stream's p95 inter-token latency
 
 
 SamplingValue = bool | int | float | str | tuple[str, ...] | None

@@ -118,6 +118,8 @@ def _request_classes() -> dict[str, RequestClassSnap]:
             deadline_ms=rc.deadline_ms,
             max_queue_length=rc.max_queue_length,
             shed_order=rc.shed_order,
+            heartbeat_ms=rc.heartbeat_ms,
+            itl_slo_ms=rc.itl_slo_ms,
         )
         for rc in RequestClass.objects.order_by("priority_band", "name")
     }

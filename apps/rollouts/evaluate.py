@@ -23,6 +23,7 @@ from typing import Any
 import redis
 from django.conf import settings
 from django.core.exceptions import ValidationError
+from django.db.models import Min
 from django.utils import timezone
 
 from apps.billing.models import Price
@@ -30,8 +31,15 @@ from apps.models.models import ModelVersion
 from apps.rollouts import gates
 from apps.rollouts.models import Rollout
 from apps.rollouts.transitions import rollout_advance, rollout_rollback
+from apps.tenants.models import RequestClass
 from runtime import contract
-from runtime.telemetry.versions import ITL_BOUNDS_MS, TTFT_BOUNDS_MS, WindowStats, read_window
+from runtime.telemetry.versions import (
+    E2E_BOUNDS_MS,
+    ITL_BOUNDS_MS,
+    TTFT_BOUNDS_MS,
+    WindowStats,
+    read_window,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,14 +85,7 @@ def gate_results(
             max_delta=rollout.max_error_rate_delta,
             min_samples=minimum,
         ),
-        gates.latency_gate(
-            name="ttft_p95",
-            bounds=TTFT_BOUNDS_MS,
-            stable=stable.ttft_counts,
-            candidate=candidate.ttft_counts,
-            max_ratio=rollout.max_ttft_p95_ratio,
-            min_samples=minimum,
-        ),
+        _first_answer_gate(rollout, stable, candidate),
         gates.latency_gate(
             name="itl_p95",
             bounds=ITL_BOUNDS_MS,
@@ -93,6 +94,7 @@ def gate_results(
             max_ratio=rollout.max_itl_p95_ratio,
             min_samples=minimum,
             requests=(stable.requests, candidate.requests),  # unary-only traffic has no ITL
+            objective=itl_objective_ms(),
         ),
         gates.cost_gate(
             stable_cost_per_1k=_cost(stable, _price_per_1k(rollout.stable_version)),
@@ -103,6 +105,36 @@ def gate_results(
             min_samples=minimum,
         ),
     ]
+
+
+def itl_objective_ms() -> float | None:
+    """The strictest request class's ITL objective (p95, ms); None without classes."""
+    strictest = RequestClass.objects.aggregate(least=Min("itl_slo_ms"))["least"]
+    return None if strictest is None else float(strictest)
+
+
+def _first_answer_gate(
+    rollout: Rollout, stable: WindowStats, candidate: WindowStats
+) -> gates.GateResult:
+    """TTFT p95 over the streams; for unary-only traffic (no stream on either side, e.g. an
+    encoder) the end-to-end p95 of the unary requests instead, so the gate is never blind
+    (a unary request's first byte is its whole answer: it is no TTFT)."""
+    streams = sum(stable.ttft_counts) + sum(candidate.ttft_counts)
+    unary = sum(stable.e2e_counts) + sum(candidate.e2e_counts)
+    if streams == 0 and unary > 0:
+        return gates.latency_gate(
+            name="e2e_p95", bounds=E2E_BOUNDS_MS, stable=stable.e2e_counts,
+            candidate=candidate.e2e_counts, max_ratio=rollout.max_ttft_p95_ratio,
+            min_samples=rollout.min_samples,
+        )  # fmt: skip
+    return gates.latency_gate(
+        name="ttft_p95",
+        bounds=TTFT_BOUNDS_MS,
+        stable=stable.ttft_counts,
+        candidate=candidate.ttft_counts,
+        max_ratio=rollout.max_ttft_p95_ratio,
+        min_samples=rollout.min_samples,
+    )
 
 
 def _window(rollout: Rollout, client: redis.Redis[bytes], now: float) -> Mapping[str, WindowStats]:

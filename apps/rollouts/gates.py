@@ -156,9 +156,12 @@ def latency_gate(
     min_samples: int,
     alpha: float = ALPHA,
     requests: tuple[int, int] | None = None,
+    objective: float | None = None,
 ) -> GateResult:
     """Fail when candidate p95 / stable p95 exceeds ``max_ratio`` and Mann-Whitney says the
-    candidate is slower at significance ``alpha``.
+    candidate is slower at significance ``alpha``; with an ``objective`` (ms: the request
+    classes' ITL objective), also when the candidate's p95 misses it while the stable
+    version's meets it.
 
     ``requests`` (stable, candidate), for a metric only some requests have (ITL: streamed
     ones): once both versions have ``min_samples`` requests but too few samples, the gate
@@ -185,6 +188,10 @@ def latency_gate(
         stable_p95_ms=p95_s, candidate_p95_ms=p95_c, ratio=_finite(ratio), z=z, p_value=p_value
     )
     decision = "fail" if ratio > max_ratio and p_value < alpha else "pass"
+    if objective is not None:
+        numbers["objective_ms"] = objective
+        if p95_c > objective >= p95_s:
+            decision = "fail"
     return GateResult(
         name, decision, test, numbers, stable=p95_s, candidate=p95_c, ratio=_finite(ratio),
         p_value=p_value, **common,

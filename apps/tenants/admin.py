@@ -69,7 +69,8 @@ class RequestClassForm(_ClassForm):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        _leave_minimum_to_service(self, ("ttft_slo_ms", "deadline_ms", "max_queue_length"), 1)
+        fields = ("ttft_slo_ms", "deadline_ms", "max_queue_length", "itl_slo_ms")
+        _leave_minimum_to_service(self, fields, 1)
 
     def clean(self) -> dict[str, Any]:
         cleaned = super().clean() or {}

@@ -230,6 +230,8 @@ class RequestClassSerializer(serializers.ModelSerializer[RequestClass]):
             "deadline_ms",
             "max_queue_length",
             "shed_order",
+            "heartbeat_ms",
+            "itl_slo_ms",
             "created_at",
             "updated_at",
         )
@@ -243,6 +245,8 @@ class RequestClassWriteSerializer(serializers.Serializer[Any]):
     deadline_ms = serializers.IntegerField()
     max_queue_length = serializers.IntegerField()
     shed_order = serializers.IntegerField()
+    heartbeat_ms = serializers.IntegerField(required=False, default=5000)
+    itl_slo_ms = serializers.IntegerField(required=False, default=200)
 
 
 class RequestClassPatchSerializer(RequestClassWriteSerializer):

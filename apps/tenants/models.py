@@ -5,8 +5,10 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from django.conf import settings
-from django.core.validators import MinValueValidator
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
+
+MAX_HEARTBEAT_MS = 5000  # issue #33: a queued stream hears from the router every 5 s at most
 
 
 class RequestClass(models.Model):
@@ -19,6 +21,16 @@ class RequestClass(models.Model):
     max_queue_length = models.PositiveIntegerField(validators=[MinValueValidator(1)])
     shed_order = models.PositiveSmallIntegerField(
         help_text="Under overload, classes with a lower shed order are shed first."
+    )
+    heartbeat_ms = models.PositiveIntegerField(
+        default=5000,
+        validators=[MaxValueValidator(MAX_HEARTBEAT_MS)],
+        help_text="A queued stream gets a ': queued' SSE comment this often (ms; 0 = off).",
+    )
+    itl_slo_ms = models.PositiveIntegerField(
+        default=200,
+        validators=[MinValueValidator(1)],
+        help_text="Objective for a stream's p95 inter-token latency (ms).",
     )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)

@@ -38,14 +38,15 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from runtime.admission.limits import Lease, Quota
+from runtime.admission.limits import WINDOW_S, Lease, Quota, RateState
 
 MIN_GRANT = 2  # fewer RPM entries than this: no allowance (exact per-request path)
 _MARGIN_S = 0.05  # local validity ends this much before Redis's score (clock drift, RTT)
 
 # KEYS: rpm, tpm, conc. ARGV: grant id, rpm, tpm, concurrency, wanted entries, tokens,
 # slots, ttl ms, lease ms, window ms, share, min entries, min tokens. Returns {entries,
-# tokens, slots} granted (all 0: none, the tenant is near a limit).
+# tokens, slots} granted (all 0: none, the tenant is near a limit), then the RPM entries in
+# the window and the tokens left in the bucket (floor) after the grant (the headers' view).
 GRANT_LUA = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -63,7 +64,9 @@ tokens = math.min(tpm, tokens + math.max(0, now - ts) * tpm / window)
 local tk = math.min(want_t, math.floor(math.max(0, tokens) / share))
 local held = #redis.call('ZRANGEBYSCORE', KEYS[3], now, '+inf')
 local c = math.min(want_c, math.floor((conc - held) / share))
-if r < min_r or tk < min_t or (want_c > 0 and c < 1) then return {0, 0, 0} end
+if r < min_r or tk < min_t or (want_c > 0 and c < 1) then
+  return {0, 0, 0, redis.call('ZCARD', KEYS[1]), math.floor(tokens)}
+end
 for i = 1, r do redis.call('ZADD', KEYS[1], now + ttl, gid .. ':r' .. i) end
 redis.call('PEXPIRE', KEYS[1], window + ttl + 1000)
 local left = tokens - tk
@@ -73,7 +76,7 @@ if c > 0 then
   for i = 1, c do redis.call('ZADD', KEYS[3], now + lease, gid .. ':c' .. i) end
   redis.call('PEXPIRE', KEYS[3], lease * 2)
 end
-return {r, tk, c}
+return {r, tk, c, redis.call('ZCARD', KEYS[1]), math.floor(left)}
 """
 
 # KEYS: rpm, tpm, conc. ARGV: tokens to credit back, number of RPM entries n, the n entries,
@@ -141,6 +144,8 @@ class _Allowance:
     asking: bool = False
     hungry: bool = False
     backoff_until: float = 0.0
+    seen_used: int = 0  # RPM entries in Redis's window at the last grant (ours included)
+    seen_tokens: float = 0.0  # tokens left in Redis's bucket at the last grant
 
 
 class Allowances:
@@ -201,8 +206,15 @@ class Allowances:
             or (a.tokens < low * a.avg_tokens)
         ):
             a.hungry = True
+        # Redis's view at the last grant, with this allowance's unspent part given back.
+        rates = RateState.of(
+            quota,
+            used=a.seen_used - len(a.entries),
+            tokens=a.seen_tokens + a.tokens,
+            requests_reset_s=WINDOW_S,
+        )
         return Lease(id=entry, tenant=tenant, quota=quota, tokens=tokens, source="allowance",
-                     slot=slot)  # fmt: skip
+                     slot=slot, rates=rates)  # fmt: skip
 
     def put_back(self, lease: Lease, refund: int) -> tuple[int, bool]:
         """``lease`` settled: its slot is free again. Returns the tokens still to credit
@@ -244,8 +256,12 @@ class Allowances:
                                 max(tokens, least), slots, now, least))  # fmt: skip
         return out
 
-    def granted(self, ask: GrantAsk, requests: int, tokens: int, slots: int) -> None:
-        """Redis answered ``ask`` with this much (all 0: nothing; back off for one ttl)."""
+    def granted(
+        self, ask: GrantAsk, requests: int, tokens: int, slots: int, *, used: int = 0,
+        bucket: float = 0.0,
+    ) -> None:  # fmt: skip
+        """Redis answered ``ask`` with this much (all 0: nothing; back off for one ttl);
+        ``used`` and ``bucket``: its RPM window and TPM bucket after the grant."""
         a = self._by_tenant.get(ask.tenant)
         now = self._clock()
         if a is None or a.quota != ask.quota:
@@ -256,6 +272,7 @@ class Allowances:
                 a.asking = False
             return
         a.asking = False
+        a.seen_used, a.seen_tokens = used, bucket
         if requests == 0:
             a.backoff_until = now + self.ttl_s
             return

@@ -57,13 +57,45 @@ class Quota:
         )
 
 
-class LimitExceededError(Exception):
-    """A tenant limit refused the request: 429 with ``Retry-After``."""
+@dataclass(frozen=True, slots=True)
+class RateState:
+    """A tenant's RPM and TPM as its admission read them (the ``x-ratelimit-*`` headers):
+    the limit, what is left after this request, and the seconds until each is back to full
+    (the request window: until its newest admission leaves it; the token bucket: until it
+    refilled)."""
 
-    def __init__(self, kind: LimitKind, retry_after_s: float, message: str) -> None:
+    requests_limit: int
+    requests_left: int
+    requests_reset_s: float
+    tokens_limit: int
+    tokens_left: int
+    tokens_reset_s: float
+
+    @classmethod
+    def of(cls, quota: Quota, *, used: int, tokens: float, requests_reset_s: float) -> RateState:
+        """From ``used`` admissions in the window and ``tokens`` in the bucket."""
+        refill_s = max(0.0, quota.tpm - tokens) * WINDOW_S / quota.tpm
+        return cls(
+            requests_limit=quota.rpm,
+            requests_left=max(0, quota.rpm - used),
+            requests_reset_s=max(0.0, requests_reset_s),
+            tokens_limit=quota.tpm,
+            tokens_left=max(0, math.floor(tokens)),
+            tokens_reset_s=refill_s,
+        )
+
+
+class LimitExceededError(Exception):
+    """A tenant limit refused the request: 429 with ``Retry-After`` (and the limits' state
+    when the refusing side read it)."""
+
+    def __init__(
+        self, kind: LimitKind, retry_after_s: float, message: str, rates: RateState | None = None
+    ) -> None:
         super().__init__(message)
         self.kind = kind
         self.retry_after_s = retry_after_s
+        self.rates = rates
 
     @property
     def retry_after_header(self) -> int:
@@ -73,7 +105,10 @@ class LimitExceededError(Exception):
         return min(int(WINDOW_S), max(1, math.ceil(self.retry_after_s)))
 
 
-def refusal(kind: LimitKind, retry_after_s: float, quota: Quota, used: float) -> LimitExceededError:
+def refusal(
+    kind: LimitKind, retry_after_s: float, quota: Quota, used: float,
+    rates: RateState | None = None,
+) -> LimitExceededError:  # fmt: skip
     if kind is LimitKind.RPM:
         message = f"Rate limit reached: {quota.rpm} requests per minute."
     elif kind is LimitKind.TPM:
@@ -83,7 +118,7 @@ def refusal(kind: LimitKind, retry_after_s: float, quota: Quota, used: float) ->
         )
     else:
         message = f"Concurrency limit reached: {quota.concurrency} requests at a time."
-    return LimitExceededError(kind, retry_after_s, message)
+    return LimitExceededError(kind, retry_after_s, message, rates)
 
 
 @dataclass(slots=True)
@@ -100,6 +135,7 @@ class Lease:
     hold_uc: int = 0  # micro-credits held in escrow until settlement
     overdraft: bool = False  # admitted without escrow as best effort (overdraft to batch)
     slot: str = ""  # the allowance's concurrency slot it holds (see :mod:`.allowance`)
+    rates: RateState | None = None  # the RPM/TPM state its admission read (the headers)
 
 
 def settle_refund(lease: Lease, *, actual_tokens: int | None, served: bool) -> int:
@@ -139,20 +175,29 @@ class LocalLimits:
         now = self._clock()
         while state.admitted and state.admitted[0] <= now - WINDOW_S:
             state.admitted.popleft()
-        if len(state.admitted) >= local.rpm:
-            raise refusal(LimitKind.RPM, state.admitted[0] + WINDOW_S - now, local, 0)
         rate = local.tpm / WINDOW_S
         available = local.tpm if state.tokens is None else state.tokens
         available = min(local.tpm, available + (now - state.refilled_at) * rate)
+
+        def rates(used: int, left: float) -> RateState:
+            newest = state.admitted[-1] + WINDOW_S - now if state.admitted else 0.0
+            return RateState.of(local, used=used, tokens=left, requests_reset_s=newest)
+
+        if len(state.admitted) >= local.rpm:
+            raise refusal(LimitKind.RPM, state.admitted[0] + WINDOW_S - now, local, 0,
+                          rates(len(state.admitted), available))  # fmt: skip
         need = min(tokens, local.tpm)
         if available < need:
-            raise refusal(LimitKind.TPM, (need - available) / rate, local, available)
+            raise refusal(LimitKind.TPM, (need - available) / rate, local, available,
+                          rates(len(state.admitted), available))  # fmt: skip
         if len(state.leases) >= local.concurrency:
-            raise refusal(LimitKind.CONCURRENCY, 1.0, local, 0)
+            raise refusal(LimitKind.CONCURRENCY, 1.0, local, 0,
+                          rates(len(state.admitted), available))  # fmt: skip
         state.admitted.append(now)
         state.tokens, state.refilled_at = available - tokens, now
         state.leases.add(lease_id)
-        return Lease(id=lease_id, tenant=tenant, quota=quota, tokens=tokens, source="local")
+        return Lease(id=lease_id, tenant=tenant, quota=quota, tokens=tokens, source="local",
+                     rates=rates(len(state.admitted), available - tokens))  # fmt: skip
 
     def settle(self, lease: Lease, *, actual_tokens: int | None, served: bool) -> None:
         state = self._tenants.get(lease.tenant)

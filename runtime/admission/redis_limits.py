@@ -89,6 +89,7 @@ from runtime.admission.limits import (
     LimitKind,
     LocalLimits,
     Quota,
+    RateState,
     refusal,
     settle_refund,
 )
@@ -317,19 +318,22 @@ class RedisLimits:
                 self._queue(Settlement(tenant, lease_id, 0, True, 0, "", "", ""), urgent=True)
             return None
         self._came_back()
-        status, retry_ms, detail, available, room, hold = answer
+        status, retry_ms, detail, available, room, hold, used, tokens_left, reset_ms = answer
         status = _text(status)
+        rates = RateState.of(quota, used=int(used), tokens=float(tokens_left),
+                             requests_reset_s=int(reset_ms) / 1000.0)  # fmt: skip
         if ask.need_uc > 0:
             self.local_credits.learn(tenant, int(available), int(room))
         kind = _KINDS.get(status)
         if kind is not None:
-            raise refusal(kind, int(retry_ms) / 1000.0, quota, float(detail))
+            raise refusal(kind, int(retry_ms) / 1000.0, quota, float(detail), rates)
         credit_kind = _CREDIT_KINDS.get(status)
         if credit_kind is not None:
             short = int(room) if credit_kind is CreditKind.BUDGET else int(available)
             raise CreditRefusedError(credit_kind, needed_uc=ask.need_uc, available_uc=short)
         lease = Lease(id=lease_id, tenant=tenant, quota=quota, tokens=tokens, source="redis",
-                      ask=ask, hold_uc=int(hold), overdraft=status == b"overdraft")  # fmt: skip
+                      ask=ask, hold_uc=int(hold), overdraft=status == b"overdraft",
+                      rates=rates)  # fmt: skip
         self._active[lease_id] = lease
         return lease
 
@@ -565,8 +569,8 @@ class RedisLimits:
             return
         self._came_back()
         for ask, answer in zip(asks, answers, strict=False):
-            requests, tokens, slots = (int(x) for x in answer)
-            self.allowances.granted(ask, requests, tokens, slots)
+            requests, tokens, slots, used, bucket = (int(x) for x in answer)
+            self.allowances.granted(ask, requests, tokens, slots, used=used, bucket=bucket)
 
     async def _evaluate(self, calls: list[tuple[Any, str, list[str], list[Any]]]) -> list[Any]:
         """Run scripts in one pipeline and return their answers; a script Redis forgot is

@@ -9,7 +9,9 @@ from __future__ import annotations
 # KEYS: rpm, tpm, conc, credit, escrow. ARGV: lease id, rpm, tpm, concurrency, tokens,
 # lease ms, window ms, then the credit ask: need µc, day field, month field, day cap, month
 # cap (-1: none), overdraft ("1": admit without escrow when short).
-# Returns {status, retry_ms, detail, available µc, budget room µc (-1: no cap), held µc}:
+# Returns {status, retry_ms, detail, available µc, budget room µc (-1: no cap), held µc,
+# requests in the window, tokens in the bucket (floor), ms until the window is back to full}
+# (the last three after this admission when admitted, for the x-ratelimit-* headers):
 # status "ok" | "overdraft" | "rpm" | "tpm" | "concurrency" | "credits" | "budget".
 ADMIT_LUA = """
 local t = redis.call('TIME')
@@ -20,18 +22,23 @@ local debit, lease, window = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV
 local need = tonumber(ARGV[8])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - window)
 local used = redis.call('ZCARD', KEYS[1])
-if used >= rpm then
-  local oldest = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
-  return {'rpm', math.max(1, tonumber(oldest[2]) + window - now), used, 0, -1, 0}
-end
 local b = redis.call('HMGET', KEYS[2], 'tokens', 'ts')
 local tokens, ts = tonumber(b[1]), tonumber(b[2])
 if tokens == nil or ts == nil then tokens, ts = tpm, now end
 tokens = math.min(tpm, tokens + math.max(0, now - ts) * tpm / window)
+local function refused(status, retry, detail)
+  local newest = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
+  local reset = newest[2] and math.max(0, tonumber(newest[2]) + window - now) or 0
+  return {status, retry, detail, 0, -1, 0, used, math.floor(tokens), reset}
+end
+if used >= rpm then
+  local oldest = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+  return refused('rpm', math.max(1, tonumber(oldest[2]) + window - now), used)
+end
 local want = math.min(debit, tpm)
 if tokens < want then
   local wait = math.max(1, math.ceil((want - tokens) * window / tpm))
-  return {'tpm', wait, math.floor(tokens), 0, -1, 0}
+  return refused('tpm', wait, math.floor(tokens))
 end
 local dead = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now)
 for _, lid in ipairs(dead) do
@@ -44,7 +51,7 @@ end
 redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
 local held = redis.call('ZCARD', KEYS[3])
 if held >= conc then
-  return {'concurrency', 1000, held, 0, -1, 0}
+  return refused('concurrency', 1000, held)
 end
 local status, hold, avail, room, capped = 'ok', 0, 0, 0, false
 if need > 0 then
@@ -61,10 +68,16 @@ if need > 0 then
     end
   end
   if capped and room < need then
-    return {'budget', 0, need, avail, math.max(0, room), 0}
+    local r = refused('budget', 0, need)
+    r[4], r[5] = avail, math.max(0, room)
+    return r
   end
   if avail < need then
-    if ARGV[13] ~= '1' then return {'credits', 0, need, avail, capped and room or -1, 0} end
+    if ARGV[13] ~= '1' then
+      local r = refused('credits', 0, need)
+      r[4], r[5] = avail, capped and room or -1
+      return r
+    end
     status = 'overdraft'
   else
     hold = need
@@ -83,7 +96,8 @@ if hold > 0 then
   avail = avail - hold
   room = room - hold
 end
-return {status, 0, 0, avail, capped and math.max(0, room) or -1, hold}
+return {status, 0, 0, avail, capped and math.max(0, room) or -1, hold, used + 1,
+        math.floor(left), window}
 """
 
 # KEYS: rpm, tpm, conc, credit, escrow, usage stream, done marker. ARGV: lease id, tokens to

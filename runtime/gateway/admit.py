@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import msgspec
@@ -36,6 +37,7 @@ from runtime.contract import period_fields
 from runtime.gateway.bundles import AdmissionDeps
 from runtime.gateway.errors import ApiError, retry_after
 from runtime.gateway.plan import Plan
+from runtime.gateway.ratelimit_headers import ratelimit_headers
 from runtime.metering.events import UsageEvent, encode_event
 from runtime.metering.pricing import MICRO, Rate, to_credits
 from runtime.scheduling.grant import (
@@ -109,6 +111,8 @@ async def admit_limits(
         code = _LIMIT_CODES[exc.kind]
         deps.metrics.reject(code)
         headers = retry_after(exc.retry_after_header)
+        if exc.rates is not None:
+            headers += ratelimit_headers(exc.rates)
         raise ApiError.of(code, reason=str(exc), headers=headers) from None
     except CreditRefusedError as exc:
         code = str(exc.kind)
@@ -205,10 +209,17 @@ def _lowest_band(deps: AdmissionDeps, snapshot: Snapshot) -> int:
 
 
 async def acquire_slot(
-    deps: AdmissionDeps, snapshot: Snapshot, tenant: TenantSnap, plan: Plan, admission: Admission
+    deps: AdmissionDeps,
+    snapshot: Snapshot,
+    tenant: TenantSnap,
+    plan: Plan,
+    admission: Admission,
+    *,
+    on_queued: Callable[[Callable[[], int | None]], None] | None = None,
 ) -> Grant:
     """Wait in the pool queue for an endpoint with room (see the module docstring); a request
-    admitted on overdraft waits in the lowest band and is shed first."""
+    admitted on overdraft waits in the lowest band and is shed first. ``on_queued`` is told
+    when the request has to wait (:attr:`Ticket.on_queued`)."""
     pool = deps.table.pool_of(snapshot, plan.version.id) or plan.version.scale_pool or None
     if pool is None:
         raise _no_endpoint(deps, plan)
@@ -228,6 +239,7 @@ async def acquire_slot(
         weight=fair_weight(tenant, admission),
         deadline=plan.deadline,
         affinity_key=plan.affinity_key,
+        on_queued=on_queued,
     )
     dispatcher = deps.dispatchers.get(snapshot, pool)
     try:

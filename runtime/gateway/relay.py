@@ -295,6 +295,12 @@ async def end_cut(
     await _end_with(sink, kind, meta, ApiError.of(reason), [])
 
 
+async def end_with_error(sink: ResponseSink, *, kind: str, failure: ApiError, model: str) -> None:
+    """End a stream whose headers went out before its first token (a queued stream's
+    heartbeats) with ``failure``'s terminal chunk and ``[DONE]``."""
+    await _end_with(sink, kind, _Meta(model=model), failure, [])
+
+
 async def _end_with(
     sink: ResponseSink, kind: str, meta: _Meta | None, failure: ApiError, held: list[bytes]
 ) -> None:

@@ -119,8 +119,7 @@ async def dispatch_coalesced(deps: UpstreamDeps, ctx: RequestContext) -> None:
     attempts.opened = True
     record.endpoint = labels.endpoint = str(endpoint.id)
     elapsed = time.perf_counter() - dispatched_at
-    deps.metrics.observe("queue", grant.waited_s, labels)
-    deps.metrics.observe("upstream_ttft", elapsed, labels)
+    deps.metrics.observe("queue", grant.waited_s, labels)  # unary: no upstream_ttft (#33)
     record.timing("queue", grant.waited_s)
     record.timing("upstream_ttft", elapsed)
     if reply.status != 200:

@@ -71,9 +71,12 @@ class ShadowMirror:
         return len(self._tasks)
 
     def offer(
-        self, snapshot: Snapshot, model: ModelSnap, served: VersionSnap, path: str, body: bytes
-    ) -> bool:
-        """Maybe mirror this request (no I/O here); True when a copy was started."""
+        self, snapshot: Snapshot, model: ModelSnap, served: VersionSnap, path: str, body: bytes,
+        *, streaming: bool = False,
+    ) -> bool:  # fmt: skip
+        """Maybe mirror this request (no I/O here); True when a copy was started. A streamed
+        copy's first byte is its TTFT; a unary copy is timed end to end (its first byte is the
+        whole answer)."""
         route = snapshot.routes.get(model.name)
         if route is None or route.shadow_version is None or route.shadow_share <= 0:
             return False
@@ -93,18 +96,23 @@ class ShadowMirror:
             self.dropped += 1
             return False
         url = self._rng.choice(endpoints) + path
-        task = asyncio.create_task(self._send(model.name, candidate.label, url, body))
+        task = asyncio.create_task(
+            self._send(model.name, candidate.label, url, body, streaming=streaming)
+        )
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         self.sent += 1
         return True
 
-    async def _send(self, model: str, version: str, url: str, body: bytes) -> None:
+    async def _send(
+        self, model: str, version: str, url: str, body: bytes, *, streaming: bool
+    ) -> None:
         assert self._client is not None
-        status, ttft_ms = 0, None
+        status, first_ms, total_ms = 0, None, None
         try:
             answer = await self._client.post(url, body)
-            status, ttft_ms = answer.status, answer.headers_s * 1000.0
+            status, first_ms = answer.status, answer.headers_s * 1000.0
+            total_ms = answer.total_s * 1000.0
             if answer.broken is not None:
                 logger.debug("shadow: copy to %s cut short: %s", url, answer.broken)
         except UpstreamError as exc:
@@ -115,6 +123,7 @@ class ShadowMirror:
                     self._stats.record(
                         model=model, version=version, status=status,
                         outcome="ok" if 200 <= status < 300 else "shadow_error",
-                        ttft_ms=ttft_ms if status == 200 else None,
+                        ttft_ms=first_ms if status == 200 and streaming else None,
+                        e2e_ms=total_ms if status == 200 and not streaming else None,
                         prompt_tokens=None, completion_tokens=None,
                     )  # fmt: skip

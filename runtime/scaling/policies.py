@@ -82,7 +82,8 @@ def _ttft_over_slo(signals: PoolSignals, need: Need, current: int) -> Need | Non
     """One more replica while requests wait or run and their TTFT p95 exceeds the class SLO."""
     busy = signals.queued_total + signals.inflight > 0
     if signals.ttft_slo_ratio > 1.0 and busy and need.replicas <= current:
-        return Need(current + 1, f"TTFT p95 at {signals.ttft_slo_ratio:.2f}x its class SLO")
+        ratio = signals.ttft_slo_ratio
+        return Need(current + 1, f"latency p95 at {ratio:.2f}x its class objective")
     return None
 
 

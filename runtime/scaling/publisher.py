@@ -77,12 +77,19 @@ class PoolMeter:
         self._last: dict[str, tuple[float, Counter[str]]] = {}
         # pool -> class -> (seconds to first token, the class's TTFT SLO in seconds)
         self._ttft: dict[str, dict[str, deque[tuple[float, float]]]] = {}
+        # pool -> class -> (a unary request's end-to-end seconds, the class's deadline)
+        self._e2e: dict[str, dict[str, deque[tuple[float, float]]]] = {}
         self._ttft_window = ttft_window
 
     def observe_ttft(self, pool: str, klass: str, ttft_s: float, slo_s: float) -> None:
-        """One request's time to first token (queue + upstream) against its class's SLO."""
+        """One stream's time to first token (queue + upstream) against its class's SLO."""
         per_class = self._ttft.setdefault(pool, {})
         per_class.setdefault(klass, deque(maxlen=self._ttft_window)).append((ttft_s, slo_s))
+
+    def observe_e2e(self, pool: str, klass: str, e2e_s: float, deadline_s: float) -> None:
+        """One unary request's end-to-end time against its class's deadline."""
+        per_class = self._e2e.setdefault(pool, {})
+        per_class.setdefault(klass, deque(maxlen=self._ttft_window)).append((e2e_s, deadline_s))
 
     async def refresh(self) -> None:
         """Read the engines' own series (once per interval, before :meth:`measure`)."""
@@ -94,18 +101,11 @@ class PoolMeter:
             await self._engines.close()
 
     def _ttft_of(self, pool: str) -> tuple[dict[str, float], float]:
-        """p95 per class and the worst p95 / SLO of the interval; the interval is then over."""
-        per_p95: dict[str, float] = {}
-        ratio = 0.0
-        for klass, samples in self._ttft.pop(pool, {}).items():
-            if not samples:
-                continue
-            value = p95([t for t, _ in samples])
-            per_p95[klass] = value
-            slo = min(s for _, s in samples)
-            if slo > 0:
-                ratio = max(ratio, value / slo)
-        return per_p95, ratio
+        """Streams' TTFT p95 per class, and the worst p95 / objective of the interval over
+        both the streams' TTFT and the unary requests' e2e; the interval is then over."""
+        per_p95, ratio = _p95s(self._ttft.pop(pool, {}))
+        _, e2e_ratio = _p95s(self._e2e.pop(pool, {}))
+        return per_p95, max(ratio, e2e_ratio)
 
     def measure(self, pool: MeteredPool) -> PoolSignals:
         now = self._clock()
@@ -140,6 +140,21 @@ class PoolMeter:
         )
 
 
+def _p95s(per_class: dict[str, deque[tuple[float, float]]]) -> tuple[dict[str, float], float]:
+    """p95 per class of ``(seconds, objective)`` samples, and the worst p95 / objective."""
+    per_p95: dict[str, float] = {}
+    ratio = 0.0
+    for klass, samples in per_class.items():
+        if not samples:
+            continue
+        value = p95([t for t, _ in samples])
+        per_p95[klass] = value
+        slo = min(s for _, s in samples)
+        if slo > 0:
+            ratio = max(ratio, value / slo)
+    return per_p95, ratio
+
+
 class SignalsPublisher:
     """Every ``interval_s``: measure every pool of ``pools()`` and write it to Redis."""
 
@@ -162,17 +177,25 @@ class SignalsPublisher:
         self._task: asyncio.Task[None] | None = None
 
     def observe_request(self, record: RequestRecord, snapshot: Snapshot | None) -> None:
-        """Count one finished request's time to first token toward its pool's signals (the
-        gateway calls this for every request; those without a first byte are left out)."""
-        first_ms = record.timings_ms.get("upstream_ttft")
+        """Count one finished request's latency toward its pool's signals (the gateway calls
+        this for every request; those that never reached an engine are left out): a stream's
+        time to first token against its class's TTFT SLO; a unary request's end-to-end time
+        against its class's deadline (its first byte is its whole answer), so a unary-only
+        pool such as an encoder's is never blind (issue #33)."""
+        timings = record.timings_ms
+        first_ms = timings.get("upstream_ttft")
         if first_ms is None or snapshot is None or not record.endpoint.isdigit():
             return
         endpoint = snapshot.endpoints.get(int(record.endpoint))
         klass = snapshot.classes.get(record.klass)
         if endpoint is None or klass is None:
             return
-        ttft_s = (first_ms + record.timings_ms.get("queue", 0.0)) / 1000.0
-        self._meter.observe_ttft(endpoint.pool, klass.name, ttft_s, klass.ttft_slo_ms / 1000.0)
+        if record.stream:
+            ttft_s = (first_ms + timings.get("queue", 0.0)) / 1000.0
+            self._meter.observe_ttft(endpoint.pool, klass.name, ttft_s, klass.ttft_slo_ms / 1e3)
+        elif "e2e" in timings:
+            self._meter.observe_e2e(endpoint.pool, klass.name, timings["e2e"] / 1000.0,
+                                    klass.deadline_ms / 1000.0)  # fmt: skip
 
     async def publish_once(self) -> int:
         """Measure and write every pool now; the number of pools written."""

@@ -30,8 +30,9 @@ class PoolSignals(msgspec.Struct, frozen=True, kw_only=True):
     capacity: int = 0  # concurrent sequences of the pool's usable endpoints
     ready: int = 0  # usable endpoints the router sees
     kv_usage: float | None = None  # highest KV-cache use scraped from the pool's engines
-    # Time to first token (router queue + upstream first byte) of the interval's requests:
-    # p95 per request class, and the worst p95 / class TTFT SLO (> 1: over the SLO).
+    # Time to first token (router queue + upstream first byte) of the interval's streams: p95
+    # per request class; and the worst p95 / objective (> 1: over it) over the streams' TTFT
+    # against their class's TTFT SLO and the unary requests' e2e against its deadline.
     ttft_p95_s: dict[str, float] = msgspec.field(default_factory=dict)
     ttft_slo_ratio: float = 0.0
     # Encoder (CPU) pools, from their batchers' /metrics: mean batch fill (size / cap) and

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import logging
 import math
@@ -216,11 +217,19 @@ class PoolDispatcher:
         if not future.done():
             self.served.queued(ticket.tenant, ticket.weight, now)
             self._wake.set()
+            if ticket.on_queued is not None:
+                ticket.on_queued(functools.partial(self._position, req.id))
         try:
             return await future
         except asyncio.CancelledError:
             self._cancelled(req.id, future)
             raise
+
+    def _position(self, req_id: str) -> int | None:
+        """The 1-based queue position of a waiting request; None once it left the queue."""
+        if req_id not in self._queue:
+            return None
+        return self._queue.position(req_id)
 
     def _hold_or_refuse(self, ticket: Ticket, now: float) -> None:
         """No usable endpoint: wait in the queue while a replica starts (scale from zero) if

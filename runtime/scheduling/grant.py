@@ -4,7 +4,8 @@ the ways it can fail before reaching an engine."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from runtime.scheduling.admission import Rejected
@@ -17,7 +18,11 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Ticket:
-    """One request as the scheduler sees it. ``deadline`` is on the dispatcher's clock."""
+    """One request as the scheduler sees it. ``deadline`` is on the dispatcher's clock.
+
+    ``on_queued``, when given, is called once if the request has to wait in the queue (not
+    when it goes straight to an endpoint), with a function that tells its current 1-based
+    position (None once it left the queue): the queued stream's heartbeats read it."""
 
     tenant: str
     version: int
@@ -30,6 +35,9 @@ class Ticket:
     deadline: float = math.inf
     affinity_key: str | None = None
     is_shadow: bool = False
+    on_queued: Callable[[Callable[[], int | None]], None] | None = field(
+        default=None, compare=False
+    )
 
 
 class SchedulingError(Exception):

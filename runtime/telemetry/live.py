@@ -102,7 +102,8 @@ class _Row:
         ttft = timings.get("ttft")
         if ttft is None or e2e is None:
             return
-        _sample(self.ttft, ttft, self.requests)
+        if record.stream:  # a unary answer's first byte is its whole answer: no TTFT (#33)
+            _sample(self.ttft, ttft, self.requests)
         itl = timings.get("itl")
         tokens = record.completion_tokens or 0
         if itl is None and record.stream and tokens > 1:  # unary: one body, no gaps seen

@@ -2,7 +2,8 @@
 
 - ``switchyard_stage_seconds{stage, model, version, endpoint, class}``: a histogram per
   request stage — ``auth`` (key check), ``queue`` (ready to dispatch → endpoint chosen),
-  ``upstream_ttft`` (dispatch → first upstream event), ``inter_token`` (gap between two
+  ``upstream_ttft`` (dispatch → first upstream event, streams only: a unary answer's first
+  byte is the whole answer, timed by ``e2e``), ``inter_token`` (gap between two
   streamed events) and ``e2e`` (request received → response finished);
 - ``switchyard_requests_total{model, class, outcome, tenant}``: requests by outcome
   (``ok`` or an error code such as ``invalid_api_key``);

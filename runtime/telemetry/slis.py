@@ -6,8 +6,11 @@
   - ``availability``: every request answered, except intentional 4xx (the client's own errors,
     authentication, limits, shedding: the platform chose them) and client disconnects; good
     when it succeeded (a stream broken after its first byte is not good);
-  - ``ttft``: requests that reached a first token; good when queue wait + upstream first
-    token took at most the class's ``ttft_slo_ms``;
+  - ``ttft``: streams that reached a first token; good when queue wait + upstream first
+    token took at most the class's ``ttft_slo_ms`` (a unary request's "first byte" is its
+    whole answer: it is judged by ``e2e`` alone);
+  - ``itl``: streams with at least two events; good when the p95 of their gaps between
+    events (inter-token latency) is at most the class's ``itl_slo_ms``;
   - ``e2e``: successful requests; good when they finished within the class's ``deadline_ms``
     (the end-to-end objective a class states);
   - ``stream_completion``: streams that started; good when they ended with a finish reason,
@@ -21,6 +24,8 @@ bounded.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -30,7 +35,7 @@ from runtime.snapshot import Snapshot
 from runtime.telemetry.children import Children
 from runtime.telemetry.logging import RequestRecord
 
-SLIS: Final = ("availability", "ttft", "e2e", "stream_completion")
+SLIS: Final = ("availability", "ttft", "itl", "e2e", "stream_completion")
 _NOT_THE_PLATFORM: Final = frozenset({"client_disconnected"})
 
 
@@ -42,18 +47,30 @@ class SliVerdict:
     ttft: bool | None
     e2e: bool | None
     stream_completion: bool | None
+    itl: bool | None = None
 
     def items(self) -> tuple[tuple[str, bool | None], ...]:
         return (
             ("availability", self.availability),
             ("ttft", self.ttft),
+            ("itl", self.itl),
             ("e2e", self.e2e),
             ("stream_completion", self.stream_completion),
         )
 
 
+def p95_ms(gaps: Sequence[float]) -> float:
+    """The nearest-rank 95th percentile of ``gaps`` (not empty)."""
+    ordered = sorted(gaps)
+    return ordered[max(0, math.ceil(0.95 * len(ordered)) - 1)]
+
+
 def judge(
-    record: RequestRecord, *, ttft_slo_ms: float | None, e2e_slo_ms: float | None
+    record: RequestRecord,
+    *,
+    ttft_slo_ms: float | None,
+    e2e_slo_ms: float | None,
+    itl_slo_ms: float | None = None,
 ) -> SliVerdict:
     """The SLI verdicts of one finished request (pure: unit-tested on its own)."""
     if record.outcome in _NOT_THE_PLATFORM or 400 <= record.status < 500:
@@ -61,15 +78,18 @@ def judge(
     ok = record.status < 400 and record.outcome == "ok"
     timings = record.timings_ms
     first = timings.get("upstream_ttft")
+    streamed = record.stream and first is not None
     ttft: bool | None = None
-    if first is not None and ttft_slo_ms is not None:
+    if streamed and first is not None and ttft_slo_ms is not None:
         ttft = first + timings.get("queue", 0.0) <= ttft_slo_ms
+    itl: bool | None = None
+    if streamed and record.itl_ms and itl_slo_ms is not None:
+        itl = p95_ms(record.itl_ms) <= itl_slo_ms
     e2e: bool | None = None
     if ok and e2e_slo_ms is not None and "e2e" in timings:
         e2e = timings["e2e"] <= e2e_slo_ms
-    streamed = record.stream and first is not None
     return SliVerdict(
-        availability=ok, ttft=ttft, e2e=e2e, stream_completion=ok if streamed else None
+        availability=ok, ttft=ttft, e2e=e2e, stream_completion=ok if streamed else None, itl=itl
     )
 
 
@@ -99,6 +119,7 @@ class SliCounters:
             record,
             ttft_slo_ms=None if klass is None else klass.ttft_slo_ms,
             e2e_slo_ms=None if klass is None else klass.deadline_ms,
+            itl_slo_ms=None if klass is None else klass.itl_slo_ms,
         )
         for sli, good in verdict.items():
             if good is None:

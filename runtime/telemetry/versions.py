@@ -9,8 +9,10 @@ pipelined ``HINCRBY`` batch into time buckets::
 (the key: :func:`runtime.contract.version_stats_key`, re-exported here as ``stats_key``)
 
 Fields: ``n`` requests, ``err`` server-side failures (status >= 500), ``err:<outcome>`` the
-same by kind, ``pt``/``ct`` prompt/completion tokens, ``ttft:<i>`` the TTFT histogram (bucket
-``i`` of :data:`TTFT_BOUNDS_MS`, the last one open), ``itl:<i>`` the inter-token latency
+same by kind, ``pt``/``ct`` prompt/completion tokens, ``ttft:<i>`` the TTFT histogram of
+streams (bucket ``i`` of :data:`TTFT_BOUNDS_MS`, the last one open), ``e2e:<i>`` the
+end-to-end histogram of unary requests that reached an engine (:data:`E2E_BOUNDS_MS`: a
+unary "first byte" is the whole answer, so it is no TTFT), ``itl:<i>`` the inter-token latency
 histogram (every gap between two streamed events, buckets of :data:`ITL_BOUNDS_MS`). Every
 router replica adds into the same hashes; the rollout evaluator reads the same window for
 stable and candidate with :func:`read_window`. Buckets expire after :data:`TTL_S`. A failed
@@ -45,6 +47,11 @@ TTFT_BOUNDS_MS: tuple[float, ...] = (
 
 ITL_BOUNDS_MS: tuple[float, ...] = (
     1, 2, 3, 5, 7.5, 10, 15, 20, 30, 45, 70, 100, 150, 250, 400, 700, 1000, 2000,
+)  # fmt: skip
+
+E2E_BOUNDS_MS: tuple[float, ...] = (
+    10, 25, 50, 100, 200, 350, 500, 750, 1000, 1500, 2500, 4000, 7000, 12000, 20000, 35000,
+    60000, 120000, 300000, 600000,
 )  # fmt: skip
 
 
@@ -84,8 +91,10 @@ class VersionStats(PeriodicFlusher):
         prompt_tokens: int | None,
         completion_tokens: int | None,
         itl_ms: Sequence[float] = (),
+        e2e_ms: float | None = None,
     ) -> None:
-        """Count one request that was routed to ``version`` (no I/O)."""
+        """Count one request that was routed to ``version`` (no I/O): ``ttft_ms`` for a
+        stream, ``e2e_ms`` for a unary request that reached an engine."""
         if not model or not version:
             return  # refused before a version was chosen: nothing to compare
         key = stats_key(self._namespace, model, version, int(self._clock()) // BUCKET_S)
@@ -98,6 +107,8 @@ class VersionStats(PeriodicFlusher):
             counts[f"err:{outcome or 'error'}"] += 1
         if ttft_ms is not None:
             counts[f"ttft:{ttft_bucket(ttft_ms)}"] += 1
+        if e2e_ms is not None:
+            counts[f"e2e:{bisect.bisect_left(E2E_BOUNDS_MS, e2e_ms)}"] += 1
         if itl_ms:  # one key per bucket touched, not per gap
             for index, seen in Counter(map(self._itl_bucket, itl_ms)).items():
                 counts[f"itl:{index}"] += seen
@@ -108,12 +119,15 @@ class VersionStats(PeriodicFlusher):
 
     def record_request(self, record: RequestRecord) -> None:
         """:meth:`record` from the gateway's finished request record."""
+        timings = record.timings_ms
+        reached = "upstream_ttft" in timings  # it reached an engine
         self.record(
             model=record.model,
             version=record.version,
             status=record.status,
             outcome=record.outcome,
-            ttft_ms=record.timings_ms.get("upstream_ttft"),
+            ttft_ms=timings["upstream_ttft"] if reached and record.stream else None,
+            e2e_ms=timings.get("e2e") if reached and not record.stream else None,
             prompt_tokens=record.prompt_tokens,
             completion_tokens=record.completion_tokens,
             itl_ms=record.itl_ms,
@@ -154,6 +168,7 @@ class WindowStats:
     completion_tokens: int = 0
     ttft_counts: list[int] = field(default_factory=lambda: [0] * (len(TTFT_BOUNDS_MS) + 1))
     itl_counts: list[int] = field(default_factory=lambda: [0] * (len(ITL_BOUNDS_MS) + 1))
+    e2e_counts: list[int] = field(default_factory=lambda: [0] * (len(E2E_BOUNDS_MS) + 1))
 
     def add(self, fields: Mapping[bytes, bytes]) -> None:
         for raw_name, raw_value in fields.items():
@@ -173,6 +188,8 @@ class WindowStats:
                 _add_bucket(self.ttft_counts, name[5:], value)
             elif name.startswith("itl:"):
                 _add_bucket(self.itl_counts, name[4:], value)
+            elif name.startswith("e2e:"):
+                _add_bucket(self.e2e_counts, name[4:], value)
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -183,6 +200,7 @@ class WindowStats:
             "completion_tokens": self.completion_tokens,
             "ttft_samples": sum(self.ttft_counts),
             "itl_samples": sum(self.itl_counts),
+            "e2e_samples": sum(self.e2e_counts),
         }
 
 

@@ -129,6 +129,14 @@ def test_classes(world: World, staff_client: APIClient) -> None:
     assert bad.json()["error"]["fields"] == {
         "deadline_ms": ["Deadline (50 ms) must not be shorter than the TTFT SLO (100 ms)."]
     }
+    created = staff_client.get(f"{OPS}/classes/gold/").json()
+    assert (created["heartbeat_ms"], created["itl_slo_ms"]) == (5000, 200)  # the defaults
+    tuned = _patch(staff_client, f"{OPS}/classes/gold/", {"heartbeat_ms": 0, "itl_slo_ms": 50})
+    assert (tuned.json()["heartbeat_ms"], tuned.json()["itl_slo_ms"]) == (0, 50)
+    slow = _patch(staff_client, f"{OPS}/classes/gold/", {"heartbeat_ms": 30_000})
+    assert slow.json()["error"]["fields"] == {
+        "heartbeat_ms": ["Heartbeat ms must be at most 5000 (got 30000)."]
+    }
     renamed = _patch(staff_client, f"{OPS}/classes/gold/", {"name": "platinum"})
     assert renamed.status_code == 200, renamed.content
     assert renamed.json()["name"] == "platinum"

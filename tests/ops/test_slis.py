@@ -31,7 +31,10 @@ CHAT = "sim-chat"
 GHOST = "ghost-chat"
 
 
-def record(status: int, outcome: str, *, stream: bool = False, **timings: float) -> RequestRecord:
+def record(
+    status: int, outcome: str, *, stream: bool = False, itl: tuple[float, ...] = (),
+    **timings: float,
+) -> RequestRecord:  # fmt: skip
     return RequestRecord(
         request_id="r",
         route="/v1/chat/completions",
@@ -39,6 +42,7 @@ def record(status: int, outcome: str, *, stream: bool = False, **timings: float)
         outcome=outcome,
         stream=stream,
         timings_ms=dict(timings),
+        itl_ms=list(itl),
     )
 
 
@@ -53,9 +57,24 @@ def record(status: int, outcome: str, *, stream: bool = False, **timings: float)
             record(200, "ok", stream=True, queue=450, upstream_ttft=100, e2e=900),
             SliVerdict(availability=True, ttft=False, e2e=True, stream_completion=True),
         ),
-        (  # over the 2 s end-to-end objective; unary, so no stream SLI
+        (  # over the 2 s end-to-end objective; unary: judged end to end only (its "first
+            # byte" is its whole answer, issue #33), so no TTFT and no stream SLI
             record(200, "ok", queue=1, upstream_ttft=2500, e2e=2600),
-            SliVerdict(availability=True, ttft=False, e2e=False, stream_completion=None),
+            SliVerdict(availability=True, ttft=None, e2e=False, stream_completion=None),
+        ),
+        (  # a fast unary answer is not a TTFT event either
+            record(200, "ok", queue=1, upstream_ttft=50, e2e=60),
+            SliVerdict(availability=True, ttft=None, e2e=True, stream_completion=None),
+        ),
+        (  # ITL: the p95 of its gaps (nearest rank: 19th of 20) within 50 ms
+            record(200, "ok", stream=True, upstream_ttft=10, e2e=500, itl=(10.0,) * 19 + (900.0,)),
+            SliVerdict(availability=True, ttft=True, e2e=True, stream_completion=True, itl=True),
+        ),
+        (  # ... and over it
+            record(
+                200, "ok", stream=True, upstream_ttft=10, e2e=500, itl=(10.0,) * 18 + (60.0, 900.0)
+            ),
+            SliVerdict(availability=True, ttft=True, e2e=True, stream_completion=True, itl=False),
         ),
         (  # stream cut after its first token
             record(200, "stream_broken", stream=True, upstream_ttft=50, e2e=300),
@@ -74,7 +93,7 @@ def record(status: int, outcome: str, *, stream: bool = False, **timings: float)
     ],
 )
 def test_verdicts(rec: RequestRecord, expected: SliVerdict) -> None:
-    assert judge(rec, ttft_slo_ms=500, e2e_slo_ms=2000) == expected
+    assert judge(rec, ttft_slo_ms=500, e2e_slo_ms=2000, itl_slo_ms=50) == expected
 
 
 def test_no_class_objectives_counts_availability_only() -> None:
@@ -94,6 +113,15 @@ def samples(text: str, name: str) -> dict[tuple[tuple[str, str], ...], float]:
     return found
 
 
+def stage_count(text: str, stage: str, klass: str, model: str) -> float:
+    found = samples(text, "switchyard_stage_seconds_count")
+    return sum(
+        value
+        for labels, value in found.items()
+        if {("stage", stage), ("class", klass), ("model", model)} <= set(labels)
+    )
+
+
 def sli(text: str, kind: str, sli_name: str, klass: str, model: str) -> float:
     key = (("class", klass), ("model", model), ("sli", sli_name))
     return samples(text, f"switchyard_sli_{kind}_total").get(key, 0.0)
@@ -110,7 +138,7 @@ def router(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Process, 
         world.add_class("interactive", band=0, deadline_ms=30_000)
         world.classes["tight"] = RequestClassSnap(
             name="tight", priority_band=0, ttft_slo_ms=0, deadline_ms=30_000,
-            max_queue_length=100, shed_order=1,
+            max_queue_length=100, shed_order=1, itl_slo_ms=0,
         )  # fmt: skip
         world.add_tenant("acme", classes=("interactive", "tight"), default_class="interactive")
         world.add_key("good", "acme")
@@ -162,16 +190,24 @@ def test_router_counts_slis_per_class_and_model(
     text = httpx.get(f"{proc.base_url}/metrics", timeout=10).text
     assert sli(text, "events", "availability", "interactive", CHAT) == 2
     assert sli(text, "good", "availability", "interactive", CHAT) == 2
-    assert sli(text, "events", "ttft", "interactive", CHAT) == 2
-    assert sli(text, "good", "ttft", "interactive", CHAT) == 2
+    # TTFT and ITL count the stream only; the unary request is judged by e2e (issue #33).
+    assert sli(text, "events", "ttft", "interactive", CHAT) == 1
+    assert sli(text, "good", "ttft", "interactive", CHAT) == 1
+    assert sli(text, "events", "itl", "interactive", CHAT) == 1
+    assert sli(text, "good", "itl", "interactive", CHAT) == 1
     assert sli(text, "good", "e2e", "interactive", CHAT) == 2
     assert sli(text, "events", "stream_completion", "interactive", CHAT) == 1
     assert sli(text, "good", "stream_completion", "interactive", CHAT) == 1
     assert sli(text, "events", "ttft", "tight", CHAT) == 1
     assert sli(text, "good", "ttft", "tight", CHAT) == 0
+    assert sli(text, "events", "itl", "tight", CHAT) == 1  # 0 ms ITL objective: missed
+    assert sli(text, "good", "itl", "tight", CHAT) == 0
     assert sli(text, "events", "availability", "interactive", GHOST) == 1
     assert sli(text, "good", "availability", "interactive", GHOST) == 0
     assert sli(text, "events", "availability", "", "") == 0
+    # The stage histogram's upstream_ttft is a stream's too; both requests have an e2e.
+    assert stage_count(text, "upstream_ttft", "interactive", CHAT) == 1
+    assert stage_count(text, "e2e", "interactive", CHAT) == 2
 
     def ghost_down() -> bool:
         text = httpx.get(f"{proc.base_url}/metrics", timeout=10).text

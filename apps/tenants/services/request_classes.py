@@ -11,7 +11,7 @@ from django.db import transaction
 
 from apps.common.audit import audit_changes, audit_record
 from apps.common.outbox import snapshot_publish_on_commit
-from apps.tenants.models import RequestClass
+from apps.tenants.models import MAX_HEARTBEAT_MS, RequestClass
 from apps.tenants.services.checks import (
     CLASS_NAME_RE,
     SMALLINT_MAX,
@@ -27,6 +27,8 @@ REQUEST_CLASS_FIELDS = (
     "deadline_ms",
     "max_queue_length",
     "shed_order",
+    "heartbeat_ms",
+    "itl_slo_ms",
 )
 
 
@@ -55,6 +57,11 @@ def request_class_validate_values(values: Mapping[str, Any]) -> None:
     )
     if "max_queue_length" in values:
         check_int(errors, "max_queue_length", values["max_queue_length"], minimum=1)
+    if "heartbeat_ms" in values:  # 0 turns heartbeats off
+        check_int(errors, "heartbeat_ms", values["heartbeat_ms"], minimum=0,
+                  maximum=MAX_HEARTBEAT_MS)  # fmt: skip
+    if "itl_slo_ms" in values:
+        check_int(errors, "itl_slo_ms", values["itl_slo_ms"], minimum=1)
     if ttft_ok and deadline_ok and values["deadline_ms"] < values["ttft_slo_ms"]:
         add_error(
             errors,
@@ -87,6 +94,8 @@ def request_class_create(
     deadline_ms: int,
     max_queue_length: int,
     shed_order: int,
+    heartbeat_ms: int = 5000,
+    itl_slo_ms: int = 200,
 ) -> RequestClass:
     values = {
         "name": name,
@@ -95,6 +104,8 @@ def request_class_create(
         "deadline_ms": deadline_ms,
         "max_queue_length": max_queue_length,
         "shed_order": shed_order,
+        "heartbeat_ms": heartbeat_ms,
+        "itl_slo_ms": itl_slo_ms,
     }
     request_class_validate_values(values)
     _check_name_free(name)

@@ -127,14 +127,14 @@ class RequestContext:
     screen: OutputScreen | None = None  # the post-filter's output check (stop rules in force)
     answered: bool = False  # a stage answered: the stages after it do not run
     detach: bool = False  # the rest runs to its end without the client (Idempotency-Key)
-    # Headers a stage adds to the response, whoever starts it (e.g. a degradation's).
-    reply_headers: list[tuple[bytes, bytes]] = field(default_factory=list)
+    # Headers a stage adds to any answer, whoever starts it (the rate limits, a degradation's).
+    response_headers: list[tuple[bytes, bytes]] = field(default_factory=list)
     sink: ResponseSink = field(init=False)
     _early: list[Callable[[], None]] = field(default_factory=list)
     _early_waits: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self.sink = EndGuard(self.client, self.release_early, self.reply_headers)
+        self.sink = EndGuard(self.client, self.release_early, self.response_headers)
 
     # -- what earlier stages decided (a missing one is a wrong stage order) ---------------
 
@@ -162,6 +162,10 @@ class RequestContext:
     def ready_attempts(self) -> Attempts:
         return _need(self.attempts, "attempts")
 
+    def version_header(self) -> list[tuple[bytes, bytes]]:
+        """``x-switchyard-version``: the version that serves the request."""
+        return [(b"x-switchyard-version", self.ready_plan.version.label.encode("latin-1"))]
+
     # -- the one release mechanism ---------------------------------------------------------
 
     def hold(self, name: str, release: Callable[[], None], *, early: bool = False) -> Release:
@@ -176,6 +180,17 @@ class RequestContext:
     def hold_async(self, release: Callable[[], Awaitable[None]]) -> None:
         """Await ``release`` exactly once when the request ends."""
         self.exits.push_async_callback(release)
+
+    def on_failure(self, handler: Callable[[BaseException], Awaitable[None]]) -> None:
+        """Await ``handler(error)`` when the request ends by an exception (a refusal, a
+        cancellation), at its place among the releases; the exception still propagates."""
+
+        async def exit_(_type: object, error: BaseException | None, _tb: object) -> bool:
+            if error is not None:
+                await handler(error)
+            return False
+
+        self.exits.push_async_exit(exit_)
 
     def before_end(self, step: Callable[[], None]) -> None:
         """Run ``step`` only if the response ends cleanly (its last chunk goes out), before
@@ -209,23 +224,22 @@ class EndGuard:
     """The sink every stage answers through: before the response's last chunk goes out it
     runs the context's early releases (the concurrency slot, the grant, settling), so the
     client never sees its response end while its slot is still taken. The response carries
-    the context's ``reply_headers``."""
+    ``extra`` headers too (the context's ``response_headers``: the rate limits, a degradation's)."""
 
     __slots__ = ("_before_end", "_extra", "_sink")
 
     def __init__(
-        self,
-        sink: ResponseSink,
-        before_end: Callable[[], Awaitable[None]],
+        self, sink: ResponseSink, before_end: Callable[[], Awaitable[None]],
         extra: list[tuple[bytes, bytes]] | None = None,
-    ) -> None:
+    ) -> None:  # fmt: skip
         self._sink = sink
         self._before_end = before_end
-        self._extra = extra if extra is not None else []
+        self._extra = [] if extra is None else extra
 
     async def start_response(self, status: int, headers: Headers) -> None:
-        extra = self._extra
-        await self._sink.start_response(status, [*headers, *extra] if extra else headers)
+        if self._extra:
+            headers = [*headers, *self._extra]
+        await self._sink.start_response(status, headers)
 
     async def send_chunk(self, data: bytes, *, last: bool = False) -> None:
         if last:

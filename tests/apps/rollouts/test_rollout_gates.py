@@ -173,3 +173,27 @@ def test_gate_results_share_one_evidence_shape() -> None:
     )  # fmt: skip
     assert waiting.as_dict()["passed"] is None
     assert set(errors.as_dict()) == set(cost.as_dict()) == set(waiting.as_dict())
+
+
+def test_the_itl_gate_fails_a_candidate_that_misses_the_class_objective_the_stable_meets() -> None:
+    """Issue #33: the ITL gate is judged against the request classes' ITL objective too."""
+    bounds = ITL_BOUNDS_MS
+
+    def itl(ms: float, n: int = 400) -> list[int]:
+        counts = [0] * (len(bounds) + 1)
+        counts[next(i for i, b in enumerate(bounds) if ms <= b)] += n
+        return counts
+
+    def gate(candidate: list[int], objective: float | None) -> gates.GateResult:
+        return gates.latency_gate(
+            name="itl_p95", bounds=bounds, stable=itl(18.0), candidate=candidate,
+            max_ratio=2.0, min_samples=100, objective=objective,
+        )  # fmt: skip
+
+    slower = itl(28.0)  # within the 2x ratio of the stable's ~20 ms
+    assert gate(slower, objective=None).decision == "pass"
+    assert gate(slower, objective=50.0).decision == "pass"  # both within the objective
+    missed = gate(slower, objective=25.0)  # the stable meets 25 ms, the candidate does not
+    assert missed.decision == "fail"
+    assert missed.numbers["objective_ms"] == 25.0
+    assert gate(slower, objective=10.0).decision == "pass"  # neither meets it: not the change

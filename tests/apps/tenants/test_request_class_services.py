@@ -20,6 +20,8 @@ GOOD: dict[str, Any] = {
     "deadline_ms": 2_000,
     "max_queue_length": 50,
     "shed_order": 9,
+    "heartbeat_ms": 1_000,
+    "itl_slo_ms": 80,
 }
 
 
@@ -52,6 +54,9 @@ def test_create_stores_audits_and_publishes(admin_user, publishes):
         ("max_queue_length", 0, "positive whole number"),
         ("max_queue_length", "50", "whole number"),
         ("ttft_slo_ms", 2.5, "whole number"),
+        ("heartbeat_ms", 5_001, "at most 5000"),  # a queued stream hears every 5 s at most
+        ("heartbeat_ms", -1, "at least 0"),
+        ("itl_slo_ms", 0, "positive whole number"),
     ],
 )
 def test_create_refuses_bad_value(field, value, message):

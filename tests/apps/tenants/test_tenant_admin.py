@@ -179,6 +179,8 @@ def test_request_class_admin_create_and_refuse(admin_client):
         "deadline_ms": "200",
         "max_queue_length": "10",
         "shed_order": "5",
+        "heartbeat_ms": "5000",
+        "itl_slo_ms": "200",
     }
 
     refused = admin_client.post(url, data)
@@ -201,6 +203,8 @@ def test_request_class_admin_change_goes_through_service(admin_client, classes):
         "deadline_ms": "3600000",
         "max_queue_length": "20000",
         "shed_order": "1",
+        "heartbeat_ms": "5000",
+        "itl_slo_ms": "200",
     }
 
     response = admin_client.post(url, data)

@@ -153,3 +153,22 @@ def test_the_grant_size_follows_the_demand_within_the_caps() -> None:
     assert ask.requests == 64  # capped (demand x ttl x 2 would be 2000)
     assert ask.tokens <= 64 * 10
     assert ask.slots == 2  # 2 x busy + 4 = 4 wanted (none running at the ask), 2 held
+
+
+def test_an_allowance_lease_reports_redis_view_with_the_unspent_part_given_back() -> None:
+    """The x-ratelimit-* numbers of a request admitted from memory (issue #33): Redis's window
+    and bucket at the last grant, plus what this router still holds unspent."""
+    clock = Clock()
+    allowances = Allowances(ttl_s=1.0, clock=clock)
+    for _ in range(2):
+        allowances.take("acme", QUOTA, 10)
+    (ask,) = allowances.asks()
+    # Redis after the grant: 50 entries in the window (the 10 granted among them), 900_000
+    # tokens left in the bucket (the 1000 granted already taken out).
+    allowances.granted(ask, 10, 1000, 4, used=50, bucket=900_000)
+    lease = allowances.take("acme", QUOTA, 40)
+    assert lease is not None
+    assert lease.rates is not None
+    # 9 entries still in hand: 41 really used; 960 granted tokens unspent.
+    assert (lease.rates.requests_limit, lease.rates.requests_left) == (6000, 6000 - 41)
+    assert (lease.rates.tokens_limit, lease.rates.tokens_left) == (1_000_000, 900_960)

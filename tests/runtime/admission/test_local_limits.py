@@ -65,3 +65,21 @@ def test_unknown_usage_keeps_the_worst_case_and_unserved_gives_all_back() -> Non
     limits.settle(unserved, actual_tokens=None, served=False)
     assert limits.held("t") == 0
     limits.acquire("4", "t", quota, tokens=40)
+
+
+def test_the_fallback_reports_its_rate_limit_state_too() -> None:
+    clock = Clock()
+    limits = LocalLimits(clock=clock, replicas=2)
+    quota = Quota(rpm=4, tpm=240, concurrency=10)  # per process: 2 rpm, 120 tpm
+    lease = limits.acquire("1", "t", quota, tokens=30)
+    assert lease.rates is not None
+    assert (lease.rates.requests_limit, lease.rates.requests_left) == (2, 1)
+    assert (lease.rates.tokens_limit, lease.rates.tokens_left) == (120, 90)
+    assert lease.rates.tokens_reset_s == pytest.approx(15.0)  # 30 tokens at 2 per second
+    clock.now += 10
+    limits.acquire("2", "t", quota, tokens=1)
+    with pytest.raises(LimitExceededError) as refused:
+        limits.acquire("3", "t", quota, tokens=1)
+    assert refused.value.rates is not None
+    assert refused.value.rates.requests_left == 0
+    assert refused.value.rates.requests_reset_s == pytest.approx(60.0)  # the newest: just now

@@ -200,3 +200,25 @@ async def test_scripts_are_reloaded_when_redis_forgot_them(make: Factory) -> Non
     limits.settle(lease, actual_tokens=1, served=True)
     assert await limits.flush() == 1
     await limits.acquire("acme", quota, tokens=1)  # the lease was released
+
+
+async def test_admission_returns_the_rate_limit_state_it_read(make: Factory) -> None:
+    """The x-ratelimit-* headers' numbers come with the admission script's own answer (no
+    extra round trip): left after this request, and the time back to full (issue #33)."""
+    limits = await started(make())
+    quota = Quota(rpm=3, tpm=600, concurrency=100)  # 10 tokens per second
+    lease = await limits.acquire("acme", quota, tokens=150)
+    rates = lease.rates
+    assert rates is not None
+    assert (rates.requests_limit, rates.requests_left) == (3, 2)
+    assert rates.requests_reset_s == pytest.approx(60.0)
+    assert (rates.tokens_limit, rates.tokens_left) == (600, 450)
+    assert rates.tokens_reset_s == pytest.approx(15.0, abs=0.1)  # 150 tokens at 10 per second
+    await limits.acquire("acme", quota, tokens=1)
+    await limits.acquire("acme", quota, tokens=1)
+    with pytest.raises(LimitExceededError) as refused:
+        await limits.acquire("acme", quota, tokens=1)
+    seen = refused.value.rates
+    assert seen is not None
+    assert (seen.requests_left, seen.tokens_left) == (0, 448)
+    assert 59 < seen.requests_reset_s <= 60  # until the newest admission leaves the window

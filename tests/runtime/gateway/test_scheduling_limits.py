@@ -78,6 +78,11 @@ def post(router: Process, world: World, tenant: str, **body: int) -> httpx.Respo
     )  # fmt: skip
 
 
+def ratelimits(answer: httpx.Response) -> dict[str, str]:
+    prefix = "x-ratelimit-"
+    return {k[len(prefix) :]: v for k, v in answer.headers.items() if k.startswith(prefix)}
+
+
 def test_tokens_per_minute_debit_prompt_plus_max_tokens(
     engine: Process, private_redis: EmbeddedRedis, tmp_path: Path
 ) -> None:
@@ -89,9 +94,19 @@ def test_tokens_per_minute_debit_prompt_plus_max_tokens(
         wait_ready(router, publisher.publish(world.snapshot()))
         # 60 + the router's prompt estimate (22) debited; settled with the actual usage (the
         # simulator's prompt of 8 + all 60): 32 tokens are left.
-        assert post(router, world, "thrifty", max_tokens=60).status_code == 200
+        served = post(router, world, "thrifty", max_tokens=60)
+        assert served.status_code == 200
+        # OpenAI's rate-limit headers, from the admission script's own answer: 82 of the 100
+        # tokens debited, refilling at 100 per minute (49.2 s); 1 of 1000 requests.
+        assert ratelimits(served) == {
+            "limit-requests": "1000", "remaining-requests": "999", "reset-requests": "1m0s",
+            "limit-tokens": "100", "remaining-tokens": "18", "reset-tokens": "49.2s",
+        }  # fmt: skip
         refused = post(router, world, "thrifty", max_tokens=95)  # needs the whole bucket
         assert refused.status_code == 429
+        seen = ratelimits(refused)  # the refusal carries them too (nothing more debited)
+        assert (seen["limit-tokens"], seen["remaining-requests"]) == ("100", "999")
+        assert 32 <= int(seen["remaining-tokens"]) < 40
         error = refused.json()["error"]
         assert error["code"] == "tokens_per_minute_exceeded"
         assert error["type"] == "rate_limit_error"

@@ -66,7 +66,7 @@ class EscrowMachine(RuleBasedStateMachine):
     )
     def admit_one(self, need: int, overdraft: bool, cap: int, lease_ms: int) -> str:
         lease = uuid.uuid4().hex
-        status, _retry, _detail, available, _room, hold = self.admit(
+        status, _retry, _detail, available, _room, hold, *_rates = self.admit(
             keys=self.keys(),
             args=[lease, 10**6, 10**9, 10**6, 1, lease_ms, 60_000, need, DAY, MONTH, cap, -1,
                   "1" if overdraft else "0"],

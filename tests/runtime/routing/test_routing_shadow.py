@@ -15,6 +15,7 @@ from routing_support import endpoint, snapshot
 
 from runtime.routing.shadow import ShadowMirror
 from runtime.snapshot import Snapshot
+from runtime.telemetry.versions import VersionStats
 from runtime.upstream.drain import DrainClient
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
@@ -106,4 +107,37 @@ async def test_copies_go_through_an_injected_client_the_mirror_does_not_close() 
     finally:
         await mirror.stop()
         await client.close()
+        await server.close()
+
+
+async def test_a_copy_counts_ttft_when_streamed_and_end_to_end_when_unary() -> None:
+    """Issue #33: a unary copy's first byte is its whole answer, so it is timed end to end
+    (the rollout gates' e2e histogram), never as a TTFT."""
+
+    async def handler(request: web.Request) -> web.Response:
+        return web.json_response({"ok": True})
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", handler)
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    stats = VersionStats("redis://127.0.0.1:9", namespace="ns")  # counts in memory, no flush
+    mirror = ShadowMirror(rng=random.Random(0), stats=stats)
+    try:
+        await mirror.start()
+        snap = shadow_world(f"http://127.0.0.1:{server.port}")
+        kinds: dict[bool, set[str]] = {}
+        for streaming in (False, True):
+            assert mirror.offer(snap, snap.models["m"], snap.versions[1],
+                                "/v1/chat/completions", b"{}", streaming=streaming)  # fmt: skip
+            await async_eventually(lambda: mirror.inflight == 0, timeout=5.0, what="copy done")
+            pending = stats._pending  # what the next flush would write
+            kinds[streaming] = {name.split(":")[0] for c in pending.values() for name in c}
+            pending.clear()
+        assert kinds[False] >= {"n", "e2e"}
+        assert "ttft" not in kinds[False]
+        assert kinds[True] >= {"n", "ttft"}
+        assert "e2e" not in kinds[True]
+    finally:
+        await mirror.stop()
         await server.close()

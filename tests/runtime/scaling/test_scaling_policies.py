@@ -150,7 +150,7 @@ def test_ttft_over_the_class_slo_adds_a_replica_while_busy(name: str) -> None:
     slow = sig(inflight=10, capacity=20, ttft_slo_ratio=1.6, ttft_p95_s={"interactive": 0.8})
     need = policy.need(slow, current=2, target=TARGET)
     assert need.replicas == 3
-    assert "TTFT p95 at 1.60x its class SLO" in need.why
+    assert "latency p95 at 1.60x its class objective" in need.why  # TTFT or unary e2e (#33)
     within = sig(inflight=10, capacity=20, ttft_slo_ratio=0.9)
     assert policy.need(within, current=2, target=TARGET).replicas == 2
     idle = sig(inflight=0, capacity=20, ttft_slo_ratio=3.0)  # a past slow request, no load now

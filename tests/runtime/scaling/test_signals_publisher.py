@@ -147,7 +147,8 @@ async def test_ttft_of_finished_requests_against_their_class_slo(ns: str) -> Non
         timings = {"queue": queue_ms, **({} if ttft_ms is None else {"upstream_ttft": ttft_ms})}
         values = {"endpoint": "7", "klass": "interactive", **fields}
         pub.observe_request(RequestRecord(request_id="x", route="/v1/chat/completions",
-                                          timings_ms=timings, **values), snapshot)  # fmt: skip
+                                          stream=True, timings_ms=timings, **values),
+                            snapshot)  # fmt: skip
 
     client = aioredis.Redis.from_url(REDIS_URL)
     try:
@@ -168,6 +169,31 @@ async def test_ttft_of_finished_requests_against_their_class_slo(ns: str) -> Non
         raw = await client.hgetall(scaling_signals_key(ns, "gpu-a"))
         signals = parse_entries(raw, now=clock.now, stale_s=10)[0]
         assert (signals.ttft_p95_s, signals.ttft_slo_ratio) == ({}, 0.0)
+    finally:
+        await client.aclose()
+        await pub.stop()
+
+
+async def test_unary_requests_count_end_to_end_against_the_deadline_not_as_ttft(ns: str) -> None:
+    """Issue #33: a unary request's first byte is its whole answer; it feeds the latency
+    ratio as e2e / deadline (so a unary-only pool is not blind), never the TTFT p95."""
+    pool, clock = Pool(), Clock()
+    pub = SignalsPublisher(REDIS_URL, namespace=ns, pools=lambda: [pool],
+                           meter=PoolMeter(Fleet(), clock=clock), router_id="r1")  # fmt: skip
+    snapshot = world_snapshot()
+    deadline_s = snapshot.classes["interactive"].deadline_ms / 1000.0
+    client = aioredis.Redis.from_url(REDIS_URL)
+    try:
+        for _ in range(20):  # 2 s to its first byte: far over a 1 s TTFT SLO, but unary
+            timings = {"queue": 10.0, "upstream_ttft": 2000.0, "e2e": 1000.0 * deadline_s * 2}
+            pub.observe_request(RequestRecord(request_id="u", route="/v1/embeddings",
+                                              endpoint="7", klass="interactive",
+                                              timings_ms=timings), snapshot)  # fmt: skip
+        await pub.publish_once()
+        raw = await client.hgetall(scaling_signals_key(ns, "gpu-a"))
+        signals = parse_entries(raw, now=clock.now, stale_s=10)[0]
+        assert signals.ttft_p95_s == {}
+        assert signals.ttft_slo_ratio == pytest.approx(2.0)  # e2e p95 at twice the deadline
     finally:
         await client.aclose()
         await pub.stop()

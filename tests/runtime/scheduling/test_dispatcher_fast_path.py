@@ -4,14 +4,16 @@ with the queued path's accounting, and never ahead of a request that waits."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
+from collections.abc import Callable
 
 import pytest
 from dispatch_support import HandFleet, dispatcher, settle, ticket, waiting
 from schedsim import make_request
 
 from runtime.scheduling.fairness import VirtualTokenCounter
-from runtime.scheduling.grant import Grant
+from runtime.scheduling.grant import Grant, Ticket
 from runtime.scheduling.ordering import ArrivalOrder
 from runtime.scheduling.queue import PoolQueue
 
@@ -118,3 +120,34 @@ def test_pass_through_refuses_while_a_request_is_queued() -> None:
     queue.push(make_request(ids, tenant="a", input_tokens=1, output_tokens=1))
     with pytest.raises(RuntimeError, match="overtake"):
         queue.pass_through(make_request(ids, tenant="b", input_tokens=1, output_tokens=1))
+
+
+@pytest.mark.asyncio
+async def test_on_queued_tells_a_waiting_request_its_position_and_nothing_to_the_fast_path() -> (
+    None
+):
+    """Issue #33's heartbeats: ``Ticket.on_queued`` is called once, only for a request that
+    waits, with its live 1-based position (None once it left the queue)."""
+    fleet = HandFleet()
+    fleet.add(1, capacity=1)
+    d = dispatcher(fleet)
+    told: dict[str, Callable[[], int | None]] = {}
+
+    def watched(name: str) -> Ticket:  # one tenant: its requests queue in arrival order
+        return dataclasses.replace(ticket("t"), on_queued=lambda pos: told.setdefault(name, pos))
+
+    try:
+        first = await d.acquire(watched("a"))  # the fast path: never queued
+        b = waiting(d, watched("b"))
+        c = waiting(d, watched("c"))
+        await settle()
+        assert set(told) == {"b", "c"}  # "a" went straight to the free slot
+        assert (told["b"](), told["c"]()) == (1, 2)
+        first.release()
+        granted = await asyncio.wait_for(b, 1)
+        assert told["b"]() is None  # left the queue
+        assert told["c"]() == 1
+        granted.release()
+        (await asyncio.wait_for(c, 1)).release()
+    finally:
+        await d.stop()

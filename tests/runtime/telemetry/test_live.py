@@ -33,6 +33,7 @@ def _record(
     e2e: float = 100.0,
     ttft: float | None = 40.0,
     endpoint: str = "7",
+    stream: bool = True,
 ) -> RequestRecord:
     record = RequestRecord(
         request_id="r",
@@ -46,6 +47,7 @@ def _record(
         outcome=outcome,
         prompt_tokens=3,
         completion_tokens=5,
+        stream=stream,
     )
     record.timings_ms = {"e2e": e2e, "queue": 10.0, "upstream_ttft": 25.0}
     if ttft is not None:
@@ -60,6 +62,7 @@ def test_rows_per_key_with_outcomes_stages_and_tokens() -> None:
     live.record(_record("acme"))
     live.record(_record("acme", e2e=300.0, ttft=60.0))
     live.record(_record("acme", status=429, outcome="shed", ttft=None, endpoint=""))
+    live.record(_record("other", ttft=900.0, stream=False))  # unary: no TTFT sample (#33)
     live.record(_record("other"))
     document = live.close_bucket()
     rows = {(r["tenant"], r["pool"]): r for r in document["rows"]}
@@ -81,6 +84,7 @@ def test_rows_per_key_with_outcomes_stages_and_tokens() -> None:
     refused = rows[("acme", "")]
     assert (refused["throttled"], refused["shed"], refused["errors"]) == (1, 1, 1)
     assert refused["ttft_ms"] is None
+    assert rows[("other", "pool-7")]["ttft_ms"] == {"p50": 40.0, "p95": 40.0, "p99": 40.0}
     assert refused["stages_ms"]["queue"] is None
     assert document["ts"] == 100.0
     assert document["v"] == 1
@@ -105,7 +109,7 @@ def test_itl_percentiles_from_timing_or_stream_and_router_routes() -> None:
     one_token.stream = True
     one_token.completion_tokens = 1  # no gap after a single token
     live.record(one_token)
-    live.record(_record("globex", e2e=140.0, ttft=40.0))  # unary: the body came at once
+    live.record(_record("globex", e2e=140.0, ttft=40.0, stream=False))  # unary: one body
     document = live.close_bucket()
     rows = {r["tenant"]: r for r in document["rows"]}
     assert rows["acme"]["itl_ms"] == {"p50": 7.5, "p95": 25.0, "p99": 25.0}

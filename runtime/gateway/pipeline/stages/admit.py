@@ -1,12 +1,16 @@
 """Stage ``admit``: the tenant's RPM, TPM, concurrency, budget caps and credit escrow in Redis
-(:func:`runtime.gateway.admit.admit_limits`); registers the settlement (:mod:`.settle`)."""
+(:func:`runtime.gateway.admit.admit_limits`); registers the settlement (:mod:`.settle`).
+The ``x-ratelimit-*`` headers of what it read (:mod:`runtime.gateway.ratelimit_headers`) go
+on every answer from here on: the response's (through the context's sink) and an error's."""
 
 from __future__ import annotations
 
 from runtime.gateway.admit import admit_limits
 from runtime.gateway.bundles import AdmissionDeps
+from runtime.gateway.errors import ApiError
 from runtime.gateway.pipeline.context import RequestContext
 from runtime.gateway.pipeline.stages.settle import settle
+from runtime.gateway.ratelimit_headers import Headers, ratelimit_headers
 
 
 class Admit:
@@ -21,4 +25,16 @@ class Admit:
             deps, ctx.ready_snapshot, ctx.ready_principal.tenant, ctx.ready_plan
         )
         ctx.hold("settle", lambda: settle(deps, ctx), early=True)
+        rates = ctx.ready_admission.lease.rates
+        if rates is not None:
+            headers = ratelimit_headers(rates)
+            ctx.response_headers.extend(headers)
+            ctx.on_failure(lambda error: _on_error(error, headers))
         ctx.wait_before_end(deps.limits.slots_freed)  # the freed slot is in Redis at the end
+
+
+async def _on_error(error: BaseException, headers: Headers) -> None:
+    """A refusal after admission (the queue's 429s, a 504, an upstream error) carries the
+    headers too."""
+    if isinstance(error, ApiError):
+        error.headers = (*error.headers, *headers)

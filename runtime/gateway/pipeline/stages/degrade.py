@@ -73,7 +73,7 @@ class Degrade:
         request = ctx.request
         served = ctx.ready_plan.model.name
         if request is not None and served != request.request.model:
-            ctx.reply_headers.append((MODEL_HEADER, served.encode("latin-1", "replace")))
+            ctx.response_headers.append((MODEL_HEADER, served.encode("latin-1", "replace")))
 
     def _settings(self, snapshot: Snapshot, pool: str) -> DegradeSettings:
         snap = snapshot.pools.get(pool)
@@ -142,7 +142,7 @@ class Degrade:
         request.document["max_tokens"] = cap
         plan.max_tokens = plan.max_tokens // asked * cap
         plan.body = msgspec.json.encode(request.document)
-        ctx.reply_headers.append((DEGRADED_HEADER, f"max_tokens={cap}".encode("ascii")))
+        ctx.response_headers.append((DEGRADED_HEADER, f"max_tokens={cap}".encode("ascii")))
         return True
 
     async def _fall_back(
@@ -163,7 +163,7 @@ class Degrade:
             return False
         ctx.request, ctx.plan = request, plan
         fallback = f"fallback={plan.model.name}".encode("latin-1", "replace")
-        ctx.reply_headers.append((DEGRADED_HEADER, fallback))
+        ctx.response_headers.append((DEGRADED_HEADER, fallback))
         return True
 
     def _better(self, snapshot: Snapshot, plan: Plan, primary: PoolState) -> bool:

@@ -58,7 +58,8 @@ class Dispatch:
         record.endpoint = labels.endpoint = str(endpoint.id)
         ttft = time.perf_counter() - dispatched_at
         deps.metrics.observe("queue", grant.waited_s, labels)
-        deps.metrics.observe("upstream_ttft", ttft, labels)
+        if plan.streaming:  # a unary answer's first byte is its whole answer: no TTFT (#33)
+            deps.metrics.observe("upstream_ttft", ttft, labels)
         record.timing("queue", grant.waited_s)
         record.timing("upstream_ttft", ttft)
         record.timing("ttft", time.monotonic() - record.started)  # client-side TTFT

@@ -16,4 +16,4 @@ class Mirror:
     async def __call__(self, ctx: RequestContext) -> None:
         plan = ctx.ready_plan
         self._shadow.offer(ctx.ready_snapshot, plan.model, plan.version, ctx.spec.upstream_path,
-                           plan.body)  # fmt: skip
+                           plan.body, streaming=plan.streaming)  # fmt: skip

@@ -1,12 +1,27 @@
 """Stage ``queue``: wait in the pool's queue for an endpoint with room
 (:func:`runtime.gateway.admit.acquire_slot`); registers the grant's release (early: the
-endpoint slot is free when the client sees its response end)."""
+endpoint slot is free when the client sees its response end).
+
+A streaming request whose class has heartbeats on (``heartbeat_ms`` > 0) and that has to
+wait gets its response headers when it is queued and ``: queued`` comments while it waits
+(:mod:`runtime.gateway.heartbeat`); from then on the stages answer through that stream, and
+a failure ends it with the terminal error chunk and ``[DONE]`` instead of an HTTP status."""
 
 from __future__ import annotations
 
 from runtime.gateway.admit import acquire_slot
 from runtime.gateway.bundles import AdmissionDeps
+from runtime.gateway.heartbeat import DEFAULT_INTERVAL_MS, QueuedStream
 from runtime.gateway.pipeline.context import Attempts, RequestContext
+from runtime.gateway.plan import Plan
+from runtime.gateway.relay import SSE_HEADERS
+
+
+def heartbeat_ms(plan: Plan) -> int:
+    """The heartbeat interval of ``plan``'s class (0: off); unary requests get none."""
+    if not plan.streaming:
+        return 0
+    return plan.klass.heartbeat_ms if plan.klass is not None else DEFAULT_INTERVAL_MS
 
 
 class Queue:
@@ -16,8 +31,20 @@ class Queue:
         self._deps = deps
 
     async def __call__(self, ctx: RequestContext) -> None:
+        plan = ctx.ready_plan
+        stream: QueuedStream | None = None
+        if interval_ms := heartbeat_ms(plan):
+            headers = [*SSE_HEADERS, *ctx.version_header()]
+            stream = beating = QueuedStream(ctx.sink, interval_s=interval_ms / 1000.0,
+                                            headers=headers, kind=ctx.spec.kind,
+                                            model=plan.model.name)  # fmt: skip
+            ctx.sink = stream
+            ctx.on_failure(lambda error: beating.fail(error, ctx.cut()))
         grant = await acquire_slot(self._deps, ctx.ready_snapshot, ctx.ready_principal.tenant,
-                                   ctx.ready_plan, ctx.ready_admission)  # fmt: skip
+                                   plan, ctx.ready_admission,
+                                   on_queued=stream.queued if stream else None)  # fmt: skip
         ctx.grant = grant
         ctx.attempts = Attempts(grant)
-        ctx.hold("grant", grant.release, early=True)
+        ctx.hold("grant", grant.release, early=True)  # before any await: never lost
+        if stream is not None:
+            await stream.stop()

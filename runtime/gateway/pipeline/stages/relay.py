@@ -25,7 +25,7 @@ class Relay:
         result = ctx.relay = RelayResult()
         ended = Release("relay", lambda: _ended(ctx, result))
         ctx.before_end(ended)
-        extra = [(b"x-switchyard-version", plan.version.label.encode("latin-1"))]
+        extra = ctx.version_header()
         if plan.streaming:
             await relay_stream(
                 ctx.sink,

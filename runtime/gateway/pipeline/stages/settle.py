@@ -49,7 +49,7 @@ def settle(deps: AdmissionDeps, ctx: RequestContext) -> None:
             tokens_in=tokens_in, tokens_out=tokens_out, cost_uc=0, cached=cached,
             outcome=usage_outcome(record.outcome, usage),
             occurred_at=time.time(), queue_ms=timings.get("queue"),
-            ttft_ms=timings.get("upstream_ttft"),
+            ttft_ms=timings.get("upstream_ttft") if plan.streaming else None,  # streams (#33)
             total_ms=round((time.monotonic() - record.started) * 1000.0, 3),
             request_id=record.request_id,
         )  # fmt: skip
