@@ -44,6 +44,7 @@ TENANT_UPDATABLE_FIELDS = frozenset(
         *TENANT_LIMIT_FIELDS,
         "max_request_bytes",
         "result_cache",
+        "zero_retention",
         "allowed_classes",
         "default_class",
         "allowed_models",
@@ -56,6 +57,7 @@ _SCALAR_FIELDS = (
     *TENANT_LIMIT_FIELDS,
     "max_request_bytes",
     "result_cache",
+    "zero_retention",
 )
 
 ClassRef = RequestClass | str
@@ -89,8 +91,9 @@ def tenant_validate_values(values: Mapping[str, Any]) -> None:
             check_int(errors, field, values[field], minimum=1, label=_LIMIT_LABELS[field])
     if "max_request_bytes" in values:  # 0: no cap of the tenant's own
         check_int(errors, "max_request_bytes", values["max_request_bytes"], minimum=0)
-    if "result_cache" in values and not isinstance(values["result_cache"], bool):
-        add_error(errors, "result_cache", "Result cache must be true or false.")
+    for switch, label in (("result_cache", "Result cache"), ("zero_retention", "Zero retention")):
+        if switch in values and not isinstance(values[switch], bool):
+            add_error(errors, switch, f"{label} must be true or false.")
     default = values.get("default_class")
     if default is not None and "allowed_classes" in values:
         allowed = {request_class.pk for request_class in values["allowed_classes"]}
@@ -161,6 +164,8 @@ def _state(values: Mapping[str, Any], *, creating: bool = False) -> dict[str, An
     state.update({field: values[field] for field in _SCALAR_FIELDS})
     if creating and state["result_cache"] is True:
         del state["result_cache"]
+    if creating and state["zero_retention"] is False:
+        del state["zero_retention"]
     state["allowed_classes"] = sorted(c.name for c in values["allowed_classes"])
     default = values["default_class"]
     state["default_class"] = default.name if default is not None else None
@@ -181,6 +186,7 @@ def tenant_create(
     max_output_tokens: int,
     max_request_bytes: int = 0,
     result_cache: bool = True,
+    zero_retention: bool = False,
     allowed_classes: Iterable[ClassRef] = (),
     default_class: ClassRef | None = None,
     allowed_models: Iterable[ModelRef] = (),
@@ -201,6 +207,7 @@ def tenant_create(
         "max_output_tokens": max_output_tokens,
         "max_request_bytes": max_request_bytes,
         "result_cache": result_cache,
+        "zero_retention": zero_retention,
         "allowed_classes": classes,
         "default_class": default,
         "allowed_models": models,
