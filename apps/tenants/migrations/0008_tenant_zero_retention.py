@@ -14,7 +14,8 @@ class Migration(migrations.Migration):
             name="zero_retention",
             field=models.BooleanField(
                 default=False,
-                help_text="Keep nothing of this tenant's requests: never cached, no idempotency record, only usage metadata.",
+                help_text="Keep nothing of this tenant's requests: never cached, no idempotency "
+                "record, only usage metadata.",
             ),
         ),
     ]

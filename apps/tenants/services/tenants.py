@@ -64,6 +64,12 @@ ClassRef = RequestClass | str
 ModelRef = DbModel | str
 
 
+def _check_switches(errors: Errors, values: Mapping[str, Any]) -> None:
+    for switch, label in (("result_cache", "Result cache"), ("zero_retention", "Zero retention")):
+        if switch in values and not isinstance(values[switch], bool):
+            add_error(errors, switch, f"{label} must be true or false.")
+
+
 def tenant_validate_values(values: Mapping[str, Any]) -> None:
     """Check the tenant fields present in `values`; raise a per-field ValidationError.
 
@@ -91,9 +97,7 @@ def tenant_validate_values(values: Mapping[str, Any]) -> None:
             check_int(errors, field, values[field], minimum=1, label=_LIMIT_LABELS[field])
     if "max_request_bytes" in values:  # 0: no cap of the tenant's own
         check_int(errors, "max_request_bytes", values["max_request_bytes"], minimum=0)
-    for switch, label in (("result_cache", "Result cache"), ("zero_retention", "Zero retention")):
-        if switch in values and not isinstance(values[switch], bool):
-            add_error(errors, switch, f"{label} must be true or false.")
+    _check_switches(errors, values)
     default = values.get("default_class")
     if default is not None and "allowed_classes" in values:
         allowed = {request_class.pk for request_class in values["allowed_classes"]}
