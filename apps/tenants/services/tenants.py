@@ -21,6 +21,7 @@ from apps.tenants.services.checks import (
     check_positive_number,
     check_text,
 )
+from apps.tenants.services.retained import tenant_forget_on_commit
 
 TENANT_LIMIT_FIELDS = (
     "rpm_limit",
@@ -253,11 +254,14 @@ def _tenant_apply(
             tenant.allowed_models.set(merged["allowed_models"])
         audit_record(actor=actor, action=action, target=tenant, before=before, after=after)
         snapshot_publish_on_commit()
+        if after.get("zero_retention") is True:
+            tenant_forget_on_commit(tenant.slug)
     return tenant
 
 
 def tenant_update(*, actor: AbstractBaseUser | None, tenant: Tenant, **changes: Any) -> Tenant:
     """Change name, weight, status, the five limits, max_request_bytes, result_cache,
+    zero_retention (switched on: the tenant's stored entries are deleted after the commit),
     allowed_classes/_models, default_class.
 
     The slug is the tenant's identity (snapshot key, billing) and cannot change. A change
