@@ -148,19 +148,16 @@ def test_entries_are_sealed_replay_and_survive_a_rotation(stage: Stage) -> None:
         assert stream_text(client, MODEL, marker) == ("hit", answer)  # a unary entry streams
         assert upstream_count(stage.sim) == before + 1
 
-        idem = httpx.post(
-            f"{first.base_url}/v1/chat/completions",
-            json={"model": MODEL, "messages": marked(marker + "-idem"), "max_tokens": 6},
-            headers={"Authorization": f"Bearer {stage.world.secrets['a']}",
-                     "Idempotency-Key": f"retry-{marker}"}, timeout=30,
-        )  # fmt: skip
+        def idempotent() -> httpx.Response:
+            return httpx.post(
+                f"{first.base_url}/v1/chat/completions",
+                json={"model": MODEL, "messages": marked(marker + "-idem"), "max_tokens": 6},
+                headers={"Authorization": f"Bearer {stage.world.secrets['a']}",
+                         "Idempotency-Key": f"retry-{marker}"}, timeout=30,
+            )  # fmt: skip
+
+        idem, again = idempotent(), idempotent()
         assert idem.status_code == 200, idem.text
-        again = httpx.post(
-            f"{first.base_url}/v1/chat/completions",
-            json={"model": MODEL, "messages": marked(marker + "-idem"), "max_tokens": 6},
-            headers={"Authorization": f"Bearer {stage.world.secrets['a']}",
-                     "Idempotency-Key": f"retry-{marker}"}, timeout=30,
-        )  # fmt: skip
         assert again.headers["x-switchyard-cache"] == "idempotent-replay"
         assert again.json() == idem.json()
 

@@ -40,13 +40,14 @@ def _entry(text: str = SECRET) -> Entry:
                  finish_reason="stop", usage=CachedUsage(3, 5, 8))  # fmt: skip
 
 
+NS = f"switchyard:test:seal:{uuid.uuid4().hex[:10]}"  # this module's keys, deleted after each test
+
+
 @pytest_asyncio.fixture
 async def client() -> AsyncIterator[aioredis.Redis[bytes]]:
     redis = aioredis.Redis.from_url(os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
-    ns = f"switchyard:test:seal:{uuid.uuid4().hex[:10]}"
-    redis.test_ns = ns  # type: ignore[attr-defined]
     yield redis
-    keys = [k async for k in redis.scan_iter(match=f"{ns}:*")]
+    keys = [k async for k in redis.scan_iter(match=f"{NS}:*")]
     if keys:
         await redis.delete(*keys)
     await redis.aclose()  # type: ignore[attr-defined]
@@ -55,8 +56,8 @@ async def client() -> AsyncIterator[aioredis.Redis[bytes]]:
 def _store(client: aioredis.Redis[bytes], spec: str) -> tuple[ResultStore, CacheMetrics]:
     metrics = CacheMetrics(CollectorRegistry())
     sealer = Sealer(Keyring.from_spec(spec), on_unreadable=metrics.unreadable.inc)
-    store = ResultStore(client, namespace=client.test_ns, config=StoreConfig(),  # type: ignore[attr-defined]
-                        metrics=metrics, sealer=sealer)  # fmt: skip
+    store = ResultStore(client, namespace=NS, config=StoreConfig(), metrics=metrics,
+                        sealer=sealer)  # fmt: skip
     return store, metrics
 
 
@@ -64,7 +65,7 @@ def _store(client: aioredis.Redis[bytes], spec: str) -> tuple[ResultStore, Cache
 async def test_l2_holds_no_plaintext_and_reads_back_across_a_rotation(
     client: aioredis.Redis[bytes],
 ) -> None:
-    ns = client.test_ns  # type: ignore[attr-defined]
+    ns = NS
     first, _ = _store(client, K1)
     await first.put("acme", "v", "key1", _entry(), ttl_s=60)
     raw = await client.get(cache_entry_key(ns, "acme", "v", "key1"))
@@ -93,7 +94,7 @@ async def test_l2_holds_no_plaintext_and_reads_back_across_a_rotation(
 async def test_an_entry_moved_to_another_tenant_or_the_shared_scope_does_not_open(
     client: aioredis.Redis[bytes],
 ) -> None:
-    ns = client.test_ns  # type: ignore[attr-defined]
+    ns = NS
     store, metrics = _store(client, K1)
     await store.put("acme", "v", "k", _entry(), ttl_s=60)
     await store.put("*", "v", "s", _entry("shared"), ttl_s=60)
@@ -112,7 +113,7 @@ async def test_an_entry_moved_to_another_tenant_or_the_shared_scope_does_not_ope
 async def test_idempotency_records_are_sealed_replay_and_an_unreadable_one_is_claimed_afresh(
     client: aioredis.Redis[bytes],
 ) -> None:
-    ns = client.test_ns  # type: ignore[attr-defined]
+    ns = NS
     deadline = asyncio.get_running_loop().time() + 5
     store = IdempotencyStore(client, namespace=ns, sealer=Sealer(Keyring.from_spec(K1)))
     hold = await store.begin("acme", "retry-1", PROMPT_DIGEST, deadline=deadline)
@@ -148,7 +149,7 @@ VERSION = version_snap(1, "m", runtime="vllm", digest="sha256:aa")
 async def test_zero_retention_never_looks_up_nor_keeps_a_copy_nor_records_an_answer(
     client: aioredis.Redis[bytes],
 ) -> None:
-    ns = client.test_ns  # type: ignore[attr-defined]
+    ns = NS
     front = CacheFront(os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"), namespace=ns,
                        metrics=CacheMetrics(CollectorRegistry()),
                        keyring=Keyring.from_spec(K1))  # fmt: skip
