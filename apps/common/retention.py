@@ -30,6 +30,7 @@ from typing import Any
 
 from django.apps import apps
 from django.conf import settings
+from django.core.checks import CheckMessage, Error
 from django.core.exceptions import ImproperlyConfigured
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import connection, models, transaction
@@ -71,7 +72,8 @@ def retention_age(policy: Retention) -> timedelta | None:
     if days < policy.min_days:
         raise ImproperlyConfigured(
             f"RETENTION_DAYS[{policy.name!r}] is {days:g}; it must be 0 (keep) or at least "
-            f"{policy.min_days:g} days"
+            f"{policy.min_days:g} days (its SWITCHYARD_RETENTION_*_DAYS variable; see "
+            "docs/operations/data-protection.md)"
         )
     return timedelta(days=days)
 
@@ -123,13 +125,25 @@ def _purge(model: type[models.Model], policy: Retention, cutoff: datetime) -> Pu
     return Purged(policy.name, removed, tuple(archives), more=old.exists())
 
 
+def retention_check(app_configs: Any = None, **_kwargs: Any) -> list[CheckMessage]:
+    """The system check (``switchyard.E002``): every retention age is usable."""
+    errors: list[CheckMessage] = []
+    for model in retention_models().values():
+        try:
+            retention_age(model.retention)  # type: ignore[attr-defined]
+        except ImproperlyConfigured as exc:
+            errors.append(Error(str(exc), id="switchyard.E002"))
+    return errors
+
+
 def retention_apply(*, now: datetime | None = None) -> list[Purged]:
-    """Apply every policy once (bounded, see the module); what each purged."""
+    """Apply every policy once (bounded, see the module); what each purged. Every age is
+    checked before anything is deleted."""
     now = now or timezone.now()
     done: list[Purged] = []
-    for name, model in sorted(retention_models().items()):
-        policy: Retention = model.retention  # type: ignore[attr-defined]
-        age = retention_age(policy)
+    plans = [(name, model, model.retention, retention_age(model.retention))  # type: ignore[attr-defined]
+             for name, model in sorted(retention_models().items())]  # fmt: skip
+    for name, model, policy, age in plans:
         if age is None:
             continue
         purged = _purge(model, policy, now - age)

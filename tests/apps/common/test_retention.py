@@ -20,7 +20,12 @@ from django.utils import timezone
 from apps.billing.models import UsageRecord
 from apps.common import tasks
 from apps.common.models import AuditEvent
-from apps.common.retention import ARCHIVED_THROUGH, retention_apply, retention_models
+from apps.common.retention import (
+    ARCHIVED_THROUGH,
+    retention_apply,
+    retention_check,
+    retention_models,
+)
 from apps.models.services import pool_create
 from apps.scaling.models import ScalingDecision
 from apps.tenants.models import Tenant
@@ -158,9 +163,14 @@ def test_ages_zero_keeps_forever_and_too_short_is_refused(
     assert "usage" not in {p.policy for p in retention_apply()}
     assert UsageRecord.objects.count() == 2
     settings.RETENTION_DAYS = {**django_settings.RETENTION_DAYS, "usage": 7}
+    _audit(1, OLD, "old.change")  # audit sorts before usage: nothing goes, not even that
     with pytest.raises(ImproperlyConfigured, match=r"RETENTION_DAYS\['usage'\] is 7.*32 days"):
         retention_apply()
     assert UsageRecord.objects.count() == 2
+    assert AuditEvent.objects.filter(action="old.change").count() == 1
+    [error] = retention_check()
+    assert error.id == "switchyard.E002"
+    assert "RETENTION_DAYS['usage']" in error.msg
 
 
 def test_beat_runs_the_retention_task() -> None:
