@@ -41,7 +41,9 @@ def scope_of(cache_scope: str) -> str:
 class Sealer:
     """Seals and opens the bytes the cache writes to Redis (see the module)."""
 
-    def __init__(self, keyring: Keyring, *, on_unreadable: Callable[[], object] = object) -> None:
+    def __init__(
+        self, keyring: Keyring, *, on_unreadable: Callable[[], object] | None = None
+    ) -> None:
         self.keyring = keyring
         self._on_unreadable = on_unreadable  # e.g. the metric's inc
 
@@ -53,7 +55,8 @@ class Sealer:
         try:
             return self.keyring.open(sealed, scope_of(cache_scope), redis_key.encode())
         except SealError as exc:
-            self._on_unreadable()
+            if self._on_unreadable is not None:
+                self._on_unreadable()
             logger.debug("cache: an entry under %s does not open (%s)", redis_key, exc)
             return None
 
