@@ -26,7 +26,8 @@ from runtime.cache.sealing import Sealer
 from runtime.contract import cache_entry_key
 from runtime.crypto import Keyring, generate_key
 
-WORDS = "the quick brown fox jumps over a lazy dog while the router keeps its cache warm ".split()
+WORDS = ("the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "the",
+         "router", "keeps", "its", "cache", "warm")  # fmt: skip
 REDIS_KEY = cache_entry_key("switchyard", "acme", "sha256:" + "a" * 64, "b" * 64)
 
 

@@ -18,14 +18,19 @@ Where the keyring comes from (:func:`keyring_spec`): ``SWITCHYARD_AT_REST_KEYS``
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Final
 
-from runtime.crypto import SHARED_SCOPE, Keyring, SealError, generate_key, tenant_scope
+from runtime.crypto import (
+    SHARED_SCOPE,
+    Keyring,
+    SealError,
+    generate_key,
+    tenant_scope,
+    write_private_once,
+)
 
 FILE_NAME: Final = "at_rest_keys"
 ENV_KEYS: Final = "SWITCHYARD_AT_REST_KEYS"
@@ -66,21 +71,9 @@ def key_file(var_dir: Path) -> Path:
 
 
 def ensure(var_dir: Path) -> Path:
-    """Generate ``<var_dir>/at_rest_keys`` (0600, one key ``k1``) unless it exists; its path.
-    Two processes racing both end up with the one file written first (O_EXCL)."""
-    var_dir.mkdir(parents=True, exist_ok=True)
+    """Generate ``<var_dir>/at_rest_keys`` (0600, one key ``k1``) unless it exists; its path."""
     path = key_file(var_dir)
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        return path
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as out:
-            out.write(f"k1:{generate_key()}\n")
-    except BaseException:
-        with contextlib.suppress(OSError):
-            path.unlink()
-        raise
+    write_private_once(path, f"k1:{generate_key()}\n")
     return path
 
 
