@@ -27,10 +27,13 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     from config import secret_key  # noqa: PLC0415
     from config.paths import default_var_dir  # noqa: PLC0415
+    from runtime.cache import sealing  # noqa: PLC0415
 
     args = list(sys.argv if argv is None else argv)
     # `up` keeps a generated SECRET_KEY in its var directory; it must exist before settings load.
     secret_key.ensure_for_up(args[1:2], os.environ, default_var_dir(os.environ).resolve())
+    # ... and the keys that encrypt the cache in Redis (runtime/cache/sealing.py), the same way.
+    sealing.ensure_for_up(args[1:2], os.environ, default_var_dir(os.environ).resolve())
     execute_from_command_line(args)
 
 

@@ -14,12 +14,13 @@ Plain Python: no Django import, so ``manage.py`` can make the key before setting
 
 from __future__ import annotations
 
-import contextlib
 import os
 import secrets
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
+
+from runtime.crypto import write_private_once
 
 if TYPE_CHECKING:
     from django.apps import AppConfig
@@ -107,20 +108,9 @@ def check(app_configs: Sequence[AppConfig] | None = None, **_kwargs: Any) -> lis
 def ensure(var_dir: Path) -> Path:
     """Generate ``<var_dir>/secret_key`` (0600) unless it exists; its path. Two processes
     racing both end up with the one file written first (O_EXCL)."""
-    var_dir.mkdir(parents=True, exist_ok=True)
     path = key_file(var_dir)
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
+    if not write_private_once(path, secrets.token_urlsafe(50) + "\n"):
         os.chmod(path, 0o600)  # kept, and kept private
-        return path
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as out:
-            out.write(secrets.token_urlsafe(50) + "\n")
-    except BaseException:
-        with contextlib.suppress(OSError):
-            path.unlink()
-        raise
     return path
 
 

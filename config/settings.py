@@ -165,6 +165,24 @@ CELERY_BEAT_SCHEDULE = {
     },
     "autoscale-pools": {"task": "apps.scaling.tasks.autoscale_tick", "schedule": 5.0},
 }
+# Retention (apps/common/retention.py): days each table keeps its rows (0: forever), applied by
+# beat in bounded batches; the audit log is archived (gzipped JSON lines) before deletion.
+RETENTION_DAYS = {
+    "usage": float(os.environ.get("SWITCHYARD_RETENTION_USAGE_DAYS", "400")),
+    "audit": float(os.environ.get("SWITCHYARD_RETENTION_AUDIT_DAYS", "400")),
+    "scaling_decisions": float(os.environ.get("SWITCHYARD_RETENTION_SCALING_DAYS", "14")),
+    "rollout_events": float(os.environ.get("SWITCHYARD_RETENTION_ROLLOUT_EVENTS_DAYS", "400")),
+    "budget_alerts": float(os.environ.get("SWITCHYARD_RETENTION_BUDGET_ALERTS_DAYS", "400")),
+}
+RETENTION_BATCH_ROWS = int(os.environ.get("SWITCHYARD_RETENTION_BATCH_ROWS", "5000"))
+RETENTION_MAX_BATCHES = int(os.environ.get("SWITCHYARD_RETENTION_MAX_BATCHES", "20"))
+RETENTION_ARCHIVE_DIR = Path(
+    os.environ.get("SWITCHYARD_RETENTION_ARCHIVE_DIR", str(VAR_DIR / "archive"))
+)
+CELERY_BEAT_SCHEDULE["apply-retention"] = {
+    "task": "apps.common.tasks.retention_apply",
+    "schedule": float(os.environ.get("SWITCHYARD_RETENTION_EVERY_S", "3600")),
+}
 # SWITCHYARD_BEAT_ONLY="name,name": beat sends only these entries (a test's private beat).
 _BEAT_ONLY = {name for name in os.environ.get("SWITCHYARD_BEAT_ONLY", "").split(",") if name}
 if _BEAT_ONLY:

@@ -228,6 +228,11 @@ def idempotency_key(namespace: str, tenant: str, digest: str) -> str:
     return f"{namespace}:idem:{tenant}:{digest}"
 
 
+def idempotency_pattern(namespace: str, tenant: str) -> str:
+    """A SCAN pattern of a tenant's idempotency records."""
+    return f"{namespace}:idem:{tenant}:*"
+
+
 def version_stats_key(namespace: str, model: str, version: str, bucket: int) -> str:
     """A version's per-bucket counters (``runtime/telemetry/versions.py`` writes them)."""
     return f"{namespace}:vstats:{model}|{version}:{bucket}"

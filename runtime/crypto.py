@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import os
 import re
+from pathlib import Path
 from typing import Final
 
 from cryptography.exceptions import InvalidTag
@@ -51,6 +53,25 @@ def tenant_scope(slug: str) -> str:
     if not slug:
         raise ValueError("a tenant scope needs the tenant's slug")
     return f"tenant:{slug}"
+
+
+def write_private_once(path: Path, text: str) -> bool:
+    """Create ``path`` (mode 0600) holding ``text`` unless it exists; True when created. Two
+    processes racing both end up with the one file written first (O_EXCL); a failed write
+    leaves no file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return False
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            out.write(text)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            path.unlink()
+        raise
+    return True
 
 
 def generate_key() -> str:

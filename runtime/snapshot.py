@@ -55,6 +55,7 @@ class TenantSnap(msgspec.Struct, frozen=True, kw_only=True):
     models: tuple[str, ...] = ()  # model names the tenant may use; empty = every model
     max_request_bytes: int = 0  # request body cap; 0 = only the router's own cap
     result_cache: bool = True  # False: the tenant opted out of the result cache
+    zero_retention: bool = False  # True: nothing of its requests kept (no cache, no records)
 
 
 class ApiKeySnap(msgspec.Struct, frozen=True, kw_only=True):

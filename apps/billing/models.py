@@ -7,6 +7,7 @@ from typing import Any, ClassVar
 
 from django.db import models
 
+from apps.common.retention_policy import Retention
 from apps.models.models import Endpoint, ModelVersion
 from apps.tenants.models import ApiKey, Tenant
 
@@ -92,6 +93,8 @@ class UsageRecord(models.Model):
     outcome = models.CharField(max_length=16, choices=Outcome.choices)
     occurred_at = models.DateTimeField(db_index=True)
     recorded_at = models.DateTimeField(auto_now_add=True)
+    # Budgets add up the current day's / month's usage: at least a month is kept.
+    retention: ClassVar[Retention] = Retention("usage", "occurred_at", min_days=32)
 
     class Meta:
         ordering: ClassVar[list[str]] = ["-occurred_at"]
@@ -137,6 +140,8 @@ class BudgetAlert(models.Model):
     spent = models.DecimalField(**CREDITS)  # type: ignore[arg-type]
     threshold = models.DecimalField(**CREDITS)  # type: ignore[arg-type]
     created_at = models.DateTimeField(auto_now_add=True)
+    # One alert per budget period: kept at least a month, or a deleted one would fire again.
+    retention: ClassVar[Retention] = Retention("budget_alerts", "created_at", min_days=32)
     webhook_status = models.CharField(max_length=64, blank=True, default="")
 
     class Meta:

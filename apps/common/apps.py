@@ -7,3 +7,10 @@ class CommonConfig(AppConfig):
     name = "apps.common"
     label = "common"
     verbose_name = "Platform base"
+
+    def ready(self) -> None:
+        from django.core import checks  # noqa: PLC0415
+
+        from apps.common.retention import retention_check  # noqa: PLC0415
+
+        checks.register(retention_check)

@@ -11,6 +11,8 @@ from typing import Any, ClassVar
 from django.conf import settings
 from django.db import models
 
+from apps.common.retention_policy import Retention
+
 
 class AuditEventQuerySet(models.QuerySet["AuditEvent"]):
     def update(self, **kwargs: Any) -> int:
@@ -38,6 +40,8 @@ class AuditEvent(models.Model):
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
 
     objects = AuditEventQuerySet.as_manager()
+    # Archived before deletion (apps/common/retention.py; the trigger checks it, 0002).
+    retention: ClassVar[Retention] = Retention("audit", "created_at", archive=True)
 
     class Meta:
         db_table = "tenants_auditevent"

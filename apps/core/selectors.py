@@ -155,6 +155,7 @@ def _tenants() -> dict[str, TenantSnap]:
             models=tuple(m.name for m in t.allowed_models.all()),
             max_request_bytes=t.max_request_bytes,
             result_cache=t.result_cache,
+            zero_retention=t.zero_retention,
         )
         for t in queryset
     }

@@ -7,6 +7,7 @@ from typing import Any, ClassVar
 from django.conf import settings
 from django.db import models
 
+from apps.common.retention_policy import Retention
 from apps.models.models import Model, ModelVersion
 
 ACTIVE_STATES = ("pending", "warming", "running", "paused")
@@ -110,6 +111,7 @@ class RolloutEvent(models.Model):
     reason = models.TextField(blank=True)
     data = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
+    retention: ClassVar[Retention] = Retention("rollout_events", "created_at")
 
     class Meta:
         ordering: ClassVar[list[str]] = ["created_at", "id"]

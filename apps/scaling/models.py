@@ -7,6 +7,7 @@ from typing import Any, ClassVar
 from django.core.validators import MinValueValidator
 from django.db import models
 
+from apps.common.retention_policy import Retention
 from apps.models.models import ModelVersion, Pool
 
 
@@ -68,6 +69,7 @@ class ScalingDecision(models.Model):
     started = models.PositiveIntegerField(default=0)
     stopped = models.PositiveIntegerField(default=0)
     error = models.TextField(blank=True)
+    retention: ClassVar[Retention] = Retention("scaling_decisions", "created_at")
 
     class Meta:
         ordering: ClassVar[list[str]] = ["-created_at", "-id"]

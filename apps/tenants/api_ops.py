@@ -73,6 +73,7 @@ class OpsTenantSerializer(serializers.ModelSerializer[Tenant]):
             "max_output_tokens",
             "max_request_bytes",
             "result_cache",
+            "zero_retention",
             "allowed_classes",
             "default_class",
             "allowed_models",
@@ -97,6 +98,11 @@ class TenantWriteSerializer(serializers.Serializer[Any]):
     )
     result_cache = serializers.BooleanField(
         required=False, help_text="Serve this tenant's deterministic requests from the cache."
+    )
+    zero_retention = serializers.BooleanField(
+        required=False,
+        help_text="Keep nothing of this tenant's requests: never cached, no idempotency record, "
+        "only usage metadata.",
     )
     allowed_classes = serializers.ListField(child=serializers.CharField(), required=False)
     default_class = serializers.CharField(required=False, allow_null=True)

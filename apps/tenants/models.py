@@ -74,6 +74,11 @@ class Tenant(models.Model):
     result_cache = models.BooleanField(
         default=True, help_text="Serve this tenant's deterministic requests from the cache."
     )
+    zero_retention = models.BooleanField(
+        default=False,
+        help_text="Keep nothing of this tenant's requests: never cached, no idempotency "
+        "record, only usage metadata.",
+    )
     allowed_classes = models.ManyToManyField(RequestClass, related_name="tenants", blank=True)
     allowed_models = models.ManyToManyField(
         "registry.Model",

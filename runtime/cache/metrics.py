@@ -7,7 +7,9 @@
 - ``switchyard_cache_l1_entries`` / ``switchyard_cache_l1_capacity``: L1 occupancy;
 - ``switchyard_cache_flight_joins_total{where}``: requests that waited for another's answer
   (``local``: the same router; ``remote``: a lease held by another router);
-- ``switchyard_cache_idempotent_replays_total``.
+- ``switchyard_cache_idempotent_replays_total``;
+- ``switchyard_cache_unreadable_total``: L2 entries or idempotency records that did not open
+  (sealed with a key the keyring no longer holds, or altered): read as absent.
 """
 
 from __future__ import annotations
@@ -35,6 +37,9 @@ class CacheMetrics:
                              ["where"], registry=registry)  # fmt: skip
         self.replays = Counter("switchyard_cache_idempotent_replays_total",
                                "Idempotent replays.", registry=registry)  # fmt: skip
+        self.unreadable = Counter("switchyard_cache_unreadable_total",
+                                  "Stored entries that did not decrypt (read as absent).",
+                                  registry=registry)  # fmt: skip
 
     def l1_capacity(self, slots: int, size: Callable[[], int]) -> None:
         self.l1_slots.set(slots)

@@ -1,5 +1,5 @@
-"""Purging cached results by tenant and/or model version (synchronous: the control plane and
-the management command call it).
+"""Purging cached results by tenant and/or model version, and a tenant's idempotency records
+(synchronous: the control plane and the management command call it).
 
 L2 entries are deleted by SCAN over :func:`runtime.contract.cache_entry_pattern` and taken out
 of their scope's quota index; then a message on the purge channel makes every router drop its
@@ -16,6 +16,7 @@ from runtime.contract import (
     cache_entry_scope,
     cache_index_keys,
     cache_purge_channel,
+    idempotency_pattern,
 )
 
 _BATCH = 500
@@ -60,4 +61,18 @@ def cache_purge(
             flush()
     flush()
     client.publish(cache_purge_channel(namespace), f"{tenant or '*'} {version or '*'}")
+    return removed
+
+
+def idempotency_purge(client: Any, *, namespace: str, tenant: str) -> int:
+    """Delete a tenant's idempotency records (its stored answers); how many went."""
+    removed = 0
+    batch: list[bytes] = []
+    for key in client.scan_iter(match=idempotency_pattern(namespace, tenant), count=_BATCH):
+        batch.append(key)
+        if len(batch) >= _BATCH:
+            removed += int(client.delete(*batch))
+            batch.clear()
+    if batch:
+        removed += int(client.delete(*batch))
     return removed

@@ -10,7 +10,9 @@ most ``l1_ttl_s`` (a purge elsewhere also drops them at once, see :mod:`.purge`)
 
 L2 keeps each entry under ``{ns}:cache:{scope}:{version}:{key}`` with the model's TTL, and a
 per-scope index (sorted set: key -> expiry) and size hash; one Lua script stores an entry,
-forgets expired ones and evicts the soonest-expiring until the scope fits its quota.
+forgets expired ones and evicts the soonest-expiring until the scope fits its quota. What L2
+holds is sealed (:mod:`.sealing`: AES-GCM, the tenant's or the shared scope's key); L1 holds
+the decoded entry, so only an L2 read or write pays for the encryption.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from theine import Cache
 
 from runtime.cache.entry import Entry, decode_entry, encode_entry
 from runtime.cache.metrics import CacheMetrics
+from runtime.cache.sealing import Sealer
 from runtime.contract import cache_entry_key, cache_index_keys
 
 _STORE = """
@@ -96,9 +99,10 @@ class ResultStore:
 
     def __init__(
         self, client: aioredis.Redis[bytes], *, namespace: str, config: StoreConfig,
-        metrics: CacheMetrics,
+        metrics: CacheMetrics, sealer: Sealer,
     ) -> None:  # fmt: skip
         self._redis = client
+        self.sealer = sealer
         self._ns = namespace
         self.config = config
         self.metrics = metrics
@@ -111,7 +115,9 @@ class ResultStore:
             self.metrics.lookup("l1", hit=True)
             return entry
         self.metrics.lookup("l1", hit=False)
-        raw = await self._redis.get(cache_entry_key(self._ns, scope, version, key))
+        name = cache_entry_key(self._ns, scope, version, key)
+        sealed = await self._redis.get(name)
+        raw = self.sealer.open(sealed, scope, name) if sealed is not None else None
         entry = decode_entry(raw) if raw is not None else None
         self.metrics.lookup("l2", hit=entry is not None)
         if entry is not None and raw is not None:
@@ -122,9 +128,11 @@ class ResultStore:
         raw = encode_entry(entry)
         self.l1.put(key, entry, len(raw))
         index, sizes = cache_index_keys(self._ns, scope)
+        name = cache_entry_key(self._ns, scope, version, key)
+        sealed = self.sealer.seal(raw, scope, name)
         evicted = await self._store(
-            keys=[index, sizes, cache_entry_key(self._ns, scope, version, key)],
+            keys=[index, sizes, name],
             args=[int(time.time() * 1000), max(1, ttl_s) * 1000, self.config.tenant_quota_bytes,
-                  len(raw), raw],
+                  len(sealed), sealed],
         )  # fmt: skip
-        self.metrics.stored(len(raw), evicted=max(0, int(evicted)))
+        self.metrics.stored(len(sealed), evicted=max(0, int(evicted)))

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import uvicorn
 
-from runtime.gateway.config import ENV_WORKERS
+from runtime.gateway.config import ENV_WORKERS, ConfigError, RouterConfig, at_rest_keyring
 from runtime.gateway.http_protocol import BoundedHttpToolsProtocol
 from runtime.gateway.workers import available_cores
 from runtime.telemetry.logging import logging_config
@@ -77,6 +77,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         raise SystemExit("--workers must be >= 1")
     os.environ[ENV_WORKERS] = str(workers)  # read by the workers' RouterConfig
     prepare_multiprocess_metrics(workers, args.port, os.environ)
+    try:  # before the workers: a bad key setting stops here; a missing keys file is made once
+        at_rest_keyring(RouterConfig.from_env())
+    except ConfigError as exc:
+        raise SystemExit(f"router: {exc}") from None
     uvicorn.run(
         "runtime.gateway.workers:worker_app" if workers > 1 else "runtime.gateway.app:create_app",
         factory=True,

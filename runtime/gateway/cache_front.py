@@ -9,6 +9,9 @@ Per request (chat and completions only; :meth:`CacheFront.begin`):
    flight (:mod:`.flight`): a follower gets the leader's entry, the leader goes upstream;
 3. the miss is relayed through a :class:`Capture` sink; once the response completed cleanly
    its entry is stored (L1 + L2), handed to the followers and to the idempotency record.
+
+A tenant with ``zero_retention`` is never looked up nor stored, and its ``Idempotency-Key``
+only guards the running request (no answer is recorded: a retry after it ends runs again).
 """
 
 from __future__ import annotations
@@ -43,8 +46,10 @@ from runtime.cache.policy import (
     request_digest,
     version_tag,
 )
+from runtime.cache.sealing import Sealer
 from runtime.cache.store import ResultStore, StoreConfig
 from runtime.contract import cache_purge_channel
+from runtime.crypto import Keyring
 from runtime.gateway.relay import SSE_HEADERS, ResponseSink, Usage, end_cut
 from runtime.redis_conn import async_client, cancel_and_wait, raise_if_cancelling
 from runtime.snapshot import ModelSnap, TenantSnap, VersionSnap
@@ -112,6 +117,7 @@ class CacheJob:
     lead: Lead | None = None
     capture: Capture | None = None
     served: Entry | None = None  # the entry a hit was answered with
+    retain: bool = True  # False: the tenant's zero_retention (no lookup, no store, no record)
     finished: bool = field(default=False)
 
     @property
@@ -148,15 +154,16 @@ class CacheFront:
     """The router's cache: one Redis client, the two levels, flights, idempotency records."""
 
     def __init__(self, redis_url: str, *, namespace: str, metrics: CacheMetrics,
-                 config: StoreConfig | None = None) -> None:  # fmt: skip
+                 keyring: Keyring, config: StoreConfig | None = None) -> None:  # fmt: skip
         # runtime/redis_conn.py: socket timeouts, a retry on a dropped connection, keepalive.
         self._redis: aioredis.Redis[bytes] = async_client(redis_url, name="switchyard-cache")
         self._ns = namespace
         self.metrics = metrics
-        self.store = ResultStore(self._redis, namespace=namespace,
-                                 config=config or StoreConfig(), metrics=metrics)  # fmt: skip
+        sealer = Sealer(keyring, on_unreadable=metrics.unreadable.inc)
+        self.store = ResultStore(self._redis, namespace=namespace, config=config or StoreConfig(),
+                                 metrics=metrics, sealer=sealer)  # fmt: skip
         self.flights = Flights(self._redis, namespace=namespace, metrics=metrics)
-        self.idempotency = IdempotencyStore(self._redis, namespace=namespace)
+        self.idempotency = IdempotencyStore(self._redis, namespace=namespace, sealer=sealer)
         self._purges: asyncio.Task[None] | None = None
 
     async def begin(
@@ -165,7 +172,7 @@ class CacheFront:
         idempotency: bytes | None, deadline: float,
     ) -> CacheJob:  # fmt: skip
         """The request's job; an ``Idempotency-Key`` is claimed (or its answer found) here."""
-        job = CacheJob()
+        job = CacheJob(retain=not tenant.zero_retention)
         if route not in CACHED_ROUTES:
             return job
         if idempotency is not None:
@@ -177,8 +184,10 @@ class CacheFront:
                 job.replay = claim
                 return job
             job.hold = claim
-        if not no_store(cache_control) and cacheable(
-            document, route=route, model=model, version=version, tenant=tenant
+        if (
+            job.retain
+            and not no_store(cache_control)
+            and cacheable(document, route=route, model=model, version=version, tenant=tenant)
         ):
             job.scope = cache_scope(model, tenant)
             job.version = version_tag(version)
@@ -207,8 +216,8 @@ class CacheFront:
 
     def sink_for(self, job: CacheJob, sink: ResponseSink) -> ResponseSink:
         """The sink a miss relays through: a capturing one when the answer will be kept."""
-        if job.hold is None and job.lead is None and not job.key:
-            return sink
+        if not job.retain or (job.hold is None and job.lead is None and not job.key):
+            return sink  # zero retention: no copy of the answer is kept, even in memory
         job.capture = Capture(sink, detachable=job.hold is not None)
         return job.capture
 
@@ -264,4 +273,3 @@ class CacheFront:
         if task is not None:
             await cancel_and_wait(task)  # redis-py can swallow a cancellation mid-read
         await self._redis.aclose()  # type: ignore[attr-defined]
-

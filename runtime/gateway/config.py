@@ -22,6 +22,8 @@
 | ``SWITCHYARD_COALESCE_WINDOW_MS`` | ``2`` | unary (torch) requests coalesce this long; 0: off |
 | ``SWITCHYARD_SNAPSHOT_STALE_AFTER_S`` | ``120`` | snapshot older than this is reported stale |
 | ``SWITCHYARD_SNAPSHOT_CONFIRM_POLL_S`` | ``5`` | how often to read the freshness confirmation |
+| ``SWITCHYARD_AT_REST_KEYS`` | *var dir*``/at_rest_keys`` | cache encryption keys, newest first |
+| ``SWITCHYARD_AT_REST_KEYS_FILE`` | | a file holding them instead |
 
 The *namespace* is the snapshot prefix without a trailing ``:snapshot`` (``switchyard`` by
 default), so every deployment (and every test or benchmark run, which publish under a prefix
@@ -33,10 +35,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from runtime import contract
+from runtime.cache.sealing import load_keyring
+from runtime.crypto import Keyring, KeyringError
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 DEFAULT_SNAPSHOT_PREFIX = contract.SNAPSHOT_PREFIX
@@ -97,6 +101,10 @@ class RouterConfig:
     snapshot_stale_after_s: float = 120.0
     snapshot_confirm_poll_s: float = 5.0
     scaling_signals_s: float = 1.0  # runtime/scaling: per-pool signals written to Redis
+    # runtime/cache/sealing.py: "id:<base64>,..." (newest first), or a file holding it; both
+    # "": the var directory's at_rest_keys (generated when missing). Never in the repr.
+    at_rest_keys: str = field(default="", repr=False)
+    at_rest_keys_file: str = ""
 
     def __post_init__(self) -> None:
         if self.max_body_bytes < 1:
@@ -123,6 +131,11 @@ class RouterConfig:
         """Router processes that share the tenant limits (replicas x workers): the Redis-down
         fallback gives each process this share of every limit."""
         return self.assumed_replicas * self.workers
+
+    @property
+    def var_dir(self) -> Path:
+        """The router's data directory (the snapshot's disk copy, the at-rest keys file)."""
+        return self.snapshot_cache_path.parent
 
     @property
     def limits_keys(self) -> str:
@@ -165,4 +178,21 @@ class RouterConfig:
                 env, "SWITCHYARD_SNAPSHOT_CONFIRM_POLL_S", 5.0, minimum=0.01
             ),
             scaling_signals_s=_number(env, "SWITCHYARD_SCALING_SIGNALS_S", 1.0, minimum=0.05),
+            at_rest_keys=env.get("SWITCHYARD_AT_REST_KEYS") or "",
+            at_rest_keys_file=env.get("SWITCHYARD_AT_REST_KEYS_FILE") or "",
         )
+
+
+def at_rest_keyring(config: RouterConfig) -> Keyring:
+    """The keyring that seals the cache in Redis (runtime/cache/sealing.py); ConfigError names
+    the setting when it cannot be used."""
+    if config.at_rest_keys:
+        where = "SWITCHYARD_AT_REST_KEYS"
+    elif config.at_rest_keys_file:
+        where = f"SWITCHYARD_AT_REST_KEYS_FILE={config.at_rest_keys_file}"
+    else:
+        where = str(config.var_dir / "at_rest_keys")
+    try:
+        return load_keyring(config.at_rest_keys, config.at_rest_keys_file, config.var_dir)
+    except (KeyringError, OSError) as exc:
+        raise ConfigError(f"{where}: {exc}") from None

@@ -29,7 +29,7 @@ from runtime.gateway.bundles import (
     UpstreamDeps,
 )
 from runtime.gateway.cache_front import CacheFront
-from runtime.gateway.config import RouterConfig
+from runtime.gateway.config import RouterConfig, at_rest_keyring
 from runtime.gateway.interventions import InterventionRecorder
 from runtime.gateway.key_usage import KeyUsageRecorder
 from runtime.gateway.live_view import live_sources
@@ -316,7 +316,8 @@ def build_state(config: RouterConfig) -> RouterState:
     request_log = logging.getLogger(REQUEST_LOGGER)
     coalescer = make_coalescer(client, config.coalesce_window_s)
     cache = CacheFront(config.redis_url, namespace=config.namespace,
-                       metrics=CacheMetrics(metrics.registry))  # fmt: skip
+                       metrics=CacheMetrics(metrics.registry),
+                       keyring=at_rest_keyring(config))  # fmt: skip
     scaling = SignalsPublisher(
         config.redis_url,
         namespace=config.namespace,

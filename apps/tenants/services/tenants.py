@@ -21,6 +21,7 @@ from apps.tenants.services.checks import (
     check_positive_number,
     check_text,
 )
+from apps.tenants.services.retained import tenant_forget_on_commit
 
 TENANT_LIMIT_FIELDS = (
     "rpm_limit",
@@ -44,6 +45,7 @@ TENANT_UPDATABLE_FIELDS = frozenset(
         *TENANT_LIMIT_FIELDS,
         "max_request_bytes",
         "result_cache",
+        "zero_retention",
         "allowed_classes",
         "default_class",
         "allowed_models",
@@ -56,10 +58,17 @@ _SCALAR_FIELDS = (
     *TENANT_LIMIT_FIELDS,
     "max_request_bytes",
     "result_cache",
+    "zero_retention",
 )
 
 ClassRef = RequestClass | str
 ModelRef = DbModel | str
+
+
+def _check_switches(errors: Errors, values: Mapping[str, Any]) -> None:
+    for switch, label in (("result_cache", "Result cache"), ("zero_retention", "Zero retention")):
+        if switch in values and not isinstance(values[switch], bool):
+            add_error(errors, switch, f"{label} must be true or false.")
 
 
 def tenant_validate_values(values: Mapping[str, Any]) -> None:
@@ -89,8 +98,7 @@ def tenant_validate_values(values: Mapping[str, Any]) -> None:
             check_int(errors, field, values[field], minimum=1, label=_LIMIT_LABELS[field])
     if "max_request_bytes" in values:  # 0: no cap of the tenant's own
         check_int(errors, "max_request_bytes", values["max_request_bytes"], minimum=0)
-    if "result_cache" in values and not isinstance(values["result_cache"], bool):
-        add_error(errors, "result_cache", "Result cache must be true or false.")
+    _check_switches(errors, values)
     default = values.get("default_class")
     if default is not None and "allowed_classes" in values:
         allowed = {request_class.pk for request_class in values["allowed_classes"]}
@@ -161,6 +169,8 @@ def _state(values: Mapping[str, Any], *, creating: bool = False) -> dict[str, An
     state.update({field: values[field] for field in _SCALAR_FIELDS})
     if creating and state["result_cache"] is True:
         del state["result_cache"]
+    if creating and state["zero_retention"] is False:
+        del state["zero_retention"]
     state["allowed_classes"] = sorted(c.name for c in values["allowed_classes"])
     default = values["default_class"]
     state["default_class"] = default.name if default is not None else None
@@ -181,6 +191,7 @@ def tenant_create(
     max_output_tokens: int,
     max_request_bytes: int = 0,
     result_cache: bool = True,
+    zero_retention: bool = False,
     allowed_classes: Iterable[ClassRef] = (),
     default_class: ClassRef | None = None,
     allowed_models: Iterable[ModelRef] = (),
@@ -201,6 +212,7 @@ def tenant_create(
         "max_output_tokens": max_output_tokens,
         "max_request_bytes": max_request_bytes,
         "result_cache": result_cache,
+        "zero_retention": zero_retention,
         "allowed_classes": classes,
         "default_class": default,
         "allowed_models": models,
@@ -242,11 +254,14 @@ def _tenant_apply(
             tenant.allowed_models.set(merged["allowed_models"])
         audit_record(actor=actor, action=action, target=tenant, before=before, after=after)
         snapshot_publish_on_commit()
+        if after.get("zero_retention") is True:
+            tenant_forget_on_commit(tenant.slug)
     return tenant
 
 
 def tenant_update(*, actor: AbstractBaseUser | None, tenant: Tenant, **changes: Any) -> Tenant:
     """Change name, weight, status, the five limits, max_request_bytes, result_cache,
+    zero_retention (switched on: the tenant's stored entries are deleted after the commit),
     allowed_classes/_models, default_class.
 
     The slug is the tenant's identity (snapshot key, billing) and cannot change. A change

@@ -1,8 +1,9 @@
 """`manage.py up` / `switchyard up`: clear errors before anything starts, and (e2e) the whole
 platform on embedded servers: the admin answers with its CSS, the router streams the demo model
 from the vLLM replica the autoscaler started to the openai client with the API key the banner
-printed, the demo's secrets are printed on the first run only, and Ctrl-C / SIGINT leaves no
-process behind (vLLM's engine processes included)."""
+printed, the demo's secrets are printed on the first run only, no process's log shows a prompt
+(a planted secret), and Ctrl-C / SIGINT leaves no process behind (vLLM's engine processes
+included)."""
 
 from __future__ import annotations
 
@@ -265,12 +266,23 @@ def banner_python_example(output: str) -> str:
     return textwrap.dedent(block)
 
 
+def planted_in_logs(var: Path, secret: str) -> list[str]:
+    """The log files under ``var`` that show ``secret``: ``up``'s own output (every Procfile
+    process writes there: web, Celery worker and beat, router), the replicas' and engines'
+    logs (``log/``), the embedded servers' logs."""
+    logs = {p for p in var.rglob("*.log") if p.is_file()}
+    logs |= {p for p in (var / "log").rglob("*") if p.is_file()}
+    assert any(p.name.startswith("up-") for p in logs), sorted(map(str, logs))
+    return sorted(str(p) for p in logs if secret.encode() in p.read_bytes())
+
+
 @pytest.mark.e2e
 def test_up_runs_the_platform_streams_the_model_and_stops_every_process(var: Path) -> None:
     ports = {"port": free_port(), "router-port": free_port(),
              "pg-port": free_port(), "redis-port": free_port()}  # fmt: skip
     web, router = ports["port"], ports["router-port"]
     started = time.monotonic()
+    secret = f"PLANTED-{uuid.uuid4().hex}"
 
     first = PlatformUp(var, ports=ports)
     try:
@@ -299,6 +311,11 @@ def test_up_runs_the_platform_streams_the_model_and_stops_every_process(var: Pat
                 stream_options={"include_usage": True},
             )
             chunks = list(stream)
+            # A planted secret, unary and streamed: no process's log may show it (#31).
+            planted = [{"role": "user", "content": f"my passphrase is {secret}"}]
+            client.chat.completions.create(model="demo-llama", messages=planted, max_tokens=4)
+            list(client.chat.completions.create(model="demo-llama", messages=planted,
+                                                max_tokens=4, stream=True))  # fmt: skip
         deltas = [c.choices[0].delta.content for c in chunks if c.choices]
         assert len([d for d in deltas if d]) >= 2, deltas
         assert chunks[-1].usage is not None
@@ -323,6 +340,7 @@ def test_up_runs_the_platform_streams_the_model_and_stops_every_process(var: Pat
     first_s = time.monotonic() - started
     assert code == 0, first.output[-4000:]
     assert first.leftovers() == []
+    assert planted_in_logs(var, secret) == []
     output = first.output
     assert re.search(r"operator login\s+operator / \S+", output)
     assert re.search(rf"API key globex\s+{KEY_RE}", output)

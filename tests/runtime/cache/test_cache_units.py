@@ -27,8 +27,10 @@ from runtime.cache.entry import (
 from runtime.cache.flight import Flights, Lead
 from runtime.cache.metrics import CacheMetrics
 from runtime.cache.policy import cache_key, cacheable, no_store
+from runtime.cache.sealing import Sealer
 from runtime.cache.store import ResultStore, StoreConfig
 from runtime.contract import cache_entry_key, cache_lease_key
+from runtime.crypto import Keyring, generate_key
 from runtime.snapshot import CachePolicySnap, ModelSnap, TenantSnap
 from runtime.testing.snapshots import limits, version_snap
 
@@ -158,7 +160,8 @@ async def test_l2_quota_evicts_only_within_the_tenant(client: aioredis.Redis[byt
     ns = f"switchyard:test:cache:{uuid.uuid4().hex[:10]}"
     metrics = CacheMetrics(CollectorRegistry())
     config = StoreConfig(l1_bytes=1, max_entry_bytes=1, tenant_quota_bytes=1200)
-    store = ResultStore(client, namespace=ns, config=config, metrics=metrics)
+    sealer = Sealer(Keyring.from_spec(f"k1:{generate_key()}"))
+    store = ResultStore(client, namespace=ns, config=config, metrics=metrics, sealer=sealer)
     try:
         await store.put("beta", "v", "b0", _entry("b" * 100), ttl_s=60)
         for i in range(10):

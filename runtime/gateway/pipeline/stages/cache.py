@@ -40,8 +40,8 @@ class CacheBegin:
         if job.replay is not None:  # an Idempotency-Key's stored answer: served, not billed
             await send_stored(ctx, job.replay, b"idempotent-replay")
             ctx.answered = True
-        elif job.hold is not None:  # the first request of a key runs to its end without its client
-            ctx.detach = True
+        elif job.hold is not None and job.retain:  # the first request of a key runs to its end
+            ctx.detach = True  # without its client (zero retention keeps no answer: it need not)
 
 
 class CacheLookup:
