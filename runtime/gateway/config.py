@@ -22,6 +22,7 @@
 | ``SWITCHYARD_COALESCE_WINDOW_MS`` | ``2`` | unary (torch) requests coalesce this long; 0: off |
 | ``SWITCHYARD_SNAPSHOT_STALE_AFTER_S`` | ``120`` | snapshot older than this is reported stale |
 | ``SWITCHYARD_SNAPSHOT_CONFIRM_POLL_S`` | ``5`` | how often to read the freshness confirmation |
+| ``SWITCHYARD_UPSTREAM_TLS_*`` | unset | https workers: CA, client cert (:mod:`runtime.tls`) |
 
 The *namespace* is the snapshot prefix without a trailing ``:snapshot`` (``switchyard`` by
 default), so every deployment (and every test or benchmark run, which publish under a prefix
@@ -37,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from runtime import contract
+from runtime.tls import ClientTLS, upstream_tls
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 DEFAULT_SNAPSHOT_PREFIX = contract.SNAPSHOT_PREFIX
@@ -97,6 +99,7 @@ class RouterConfig:
     snapshot_stale_after_s: float = 120.0
     snapshot_confirm_poll_s: float = 5.0
     scaling_signals_s: float = 1.0  # runtime/scaling: per-pool signals written to Redis
+    upstream_tls: ClientTLS | None = None  # https workers: CA and client certificate (mTLS)
 
     def __post_init__(self) -> None:
         if self.max_body_bytes < 1:
@@ -165,4 +168,5 @@ class RouterConfig:
                 env, "SWITCHYARD_SNAPSHOT_CONFIRM_POLL_S", 5.0, minimum=0.01
             ),
             scaling_signals_s=_number(env, "SWITCHYARD_SCALING_SIGNALS_S", 1.0, minimum=0.05),
+            upstream_tls=upstream_tls(env),
         )

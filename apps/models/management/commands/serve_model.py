@@ -23,6 +23,7 @@ from apps.models.management.replica import (
     pool_named,
     published_version,
     serve,
+    worker_tls_from_env,
 )
 from apps.models.models import ModelVersion
 from runtime.workers.launch import Backend, WorkerSpec
@@ -93,8 +94,9 @@ class Command(BaseCommand):
             max_num_seqs=options["capacity"],
             tensor_parallel_size=version.tensor_parallel_size,
             extra_args=tuple(shlex.split(options["engine_args"])),
+            tls=(tls := worker_tls_from_env()),
         )
-        advertised = advertised_url(options["host"], options["port"], options["base_url"])
+        advertised = advertised_url(options["host"], options["port"], options["base_url"], tls=tls)
         hooks = RegistryHooks(
             pool=pool, version=version, capacity=options["capacity"], base_url=advertised
         )
