@@ -35,6 +35,13 @@ from runtime.upstream.sse import SSEDecoder
 from runtime.upstream.timeouts import TimeoutPolicy, attempt_timeouts
 
 _JSON_HEADERS = {"Content-Type": "application/json"}
+_CHECK_CLIENT_CERT = (
+    "check SWITCHYARD_UPSTREAM_TLS_CERT/KEY against the worker's SWITCHYARD_WORKER_TLS_CLIENT_CA"
+)
+TLS_HANG_UP = (
+    "TLS: the worker hung up before answering; a worker that requires client certificates "
+    f"does so when ours is missing or not signed by its CA: {_CHECK_CLIENT_CERT}"
+)
 _CLOCK_SLACK = 0.001  # loop timers may fire a hair before their time
 
 
@@ -125,7 +132,9 @@ class UpstreamClient:
                 return UpstreamResponse(resp, endpoint_id=eid, body=data)
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
             _discard(resp)
-            raise _classify(exc, eid, deadline=deadline, now=loop.time()) from exc
+            raise _classify(
+                exc, eid, deadline=deadline, now=loop.time(), tls=url.startswith("https:")
+            ) from exc
         except BaseException:
             _discard(resp)
             raise
@@ -160,7 +169,9 @@ class UpstreamClient:
             ):
                 return resp.status, await _read_capped(resp, self.config.max_probe_body)
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-            raise _classify(exc, None, deadline=deadline, now=loop.time()) from exc
+            raise _classify(
+                exc, None, deadline=deadline, now=loop.time(), tls=base_url.startswith("https:")
+            ) from exc
 
     async def close(self) -> None:
         """Close every pool (in-flight responses are cut). Idempotent."""
@@ -205,7 +216,9 @@ async def _first_events(resp: aiohttp.ClientResponse, decoder: SSEDecoder, eid: 
             return events
 
 
-def _classify(exc: BaseException, eid: int | None, *, deadline: float, now: float) -> UpstreamError:
+def _classify(
+    exc: BaseException, eid: int | None, *, deadline: float, now: float, tls: bool = False
+) -> UpstreamError:
     """Map an aiohttp/OS failure before the first byte onto our hierarchy."""
     if isinstance(exc, TimeoutError) and now >= deadline - _CLOCK_SLACK:
         return DeadlineExceeded("deadline passed before the first byte", endpoint_id=eid)
@@ -216,6 +229,10 @@ def _classify(exc: BaseException, eid: int | None, *, deadline: float, now: floa
         return ConnectFailed(f"cannot connect: {exc}", endpoint_id=eid)
     if isinstance(exc, TimeoutError):
         return FirstByteTimeout("no first byte within the TTFT cap", endpoint_id=eid)
+    if tls and isinstance(exc, aiohttp.ServerDisconnectedError):
+        # TLS 1.3: a worker that requires client certificates checks ours after the
+        # handshake and hangs up; its alert rarely reaches aiohttp.
+        return ConnectionDropped(TLS_HANG_UP, endpoint_id=eid)
     return ConnectionDropped(f"connection failed before the first byte: {exc!r}", endpoint_id=eid)
 
 
@@ -246,6 +263,5 @@ def tls_failure(exc: BaseException) -> str | None:
         return None
     return (
         f"TLS handshake with the worker failed ({error.reason or error}); a worker that "
-        "requires client certificates refuses an untrusted one, or none: check "
-        "SWITCHYARD_UPSTREAM_TLS_CERT/KEY against the worker's SWITCHYARD_WORKER_TLS_CLIENT_CA"
+        f"requires client certificates refuses an untrusted one, or none: {_CHECK_CLIENT_CERT}"
     )
