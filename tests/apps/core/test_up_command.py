@@ -261,6 +261,11 @@ def get(url: str, context: ssl.SSLContext | None = None) -> tuple[int, str, str]
         return exc.code, "", ""
 
 
+def trusting(var: Path) -> ssl.SSLContext:
+    """A client context trusting the CA ``up --tls`` made in ``var``."""
+    return ssl.create_default_context(cafile=var / "tls" / "ca.pem")
+
+
 def banner_python_example(output: str) -> str:
     """The Python example the first banner printed, as a script."""
     block = output.split(".venv/bin/python - <<'EOF'\n", 1)[1].split("\n    EOF", 1)[0]
@@ -336,20 +341,19 @@ def test_up_runs_the_platform_streams_the_model_and_stops_every_process(var: Pat
     # the worker it is quick (a second vLLM start would double this test's time). With --tls:
     # the control plane and the router serve HTTPS with the local CA it makes and prints.
     second = PlatformUp(var, ports=ports, args=("--no-worker", "--tls"))
-    trusting = ssl.create_default_context(cafile=var / "tls" / "ca.pem")
     try:
         second.wait_for(
-            "admin answers over HTTPS",
-            lambda: get(f"https://localhost:{web}/admin/login/", trusting)[0] == 200,
+            "admin answers over HTTPS",  # the CA exists once `up` made it
+            lambda: get(f"https://localhost:{web}/admin/login/", trusting(var))[0] == 200,
             READY_TIMEOUT_S,
         )
         second.wait_for(
             "router ready",
-            lambda: get(f"https://127.0.0.1:{router}/readyz", trusting)[0] == 200,
+            lambda: get(f"https://127.0.0.1:{router}/readyz", trusting(var))[0] == 200,
             60.0,
         )
         with urllib.request.urlopen(
-            f"https://127.0.0.1:{web}/admin/login/", timeout=5, context=trusting
+            f"https://127.0.0.1:{web}/admin/login/", timeout=5, context=trusting(var)
         ) as page:
             assert page.headers["Strict-Transport-Security"] == "max-age=3600"
             cookies = page.headers.get_all("Set-Cookie") or []
