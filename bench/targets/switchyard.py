@@ -192,6 +192,7 @@ class SwitchyardTarget(Target):
     async def _start_mtls_backends(self, ctx: TargetContext) -> list[str]:
         """The scenario's backends again, requiring client certificates; their URLs."""
         from bench.backends import backend_argv  # noqa: PLC0415 - bench.backends imports us
+
         pki = ctx.pki
         assert pki is not None  # _tls_env checked
         flags = ["--ssl-certfile", str(pki.cert), "--ssl-keyfile", str(pki.key),
