@@ -167,6 +167,16 @@ def test_plain_http_and_untrusted_clients_get_no_answer(secured: Secured) -> Non
         httpx.get(f"{secured.router_url}/healthz", timeout=5)  # the system CAs only
 
 
+def test_our_protocol_class_refuses_an_oversized_head_over_tls(secured: Secured) -> None:
+    """The bounded httptools protocol runs under asyncio's TLS transport too."""
+    resp = httpx.get(
+        f"{secured.router_url}/healthz", headers={"x-big": "a" * (70 * 1024)},
+        verify=_client(secured.pki, cert=False), timeout=5,
+    )  # fmt: skip
+    assert resp.status_code == 431
+    assert resp.json()["error"]["code"] == "headers_too_large"
+
+
 def test_the_worker_refuses_a_client_without_a_certificate(secured: Secured) -> None:
     with_cert = _client(secured.pki, cert=True)
     assert httpx.get(f"{secured.sim_url}/health", verify=with_cert).status_code == 200
