@@ -30,7 +30,9 @@ from bench.profile import FlameGraph, lag_figures, scrape_lag
 from bench.scenario import Scenario, SizeSpec
 from bench.targets import FACTORIES, Target, TargetContext, TargetUnavailableError
 from bench.workload import PhasePlan, Planned, plan_phase
+from config.tls import ensure_local_pki
 from runtime import contract
+from runtime.tls import ClientTLS
 
 logger = logging.getLogger("bench")
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -205,7 +207,10 @@ async def execute(
                    max_requests=spec.max_requests_per_phase)
         for p in scenario.phases_for(size)
     ]  # fmt: skip
-    connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=None)
+    pki, _ = ensure_local_pki(out_dir)  # HTTPS targets (switchyard-tls): the client trusts it
+    connector = aiohttp.TCPConnector(
+        limit=0, ttl_dns_cache=None, ssl=ClientTLS(ca=pki.ca).context()
+    )
     session = aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None))
     backends: list[Child] = []
     targets: list[Target] = []
@@ -219,7 +224,8 @@ async def execute(
         ctx = TargetContext(
             scenario=scenario, backend_urls=[b.base_url for b in backends],
             work_dir=out_dir / "logs", redis_url=redis_url, run_id=uuid.uuid4().hex[:12],
-            router_cpus=routers, session=session, keys=keys,
+            router_cpus=routers, session=session, keys=keys, pki=pki,
+            backend_cpus=client_cpus(routers) if routers else (),
         )  # fmt: skip
         targets, status = await _start_targets(target_names, ctx)
         for index, plan in enumerate(plans):

@@ -13,9 +13,10 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
 django_http = get_asgi_application()  # sets Django up before the consumers are imported
 
-from config import secret_key  # noqa: E402
+from config import secret_key, tls  # noqa: E402
 
 secret_key.require()  # no SECRET_KEY outside DEBUG: refuse to serve, naming it
+tls.require_serving_cert(os.environ)  # SWITCHYARD_TLS_CERT expired, mismatched: one clear line
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402

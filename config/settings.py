@@ -222,8 +222,18 @@ ARTIFACT_SIGNATURES = os.environ.get("SWITCHYARD_ARTIFACT_SIGNATURES", "required
 
 SESSION_COOKIE_HTTPONLY = True
 CSRF_COOKIE_HTTPONLY = True
-SESSION_COOKIE_SECURE = _env_bool("SECURE_COOKIES", default=False)
+# HTTPS (runtime/tls.py; docs/operations/tls.md): with SWITCHYARD_TLS_CERT/SWITCHYARD_TLS_KEY set
+# the web process serves TLS (the Procfile's uvicorn line), cookies are Secure (SECURE_COOKIES
+# overrides either way) and responses carry HSTS for SWITCHYARD_HSTS_SECONDS (default a year;
+# `up --tls` an hour; 0: none). Behind a TLS-terminating proxy set SECURE_COOKIES=1,
+# SWITCHYARD_HSTS_SECONDS and SWITCHYARD_TRUST_X_FORWARDED_PROTO=1 instead.
+TLS_ON = bool(os.environ.get("SWITCHYARD_TLS_CERT", "").strip())  # runtime/tls.py
+SESSION_COOKIE_SECURE = _env_bool("SECURE_COOKIES", default=TLS_ON)
 CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
+SECURE_HSTS_SECONDS = int(os.environ.get("SWITCHYARD_HSTS_SECONDS") or (31536000 if TLS_ON else 0))
+SECURE_HSTS_INCLUDE_SUBDOMAINS = _env_bool("SWITCHYARD_HSTS_INCLUDE_SUBDOMAINS", default=False)
+if _env_bool("SWITCHYARD_TRUST_X_FORWARDED_PROTO", default=False):
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 
 # The REST API (README "REST API"): session or management-token auth, one error shape,
 # cursor pagination, a throttle bucket per credential; OpenAPI at /api/schema/, docs /api/docs/.

@@ -33,6 +33,7 @@ SOURCES: tuple[tuple[str, str], ...] = (
     ("runtime/gateway/config.py", "router"),
     (CONTRACT, "both halves (the Redis key layout)"),
     ("apps/scaling/tasks.py", "autoscaler (Celery)"),
+    ("runtime/tls.py", "router, workers, control plane (TLS)"),
 )
 # Modules of the SOURCES that are not a process's settings (the test session's plugin).
 SKIPPED: frozenset[str] = frozenset({"config/pytest_env.py"})
@@ -125,6 +126,21 @@ MEANINGS: dict[str, str] = {
     "without `:snapshot`) prefixes every other key",
     "SWITCHYARD_SNAPSHOT_STALE_AFTER_S": "a router reports its snapshot stale past this age",
     "SWITCHYARD_TTFT_TIMEOUT_S": "upstream first-byte cap per attempt",
+    "SWITCHYARD_TLS_CERT": "PEM certificate (chain) the router and the control plane serve "
+    "HTTPS with; turns on Secure cookies and HSTS (docs/operations/tls.md)",
+    "SWITCHYARD_TLS_KEY": "the key of `SWITCHYARD_TLS_CERT`",
+    "SWITCHYARD_HSTS_SECONDS": "HSTS max-age the control plane sends over HTTPS; 0: no header",
+    "SWITCHYARD_HSTS_INCLUDE_SUBDOMAINS": "HSTS covers subdomains too",
+    "SWITCHYARD_TRUST_X_FORWARDED_PROTO": "behind a TLS-terminating proxy: trust its "
+    "`X-Forwarded-Proto: https`",
+    "SWITCHYARD_WORKER_TLS_CERT": "a model worker serves HTTPS with this certificate",
+    "SWITCHYARD_WORKER_TLS_KEY": "the key of `SWITCHYARD_WORKER_TLS_CERT`",
+    "SWITCHYARD_WORKER_TLS_CLIENT_CA": "a worker requires client certificates signed by this CA "
+    "(mTLS)",
+    "SWITCHYARD_UPSTREAM_TLS_CA": "CA that signs the workers' certificates (router, supervisors, "
+    "measurements); unset: the system's",
+    "SWITCHYARD_UPSTREAM_TLS_CERT": "client certificate presented to workers (mTLS)",
+    "SWITCHYARD_UPSTREAM_TLS_KEY": "the key of `SWITCHYARD_UPSTREAM_TLS_CERT`",
     "SWITCHYARD_VAR_DIR": "embedded servers' data, generated models, the router's snapshot disk "
     "copy, the usage spool, static files",
 }
@@ -132,6 +148,9 @@ MEANINGS: dict[str, str] = {
 
 # Where the default is an expression the table would only restate badly.
 DEFAULT_NOTES: dict[str, str] = {
+    "SECURE_COOKIES": "`true` with `SWITCHYARD_TLS_CERT`, else `false`",
+    "SWITCHYARD_HSTS_SECONDS": "`31536000` with `SWITCHYARD_TLS_CERT` (`switchyard up --tls`: "
+    "`3600`), else `0`",
     "SWITCHYARD_VAR_DIR": "`./var` (the control plane: the repository's; the router: its "
     "working directory's)",
 }
@@ -244,8 +263,8 @@ def _call_read(
     if isinstance(func, ast.Name) and func.id == "_env_bool" and args:
         default = next((k.value for k in node.keywords if k.arg == "default"), None)
         return args[0], default if default is not None or len(args) < 2 else args[1]
-    if isinstance(func, ast.Name) and func.id == "_number" and len(args) >= 3:
-        return args[1], args[2]
+    if isinstance(func, ast.Name) and func.id in {"_number", "_path"} and len(args) >= 2:
+        return args[1], args[2] if len(args) > 2 else None  # _path: runtime/tls.py
     if not (isinstance(func, ast.Attribute) and func.attr in {"get", "getenv"} and args):
         return None, None
     owner = func.value

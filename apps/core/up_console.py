@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import ssl
 import threading
 import time
 import urllib.error
@@ -43,13 +44,18 @@ def without_password(url: str) -> str:
 
 @dataclass(frozen=True, kw_only=True)
 class Addresses:
-    web: str  # http://127.0.0.1:8000
+    web: str  # http://127.0.0.1:8000 (https:// under TLS)
     router: str  # http://127.0.0.1:8080
     pool: str | None  # the demo model's pool the autoscaler serves; None with --no-worker
+    ca: str | None = None  # `up --tls`: the local CA's file, for the examples
+    tls: ssl.SSLContext | None = None  # the checks' client context (CA, client certificate)
 
 
-def try_it(router: str, key: str) -> list[str]:
-    """A curl (SSE) and a Python openai example against ``router`` with ``key``."""
+def try_it(router: str, key: str, ca: str | None = None) -> list[str]:
+    """A curl (SSE) and a Python openai example against ``router`` with ``key`` (trusting
+    the CA file ``ca`` when given)."""
+    cacert = f"--cacert {ca} " if ca else ""
+    python = f"SSL_CERT_FILE={ca} .venv/bin/python" if ca else ".venv/bin/python"
     body = json.dumps(
         {
             "model": DEMO_MODEL,
@@ -61,12 +67,12 @@ def try_it(router: str, key: str) -> list[str]:
     return [
         "  Try it once the model is ready (streams tokens; the demo model's weights are random):",
         "",
-        f"    curl -N {router}/v1/chat/completions \\",
+        f"    curl -N {cacert}{router}/v1/chat/completions \\",
         f'      -H "Authorization: Bearer {key}" \\',
         '      -H "Content-Type: application/json" \\',
         f"      -d '{body}'",
         "",
-        "    .venv/bin/python - <<'EOF'",
+        f"    {python} - <<'EOF'",
         "    from openai import OpenAI",
         f'    client = OpenAI(base_url="{router}/v1", api_key="{key}")',
         "    stream = client.chat.completions.create(",
@@ -107,7 +113,7 @@ def banner(
         lines += [f"  API key {slug:<8} {key}" for slug, key in seed["api_keys"].items()]
         acme = seed["api_keys"].get("acme")
         if acme and at.pool:
-            lines += ["", *try_it(at.router, acme)]
+            lines += ["", *try_it(at.router, acme, at.ca)]
     else:
         lines += [
             "",
@@ -123,10 +129,12 @@ def banner(
 # --- readiness ------------------------------------------------------------------------------
 
 
-def http_json(url: str, *, timeout: float = 2.0) -> tuple[int, Any]:
+def http_json(
+    url: str, *, timeout: float = 2.0, context: ssl.SSLContext | None = None
+) -> tuple[int, Any]:
     """(status, parsed JSON or None); (0, None) when nothing answers."""
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310 - http only
+        with urllib.request.urlopen(url, timeout=timeout, context=context) as response:  # noqa: S310
             raw = response.read()
             status = int(response.status)
     except urllib.error.HTTPError as exc:
@@ -156,7 +164,14 @@ def serving_endpoint(
     return None
 
 
-def answers(url: str, *, model: str, api_key: str | None = None, timeout: float = 30.0) -> bool:
+def answers(
+    url: str,
+    *,
+    model: str,
+    api_key: str | None = None,
+    timeout: float = 30.0,
+    context: ssl.SSLContext | None = None,
+) -> bool:
     """Whether ``POST url`` (a chat completions URL) answers a one-token request with 200."""
     body = {"model": model, "messages": [{"role": "user", "content": "ping"}], "max_tokens": 1}
     headers = {"Content-Type": "application/json"}
@@ -166,7 +181,7 @@ def answers(url: str, *, model: str, api_key: str | None = None, timeout: float 
         url, data=json.dumps(body).encode(), headers=headers, method="POST"
     )
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310
+        with urllib.request.urlopen(request, timeout=timeout, context=context) as response:  # noqa: S310
             response.read()
             return int(response.status) == 200
     except (urllib.error.URLError, OSError, ValueError):
@@ -188,10 +203,10 @@ def checks(
     holder: list[redis.Redis[bytes]] = []
 
     def web() -> bool:
-        return http_json(f"{at.web}/admin/login/")[0] == 200
+        return http_json(f"{at.web}/admin/login/", context=at.tls)[0] == 200
 
     def router() -> bool:
-        return http_json(f"{at.router}/readyz")[0] == 200
+        return http_json(f"{at.router}/readyz", context=at.tls)[0] == 200
 
     def model() -> bool:
         if not holder:
@@ -203,13 +218,18 @@ def checks(
         if found is None:
             return False
         version, replica = found
-        status, body = http_json(f"{at.router}/readyz")
+        status, body = http_json(f"{at.router}/readyz", context=at.tls)
         served = body.get("snapshot_version") if isinstance(body, dict) else None
         if status != 200 or not isinstance(served, int) or served < version:
             return False
         if api_key:  # the claim itself: the model answers through the router
-            return answers(f"{at.router}/v1/chat/completions", model=DEMO_MODEL, api_key=api_key)
-        return answers(f"{replica}/v1/chat/completions", model=DEMO_MODEL)
+            return answers(
+                f"{at.router}/v1/chat/completions",
+                model=DEMO_MODEL,
+                api_key=api_key,
+                context=at.tls,
+            )
+        return answers(f"{replica}/v1/chat/completions", model=DEMO_MODEL, context=at.tls)
 
     found = [
         ReadyCheck(

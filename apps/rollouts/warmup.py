@@ -26,6 +26,7 @@ version is never touched.
 from __future__ import annotations
 
 import json
+import os
 import time
 import urllib.error
 import urllib.request
@@ -46,6 +47,7 @@ from apps.rollouts.transitions import rollout_abort, rollout_warmed
 from apps.scaling.actuators.base import ActuatorError
 from apps.scaling.tasks import actuator_from_env
 from runtime.artifacts import ArtifactError, verify_artifact
+from runtime.tls import upstream_context
 
 LONG_PROMPT = " ".join(["The quick brown fox jumps over the lazy dog."] * 40)  # ~400 tokens
 SHORT_PROMPT = "Say hello."
@@ -140,7 +142,9 @@ def _http(url: str, body: dict[str, Any] | None, *, timeout: float) -> tuple[int
         url, data=data, headers={"Content-Type": "application/json"}
     )
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as resp:  # noqa: S310
+        # An https replica (`up --tls`): the CA and client certificate the router uses (mTLS).
+        context = upstream_context(os.environ) if url.startswith("https:") else None
+        with urllib.request.urlopen(request, timeout=timeout, context=context) as resp:  # noqa: S310
             return resp.status, resp.read()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read()

@@ -19,6 +19,8 @@ FACTORIES: MappingProxyType[str, Callable[[], Target]] = MappingProxyType(
         "switchyard-fcfs": lambda: SwitchyardTarget(name="switchyard-fcfs", fairness="fcfs"),
         "switchyard": lambda: SwitchyardTarget(name="switchyard"),
         "switchyard-2w": lambda: SwitchyardTarget(name="switchyard-2w", workers=2),
+        "switchyard-tls": lambda: SwitchyardTarget(name="switchyard-tls", tls=True),
+        "switchyard-mtls": lambda: SwitchyardTarget(name="switchyard-mtls", tls=True, mtls=True),
         "switchyard-prefix-affinity": lambda: SwitchyardTarget(
             name="switchyard-prefix-affinity", scorers="least_load,prefix_affinity"
         ),

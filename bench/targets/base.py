@@ -22,6 +22,7 @@ import aiohttp
 
 from bench.procs import Child, StartError
 from bench.scenario import Scenario
+from config.tls import LocalPKI
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 VENVS = REPO_ROOT / "bench" / ".venvs"
@@ -42,6 +43,8 @@ class TargetContext:
     session: aiohttp.ClientSession
     keys: Mapping[str, str]  # tenant -> full API key (sent to every target)
     start_timeout_s: float = 60.0
+    pki: LocalPKI | None = None  # the run's local CA (``session`` trusts it): HTTPS targets
+    backend_cpus: tuple[int, ...] = ()  # where backends run (a target's own, mTLS ones)
 
 
 @dataclass

@@ -6,18 +6,26 @@ snapshot; the scenario's classes; one model and version; one pool whose ``polici
 the scheduling; the backends as ready endpoints) and published to Redis under a prefix unique
 to the run and target. Then ``python -m runtime.gateway`` starts with one worker, pinned to the
 router core.
+
+``tls``: the router serves HTTPS with the run's local CA (``switchyard-tls``; the load
+generator's session trusts it). ``mtls`` as well: the target starts backends of its own that
+require client certificates (the simulator with vLLM's ``--ssl-cert-reqs 2``, on the backends'
+cores, not counted as the router's) and the router presents its certificate to them
+(``switchyard-mtls``): what ``switchyard up --tls`` runs.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+import aiohttp
 import redis
 
-from bench.procs import extra_router_cpus, free_port, pinned, spawn, wait_http
+from bench.procs import Child, StartError, extra_router_cpus, free_port, pinned, spawn, wait_http
 from bench.scenario import Scenario
 from bench.targets.base import (
     REPO_ROOT,
@@ -28,6 +36,7 @@ from bench.targets.base import (
     python_env,
     warm_up,
 )
+from runtime import tls
 from runtime.snapshot import Snapshot
 from runtime.snapshot_store import publish
 from runtime.testing.snapshots import SnapshotBuilder, limits
@@ -91,6 +100,9 @@ class SwitchyardTarget(Target):
     fairness: str | None = None  # overrides the scenario's pool policy "fairness"
     workers: int = 1  # router processes (--workers); each gets a core of its own if it can
     scorers: str | None = None  # overrides the scenario's pool policy "scorers"
+    tls: bool = False  # serve HTTPS (the run's CA)
+    mtls: bool = False  # and call backends of its own over mTLS
+    _backends: list[Child] = field(default_factory=list)
     _prefix: str = ""
     _redis_url: str = ""
     _env_keys: list[str] = field(default_factory=list)
@@ -111,7 +123,11 @@ class SwitchyardTarget(Target):
         self._prefix = f"bench:{ctx.run_id}:{self.name}"
         self._redis_url = ctx.redis_url
         policies = self.policies(ctx.scenario)
-        snapshot = build_snapshot(ctx.scenario, list(ctx.backend_urls), ctx.keys, policies)
+        tls_env = self._tls_env(ctx)
+        backend_urls = list(ctx.backend_urls)
+        if self.mtls:
+            backend_urls = await self._start_mtls_backends(ctx)
+        snapshot = build_snapshot(ctx.scenario, backend_urls, ctx.keys, policies)
         try:
             await asyncio.to_thread(self._publish, snapshot)
         except redis.RedisError as exc:
@@ -130,6 +146,7 @@ class SwitchyardTarget(Target):
                 "SWITCHYARD_LIMITS_PREFIX": f"{self._prefix}:limits",
                 "SWITCHYARD_FAIRNESS_PREFIX": f"{self._prefix}:fairness",
                 **ctx.scenario.switchyard.env,
+                **tls_env,
             }
         )
         cpus = worker_cpus(ctx.router_cpus, self.workers)
@@ -141,19 +158,61 @@ class SwitchyardTarget(Target):
         child = spawn(self.name, pinned(argv, cpus), port=port,
                       log_dir=ctx.work_dir, env=env, cwd=REPO_ROOT)  # fmt: skip
         self.children.append(child)
-        await wait_http(child, ctx.session, "/readyz", timeout_s=ctx.start_timeout_s)
+        url = f"https://127.0.0.1:{port}" if self.tls else child.base_url
+        if not self.tls:  # over HTTPS the warm-up below is the wait
+            await wait_http(child, ctx.session, "/readyz", timeout_s=ctx.start_timeout_s)
         first = next(iter(ctx.keys.values()))
-        await warm_up(ctx.session, child.base_url, model=ctx.scenario.backends.model,
+        await warm_up(ctx.session, url, model=ctx.scenario.backends.model,
                       headers={"Authorization": f"Bearer {first}"}, count=3,
                       timeout_s=ctx.start_timeout_s, child=child)  # fmt: skip
-        self.base_urls = [child.base_url]
+        self.base_urls = [url]
+        tls_kind = ", HTTPS" if self.tls else ""
+        tls_kind += " + mTLS to its own backends" if self.mtls else ""
         self.info = {
-            "kind": f"switchyard router (python -m runtime.gateway, {self.workers} worker(s))",
+            "kind": f"switchyard router (python -m runtime.gateway, {self.workers} worker(s)"
+            f"{tls_kind})",
             "policies": policies,
             "snapshot_prefix": f"{self._prefix}:snapshot",
             "workers": self.workers,
             "cpus": list(cpus),
         }
+
+    def _tls_env(self, ctx: TargetContext) -> dict[str, str]:
+        if not self.tls:
+            return {}
+        if ctx.pki is None:
+            raise TargetUnavailableError("the run made no local CA for an HTTPS target")
+        pki = ctx.pki
+        env = {tls.ENV_CERT: str(pki.cert), tls.ENV_KEY: str(pki.key)}
+        if self.mtls:
+            env |= {tls.ENV_UPSTREAM_CA: str(pki.ca), tls.ENV_UPSTREAM_CERT: str(pki.cert),
+                    tls.ENV_UPSTREAM_KEY: str(pki.key)}  # fmt: skip
+        return env
+
+    async def _start_mtls_backends(self, ctx: TargetContext) -> list[str]:
+        """The scenario's backends again, requiring client certificates; their URLs."""
+        from bench.backends import backend_argv  # noqa: PLC0415 - bench.backends imports us
+
+        pki = ctx.pki
+        assert pki is not None  # _tls_env checked
+        flags = ["--ssl-certfile", str(pki.cert), "--ssl-keyfile", str(pki.key),
+                 "--ssl-ca-certs", str(pki.ca), "--ssl-cert-reqs", "2"]  # fmt: skip
+        for i in range(ctx.scenario.backends.count):
+            port = free_port()
+            argv = pinned([*backend_argv(ctx.scenario.backends, port, i), *flags],
+                          ctx.backend_cpus)  # fmt: skip
+            self._backends.append(
+                spawn(f"{self.name}-backend-{i}", argv, port=port, log_dir=ctx.work_dir,
+                      env=python_env(), cwd=REPO_ROOT)
+            )  # fmt: skip
+        client = tls.ClientTLS(ca=pki.ca, cert=pki.cert, key=pki.key).context()
+        urls = [f"https://127.0.0.1:{b.port}" for b in self._backends]
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=client)) as http:
+            await asyncio.gather(*(
+                _wait_health(http, b, url, ctx.start_timeout_s)
+                for b, url in zip(self._backends, urls, strict=True)
+            ))  # fmt: skip
+        return urls
 
     def _publish(self, snapshot: Snapshot) -> None:
         client: redis.Redis[bytes] = redis.Redis.from_url(self._redis_url)
@@ -173,6 +232,24 @@ class SwitchyardTarget(Target):
 
     async def stop(self) -> None:
         await super().stop()
+        for backend in self._backends:
+            await asyncio.to_thread(backend.stop)
         if self._prefix:
             with contextlib.suppress(redis.RedisError):
                 await asyncio.to_thread(self._cleanup)
+
+
+async def _wait_health(
+    http: aiohttp.ClientSession, child: Child, url: str, timeout_s: float
+) -> None:
+    """Poll ``url``/health (over mTLS) until 200; StartError on exit or timeout."""
+    give_up = time.monotonic() + timeout_s
+    while time.monotonic() < give_up:
+        if not child.alive():
+            raise StartError(f"{child.name} exited:\n{child.tail()}")
+        with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+            async with http.get(f"{url}/health", timeout=aiohttp.ClientTimeout(total=2)) as r:
+                if r.status == 200:
+                    return
+        await asyncio.sleep(0.1)
+    raise StartError(f"{child.name}: {url}/health did not answer in {timeout_s:.0f} s")

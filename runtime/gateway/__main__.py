@@ -9,6 +9,11 @@ to the process (:func:`runtime.gateway.workers.available_cores`: affinity and cg
 Their metrics are joined with prometheus_client's multiprocess mode: ``PROMETHEUS_MULTIPROC_DIR``
 (default ``$SWITCHYARD_VAR_DIR/prometheus-<port>``) is emptied at start and handed to the
 workers.
+
+HTTPS: with ``SWITCHYARD_TLS_CERT`` and ``SWITCHYARD_TLS_KEY`` set (:mod:`runtime.tls`) the
+router serves TLS on the same port (uvicorn's ssl path: the same protocol class under asyncio's
+TLS transport); a certificate that is missing, expired or does not match its key refuses the
+start with one line naming the variable and the file.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from runtime.gateway.config import ENV_WORKERS, ConfigError, RouterConfig, at_re
 from runtime.gateway.http_protocol import BoundedHttpToolsProtocol
 from runtime.gateway.workers import available_cores
 from runtime.telemetry.logging import logging_config
+from runtime.tls import TLSConfigError, server_tls
 
 WORKER_HEALTHCHECK_S = 30  # uvicorn's ping of each worker (whole seconds)
 
@@ -76,6 +82,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     if workers < 1:
         raise SystemExit("--workers must be >= 1")
     os.environ[ENV_WORKERS] = str(workers)  # read by the workers' RouterConfig
+    try:
+        tls = server_tls(os.environ)
+        if tls is not None:
+            tls.context()  # checks it now: one clear line instead of a worker's traceback
+    except TLSConfigError as exc:
+        raise SystemExit(f"router: {exc}") from None
     prepare_multiprocess_metrics(workers, args.port, os.environ)
     try:  # before the workers: a bad key setting stops here; a missing keys file is made once
         at_rest_keyring(RouterConfig.from_env())
@@ -99,6 +111,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         log_config=logging_config(args.log_level.upper()),
         # whole seconds (uvicorn's type); rounded up so that 0.5 does not become no grace
         timeout_graceful_shutdown=math.ceil(args.graceful_shutdown_s),
+        ssl_certfile=None if tls is None else str(tls.cert),
+        ssl_keyfile=None if tls is None else str(tls.key),
     )
 
 

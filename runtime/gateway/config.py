@@ -24,6 +24,7 @@
 | ``SWITCHYARD_SNAPSHOT_CONFIRM_POLL_S`` | ``5`` | how often to read the freshness confirmation |
 | ``SWITCHYARD_AT_REST_KEYS`` | *var dir*``/at_rest_keys`` | cache encryption keys, newest first |
 | ``SWITCHYARD_AT_REST_KEYS_FILE`` | | a file holding them instead |
+| ``SWITCHYARD_UPSTREAM_TLS_*`` | unset | https workers: CA, client cert (:mod:`runtime.tls`) |
 
 The *namespace* is the snapshot prefix without a trailing ``:snapshot`` (``switchyard`` by
 default), so every deployment (and every test or benchmark run, which publish under a prefix
@@ -41,6 +42,7 @@ from pathlib import Path
 from runtime import contract
 from runtime.cache.sealing import load_keyring
 from runtime.crypto import Keyring, KeyringError
+from runtime.tls import ClientTLS, upstream_tls
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 DEFAULT_SNAPSHOT_PREFIX = contract.SNAPSHOT_PREFIX
@@ -105,6 +107,7 @@ class RouterConfig:
     # "": the var directory's at_rest_keys (generated when missing). Never in the repr.
     at_rest_keys: str = field(default="", repr=False)
     at_rest_keys_file: str = ""
+    upstream_tls: ClientTLS | None = None  # https workers: CA and client certificate (mTLS)
 
     def __post_init__(self) -> None:
         if self.max_body_bytes < 1:
@@ -180,6 +183,7 @@ class RouterConfig:
             scaling_signals_s=_number(env, "SWITCHYARD_SCALING_SIGNALS_S", 1.0, minimum=0.05),
             at_rest_keys=env.get("SWITCHYARD_AT_REST_KEYS") or "",
             at_rest_keys_file=env.get("SWITCHYARD_AT_REST_KEYS_FILE") or "",
+            upstream_tls=upstream_tls(env),
         )
 
 

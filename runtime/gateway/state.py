@@ -245,11 +245,13 @@ class RouterState:
 
 def build_state(config: RouterConfig) -> RouterState:
     """Create (not start) every component from ``config``."""
+    tls = None if config.upstream_tls is None else config.upstream_tls.context()
     client = UpstreamClient(
         ClientConfig(
             timeouts=TimeoutPolicy(
                 connect_cap=config.connect_timeout_s, first_byte_cap=config.ttft_timeout_s
-            )
+            ),
+            tls=tls,
         )
     )
     health = HealthMonitor(client, HealthConfig(interval_s=config.health_interval_s))
@@ -307,7 +309,7 @@ def build_state(config: RouterConfig) -> RouterState:
     )
     tokens = TokenCounter(cache_size=config.tokenizer_cache_size)
     tracing = Tracing.from_env()
-    shadow_client = DrainClient(timeout_s=SHADOW_TIMEOUT_S, limit=SHADOW_INFLIGHT)
+    shadow_client = DrainClient(timeout_s=SHADOW_TIMEOUT_S, limit=SHADOW_INFLIGHT, tls=tls)
     shadow = ShadowMirror(
         stats=version_stats, max_inflight=SHADOW_INFLIGHT, timeout_s=SHADOW_TIMEOUT_S,
         client=shadow_client,

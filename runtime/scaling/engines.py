@@ -15,11 +15,13 @@ failure, a non-200 answer) is left out of that interval.
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 
 from runtime.snapshot import Snapshot
-from runtime.upstream.client import UpstreamClient
+from runtime.tls import upstream_context
+from runtime.upstream.client import ClientConfig, UpstreamClient
 from runtime.upstream.errors import UpstreamError
 
 FILL = "encoder:batch_fill_ratio"
@@ -94,7 +96,7 @@ class EngineScraper:
         if self._fetch is not None:
             return await self._fetch(base_url)
         if self._client is None:
-            self._client = UpstreamClient()
+            self._client = UpstreamClient(ClientConfig(tls=upstream_context(os.environ)))
         try:
             status, page = await self._client.probe(base_url, "/metrics", timeout_s=self._timeout_s)
         except UpstreamError:

@@ -10,10 +10,12 @@ fails the measurement with the classified :class:`~runtime.upstream.errors.Upstr
 from __future__ import annotations
 
 import asyncio
+import os
 
 import msgspec
 
 from runtime.scaling.capacity import CurvePoint, TierCurve
+from runtime.tls import upstream_context
 from runtime.upstream.drain import DrainClient
 from runtime.upstream.errors import UpstreamHTTPError
 
@@ -44,7 +46,7 @@ async def measure_curve(
     kv_tokens: int,
     client: DrainClient | None = None,
 ) -> TierCurve:
-    http = client or DrainClient(timeout_s=MEASURE_TIMEOUT_S)
+    http = client or DrainClient(timeout_s=MEASURE_TIMEOUT_S, tls=upstream_context(os.environ))
     try:
         ttft, _, _ = await _stream(http, url, model, "word " * prompt_words, 1)
         prefill_tps = prompt_words * 5 / 4 / max(ttft, 1e-6)  # ~ceil(chars / 4) tokens

@@ -6,12 +6,16 @@ prefill, so the first event is what marks time to first token); for a unary answ
 whole body. Every failure before that point is raised as a classified
 :class:`~runtime.upstream.errors.UpstreamError` and the connection is closed; retrying is
 the dispatcher's job. Health probes use a separate small pool so a saturated inference
-pool never delays them.
+pool never delays them. Workers at ``https://`` URLs are called with
+:attr:`ClientConfig.tls` (:func:`runtime.tls.upstream_context`: the CA that signs them and the
+router's client certificate for mTLS); a handshake that fails is a
+:class:`~runtime.upstream.errors.ConnectFailed` saying which side refused which certificate.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -31,6 +35,13 @@ from runtime.upstream.sse import SSEDecoder
 from runtime.upstream.timeouts import TimeoutPolicy, attempt_timeouts
 
 _JSON_HEADERS = {"Content-Type": "application/json"}
+_CHECK_CLIENT_CERT = (
+    "check SWITCHYARD_UPSTREAM_TLS_CERT/KEY against the worker's SWITCHYARD_WORKER_TLS_CLIENT_CA"
+)
+TLS_HANG_UP = (
+    "TLS: the worker hung up before answering; a worker that requires client certificates "
+    f"does so when ours is missing or not signed by its CA: {_CHECK_CLIENT_CERT}"
+)
 _CLOCK_SLACK = 0.001  # loop timers may fire a hair before their time
 
 
@@ -44,6 +55,7 @@ class ClientConfig:
     max_error_body: int = 64 * 1024
     max_probe_body: int = 8 * 1024 * 1024
     probe_limit_per_host: int = 2
+    tls: ssl.SSLContext | None = None  # https:// workers; None: the system's CAs, no client cert
 
 
 def join_url(base_url: str, path: str) -> str:
@@ -69,6 +81,7 @@ class UpstreamClient:
                 limit=0,
                 limit_per_host=self.config.limit_per_host,
                 keepalive_timeout=self.config.keepalive_s,
+                ssl=self.config.tls or True,
             )
             # No cookie jar: a worker's cookies must never follow one tenant's request into
             # another's, and filtering an empty jar is work on every request.
@@ -119,7 +132,9 @@ class UpstreamClient:
                 return UpstreamResponse(resp, endpoint_id=eid, body=data)
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
             _discard(resp)
-            raise _classify(exc, eid, deadline=deadline, now=loop.time()) from exc
+            raise _classify(
+                exc, eid, deadline=deadline, now=loop.time(), tls=url.startswith("https:")
+            ) from exc
         except BaseException:
             _discard(resp)
             raise
@@ -142,6 +157,7 @@ class UpstreamClient:
                 limit=0,
                 limit_per_host=self.config.probe_limit_per_host,
                 keepalive_timeout=self.config.keepalive_s,
+                ssl=self.config.tls or True,
             )
             self._probe_session = aiohttp.ClientSession(connector=connector)
         loop = asyncio.get_running_loop()
@@ -153,7 +169,9 @@ class UpstreamClient:
             ):
                 return resp.status, await _read_capped(resp, self.config.max_probe_body)
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-            raise _classify(exc, None, deadline=deadline, now=loop.time()) from exc
+            raise _classify(
+                exc, None, deadline=deadline, now=loop.time(), tls=base_url.startswith("https:")
+            ) from exc
 
     async def close(self) -> None:
         """Close every pool (in-flight responses are cut). Idempotent."""
@@ -198,12 +216,52 @@ async def _first_events(resp: aiohttp.ClientResponse, decoder: SSEDecoder, eid: 
             return events
 
 
-def _classify(exc: BaseException, eid: int | None, *, deadline: float, now: float) -> UpstreamError:
+def _classify(
+    exc: BaseException, eid: int | None, *, deadline: float, now: float, tls: bool = False
+) -> UpstreamError:
     """Map an aiohttp/OS failure before the first byte onto our hierarchy."""
     if isinstance(exc, TimeoutError) and now >= deadline - _CLOCK_SLACK:
         return DeadlineExceeded("deadline passed before the first byte", endpoint_id=eid)
+    tls_problem = tls_failure(exc)
+    if tls_problem is not None:
+        return ConnectFailed(tls_problem, endpoint_id=eid)
     if isinstance(exc, aiohttp.ConnectionTimeoutError | aiohttp.ClientConnectorError):
         return ConnectFailed(f"cannot connect: {exc}", endpoint_id=eid)
     if isinstance(exc, TimeoutError):
         return FirstByteTimeout("no first byte within the TTFT cap", endpoint_id=eid)
+    if tls and isinstance(exc, aiohttp.ServerDisconnectedError):
+        # TLS 1.3: a worker that requires client certificates checks ours after the
+        # handshake and hangs up; its alert rarely reaches aiohttp.
+        return ConnectionDropped(TLS_HANG_UP, endpoint_id=eid)
     return ConnectionDropped(f"connection failed before the first byte: {exc!r}", endpoint_id=eid)
+
+
+def _ssl_error(exc: BaseException) -> ssl.SSLError | None:
+    """The ssl error behind ``exc`` (aiohttp wraps it; under TLS 1.3 a refused client
+    certificate surfaces at the first read, as an OSError around it), or None."""
+    seen: BaseException | None = exc
+    for _ in range(5):
+        if seen is None:
+            return None
+        if isinstance(seen, ssl.SSLError):
+            return seen
+        inner = getattr(seen, "os_error", None)
+        seen = inner if isinstance(inner, BaseException) else (seen.__cause__ or seen.__context__)
+    return None
+
+
+def tls_failure(exc: BaseException) -> str | None:
+    """An operator's sentence for a failed TLS handshake with a worker; None: not TLS."""
+    if isinstance(exc, aiohttp.ClientConnectorCertificateError):
+        return (
+            f"TLS: the worker {exc.host}:{exc.port} presented a certificate we do not trust "
+            f"({exc.certificate_error}); check SWITCHYARD_UPSTREAM_TLS_CA and the worker's "
+            "certificate"
+        )
+    error = _ssl_error(exc)
+    if error is None:
+        return None
+    return (
+        f"TLS handshake with the worker failed ({error.reason or error}); a worker that "
+        f"requires client certificates refuses an untrusted one, or none: {_CHECK_CLIENT_CERT}"
+    )

@@ -18,6 +18,7 @@ failure is :attr:`Drained.broken` (a :class:`~runtime.upstream.errors.StreamBrok
 from __future__ import annotations
 
 import asyncio
+import ssl
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -51,11 +52,14 @@ class Drained:
 class DrainClient:
     """A small pool for one-off requests; ``await close()`` when done. Not thread-safe."""
 
-    def __init__(self, *, timeout_s: float = 60.0, limit: int = 100) -> None:
+    def __init__(
+        self, *, timeout_s: float = 60.0, limit: int = 100, tls: ssl.SSLContext | None = None
+    ) -> None:
         if not timeout_s > 0 or limit < 1:
             raise ValueError("timeout_s must be > 0 and limit >= 1")
         self.timeout_s = timeout_s
         self._limit = limit
+        self._tls = tls  # https:// workers (runtime.tls.upstream_context); None: the defaults
         self._session: aiohttp.ClientSession | None = None
         self._closed = False
 
@@ -65,7 +69,7 @@ class DrainClient:
         if self._session is None:
             # No cookie jar: a worker's cookies must not follow one request into the next.
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=self._limit),
+                connector=aiohttp.TCPConnector(limit=self._limit, ssl=self._tls or True),
                 cookie_jar=aiohttp.DummyCookieJar(),
             )
         return self._session

@@ -245,6 +245,8 @@ class HealthMonitor:
                 status.base_url, "/health", timeout_s=self.config.probe_timeout_s
             )
         except UpstreamError as exc:
+            if status.health_failures == 0 and str(exc).startswith("TLS"):  # once per run
+                _log.warning("endpoint %s at %s: %s", status.endpoint_id, status.base_url, exc)
             return _health_failed(status, f"/health: {exc}", timed_out=_no_answer(exc))
         if code != 200:
             return _health_failed(status, f"/health: HTTP {code}")

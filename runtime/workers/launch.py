@@ -28,6 +28,7 @@ from typing import BinaryIO, Literal
 
 from runtime.procs import async_stop_group, die_with_parent, group_pids, pid_alive
 from runtime.signing import SignatureCheck
+from runtime.tls import ServerTLS
 
 log = logging.getLogger("switchyard.worker")
 
@@ -75,18 +76,29 @@ class WorkerSpec:
     extra_args: tuple[str, ...] = ()
     env: Mapping[str, str] = field(default_factory=dict)
     python: str = sys.executable
+    tls: ServerTLS | None = None  # serve HTTPS; with its client_ca, clients need a cert (mTLS)
 
     @property
     def base_url(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
         if self.host in ("0.0.0.0", "::"):  # noqa: S104 - probing locally, not binding
             host = "127.0.0.1"
-        return f"http://{host}:{self.port}"
+        return f"{'https' if self.tls else 'http'}://{host}:{self.port}"
+
+
+def tls_args(tls: ServerTLS | None) -> list[str]:
+    """vLLM's (and the simulator's) TLS flags; ``--ssl-cert-reqs 2`` is ssl.CERT_REQUIRED."""
+    if tls is None:
+        return []
+    argv = ["--ssl-certfile", str(tls.cert), "--ssl-keyfile", str(tls.key)]
+    if tls.client_ca is not None:
+        argv += ["--ssl-ca-certs", str(tls.client_ca), "--ssl-cert-reqs", "2"]
+    return argv
 
 
 def build_command(spec: WorkerSpec) -> list[str]:
     """The engine's argv for ``spec`` (the simulator's when ``spec.backend == "simulator"``)."""
-    common = ["--host", spec.host, "--port", str(spec.port)]
+    common = ["--host", spec.host, "--port", str(spec.port), *tls_args(spec.tls)]
     common += ["--max-model-len", str(spec.max_model_len)]
     if spec.max_num_seqs is not None:
         common += ["--max-num-seqs", str(spec.max_num_seqs)]

@@ -40,6 +40,7 @@ from typing import BinaryIO
 
 import aiohttp
 
+from runtime.tls import upstream_context
 from runtime.workers.launch import EngineProcess, WorkerSpec, build_command, build_env
 from runtime.workers.probe import EngineStartError, requests_in_flight, wait_healthy, warm_up
 from runtime.workers.replica import (
@@ -147,7 +148,8 @@ class Supervisor:
         settings = self._settings
         crashes: list[float] = []
         restarting = False
-        async with aiohttp.ClientSession() as session:
+        connector = aiohttp.TCPConnector(ssl=upstream_context(os.environ) or True)  # mTLS
+        async with aiohttp.ClientSession(connector=connector) as session:
             while True:
                 reason = await self._serve_once(session, life, restarting=restarting)
                 if reason is None:

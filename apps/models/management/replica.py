@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import socket
 from collections.abc import Coroutine
 from pathlib import Path
@@ -32,6 +33,7 @@ from apps.models.services import endpoint_register, endpoint_set_state
 from apps.models.services.signing import artifact_refused_record
 from runtime.procs import watch_lifeline
 from runtime.signing import SignatureCheck
+from runtime.tls import ServerTLS, TLSConfigError, worker_tls
 from runtime.workers.heartbeat import endpoint_heartbeat_key
 from runtime.workers.replica import ArtifactRefusedError, WorkerError
 
@@ -63,12 +65,27 @@ def pool_named(name: str) -> Pool:
     return pool
 
 
-def advertised_url(host: str, port: int, base_url: str | None) -> str | None:
+def advertised_url(
+    host: str, port: int, base_url: str | None, *, tls: ServerTLS | None = None
+) -> str | None:
     """What routers should use: ``base_url``; for a wildcard bind, this host's name; else None
-    (the worker's own http://HOST:PORT)."""
+    (the worker's own http(s)://HOST:PORT)."""
     if base_url is None and host in ("0.0.0.0", "::"):  # noqa: S104
-        return f"http://{socket.gethostname()}:{port}"  # reachable by others
+        scheme = "https" if tls else "http"
+        return f"{scheme}://{socket.gethostname()}:{port}"  # reachable by others
     return base_url
+
+
+def worker_tls_from_env() -> ServerTLS | None:
+    """The replica's HTTPS settings (SWITCHYARD_WORKER_TLS_*, :mod:`runtime.tls`), checked now:
+    a missing, expired or mismatched certificate is a CommandError naming it."""
+    try:
+        tls = worker_tls(os.environ)
+        if tls is not None:
+            tls.context()
+    except TLSConfigError as exc:
+        raise CommandError(str(exc)) from exc
+    return tls
 
 
 def serve(main: Coroutine[Any, Any, None], hooks: RegistryHooks) -> str:

@@ -30,6 +30,7 @@ import contextlib
 import json
 import os
 import signal
+import ssl
 import subprocess
 import time
 import urllib.request
@@ -57,16 +58,22 @@ from runtime.procs import (
     wait_http,
 )
 from runtime.scaling.controller import Plan
+from runtime.tls import TLSConfigError, upstream_context, worker_tls
 
 LIVE = (Endpoint.State.STARTING, Endpoint.State.READY)
 WARM_STATES = (Endpoint.State.STARTING, Endpoint.State.DRAINING)
 POLL_S = 0.2
 
 
-def engine_load(base_url: str, *, timeout: float = 2.0) -> float:
-    """Running + waiting requests from a vLLM-compatible ``/metrics`` (inf when unreachable)."""
+def engine_load(
+    base_url: str, *, timeout: float = 2.0, context: ssl.SSLContext | None = None
+) -> float:
+    """Running + waiting requests from a vLLM-compatible ``/metrics`` (inf when unreachable);
+    ``context``: an https replica's (runtime.tls.upstream_context: CA, client certificate)."""
     try:
-        with urllib.request.urlopen(f"{base_url}/metrics", timeout=timeout) as resp:  # noqa: S310
+        with urllib.request.urlopen(  # noqa: S310
+            f"{base_url}/metrics", timeout=timeout, context=context
+        ) as resp:
             text = resp.read().decode()
     except OSError:
         return float("inf")
@@ -134,6 +141,27 @@ class LocalActuator:
         self._launchers = dict(launchers or {})
         self._clock = clock
         self._children: dict[int, subprocess.Popen[bytes]] = {}  # ours: reaped on stop
+        self._client_tls: ssl.SSLContext | None = None  # made on first use (engine_load)
+
+    def _replica_env(self) -> Mapping[str, str]:
+        return os.environ if self._env is None else self._env
+
+    def _replica_url(self, launcher: Launcher, port: int) -> str:
+        """Where the replica answers: https when it registers itself (serve_model,
+        serve_encoder) and SWITCHYARD_WORKER_TLS_* are set (`up --tls`), else http."""
+        try:
+            tls = launcher.registers_itself and worker_tls(self._replica_env()) is not None
+        except TLSConfigError as exc:
+            raise ActuatorError(str(exc)) from exc
+        return f"{'https' if tls else 'http'}://127.0.0.1:{port}"
+
+    def _load(self, endpoint: Endpoint) -> float:
+        context = None
+        if endpoint.base_url.startswith("https:"):
+            if self._client_tls is None:
+                self._client_tls = upstream_context(self._replica_env())
+            context = self._client_tls
+        return engine_load(endpoint.base_url, context=context)
 
     # -- what runs ----------------------------------------------------------------------
 
@@ -212,7 +240,7 @@ class LocalActuator:
         started = self._clock()
         launcher = launcher_for_runtime(version.runtime, self._launchers)
         port = free_port()
-        base_url = f"http://127.0.0.1:{port}"
+        base_url = self._replica_url(launcher, port)
         spec = LaunchSpec(
             model=version.model.name, label=version.label, pool=pool.name, port=port,
             capacity=self._capacity, log_dir=self._log_dir, extra_args=self._engine_args,
@@ -284,7 +312,7 @@ class LocalActuator:
             endpoint_set_state(actor=None, endpoint=endpoint, state=Endpoint.State.DRAINING)
         deadline = self._clock() + self._drain_timeout_s
         while self._clock() < deadline:
-            load = engine_load(endpoint.base_url)
+            load = self._load(endpoint)
             if load == 0 or load == float("inf"):  # drained, or the engine is gone already
                 break
             time.sleep(0.05)
@@ -349,7 +377,7 @@ class LocalActuator:
             # Only replicas this actuator started are stopped (a worker someone else runs is
             # left alone).
             ours = [e for e in ready if e.pk in records]
-            victims = sorted(ours, key=lambda e: engine_load(e.base_url))
+            victims = sorted(ours, key=self._load)
             victims = victims[: max(len(ready) - plan.desired, 0)]
             if plan.action == "zero":
                 victims += warm

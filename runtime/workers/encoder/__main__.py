@@ -13,6 +13,7 @@ import os
 import sys
 from pathlib import Path
 
+from runtime.tls import TLSConfigError, worker_tls
 from runtime.workers.encoder.options import device_argument, policy_arguments, policy_from
 from runtime.workers.encoder.worker import EncoderSpec, EncoderWorker
 from runtime.workers.replica import WorkerError
@@ -35,7 +36,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=os.environ.get("SWITCHYARD_LOG_LEVEL", "INFO"))
     try:
         policy = policy_from(vars(args))
-    except ValueError as exc:
+        tls = worker_tls(os.environ)  # SWITCHYARD_WORKER_TLS_*: HTTPS, mTLS with a client CA
+    except (ValueError, TLSConfigError) as exc:
         parser.error(str(exc))
     spec = EncoderSpec(
         artifact_dir=args.artifact_dir,
@@ -48,6 +50,7 @@ def main(argv: list[str] | None = None) -> int:
         device=args.device,
         policy=policy,
         grace_s=args.grace,
+        tls=tls,
     )
     try:
         asyncio.run(EncoderWorker(spec).run())

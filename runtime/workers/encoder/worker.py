@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ import aiohttp
 from aiohttp import web
 
 from runtime.signing import SignatureCheck
+from runtime.tls import ServerTLS, TLSConfigError, upstream_context
 from runtime.workers.encoder.batcher import BatchPolicy, DynamicBatcher
 from runtime.workers.encoder.model import Encoder
 from runtime.workers.encoder.server import EncoderService, build_app
@@ -56,11 +58,12 @@ class EncoderSpec:
     grace_s: float = 30.0
     heartbeat_ttl_s: float = 15.0
     handle_signals: bool = True
+    tls: ServerTLS | None = None  # serve HTTPS; with its client_ca, clients need a cert (mTLS)
 
     @property
     def base_url(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
+        return f"{'https' if self.tls else 'http'}://{host}:{self.port}"
 
 
 class EncoderWorker:
@@ -119,10 +122,11 @@ class EncoderWorker:
         runner = web.AppRunner(build_app(service), access_log=None)
         await runner.setup()
         try:
-            site = web.TCPSite(runner, spec.host, spec.port)
             try:
+                context = None if spec.tls is None else spec.tls.context()
+                site = web.TCPSite(runner, spec.host, spec.port, ssl_context=context)
                 await site.start()
-            except OSError as exc:
+            except (OSError, TLSConfigError) as exc:
                 raise WorkerStartError(f"cannot serve on {spec.base_url}: {exc}") from exc
             batcher.start()
             await asyncio.to_thread(warm_up_shapes, encoder, batcher, spec.policy.max_batch)
@@ -145,8 +149,9 @@ class EncoderWorker:
     async def _warm_http(self) -> None:
         body = {"model": self.spec.model_name, "input": ["warm up", "the encoder"]}
         url = f"{self.spec.base_url}/v1/embeddings"
+        connector = aiohttp.TCPConnector(ssl=upstream_context(os.environ) or True)  # mTLS
         async with (
-            aiohttp.ClientSession() as session,
+            aiohttp.ClientSession(connector=connector) as session,
             session.post(url, json=body, timeout=aiohttp.ClientTimeout(total=60)) as resp,
         ):
             if resp.status != 200:

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import argparse
 import logging
+import ssl
 from collections.abc import Sequence
+from pathlib import Path
 
 from runtime.procs import watch_lifeline
+from runtime.tls import ServerTLS, TLSConfigError
 from runtime.workers.simulator.config import SimulatorConfig
 from runtime.workers.simulator.prefix_cache import PrefixCacheConfig
 from runtime.workers.simulator.server import run
@@ -69,7 +72,32 @@ def build_parser() -> argparse.ArgumentParser:
         help="fault injection: answer this fraction of generations with HTTP 500 (default: 0)",
     )
     add("--log-level", default="INFO", help="logging level (default: %(default)s)")
+    # vLLM's TLS flags (runtime.workers.launch.tls_args)
+    add("--ssl-certfile", type=Path, default=None, help="serve HTTPS with this certificate")
+    add("--ssl-keyfile", type=Path, default=None, help="the certificate's key")
+    add("--ssl-ca-certs", type=Path, default=None, help="CA of the client certificates")
+    add(
+        "--ssl-cert-reqs",
+        type=int,
+        default=int(ssl.CERT_NONE),
+        choices=[int(ssl.CERT_NONE), int(ssl.CERT_REQUIRED)],
+        help="2: refuse clients without a certificate signed by --ssl-ca-certs (default 0)",
+    )
     return parser
+
+
+def tls_from_args(args: argparse.Namespace) -> ServerTLS | None:
+    if args.ssl_certfile is None:
+        return None
+    required = args.ssl_cert_reqs == ssl.CERT_REQUIRED
+    if required and args.ssl_ca_certs is None:
+        raise ValueError("--ssl-cert-reqs 2 needs --ssl-ca-certs")
+    return ServerTLS(
+        args.ssl_certfile,
+        args.ssl_keyfile or args.ssl_certfile,
+        client_ca=args.ssl_ca_certs if required else None,
+        cert_var="--ssl-certfile",
+    )
 
 
 def config_from_args(args: argparse.Namespace) -> SimulatorConfig:
@@ -104,19 +132,22 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     try:
         config = config_from_args(args)
-    except ValueError as exc:
+        tls = tls_from_args(args)
+        context = None if tls is None else tls.context()
+    except (ValueError, TLSConfigError) as exc:
         parser.error(str(exc))
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
     )
     logging.getLogger(__name__).info(
-        "simulator (no GPU, not a production backend) serving %s on http://%s:%d",
+        "simulator (no GPU, not a production backend) serving %s on %s://%s:%d",
         config.model,
+        "http" if context is None else "https",
         args.host,
         args.port,
     )
     watch_lifeline()  # started by `up`'s autoscaler: stop once `up` is gone
-    run(config, host=args.host, port=args.port)
+    run(config, host=args.host, port=args.port, ssl_context=context)
 
 
 if __name__ == "__main__":

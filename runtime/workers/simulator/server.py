@@ -11,6 +11,7 @@ which aborts its sequence, so the slot and its KV reservation are freed at once.
 from __future__ import annotations
 
 import random
+import ssl
 from collections.abc import AsyncIterator
 from typing import Literal
 
@@ -246,12 +247,15 @@ def _abort_connection(request: web.Request) -> None:
     raise _ConnectionAbortedError
 
 
-def run(config: SimulatorConfig, *, host: str, port: int) -> None:
-    """Serve until SIGINT/SIGTERM (blocking)."""
+def run(
+    config: SimulatorConfig, *, host: str, port: int, ssl_context: ssl.SSLContext | None = None
+) -> None:
+    """Serve until SIGINT/SIGTERM (blocking); HTTPS with ``ssl_context``."""
     web.run_app(
         create_app(config),
         host=host,
         port=port,
+        ssl_context=ssl_context,
         handler_cancellation=True,
         access_log=None,
         print=None,

@@ -2,8 +2,8 @@
 platform on embedded servers: the admin answers with its CSS, the router streams the demo model
 from the vLLM replica the autoscaler started to the openai client with the API key the banner
 printed, the demo's secrets are printed on the first run only, no process's log shows a prompt
-(a planted secret), and Ctrl-C / SIGINT leaves no process behind (vLLM's engine processes
-included)."""
+(a planted secret), Ctrl-C / SIGINT leaves no process behind (vLLM's engine processes
+included), and `up --tls` serves both over HTTPS with HSTS and Secure cookies."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import re
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -251,13 +252,18 @@ def test_model_ready_means_it_answered_a_request_not_only_a_ready_record(tmp_pat
 # --- end to end -------------------------------------------------------------------------------
 
 
-def get(url: str) -> tuple[int, str, str]:
+def get(url: str, context: ssl.SSLContext | None = None) -> tuple[int, str, str]:
     try:
-        with urllib.request.urlopen(url, timeout=5) as response:
+        with urllib.request.urlopen(url, timeout=5, context=context) as response:
             body = response.read().decode(errors="replace")
             return response.status, response.headers.get("Content-Type", ""), body
     except urllib.error.HTTPError as exc:
         return exc.code, "", ""
+
+
+def trusting(var: Path) -> ssl.SSLContext:
+    """A client context trusting the CA ``up --tls`` made in ``var``."""
+    return ssl.create_default_context(cafile=var / "tls" / "ca.pem")
 
 
 def banner_python_example(output: str) -> str:
@@ -349,13 +355,30 @@ def test_up_runs_the_platform_streams_the_model_and_stops_every_process(var: Pat
     assert f"curl -N http://127.0.0.1:{router}/v1/chat/completions" in output
 
     # A second run reuses the data: nothing new is seeded, no secret is printed again. Without
-    # the worker it is quick (a second vLLM start would double this test's time).
-    second = PlatformUp(var, ports=ports, args=("--no-worker",))
+    # the worker it is quick (a second vLLM start would double this test's time). With --tls:
+    # the control plane and the router serve HTTPS with the local CA it makes and prints.
+    second = PlatformUp(var, ports=ports, args=("--no-worker", "--tls"))
     try:
-        second.wait_ready()
         second.wait_for(
-            "router ready", lambda: get(f"http://127.0.0.1:{router}/readyz")[0] == 200, 60.0
+            "admin answers over HTTPS",  # the CA exists once `up` made it
+            lambda: get(f"https://localhost:{web}/admin/login/", trusting(var))[0] == 200,
+            READY_TIMEOUT_S,
         )
+        second.wait_for(
+            "router ready",
+            lambda: get(f"https://127.0.0.1:{router}/readyz", trusting(var))[0] == 200,
+            60.0,
+        )
+        with urllib.request.urlopen(
+            f"https://127.0.0.1:{web}/admin/login/", timeout=5, context=trusting(var)
+        ) as page:
+            assert page.headers["Strict-Transport-Security"] == "max-age=3600"
+            cookies = page.headers.get_all("Set-Cookie") or []
+        csrf = [c for c in cookies if c.startswith("csrftoken=")]
+        assert csrf, cookies
+        assert "; secure" in csrf[0].lower(), csrf
+        with pytest.raises(urllib.error.URLError, match="CERTIFICATE_VERIFY_FAILED"):
+            get(f"https://127.0.0.1:{router}/readyz")  # the system's CAs do not know it
         assert "serve_model" not in second.names()
         code = second.stop("sigint")
     finally:
@@ -368,6 +391,9 @@ def test_up_runs_the_platform_streams_the_model_and_stops_every_process(var: Pat
     assert not re.search(r"sy_[a-z0-9]{8}_", second.output)
     assert "operator login   operator /" not in second.output
     assert "initdb" not in (var / "postgres.log").read_text().split("starting PostgreSQL")[-1]
+    assert f"TLS: made the local CA and certificate in {var / 'tls'}" in second.output
+    assert f"curl --cacert {var / 'tls' / 'ca.pem'} https://127.0.0.1:{router}" in second.output
+    assert f"router ready: https://127.0.0.1:{router}/v1" in second.output
     print(  # shown with -s: where the time goes
         f"first run: admin {admin_s:.0f} s, model ready {model_s:.0f} s later, "
         f"{first_s:.0f} s to stopped; whole test {time.monotonic() - started:.0f} s"

@@ -31,10 +31,12 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from apps.core import up_console
 from apps.scaling.tasks import ENV_ACTUATOR
 from config import paths
+from config import tls as config_tls
 from config.embedded import PortInUseError, ServiceStartError, port_from_env, switchyard_env
 from config.processes import ManagedServer
 from config.supervise import Command as SupervisedCommand
 from config.supervise import Server, Supervisor, procfile_entries
+from runtime import tls as runtime_tls
 from runtime.procs import (
     LIFELINE_ENV,
     ensure_port_free,
@@ -90,6 +92,13 @@ class Command(BaseCommand):
             help="embedded Redis port (default 63799, SWITCHYARD_REDIS_PORT)",
         )
         parser.add_argument(
+            "--tls",
+            action="store_true",
+            help="HTTPS for the control plane and the router, mTLS to the model replicas, with "
+            "a local CA and certificate made once under the var directory's tls/ (printed: how "
+            "to trust it)",
+        )
+        parser.add_argument(
             "--procfile",
             type=Path,
             default=paths.procfile(),
@@ -122,6 +131,7 @@ class Command(BaseCommand):
                     procfile=options["procfile"],
                     servers=servers,
                     autoscale=not options["no_worker"],
+                    tls=options["tls"],
                 )
         except ServiceStartError as exc:
             raise CommandError(str(exc)) from exc
@@ -162,6 +172,7 @@ class Command(BaseCommand):
         procfile: Path,
         servers: list[ManagedServer],
         autoscale: bool,
+        tls: bool = False,
     ) -> int:
         base_dir = paths.SOURCE_ROOT  # the checkout, or site-packages
         web, router = ports["--port"], ports["--router-port"]
@@ -188,13 +199,23 @@ class Command(BaseCommand):
         )
         seed = self._seed(env, manage)
         self._stop_replicas(env, manage)  # left by an earlier run that was killed
+        pki = self._tls(env, web=web, router=router) if tls else None
+        scheme = "https" if env.get(runtime_tls.ENV_CERT) else "http"
+        try:
+            client_tls = runtime_tls.upstream_context(env) if scheme == "https" else None
+        except runtime_tls.TLSConfigError as exc:
+            raise CommandError(str(exc)) from exc
         at = up_console.Addresses(
-            web=f"http://127.0.0.1:{web}",
-            router=f"http://127.0.0.1:{router}",
+            web=f"{scheme}://127.0.0.1:{web}",
+            router=f"{scheme}://127.0.0.1:{router}",
             pool=DEMO_POOL if autoscale else None,
+            ca=None if pki is None else str(pki.ca),
+            tls=client_tls,
         )
         worker_log = str(Path(env["SWITCHYARD_VAR_DIR"]) / "log" / "replicas")
         self.stdout.write(up_console.banner(env, at=at, seed=seed, worker_log=worker_log))
+        if pki is not None:
+            self.stdout.write("\n".join(config_tls.trust_lines(pki, router=at.router)))
         self.stdout.flush()
         pending, release = up_console.checks(
             at,
@@ -226,6 +247,14 @@ class Command(BaseCommand):
             # while PostgreSQL and Redis still run, so their endpoints end up gone.
             self._stop_replicas(env, manage)
             self._stop_strays()
+
+    def _tls(self, env: dict[str, str], *, web: int, router: int) -> config_tls.LocalPKI:
+        """``--tls``: the local CA and certificate (made on the first run) in ``env``."""
+        pki, made = config_tls.ensure_local_pki(Path(env["SWITCHYARD_VAR_DIR"]))
+        verb = "made" if made else "using"
+        self._note(f"TLS: {verb} the local CA and certificate in {pki.directory}")
+        env.update(config_tls.up_environ(pki, env, web_port=web, router_port=router))
+        return pki
 
     @staticmethod
     def _processes(procfile: Path) -> list[str]:

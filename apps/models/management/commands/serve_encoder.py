@@ -24,6 +24,7 @@ from apps.models.management.replica import (
     published_version,
     serve,
     signature_check,
+    worker_tls_from_env,
 )
 from apps.models.models import ModelVersion
 from runtime.workers.encoder.options import device_argument, policy_arguments, policy_from
@@ -80,8 +81,9 @@ class Command(BaseCommand):
             policy=policy,
             grace_s=options["grace"],
             heartbeat_ttl_s=options["heartbeat_ttl"],
+            tls=(tls := worker_tls_from_env()),
         )
-        advertised = advertised_url(options["host"], options["port"], options["base_url"])
+        advertised = advertised_url(options["host"], options["port"], options["base_url"], tls=tls)
         hooks = RegistryHooks(
             pool=pool, version=version, capacity=options["capacity"], base_url=advertised
         )

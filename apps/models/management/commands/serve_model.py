@@ -24,6 +24,7 @@ from apps.models.management.replica import (
     published_version,
     serve,
     signature_check,
+    worker_tls_from_env,
 )
 from apps.models.models import ModelVersion
 from runtime.workers.launch import Backend, WorkerSpec
@@ -95,8 +96,9 @@ class Command(BaseCommand):
             max_num_seqs=options["capacity"],
             tensor_parallel_size=version.tensor_parallel_size,
             extra_args=tuple(shlex.split(options["engine_args"])),
+            tls=(tls := worker_tls_from_env()),
         )
-        advertised = advertised_url(options["host"], options["port"], options["base_url"])
+        advertised = advertised_url(options["host"], options["port"], options["base_url"], tls=tls)
         hooks = RegistryHooks(
             pool=pool, version=version, capacity=options["capacity"], base_url=advertised
         )

@@ -1,0 +1,156 @@
+"""Router CPU per request with TLS, against plain HTTP, at a fixed rate (issue #30's goal:
+TLS costs at most 15% more router CPU per request at 100 req/s).
+
+``python -m bench.tls_micro [--rate 100] [--seconds 10] [--rounds 3]`` starts the harness's
+``switchyard`` (plain HTTP), ``switchyard-tls`` (HTTPS at the router) and ``switchyard-mtls``
+(HTTPS, and mutual TLS to backends of its own) targets in front of simulator backends (the
+``latency`` scenario's), each router pinned to the last core with ``taskset``, the backends and
+this load generator on the others. Then, ``rounds`` times and in turn (so drift hits every
+target alike), it sends ``rate`` streamed chat completions per second for ``seconds`` to one
+target on kept-alive connections (its session trusts the run's CA) and reads the router's CPU
+seconds from ``/proc`` (its processes and children, as the harness does). A round whose send
+lag p99 is over 10 ms or with a failed request is marked ``saturated``: the machine, not the
+router, set its pace. Prints one JSON document: per target and round the CPU milliseconds per
+request, and each TLS target's median over plain's median.
+
+Needs Redis (``REDIS_URL``), like the harness.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from bench.backends import start_backends
+from bench.procs import CpuSampler, router_cpus
+from bench.runner import DEFAULT_REDIS_URL, client_cpus, new_key
+from bench.scenario import load
+from bench.targets import FACTORIES, Target, TargetContext
+from config.tls import ensure_local_pki
+from runtime.tls import ClientTLS
+
+TARGETS = ("switchyard", "switchyard-tls", "switchyard-mtls")
+SCENARIO = Path(__file__).resolve().parent / "scenarios" / "latency.toml"
+LAG_BUDGET_MS = 10.0
+
+
+async def _one(session: aiohttp.ClientSession, url: str, key: str, model: str) -> bool:
+    body = {"model": model, "messages": [{"role": "user", "content": "hello " * 40}],
+            "max_tokens": 8, "stream": True}  # fmt: skip
+    try:
+        async with session.post(
+            f"{url}/v1/chat/completions", json=body,
+            headers={"Authorization": f"Bearer {key}"}, timeout=aiohttp.ClientTimeout(total=30),
+        ) as resp:  # fmt: skip
+            await resp.read()
+            return resp.status == 200
+    except (aiohttp.ClientError, TimeoutError):
+        return False
+
+
+async def paced(target: Target, session: aiohttp.ClientSession, *, key: str, model: str,
+                rate: float, seconds: float) -> dict[str, Any]:  # fmt: skip
+    """``rate`` requests/s for ``seconds`` to ``target``; its router's CPU per request."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    sampler = asyncio.create_task(CpuSampler(target.pids()).run(stop))
+    url, count = target.base_urls[0], int(rate * seconds)
+    start = loop.time() + 0.05
+    lags: list[float] = []
+    tasks = []
+    for i in range(count):
+        at = start + i / rate
+        await asyncio.sleep(max(0.0, at - loop.time()))
+        lags.append((loop.time() - at) * 1000)
+        tasks.append(asyncio.create_task(_one(session, url, key, model)))
+    results = await asyncio.gather(*tasks)
+    stop.set()
+    usage = await sampler
+    ok = sum(results)
+    lag_p99 = statistics.quantiles(lags, n=100)[98] if len(lags) > 1 else 0.0
+    return {
+        "sent": count, "ok": ok, "router_cpu_s": round(usage.cpu_s, 3),
+        "cpu_ms_per_request": round(1000 * usage.cpu_s / max(ok, 1), 4),
+        "send_lag_p99_ms": round(lag_p99, 2),
+        "saturated": lag_p99 > LAG_BUDGET_MS or ok < count,
+    }  # fmt: skip
+
+
+async def main_async(args: argparse.Namespace) -> dict[str, Any]:
+    scenario = load(SCENARIO)
+    work = Path(tempfile.mkdtemp(prefix="switchyard-tls-micro-"))
+    (work / "logs").mkdir()
+    pki, _ = ensure_local_pki(work)
+    routers = router_cpus()
+    if routers:  # the load generator off the routers' core, as the harness does
+        os.sched_setaffinity(0, client_cpus(routers))
+    session = aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=0, ssl=ClientTLS(ca=pki.ca).context())
+    )
+    keys = {t.name: new_key() for t in scenario.tenants}
+    backends = []
+    targets: list[Target] = []
+    rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in TARGETS}
+    try:
+        backends = await start_backends(
+            scenario.backends, session=session, log_dir=work / "logs",
+            cpus=client_cpus(routers) if routers else (), timeout_s=60.0,
+        )  # fmt: skip
+        ctx = TargetContext(
+            scenario=scenario, backend_urls=[b.base_url for b in backends], work_dir=work / "logs",
+            redis_url=os.environ.get("REDIS_URL", DEFAULT_REDIS_URL), run_id=uuid.uuid4().hex[:8],
+            router_cpus=routers, session=session, keys=keys, pki=pki,
+            backend_cpus=client_cpus(routers) if routers else (),
+        )  # fmt: skip
+        for name in TARGETS:
+            target = FACTORIES[name]()
+            targets.append(target)
+            await target.start(ctx)
+        key = next(iter(keys.values()))
+        for _ in range(args.rounds):
+            for target in targets:
+                rounds[target.name].append(
+                    await paced(target, session, key=key, model=scenario.backends.model,
+                                rate=args.rate, seconds=args.seconds)
+                )  # fmt: skip
+                await asyncio.sleep(1.0)  # the backends drain
+    finally:
+        for target in targets:
+            await target.stop()
+        for child in backends:
+            await asyncio.to_thread(child.stop)
+        await session.close()
+    medians = {
+        name: statistics.median(r["cpu_ms_per_request"] for r in rs) for name, rs in rounds.items()
+    }
+    return {
+        "rate_rps": args.rate, "seconds": args.seconds, "rounds": rounds,
+        "median_cpu_ms_per_request": medians,
+        "ratio_vs_plain": {
+            name: round(medians[name] / medians["switchyard"], 3) for name in TARGETS[1:]
+        },
+        "router_cpus": list(routers), "load_average": os.getloadavg(),
+        "when": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
+    }  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.tls_micro", description=__doc__)
+    parser.add_argument("--rate", type=float, default=100.0, help="requests/s (100)")
+    parser.add_argument("--seconds", type=float, default=10.0, help="per round (10)")
+    parser.add_argument("--rounds", type=int, default=3, help="per target (3)")
+    print(json.dumps(asyncio.run(main_async(parser.parse_args())), indent=2))
+
+
+if __name__ == "__main__":
+    main()
