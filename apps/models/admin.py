@@ -8,7 +8,7 @@ service's message; endpoints only change state, along the allowed transitions.
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
@@ -16,7 +16,14 @@ from django.core.exceptions import ValidationError
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from apps.common.admin_support import actor_of, add_service_errors, adopt, run_validator
+from apps.common.admin_support import (
+    ModelAdminBase,
+    ModelFormBase,
+    actor_of,
+    add_service_errors,
+    adopt,
+    run_validator,
+)
 from apps.models.models import Endpoint, Model, ModelVersion, Pool, Route
 from apps.models.services import (
     endpoint_register,
@@ -45,21 +52,6 @@ from apps.models.services.catalog import (
 )
 from apps.models.services.fleet import POOL_FIELDS
 
-if TYPE_CHECKING:  # generic in django-stubs only; not subscriptable at runtime
-    _ModelForm = forms.ModelForm[Model]
-    _VersionForm = forms.ModelForm[ModelVersion]
-    _PoolForm = forms.ModelForm[Pool]
-    _EndpointForm = forms.ModelForm[Endpoint]
-    _RouteForm = forms.ModelForm[Route]
-    _ModelAdmin = admin.ModelAdmin[Model]
-    _VersionAdmin = admin.ModelAdmin[ModelVersion]
-    _PoolAdmin = admin.ModelAdmin[Pool]
-    _EndpointAdmin = admin.ModelAdmin[Endpoint]
-    _RouteAdmin = admin.ModelAdmin[Route]
-else:
-    _ModelForm = _VersionForm = _PoolForm = _EndpointForm = _RouteForm = forms.ModelForm
-    _ModelAdmin = _VersionAdmin = _PoolAdmin = _EndpointAdmin = _RouteAdmin = admin.ModelAdmin
-
 SPLIT_RE = re.compile(r"^\s*(?P<label>[^=\s]+)\s*=\s*(?P<weight>-?\d+)\s*$")
 
 
@@ -73,7 +65,7 @@ class NoDeleteAdmin:
 # --- models ---------------------------------------------------------------------------------
 
 
-class ModelForm(_ModelForm):
+class ModelForm(ModelFormBase[Model]):
     class Meta:
         model = Model
         fields = MODEL_WRITABLE_FIELDS
@@ -101,7 +93,7 @@ class ModelForm(_ModelForm):
 
 
 @admin.register(Model)
-class ModelAdmin(NoDeleteAdmin, _ModelAdmin):
+class ModelAdmin(NoDeleteAdmin, ModelAdminBase[Model]):
     form = ModelForm
     list_display = ("name", "task", "cache_enabled", "cache_shared", "cache_ttl_s", "created_at")
     list_filter = ("task",)
@@ -120,7 +112,7 @@ class ModelAdmin(NoDeleteAdmin, _ModelAdmin):
 # --- versions -------------------------------------------------------------------------------
 
 
-class ModelVersionForm(_VersionForm):
+class ModelVersionForm(ModelFormBase[ModelVersion]):
     class Meta:
         model = ModelVersion
         fields = ("model", *VERSION_FIELDS)
@@ -144,7 +136,7 @@ class ModelVersionForm(_VersionForm):
 
 
 @admin.register(ModelVersion)
-class ModelVersionAdmin(NoDeleteAdmin, _VersionAdmin):
+class ModelVersionAdmin(NoDeleteAdmin, ModelAdminBase[ModelVersion]):
     form = ModelVersionForm
     list_display = ("__str__", "runtime", "short_digest", "published_at", "created_at")
     list_filter = ("runtime", "model")
@@ -186,7 +178,7 @@ class ModelVersionAdmin(NoDeleteAdmin, _VersionAdmin):
 # --- pools ----------------------------------------------------------------------------------
 
 
-class PoolForm(_PoolForm):
+class PoolForm(ModelFormBase[Pool]):
     class Meta:
         model = Pool
         fields = POOL_FIELDS
@@ -200,7 +192,7 @@ class PoolForm(_PoolForm):
 
 
 @admin.register(Pool)
-class PoolAdmin(NoDeleteAdmin, _PoolAdmin):
+class PoolAdmin(NoDeleteAdmin, ModelAdminBase[Pool]):
     form = PoolForm
     list_display = (
         "name",
@@ -227,7 +219,7 @@ class PoolAdmin(NoDeleteAdmin, _PoolAdmin):
 ENDPOINT_ADD_FIELDS = ("pool", "version", "base_url", "capacity")
 
 
-class EndpointForm(_EndpointForm):
+class EndpointForm(ModelFormBase[Endpoint]):
     base_url = forms.CharField(max_length=300, help_text="e.g. http://10.0.0.5:8000")
 
     class Meta:
@@ -258,7 +250,7 @@ class EndpointForm(_EndpointForm):
 
 
 @admin.register(Endpoint)
-class EndpointAdmin(NoDeleteAdmin, _EndpointAdmin):
+class EndpointAdmin(NoDeleteAdmin, ModelAdminBase[Endpoint]):
     """Endpoints are registered here or by workers; afterwards only their state changes."""
 
     form = EndpointForm
@@ -285,7 +277,7 @@ class EndpointAdmin(NoDeleteAdmin, _EndpointAdmin):
 # --- routes ---------------------------------------------------------------------------------
 
 
-class RouteForm(_RouteForm):
+class RouteForm(ModelFormBase[Route]):
     splits = forms.CharField(
         widget=forms.Textarea(attrs={"rows": 4}),
         help_text="One 'version-label = weight' per line, e.g. 'v1 = 90' and 'v2 = 10'. "
@@ -331,7 +323,7 @@ class RouteForm(_RouteForm):
 
 
 @admin.register(Route)
-class RouteAdmin(NoDeleteAdmin, _RouteAdmin):
+class RouteAdmin(NoDeleteAdmin, ModelAdminBase[Route]):
     form = RouteForm
     list_display = ("model", "sticky_key", "split_summary", "updated_at")
 

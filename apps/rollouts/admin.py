@@ -8,7 +8,7 @@ at once; cancel (a draft) runs inline. Events are read-only.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
@@ -16,7 +16,14 @@ from django.core.exceptions import ValidationError
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from apps.common.admin_support import actor_of, adopt, run_validator
+from apps.common.admin_support import (
+    ModelAdminBase,
+    ModelFormBase,
+    TabularInlineBase,
+    actor_of,
+    adopt,
+    run_validator,
+)
 from apps.models.models import ModelVersion
 from apps.rollouts.actions import RolloutAction, operator_actions
 from apps.rollouts.models import Rollout, RolloutEvent
@@ -27,16 +34,6 @@ from apps.rollouts.services import (
     rollout_validate,
 )
 from apps.rollouts.tasks import rollout_action_queue
-
-if TYPE_CHECKING:  # generic in django-stubs only; not subscriptable at runtime
-    _RolloutForm = forms.ModelForm[Rollout]
-    _RolloutAdmin = admin.ModelAdmin[Rollout]
-    _EventAdmin = admin.ModelAdmin[RolloutEvent]
-    _EventInline = admin.TabularInline[RolloutEvent, Rollout]
-else:
-    _RolloutForm = forms.ModelForm
-    _RolloutAdmin = _EventAdmin = admin.ModelAdmin
-    _EventInline = admin.TabularInline
 
 CREATE_FIELDS = (
     "model",
@@ -66,7 +63,7 @@ EVENT_FIELDS = (
 )
 
 
-class RolloutCreateForm(_RolloutForm):
+class RolloutCreateForm(ModelFormBase[Rollout]):
     class Meta:
         model = Rollout
         fields = CREATE_FIELDS
@@ -93,7 +90,7 @@ class RolloutCreateForm(_RolloutForm):
         return cleaned
 
 
-class RolloutEventInline(_EventInline):
+class RolloutEventInline(TabularInlineBase[RolloutEvent, Rollout]):
     model = RolloutEvent
     fields = EVENT_FIELDS
     readonly_fields = EVENT_FIELDS
@@ -105,7 +102,7 @@ class RolloutEventInline(_EventInline):
 
 
 @admin.register(Rollout)
-class RolloutAdmin(_RolloutAdmin):
+class RolloutAdmin(ModelAdminBase[Rollout]):
     add_form = RolloutCreateForm
     list_display = ("__str__", "mode", "steps", "current_step", "state", "created_by", "created_at")
     list_filter = ("state", "mode", "model")
@@ -119,6 +116,7 @@ class RolloutAdmin(_RolloutAdmin):
         "created_at",
     )
     inlines = (RolloutEventInline,)
+
     def get_form(
         self, request: HttpRequest, obj: Rollout | None = None, change: bool = False, **kwargs: Any
     ) -> Any:
@@ -190,7 +188,7 @@ def _table_action(action: RolloutAction) -> Callable[[Any, HttpRequest, QuerySet
 
 
 @admin.register(RolloutEvent)
-class RolloutEventAdmin(_EventAdmin):
+class RolloutEventAdmin(ModelAdminBase[RolloutEvent]):
     """Read-only: the event log of every rollout transition (who and why)."""
 
     list_display = (
