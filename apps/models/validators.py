@@ -120,5 +120,3 @@ def pool_policies_error(policies: object) -> str | None:
         return shape_error
     errors = pool_policy_errors(policies)
     return " ".join(errors) if errors else None
-
-

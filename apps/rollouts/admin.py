@@ -29,6 +29,8 @@ from apps.rollouts.actions import RolloutAction, operator_actions
 from apps.rollouts.models import Rollout, RolloutEvent
 from apps.rollouts.services import (
     DEFAULT_STEPS,
+    EVENT_FIELDS,
+    ROLLOUT_RULE_FIELDS,
     rollout_cancel,
     rollout_create,
     rollout_validate,
@@ -41,25 +43,7 @@ CREATE_FIELDS = (
     "candidate_version",
     "mode",
     "steps",
-    "max_error_rate_delta",
-    "max_ttft_p95_ratio",
-    "max_itl_p95_ratio",
-    "max_cost_ratio",
-    "step_window_s",
-    "min_samples",
-    "max_step_increase",
-    "excluded_tenants",
-    "sticky_header",
-)
-EVENT_FIELDS = (
-    "created_at",
-    "kind",
-    "from_state",
-    "to_state",
-    "step",
-    "actor_label",
-    "reason",
-    "data",
+    *ROLLOUT_RULE_FIELDS,
 )
 
 

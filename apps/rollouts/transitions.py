@@ -123,9 +123,7 @@ def rollout_start(*, actor: AbstractBaseUser | None, rollout: Rollout) -> Rollou
     def change(locked: Rollout) -> None:
         locked.state = Rollout.State.WARMING
 
-    return _transition(
-        rollout, actor=actor, action="start", change=change
-    )
+    return _transition(rollout, actor=actor, action="start", change=change)
 
 
 def rollout_warmed(
@@ -234,9 +232,7 @@ def rollout_resume(*, actor: AbstractBaseUser | None, rollout: Rollout) -> Rollo
         locked.state = Rollout.State.RUNNING
         locked.step_started_at = timezone.now()
 
-    return _transition(
-        rollout, actor=actor, action="resume", change=change
-    )
+    return _transition(rollout, actor=actor, action="resume", change=change)
 
 
 def rollout_promote(

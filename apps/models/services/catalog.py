@@ -12,6 +12,7 @@ from django.utils import timezone
 
 from apps.common import validation as cv
 from apps.common.audit import audit_record, audit_state
+from apps.common.changes import audited_update
 from apps.common.outbox import snapshot_publish_on_commit
 from apps.common.validation import exists_other, refuse_unknown
 from apps.models import validators as v
@@ -52,6 +53,7 @@ def _created_state(model: Model) -> dict[str, Any]:
         if getattr(model, field) != getattr(defaults, field):
             state[field] = getattr(model, field)
     return state
+
 
 # --- models ---------------------------------------------------------------------------------
 
@@ -103,9 +105,7 @@ def model_create(
                 )
         except IntegrityError as exc:
             raise ValidationError({"name": f"A model named {name!r} already exists."}) from exc
-        audit_record(
-            actor=actor, action="model.create", target=model, after=_created_state(model)
-        )
+        audit_record(actor=actor, action="model.create", target=model, after=_created_state(model))
         snapshot_publish_on_commit()
     return model
 
@@ -291,15 +291,11 @@ def model_version_publish(*, actor: AbstractBaseUser | None, version: ModelVersi
     with transaction.atomic():
         locked = ModelVersion.objects.select_for_update().select_related("model").get(pk=version.pk)
         model_version_publish_validate(version=locked)
-        locked.published_at = timezone.now()
-        locked.save(update_fields=["published_at"])
-        audit_record(
+        audited_update(
             actor=actor,
             action="model_version.publish",
             target=locked,
-            before={"published_at": None},
-            after=audit_state(locked, ["published_at"]),
+            changes={"published_at": timezone.now()},
         )
-        snapshot_publish_on_commit()
     version.published_at = locked.published_at
     return version

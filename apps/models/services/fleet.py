@@ -13,6 +13,7 @@ from django.db import IntegrityError, transaction
 
 from apps.common import validation as cv
 from apps.common.audit import audit_record, audit_state
+from apps.common.changes import audited_update
 from apps.common.outbox import snapshot_publish_on_commit
 from apps.common.validation import exists_other, refuse_unknown
 from apps.models import validators as v
@@ -240,16 +241,8 @@ def endpoint_set_state(
         locked = Endpoint.objects.select_for_update().get(pk=endpoint.pk)
         endpoint_transition_validate(endpoint=locked, state=state)
         if state != locked.state:
-            before = locked.state
-            locked.state = state
-            locked.save(update_fields=["state", "updated_at"])
-            audit_record(
-                actor=actor,
-                action="endpoint.set_state",
-                target=locked,
-                before={"state": before},
-                after={"state": state},
+            audited_update(
+                actor=actor, action="endpoint.set_state", target=locked, changes={"state": state}
             )
-            snapshot_publish_on_commit()
     endpoint.refresh_from_db()
     return endpoint
