@@ -10,7 +10,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any, TypeVar
 
 from django.contrib.auth.base_user import AbstractBaseUser
-from django.db import models
+from django.core.exceptions import ValidationError
+from django.db import IntegrityError, models, transaction
 
 from apps.common.audit import audit_record, audit_state
 from apps.common.outbox import snapshot_publish_on_commit
@@ -39,6 +40,35 @@ def audited_update(
     audit_record(actor=actor, action=action, target=target, before=before, after=after)
     if publish:
         snapshot_publish_on_commit()
+
+
+def audited_save(
+    *,
+    actor: AbstractBaseUser | None,
+    action: str,
+    target: models.Model,
+    changes: Mapping[str, Any],
+    fields: Iterable[str],
+    clash: Mapping[str, str] | None = None,
+) -> None:
+    """Set ``changes`` on ``target`` and save the whole row; audit ``fields`` (before and
+    after) and publish the snapshot on commit. A unique constraint the save breaks is
+    ``clash`` as a ValidationError (per field), the caller's transaction left usable."""
+    fields = tuple(fields)
+    before = audit_state(target, fields)
+    for field, value in changes.items():
+        setattr(target, field, value)
+    try:
+        with transaction.atomic():
+            target.save()
+    except IntegrityError as exc:
+        if clash is None:
+            raise
+        raise ValidationError(dict(clash)) from exc
+    audit_record(
+        actor=actor, action=action, target=target, before=before, after=audit_state(target, fields)
+    )
+    snapshot_publish_on_commit()
 
 
 def audited_upsert(

@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from apps.common import validation as cv
 from apps.common.audit import audit_record, audit_state
-from apps.common.changes import audited_update
+from apps.common.changes import audited_save, audited_update
 from apps.common.outbox import snapshot_publish_on_commit
 from apps.common.validation import exists_other, refuse_unknown
 from apps.models import validators as v
@@ -121,18 +121,13 @@ def model_update(*, actor: AbstractBaseUser | None, model: Model, **changes: Any
         cache={field: merged[field] for field in MODEL_CACHE_FIELDS},
     )
     with transaction.atomic():
-        before = audit_state(model, MODEL_WRITABLE_FIELDS)
-        for field, value in changes.items():
-            setattr(model, field, value)
-        model.save()
-        audit_record(
+        audited_save(
             actor=actor,
             action="model.update",
             target=model,
-            before=before,
-            after=audit_state(model, MODEL_WRITABLE_FIELDS),
+            changes=changes,
+            fields=MODEL_WRITABLE_FIELDS,
         )
-        snapshot_publish_on_commit()
     return model
 
 
@@ -248,24 +243,14 @@ def model_version_update(
     with transaction.atomic():
         locked = ModelVersion.objects.select_for_update().select_related("model").get(pk=version.pk)
         model_version_update_validate(version=locked, **changes)
-        before = audit_state(locked, VERSION_FIELDS)
-        for field, value in changes.items():
-            setattr(locked, field, value)
-        try:
-            with transaction.atomic():
-                locked.save()
-        except IntegrityError as exc:
-            raise ValidationError(
-                {"label": "Another version of this model has that label."}
-            ) from exc
-        audit_record(
+        audited_save(
             actor=actor,
             action="model_version.update",
             target=locked,
-            before=before,
-            after=audit_state(locked, VERSION_FIELDS),
+            changes=changes,
+            fields=VERSION_FIELDS,
+            clash={"label": "Another version of this model has that label."},
         )
-        snapshot_publish_on_commit()
     version.refresh_from_db()
     return version
 
