@@ -29,7 +29,8 @@ from apps.models.services import (
     pool_update,
     route_set,
 )
-from apps.models.services.catalog import published_error
+from apps.models.services.catalog import MODEL_WRITABLE_FIELDS, VERSION_FIELDS, published_error
+from apps.models.services.fleet import POOL_FIELDS
 from apps.tenants.api_auth import actor_of
 from apps.tenants.api_ops import IF_MATCH, OperatorApi
 
@@ -53,17 +54,7 @@ class Immutable(Conflict):
 class ModelSerializer(serializers.ModelSerializer[Model]):
     class Meta:
         model = Model
-        fields = (
-            "id",
-            "name",
-            "task",
-            "description",
-            "refused_fields",
-            "cache_enabled",
-            "cache_shared",
-            "cache_ttl_s",
-            "created_at",
-        )
+        fields = ("id", *MODEL_WRITABLE_FIELDS, "created_at")
         read_only_fields = fields
 
 
@@ -143,20 +134,7 @@ class VersionSerializer(serializers.ModelSerializer[ModelVersion]):
 
     class Meta:
         model = ModelVersion
-        fields = (
-            "id",
-            "model",
-            "label",
-            "artifact_uri",
-            "digest",
-            "manifest",
-            "runtime",
-            "memory_gb",
-            "tensor_parallel_size",
-            "published",
-            "published_at",
-            "created_at",
-        )
+        fields = ("id", "model", *VERSION_FIELDS, "published", "published_at", "created_at")
         read_only_fields = fields
 
 
@@ -246,17 +224,7 @@ class OpsVersionPublishApi(OperatorApi):
 class PoolSerializer(serializers.ModelSerializer[Pool]):
     class Meta:
         model = Pool
-        fields = (
-            "id",
-            "name",
-            "hardware_tier",
-            "cost_per_replica_hour",
-            "min_replicas",
-            "max_replicas",
-            "warm_replicas",
-            "policies",
-            "created_at",
-        )
+        fields = ("id", *POOL_FIELDS, "created_at")
         read_only_fields = fields
 
 
