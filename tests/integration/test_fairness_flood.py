@@ -25,12 +25,11 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from fixtures.router import World
+from fixtures.router import World, routers
 from integration_support import (
     OpenLoop,
     add_class,
     p95,
-    routers,
     set_policies,
     start_simulator,
     tenant_limits,
