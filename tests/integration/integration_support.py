@@ -11,9 +11,23 @@ from dataclasses import dataclass, field
 
 import aiohttp
 import msgspec
-from fixtures.router import World
+from fixtures.router import World, routers, start_simulator
 
 from runtime.snapshot import RequestClassSnap, TenantLimits
+
+# routers and start_simulator live in fixtures.router; re-exported for the tests that import
+# them from here.
+__all__ = [
+    "OpenLoop",
+    "Outcome",
+    "add_class",
+    "p95",
+    "routers",
+    "set_policies",
+    "start_simulator",
+    "stream_once",
+    "tenant_limits",
+]
 
 
 def tenant_limits(*, rpm: int = 100_000, concurrency: int = 10_000) -> TenantLimits:

@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
 import redis
 from celery import Celery
@@ -40,7 +39,15 @@ from apps.rollouts.models import Rollout, RolloutEvent
 from apps.rollouts.services import rollout_create
 from apps.scaling.actuators.local import LocalActuator
 from runtime import contract, snapshot_store
-from tests.apps.rollouts.support import MODEL, Sent, answers, artifact, send_one, start_simulator
+from tests.apps.rollouts.support import (
+    MODEL,
+    Sent,
+    answers,
+    artifact,
+    rollout_state,
+    start_simulator,
+    traffic_until,
+)
 
 pytestmark = [
     pytest.mark.integration,
@@ -121,40 +128,18 @@ def stage(router_namespace: RouterNamespace, tmp_path: Path) -> Iterator[Stage]:
             actuator.stop_all(pool)
 
 
-def _state(pk: int) -> str:
-    try:
-        return Rollout.objects.values_list("state", flat=True).get(pk=pk)
-    finally:
-        connections.close_all()
-
-
 async def drive(stage: Stage, *, budget_s: float) -> list[Sent]:
     """Traffic from every tenant (4 in flight) until the rollout leaves ``running`` (bounded
     by ``budget_s``), then 3 s more."""
-    sent: list[Sent] = []
-    done_at: list[float] = []
-
-    async def user(index: int) -> None:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
-            i = index
-            while not done_at or time.monotonic() < done_at[0] + 3.0:
-                sent.append(
-                    await send_one(http, stage.router, stage.keys, TENANTS[i % len(TENANTS)])
-                )
-                i += 4
 
     async def watch() -> None:
         give_up = time.monotonic() + budget_s
-        try:
-            while time.monotonic() < give_up:
-                if await asyncio.to_thread(_state, stage.rollout.pk) != "running":
-                    return
-                await asyncio.sleep(0.2)
-        finally:
-            done_at.append(time.monotonic())
+        while time.monotonic() < give_up:
+            if await asyncio.to_thread(rollout_state, stage.rollout.pk) != "running":
+                return
+            await asyncio.sleep(0.2)
 
-    await asyncio.gather(watch(), *(user(i) for i in range(4)))
-    return sent
+    return await traffic_until(stage.router, stage.keys, TENANTS, watch, tail_s=3.0)
 
 
 def test_beat_rolls_back_a_too_expensive_candidate_the_worker_warmed_up(stage: Stage) -> None:
@@ -168,7 +153,7 @@ def test_beat_rolls_back_a_too_expensive_candidate_the_worker_warmed_up(stage: S
         )
     finally:
         button.close()
-    eventually(lambda: _state(stage.rollout.pk) not in ("pending", "warming"), timeout=90,
+    eventually(lambda: rollout_state(stage.rollout.pk) not in ("pending", "warming"), timeout=90,
                what="the worker's warm-up")  # fmt: skip
     stage.rollout.refresh_from_db()
     events = list(stage.rollout.events.values_list("kind", "reason"))

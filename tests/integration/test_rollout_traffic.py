@@ -33,7 +33,14 @@ from apps.rollouts.warmup import rollout_warm_up
 from runtime import contract, snapshot_store
 from runtime.routing.versions import choose_version
 from runtime.telemetry.versions import read_window
-from tests.apps.rollouts.support import Sent, artifact, send_one, start_simulator
+from tests.apps.rollouts.support import (
+    Sent,
+    artifact,
+    rollout_state,
+    send_one,
+    start_simulator,
+    traffic_until,
+)
 
 pytestmark = [
     pytest.mark.integration,
@@ -108,40 +115,18 @@ def evaluate_in_thread() -> dict[int, str]:
 async def drive(stage: Stage, *, until_state: set[str], budget_s: float) -> list[Sent]:
     """Traffic from every tenant (4 in flight) while the evaluator runs every 0.3 s, until the
     rollout reaches one of ``until_state`` (bounded by ``budget_s``), then 1 s more."""
-    sent: list[Sent] = []
-    tenants = [*TENANTS, EXCLUDED]
-    done_at: list[float] = []
-
-    async def worker(index: int) -> None:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
-            i = index
-            while not done_at or time.monotonic() < done_at[0] + 1.0:
-                sent.append(
-                    await send_one(http, stage.router, stage.keys, tenants[i % len(tenants)])
-                )
-                i += 4
 
     async def evaluator() -> None:
         give_up = time.monotonic() + budget_s
-        try:
-            while time.monotonic() < give_up:
-                await asyncio.to_thread(evaluate_in_thread)
-                state = await asyncio.to_thread(_state, stage.rollout.pk)
-                if state in until_state:
-                    return
-                await asyncio.sleep(0.3)
-        finally:
-            done_at.append(time.monotonic())
+        while time.monotonic() < give_up:
+            await asyncio.to_thread(evaluate_in_thread)
+            state = await asyncio.to_thread(rollout_state, stage.rollout.pk)
+            if state in until_state:
+                return
+            await asyncio.sleep(0.3)
 
-    await asyncio.gather(evaluator(), *(worker(i) for i in range(4)))
-    return sent
-
-
-def _state(pk: int) -> str:
-    try:
-        return Rollout.objects.values_list("state", flat=True).get(pk=pk)
-    finally:
-        connections.close_all()
+    tenants = [*TENANTS, EXCLUDED]
+    return await traffic_until(stage.router, stage.keys, tenants, evaluator, tail_s=1.0)
 
 
 def start(stage: Stage) -> None:

@@ -3,17 +3,20 @@ chat request through a router, with the version that served it."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+from django.db import connections
 from fixtures import router
 from fixtures.router import Process
 
+from apps.rollouts.models import Rollout
 from runtime.artifacts import compute_manifest
 
 MODEL = "tiny-llama"
@@ -64,3 +67,42 @@ def answers(base_url: str) -> bool:
             return bool(resp.status == 200)
     except OSError:
         return False
+
+
+async def traffic_until(
+    router: Process,
+    keys: Mapping[str, str],
+    tenants: Sequence[str],
+    watch: Callable[[], Awaitable[None]],
+    *,
+    tail_s: float,
+    users: int = 4,
+) -> list[Sent]:
+    """Requests from every tenant in turn (``users`` in flight) until ``watch()`` returns, then
+    ``tail_s`` more; everything sent."""
+    sent: list[Sent] = []
+    done_at: list[float] = []
+
+    async def user(index: int) -> None:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
+            i = index
+            while not done_at or time.monotonic() < done_at[0] + tail_s:
+                sent.append(await send_one(http, router, keys, tenants[i % len(tenants)]))
+                i += users
+
+    async def watcher() -> None:
+        try:
+            await watch()
+        finally:
+            done_at.append(time.monotonic())
+
+    await asyncio.gather(watcher(), *(user(i) for i in range(users)))
+    return sent
+
+
+def rollout_state(pk: int) -> str:
+    """The rollout's state as the database has it now (from any thread)."""
+    try:
+        return Rollout.objects.values_list("state", flat=True).get(pk=pk)
+    finally:
+        connections.close_all()
