@@ -7,8 +7,9 @@ import shutil
 
 import pytest
 
-# Session fixtures: the demo model artifact and one shared real vLLM CPU engine.
-pytest_plugins = ["fixtures.vllm_engine"]
+# Session fixtures: the demo model artifact and one shared real vLLM CPU engine; a Redis client
+# and a key prefix of the test's own.
+pytest_plugins = ["fixtures.vllm_engine", "fixtures.redis_keys"]
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -5,7 +5,7 @@ credit balances change only by a grant with a reason; the usage ledger is read-o
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django import forms
 from django.contrib import admin
@@ -21,27 +21,20 @@ from apps.billing.services import (
     price_set,
     price_validate,
 )
-from apps.common.admin_support import actor_of, adopt, run_validator
-
-if TYPE_CHECKING:  # generic in django-stubs only; not subscriptable at runtime
-    _PriceForm = forms.ModelForm[Price]
-    _CreditForm = forms.ModelForm[CreditAccount]
-    _BudgetForm = forms.ModelForm[Budget]
-    _PriceAdmin = admin.ModelAdmin[Price]
-    _CreditAdmin = admin.ModelAdmin[CreditAccount]
-    _BudgetAdmin = admin.ModelAdmin[Budget]
-    _UsageAdmin = admin.ModelAdmin[UsageRecord]
-    _AlertAdmin = admin.ModelAdmin[BudgetAlert]
-else:
-    _PriceForm = _CreditForm = _BudgetForm = forms.ModelForm
-    _PriceAdmin = _CreditAdmin = _BudgetAdmin = _UsageAdmin = _AlertAdmin = admin.ModelAdmin
+from apps.common.admin_support import (
+    ModelAdminBase,
+    ModelFormBase,
+    actor_of,
+    adopt,
+    run_validator,
+)
 
 PRICE_FIELDS = ("version", "hardware_tier", "input_per_1k", "output_per_1k", "cache_hit_discount")
 PRICE_VALUES = ("input_per_1k", "output_per_1k", "cache_hit_discount")
 BUDGET_FIELDS = ("tenant", "period", "soft_alert_pct", "hard_cap", "webhook_url")
 
 
-class PriceForm(_PriceForm):
+class PriceForm(ModelFormBase[Price]):
     class Meta:
         model = Price
         fields = PRICE_FIELDS
@@ -56,7 +49,7 @@ class PriceForm(_PriceForm):
 
 
 @admin.register(Price)
-class PriceAdmin(_PriceAdmin):
+class PriceAdmin(ModelAdminBase[Price]):
     form = PriceForm
     list_display = ("version", "hardware_tier", *PRICE_VALUES, "updated_at")
     list_filter = ("hardware_tier",)
@@ -80,7 +73,7 @@ class PriceAdmin(_PriceAdmin):
         adopt(obj, price)
 
 
-class CreditGrantForm(_CreditForm):
+class CreditGrantForm(ModelFormBase[CreditAccount]):
     """A grant (or, with a negative amount, a correction) instead of editing the balance; and
     the overdraft setting."""
 
@@ -121,7 +114,7 @@ class CreditGrantForm(_CreditForm):
 
 
 @admin.register(CreditAccount)
-class CreditAccountAdmin(_CreditAdmin):
+class CreditAccountAdmin(ModelAdminBase[CreditAccount]):
     form = CreditGrantForm
     list_display = ("tenant", "balance", "overdraft", "updated_at")
     search_fields = ("tenant__slug",)
@@ -155,7 +148,7 @@ class CreditAccountAdmin(_CreditAdmin):
             adopt(obj, account)
 
 
-class BudgetForm(_BudgetForm):
+class BudgetForm(ModelFormBase[Budget]):
     webhook_url = forms.URLField(
         required=False, assume_scheme="https", help_text="POSTed (JSON) on a soft alert."
     )
@@ -176,7 +169,7 @@ class BudgetForm(_BudgetForm):
 
 
 @admin.register(Budget)
-class BudgetAdmin(_BudgetAdmin):
+class BudgetAdmin(ModelAdminBase[Budget]):
     form = BudgetForm
     list_display = ("tenant", "period", "soft_alert_pct", "hard_cap", "updated_at")
     list_filter = ("period",)
@@ -201,7 +194,7 @@ class BudgetAdmin(_BudgetAdmin):
 
 
 @admin.register(BudgetAlert)
-class BudgetAlertAdmin(_AlertAdmin):
+class BudgetAlertAdmin(ModelAdminBase[BudgetAlert]):
     """Soft budget alerts as they fired (read-only)."""
 
     list_display = ("budget", "period_start", "spent", "threshold", "webhook_status", "created_at")
@@ -219,7 +212,7 @@ class BudgetAlertAdmin(_AlertAdmin):
 
 
 @admin.register(UsageRecord)
-class UsageRecordAdmin(_UsageAdmin):
+class UsageRecordAdmin(ModelAdminBase[UsageRecord]):
     """Read-only: the ledger is written once per usage event by the usage consumer."""
 
     list_display = (

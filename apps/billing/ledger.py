@@ -324,9 +324,7 @@ def _audit_repair(repair: Repair) -> None:
     )
 
 
-def credit_live(
-    tenant: Tenant, *, client: redis.Redis[bytes] | None = None
-) -> dict[str, Decimal]:
+def credit_live(tenant: Tenant, *, client: redis.Redis[bytes] | None = None) -> dict[str, Decimal]:
     """What the routers see now in Redis: balance, escrow, available (credits; zero when
     unset)."""
     client = client or redis_client()

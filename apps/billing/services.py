@@ -22,8 +22,8 @@ from redis.exceptions import RedisError
 
 from apps.billing import ledger
 from apps.billing.models import CREDITS, Budget, CreditAccount, Price, UsageRecord
-from apps.common.audit import audit_record, audit_state
-from apps.common.outbox import snapshot_publish_on_commit
+from apps.common.audit import audit_record
+from apps.common.changes import audited_update, audited_upsert
 from apps.common.validation import decimal_error, fits_error, is_int, raise_if, to_decimal
 from apps.models.models import Endpoint, ModelVersion
 from apps.models.validators import TIER_RE
@@ -98,24 +98,14 @@ def price_set(
         "cache_hit_discount": to_decimal(cache_hit_discount),
     }
     with transaction.atomic():
-        current = (
-            Price.objects.select_for_update()
-            .filter(version=version, hardware_tier=hardware_tier)
-            .first()
-        )
-        before = None if current is None else audit_state(current, PRICE_FIELDS)
-        price, _created = Price.objects.update_or_create(
-            version=version, hardware_tier=hardware_tier, defaults=values
-        )
-        audit_record(
+        return audited_upsert(
             actor=actor,
             action="price.set",
-            target=price,
-            before=before,
-            after=audit_state(price, PRICE_FIELDS),
+            model=Price,
+            lookup={"version": version, "hardware_tier": hardware_tier},
+            values=values,
+            fields=PRICE_FIELDS,
         )
-        snapshot_publish_on_commit()
-    return price
 
 
 # --- credits and budgets --------------------------------------------------------------------
@@ -208,17 +198,12 @@ def credit_overdraft_set(
     with transaction.atomic():
         CreditAccount.objects.get_or_create(tenant=tenant)
         account = CreditAccount.objects.select_for_update().get(tenant=tenant)
-        before = account.overdraft
-        account.overdraft = overdraft
-        account.save(update_fields=["overdraft", "updated_at"])
-        audit_record(
+        audited_update(
             actor=actor,
             action="credit.overdraft",
             target=account,
-            before={"overdraft": before},
-            after={"overdraft": overdraft},
+            changes={"overdraft": overdraft},
         )
-        snapshot_publish_on_commit()
     return account
 
 
@@ -276,26 +261,20 @@ def budget_set(
         except ValidationError:
             raise ValidationError({"webhook_url": "Webhook URL must be an http(s) URL."}) from None
     fields = ("period", "soft_alert_pct", "hard_cap", "webhook_url")
+    values = {
+        "soft_alert_pct": soft_alert_pct,
+        "hard_cap": to_decimal(hard_cap),
+        "webhook_url": webhook_url,
+    }
     with transaction.atomic():
-        budget = Budget.objects.select_for_update().filter(tenant=tenant, period=period).first()
-        before = None if budget is None else audit_state(budget, fields)
-        values = {
-            "soft_alert_pct": soft_alert_pct,
-            "hard_cap": to_decimal(hard_cap),
-            "webhook_url": webhook_url,
-        }
-        budget, _created = Budget.objects.update_or_create(
-            tenant=tenant, period=period, defaults=values
-        )
-        audit_record(
+        return audited_upsert(
             actor=actor,
             action="budget.set",
-            target=budget,
-            before=before,
-            after=audit_state(budget, fields),
+            model=Budget,
+            lookup={"tenant": tenant, "period": period},
+            values=values,
+            fields=fields,
         )
-        snapshot_publish_on_commit()
-    return budget
 
 
 # --- usage ledger ---------------------------------------------------------------------------

@@ -45,4 +45,5 @@ def credit_reconcile() -> int:
         client.close()
     return len(repairs)
 
+
 __all__ = ["budget_alert_send", "credit_reconcile", "usage_consume"]

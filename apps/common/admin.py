@@ -3,20 +3,16 @@ snapshot outbox (the drain task owns it)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.contrib import admin
 from django.http import HttpRequest
 
+from apps.common.admin_support import ModelAdminBase
 from apps.common.models import AuditEvent, SnapshotOutbox
 
-if TYPE_CHECKING:  # generic in django-stubs only; not subscriptable at runtime
-    _ReadOnlyAdmin = admin.ModelAdmin[Any]
-else:
-    _ReadOnlyAdmin = admin.ModelAdmin
 
-
-class ReadOnlyAdmin(_ReadOnlyAdmin):
+class ReadOnlyAdmin(ModelAdminBase[Any]):
     """Lists and shows rows; refuses add, change and delete."""
 
     def has_add_permission(self, request: HttpRequest) -> bool:

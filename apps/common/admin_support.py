@@ -3,13 +3,34 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from django import forms
+from django.contrib import admin
 from django.contrib.auth.base_user import AbstractBaseUser
 from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
 from django.db.models import Model
 from django.http import HttpRequest
+
+_M = TypeVar("_M", bound=Model)
+_P = TypeVar("_P", bound=Model)
+
+# django-stubs makes ModelForm, ModelAdmin and TabularInline generic in the model, but the real
+# classes are not subscriptable: these bases are, so an app writes ``ModelFormBase[Price]``.
+if TYPE_CHECKING:
+    ModelFormBase = forms.ModelForm
+    ModelAdminBase = admin.ModelAdmin
+    TabularInlineBase = admin.TabularInline
+else:
+
+    class ModelFormBase(forms.ModelForm, Generic[_M]):
+        """``forms.ModelForm``, subscriptable at runtime."""
+
+    class ModelAdminBase(admin.ModelAdmin, Generic[_M]):
+        """``admin.ModelAdmin``, subscriptable at runtime."""
+
+    class TabularInlineBase(admin.TabularInline, Generic[_M, _P]):
+        """``admin.TabularInline``, subscriptable at runtime."""
 
 
 def actor_of(request: HttpRequest) -> AbstractBaseUser | None:

@@ -8,7 +8,7 @@ service's message; endpoints only change state, along the allowed transitions.
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
@@ -16,7 +16,14 @@ from django.core.exceptions import ValidationError
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from apps.common.admin_support import actor_of, add_service_errors, adopt, run_validator
+from apps.common.admin_support import (
+    ModelAdminBase,
+    ModelFormBase,
+    actor_of,
+    add_service_errors,
+    adopt,
+    run_validator,
+)
 from apps.models.models import Endpoint, Model, ModelVersion, Pool, Route, TrustedKey
 from apps.models.services import (
     endpoint_register,
@@ -50,25 +57,6 @@ from apps.models.services.signing import (
     trusted_key_validate,
 )
 
-if TYPE_CHECKING:  # generic in django-stubs only; not subscriptable at runtime
-    _ModelForm = forms.ModelForm[Model]
-    _VersionForm = forms.ModelForm[ModelVersion]
-    _PoolForm = forms.ModelForm[Pool]
-    _EndpointForm = forms.ModelForm[Endpoint]
-    _RouteForm = forms.ModelForm[Route]
-    _KeyForm = forms.ModelForm[TrustedKey]
-    _ModelAdmin = admin.ModelAdmin[Model]
-    _VersionAdmin = admin.ModelAdmin[ModelVersion]
-    _PoolAdmin = admin.ModelAdmin[Pool]
-    _EndpointAdmin = admin.ModelAdmin[Endpoint]
-    _RouteAdmin = admin.ModelAdmin[Route]
-    _KeyAdmin = admin.ModelAdmin[TrustedKey]
-else:
-    _ModelForm = _VersionForm = _PoolForm = _EndpointForm = _RouteForm = _KeyForm = forms.ModelForm
-    _ModelAdmin = _VersionAdmin = _PoolAdmin = _EndpointAdmin = _RouteAdmin = _KeyAdmin = (
-        admin.ModelAdmin
-    )
-
 SPLIT_RE = re.compile(r"^\s*(?P<label>[^=\s]+)\s*=\s*(?P<weight>-?\d+)\s*$")
 
 
@@ -82,7 +70,7 @@ class NoDeleteAdmin:
 # --- models ---------------------------------------------------------------------------------
 
 
-class ModelForm(_ModelForm):
+class ModelForm(ModelFormBase[Model]):
     class Meta:
         model = Model
         fields = MODEL_WRITABLE_FIELDS
@@ -112,7 +100,7 @@ class ModelForm(_ModelForm):
 
 
 @admin.register(Model)
-class ModelAdmin(NoDeleteAdmin, _ModelAdmin):
+class ModelAdmin(NoDeleteAdmin, ModelAdminBase[Model]):
     form = ModelForm
     list_display = ("name", "task", "fallback", "cache_enabled", "cache_shared", "cache_ttl_s",
                     "created_at")  # fmt: skip
@@ -133,7 +121,7 @@ class ModelAdmin(NoDeleteAdmin, _ModelAdmin):
 # --- versions -------------------------------------------------------------------------------
 
 
-class ModelVersionForm(_VersionForm):
+class ModelVersionForm(ModelFormBase[ModelVersion]):
     class Meta:
         model = ModelVersion
         fields = ("model", *VERSION_FIELDS)
@@ -159,7 +147,7 @@ class ModelVersionForm(_VersionForm):
 
 
 @admin.register(ModelVersion)
-class ModelVersionAdmin(NoDeleteAdmin, _VersionAdmin):
+class ModelVersionAdmin(NoDeleteAdmin, ModelAdminBase[ModelVersion]):
     form = ModelVersionForm
     list_display = (
         "__str__",
@@ -209,7 +197,7 @@ class ModelVersionAdmin(NoDeleteAdmin, _VersionAdmin):
 # --- trusted keys ---------------------------------------------------------------------------
 
 
-class TrustedKeyForm(_KeyForm):
+class TrustedKeyForm(ModelFormBase[TrustedKey]):
     public_key = forms.CharField(
         widget=forms.Textarea(attrs={"rows": 3}),
         help_text="Base64 of the 32 raw bytes, or a PEM 'PUBLIC KEY' (stored as base64).",
@@ -237,7 +225,7 @@ class TrustedKeyForm(_KeyForm):
 
 
 @admin.register(TrustedKey)
-class TrustedKeyAdmin(NoDeleteAdmin, _KeyAdmin):
+class TrustedKeyAdmin(NoDeleteAdmin, ModelAdminBase[TrustedKey]):
     """Keys whose artifact signatures workers accept; only ``active`` changes after adding."""
 
     form = TrustedKeyForm
@@ -261,7 +249,7 @@ class TrustedKeyAdmin(NoDeleteAdmin, _KeyAdmin):
 # --- pools ----------------------------------------------------------------------------------
 
 
-class PoolForm(_PoolForm):
+class PoolForm(ModelFormBase[Pool]):
     class Meta:
         model = Pool
         fields = POOL_FIELDS
@@ -275,7 +263,7 @@ class PoolForm(_PoolForm):
 
 
 @admin.register(Pool)
-class PoolAdmin(NoDeleteAdmin, _PoolAdmin):
+class PoolAdmin(NoDeleteAdmin, ModelAdminBase[Pool]):
     form = PoolForm
     list_display = (
         "name",
@@ -302,7 +290,7 @@ class PoolAdmin(NoDeleteAdmin, _PoolAdmin):
 ENDPOINT_ADD_FIELDS = ("pool", "version", "base_url", "capacity")
 
 
-class EndpointForm(_EndpointForm):
+class EndpointForm(ModelFormBase[Endpoint]):
     base_url = forms.CharField(max_length=300, help_text="e.g. http://10.0.0.5:8000")
 
     class Meta:
@@ -333,7 +321,7 @@ class EndpointForm(_EndpointForm):
 
 
 @admin.register(Endpoint)
-class EndpointAdmin(NoDeleteAdmin, _EndpointAdmin):
+class EndpointAdmin(NoDeleteAdmin, ModelAdminBase[Endpoint]):
     """Endpoints are registered here or by workers; afterwards only their state changes."""
 
     form = EndpointForm
@@ -360,7 +348,7 @@ class EndpointAdmin(NoDeleteAdmin, _EndpointAdmin):
 # --- routes ---------------------------------------------------------------------------------
 
 
-class RouteForm(_RouteForm):
+class RouteForm(ModelFormBase[Route]):
     splits = forms.CharField(
         widget=forms.Textarea(attrs={"rows": 4}),
         help_text="One 'version-label = weight' per line, e.g. 'v1 = 90' and 'v2 = 10'. "
@@ -406,7 +394,7 @@ class RouteForm(_RouteForm):
 
 
 @admin.register(Route)
-class RouteAdmin(NoDeleteAdmin, _RouteAdmin):
+class RouteAdmin(NoDeleteAdmin, ModelAdminBase[Route]):
     form = RouteForm
     list_display = ("model", "sticky_key", "split_summary", "updated_at")
 

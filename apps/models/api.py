@@ -29,7 +29,8 @@ from apps.models.services import (
     pool_update,
     route_set,
 )
-from apps.models.services.catalog import published_error
+from apps.models.services.catalog import MODEL_WRITABLE_FIELDS, VERSION_FIELDS, published_error
+from apps.models.services.fleet import POOL_FIELDS
 from apps.tenants.api_auth import actor_of
 from apps.tenants.api_ops import IF_MATCH, OperatorApi
 
@@ -57,19 +58,7 @@ class ModelSerializer(serializers.ModelSerializer[Model]):
 
     class Meta:
         model = Model
-        fields = (
-            "id",
-            "name",
-            "task",
-            "description",
-            "refused_fields",
-            "cache_enabled",
-            "cache_shared",
-            "cache_ttl_s",
-            "fallback",
-            "members",
-            "created_at",
-        )
+        fields = ("id", *MODEL_WRITABLE_FIELDS, "created_at")
         read_only_fields = fields
 
 
@@ -167,14 +156,7 @@ class VersionSerializer(serializers.ModelSerializer[ModelVersion]):
         fields = (
             "id",
             "model",
-            "label",
-            "artifact_uri",
-            "digest",
-            "manifest",
-            "runtime",
-            "memory_gb",
-            "tensor_parallel_size",
-            "capabilities",
+            *VERSION_FIELDS,
             "published",
             "published_at",
             "signing_key",
@@ -275,17 +257,7 @@ class OpsVersionPublishApi(OperatorApi):
 class PoolSerializer(serializers.ModelSerializer[Pool]):
     class Meta:
         model = Pool
-        fields = (
-            "id",
-            "name",
-            "hardware_tier",
-            "cost_per_replica_hour",
-            "min_replicas",
-            "max_replicas",
-            "warm_replicas",
-            "policies",
-            "created_at",
-        )
+        fields = ("id", *POOL_FIELDS, "created_at")
         read_only_fields = fields
 
 

@@ -8,7 +8,7 @@ at once; cancel (a draft) runs inline. Events are read-only.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
@@ -16,27 +16,26 @@ from django.core.exceptions import ValidationError
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from apps.common.admin_support import actor_of, adopt, run_validator
+from apps.common.admin_support import (
+    ModelAdminBase,
+    ModelFormBase,
+    TabularInlineBase,
+    actor_of,
+    adopt,
+    run_validator,
+)
 from apps.models.models import ModelVersion
 from apps.rollouts.actions import RolloutAction, operator_actions
 from apps.rollouts.models import Rollout, RolloutEvent
 from apps.rollouts.services import (
     DEFAULT_STEPS,
+    EVENT_FIELDS,
+    ROLLOUT_RULE_FIELDS,
     rollout_cancel,
     rollout_create,
     rollout_validate,
 )
 from apps.rollouts.tasks import rollout_action_queue
-
-if TYPE_CHECKING:  # generic in django-stubs only; not subscriptable at runtime
-    _RolloutForm = forms.ModelForm[Rollout]
-    _RolloutAdmin = admin.ModelAdmin[Rollout]
-    _EventAdmin = admin.ModelAdmin[RolloutEvent]
-    _EventInline = admin.TabularInline[RolloutEvent, Rollout]
-else:
-    _RolloutForm = forms.ModelForm
-    _RolloutAdmin = _EventAdmin = admin.ModelAdmin
-    _EventInline = admin.TabularInline
 
 CREATE_FIELDS = (
     "model",
@@ -44,29 +43,11 @@ CREATE_FIELDS = (
     "candidate_version",
     "mode",
     "steps",
-    "max_error_rate_delta",
-    "max_ttft_p95_ratio",
-    "max_itl_p95_ratio",
-    "max_cost_ratio",
-    "step_window_s",
-    "min_samples",
-    "max_step_increase",
-    "excluded_tenants",
-    "sticky_header",
-)
-EVENT_FIELDS = (
-    "created_at",
-    "kind",
-    "from_state",
-    "to_state",
-    "step",
-    "actor_label",
-    "reason",
-    "data",
+    *ROLLOUT_RULE_FIELDS,
 )
 
 
-class RolloutCreateForm(_RolloutForm):
+class RolloutCreateForm(ModelFormBase[Rollout]):
     class Meta:
         model = Rollout
         fields = CREATE_FIELDS
@@ -93,7 +74,7 @@ class RolloutCreateForm(_RolloutForm):
         return cleaned
 
 
-class RolloutEventInline(_EventInline):
+class RolloutEventInline(TabularInlineBase[RolloutEvent, Rollout]):
     model = RolloutEvent
     fields = EVENT_FIELDS
     readonly_fields = EVENT_FIELDS
@@ -105,7 +86,7 @@ class RolloutEventInline(_EventInline):
 
 
 @admin.register(Rollout)
-class RolloutAdmin(_RolloutAdmin):
+class RolloutAdmin(ModelAdminBase[Rollout]):
     add_form = RolloutCreateForm
     list_display = ("__str__", "mode", "steps", "current_step", "state", "created_by", "created_at")
     list_filter = ("state", "mode", "model")
@@ -119,6 +100,7 @@ class RolloutAdmin(_RolloutAdmin):
         "created_at",
     )
     inlines = (RolloutEventInline,)
+
     def get_form(
         self, request: HttpRequest, obj: Rollout | None = None, change: bool = False, **kwargs: Any
     ) -> Any:
@@ -190,7 +172,7 @@ def _table_action(action: RolloutAction) -> Callable[[Any, HttpRequest, QuerySet
 
 
 @admin.register(RolloutEvent)
-class RolloutEventAdmin(_EventAdmin):
+class RolloutEventAdmin(ModelAdminBase[RolloutEvent]):
     """Read-only: the event log of every rollout transition (who and why)."""
 
     list_display = (

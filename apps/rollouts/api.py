@@ -19,7 +19,7 @@ from apps.common.api_support import validated_body
 from apps.models.models import Model, ModelVersion
 from apps.rollouts.models import Rollout, RolloutEvent
 from apps.rollouts.selectors import rollout_events
-from apps.rollouts.services import DEFAULT_STEPS, rollout_cancel, rollout_create
+from apps.rollouts.services import DEFAULT_STEPS, EVENT_FIELDS, rollout_cancel, rollout_create
 from apps.tenants.api_auth import actor_of
 from apps.tenants.api_ops import OperatorApi
 
@@ -27,16 +27,7 @@ from apps.tenants.api_ops import OperatorApi
 class RolloutEventSerializer(serializers.ModelSerializer[RolloutEvent]):
     class Meta:
         model = RolloutEvent
-        fields = (
-            "kind",
-            "from_state",
-            "to_state",
-            "step",
-            "actor_label",
-            "reason",
-            "data",
-            "created_at",
-        )
+        fields = EVENT_FIELDS
         read_only_fields = fields
 
 

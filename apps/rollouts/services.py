@@ -17,20 +17,15 @@ from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 
 from apps.common.audit import audit_record, audit_state
+from apps.common.changes import audited_update
 from apps.common.validation import float_error, is_int, raise_if
 from apps.models.models import Model, ModelVersion
 from apps.rollouts.actions import rollout_action
 from apps.rollouts.models import ACTIVE_STATES, Rollout, RolloutEvent
 
 DEFAULT_STEPS = (1, 5, 25, 50, 100)
-ROLLOUT_FIELDS = (
-    "model_id",
-    "stable_version_id",
-    "candidate_version_id",
-    "mode",
-    "steps",
-    "state",
-    "current_step",
+# The gates and traffic rules an operator chooses when creating a rollout (admin form, REST).
+ROLLOUT_RULE_FIELDS = (
     "max_error_rate_delta",
     "max_ttft_p95_ratio",
     "max_itl_p95_ratio",
@@ -40,6 +35,27 @@ ROLLOUT_FIELDS = (
     "max_step_increase",
     "excluded_tenants",
     "sticky_header",
+)
+ROLLOUT_FIELDS = (
+    "model_id",
+    "stable_version_id",
+    "candidate_version_id",
+    "mode",
+    "steps",
+    "state",
+    "current_step",
+    *ROLLOUT_RULE_FIELDS,
+)
+# What a rollout event shows (admin, REST), oldest facts first.
+EVENT_FIELDS = (
+    "created_at",
+    "kind",
+    "from_state",
+    "to_state",
+    "step",
+    "actor_label",
+    "reason",
+    "data",
 )
 SYSTEM_LABEL = "system"
 # An HTTP header name (RFC 9110 token); these never assign a version (secrets, framing).
@@ -298,15 +314,14 @@ def rollout_cancel(*, actor: AbstractBaseUser | None, rollout: Rollout, reason: 
                 "be cancelled (roll back a running or paused one)."
             )
         before = locked.state
-        locked.state = Rollout.State.CANCELLED
-        locked.save(update_fields=["state", "updated_at"])
-        _event(locked, actor=actor, kind="cancelled", from_state=before, reason=reason)
-        audit_record(
+        audited_update(
             actor=actor,
             action="rollout.cancel",
             target=locked,
-            before={"state": before},
-            after={"state": locked.state, "reason": reason},
+            changes={"state": Rollout.State.CANCELLED},
+            note={"reason": reason},
+            publish=False,
         )
+        _event(locked, actor=actor, kind="cancelled", from_state=before, reason=reason)
     rollout.refresh_from_db()
     return rollout

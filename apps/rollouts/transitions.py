@@ -42,15 +42,18 @@ def _transition(
     *,
     actor: AbstractBaseUser | None,
     action: str,
-    change: Callable[[Rollout], dict[str, Any] | None],
+    to_state: str | None = None,
+    change: Callable[[Rollout], dict[str, Any] | None] | None = None,
     reason: str = "",
     data: dict[str, Any] | None = None,
+    evidence: dict[str, Any] | None = None,
 ) -> Rollout:
     """Lock ``rollout``, check it is in one of ``action``'s from-states (the actions table,
-    :mod:`apps.rollouts.actions`), apply ``change``, record it.
+    :mod:`apps.rollouts.actions`), move it to ``to_state``, apply ``change``, record it.
 
-    ``change`` mutates the locked row (state, step) and may return extra event data. The row
-    passed in is refreshed in place and returned.
+    ``change`` mutates the locked row further (step, route) and may return extra event data;
+    the event's data also holds ``data`` and the gates' ``evidence`` when given. The row passed
+    in is refreshed in place and returned.
     """
     allowed = rollout_action(action).states
     with transaction.atomic():
@@ -62,7 +65,9 @@ def _transition(
             )
         from_state = locked.state
         before = {"state": from_state, "current_step": locked.current_step}
-        extra = change(locked) or {}
+        if to_state is not None:
+            locked.state = to_state
+        extra = (change(locked) if change is not None else None) or {}
         locked.save()
         _event(
             locked,
@@ -70,7 +75,7 @@ def _transition(
             kind=action,
             from_state=from_state,
             reason=reason,
-            data={**(data or {}), **extra},
+            data={**({"evidence": evidence} if evidence else {}), **(data or {}), **extra},
         )
         audit_record(
             actor=actor,
@@ -119,29 +124,19 @@ def _enter_step(rollout: Rollout, *, actor: AbstractBaseUser | None, step: int) 
 def rollout_start(*, actor: AbstractBaseUser | None, rollout: Rollout) -> Rollout:
     """Draft → warming. The warm-up (:func:`apps.rollouts.warmup.rollout_warm_up`) then runs,
     in the same task."""
-
-    def change(locked: Rollout) -> None:
-        locked.state = Rollout.State.WARMING
-
-    return _transition(
-        rollout, actor=actor, action="start", change=change
-    )
+    return _transition(rollout, actor=actor, action="start", to_state=Rollout.State.WARMING)
 
 
 def rollout_warmed(
     *, actor: AbstractBaseUser | None, rollout: Rollout, data: dict[str, Any] | None = None
 ) -> Rollout:
     """Warming → running at step 0 (the warm-up passed; ``data`` is what it checked)."""
-
-    def run(locked: Rollout) -> dict[str, Any]:
-        locked.state = Rollout.State.RUNNING
-        return _enter_step(locked, actor=actor, step=0)
-
     return _transition(
         rollout,
         actor=actor,
         action="warmed",
-        change=run,
+        to_state=Rollout.State.RUNNING,
+        change=lambda locked: _enter_step(locked, actor=actor, step=0),
         data={"warmup": data} if data else None,
     )
 
@@ -154,15 +149,11 @@ def rollout_abort(
     data: dict[str, Any] | None = None,
 ) -> Rollout:
     """Warming → aborted: the warm-up failed (``reason``); no traffic ever moved."""
-
-    def abort(locked: Rollout) -> None:
-        locked.state = Rollout.State.ABORTED
-
     return _transition(
         rollout,
         actor=actor,
         action="abort",
-        change=abort,
+        to_state=Rollout.State.ABORTED,
         reason=reason,
         data={"warmup": data} if data else None,
     )
@@ -208,34 +199,29 @@ def rollout_advance(
         action="advance",
         change=change,
         reason=reason,
-        data={"evidence": evidence} if evidence else None,
+        evidence=evidence,
     )
 
 
 def rollout_pause(*, actor: AbstractBaseUser | None, rollout: Rollout, reason: str = "") -> Rollout:
     """Running → paused: the gates stop deciding; the candidate keeps its current share."""
-
-    def change(locked: Rollout) -> None:
-        locked.state = Rollout.State.PAUSED
-
     return _transition(
-        rollout,
-        actor=actor,
-        action="pause",
-        change=change,
-        reason=reason,
+        rollout, actor=actor, action="pause", to_state=Rollout.State.PAUSED, reason=reason
     )
 
 
 def rollout_resume(*, actor: AbstractBaseUser | None, rollout: Rollout) -> Rollout:
     """Paused → running; the step's clock restarts so its window holds only fresh traffic."""
 
-    def change(locked: Rollout) -> None:
-        locked.state = Rollout.State.RUNNING
+    def restart_clock(locked: Rollout) -> None:
         locked.step_started_at = timezone.now()
 
     return _transition(
-        rollout, actor=actor, action="resume", change=change
+        rollout,
+        actor=actor,
+        action="resume",
+        to_state=Rollout.State.RUNNING,
+        change=restart_clock,
     )
 
 
@@ -248,8 +234,7 @@ def rollout_promote(
 ) -> Rollout:
     """Running or paused → promoted: all traffic to the candidate (one publish)."""
 
-    def change(locked: Rollout) -> dict[str, Any]:
-        locked.state = Rollout.State.PROMOTED
+    def last_step(locked: Rollout) -> dict[str, Any]:
         locked.current_step = len(locked.steps) - 1
         locked.step_started_at = timezone.now()
         return _route_to(locked, actor=actor, share=100)
@@ -258,9 +243,10 @@ def rollout_promote(
         rollout,
         actor=actor,
         action="promote",
-        change=change,
+        to_state=Rollout.State.PROMOTED,
+        change=last_step,
         reason=reason,
-        data={"evidence": evidence} if evidence else None,
+        evidence=evidence,
     )
 
 
@@ -278,17 +264,14 @@ def rollout_rollback(
     """
     reason = rollout_action("rollback").reason_check(reason)
 
-    def change(locked: Rollout) -> dict[str, Any]:
-        locked.state = Rollout.State.ROLLED_BACK
-        return _route_to(locked, actor=actor, share=0)
-
     rolled_back = _transition(
         rollout,
         actor=actor,
         action="rollback",
-        change=change,
+        to_state=Rollout.State.ROLLED_BACK,
+        change=lambda locked: _route_to(locked, actor=actor, share=0),
         reason=reason,
-        data={"evidence": evidence} if evidence else None,
+        evidence=evidence,
     )
     if rolled_back.warmup_endpoints:
         transaction.on_commit(lambda: rollout_drain_candidate.delay(rollout_id=rolled_back.pk))

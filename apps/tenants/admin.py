@@ -7,7 +7,7 @@ runtime snapshot.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
@@ -15,7 +15,7 @@ from django.core.validators import MinValueValidator
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from apps.common.admin_support import actor_of, adopt
+from apps.common.admin_support import ModelAdminBase, ModelFormBase, actor_of, adopt
 from apps.tenants.models import ApiKey, Membership, RequestClass, Tenant
 from apps.tenants.services import (
     API_KEY_SCOPES,
@@ -39,19 +39,6 @@ from apps.tenants.services import (
     tenant_validate_values,
 )
 
-if TYPE_CHECKING:  # generic in django-stubs only; not subscriptable at runtime
-    _ClassForm = forms.ModelForm[RequestClass]
-    _TenantForm = forms.ModelForm[Tenant]
-    _KeyForm = forms.ModelForm[ApiKey]
-    _MemberForm = forms.ModelForm[Membership]
-    _ClassAdmin = admin.ModelAdmin[RequestClass]
-    _TenantAdmin = admin.ModelAdmin[Tenant]
-    _KeyAdmin = admin.ModelAdmin[ApiKey]
-    _MemberAdmin = admin.ModelAdmin[Membership]
-else:
-    _ClassForm = _TenantForm = _KeyForm = _MemberForm = forms.ModelForm
-    _ClassAdmin = _TenantAdmin = _KeyAdmin = _MemberAdmin = admin.ModelAdmin
-
 
 def _leave_minimum_to_service(form: forms.BaseForm, fields: tuple[str, ...], minimum: int) -> None:
     """Drop the form fields' own lower bound (0 for Positive*Field) so the service's validator
@@ -62,7 +49,7 @@ def _leave_minimum_to_service(form: forms.BaseForm, fields: tuple[str, ...], min
         field.widget.attrs["min"] = minimum
 
 
-class RequestClassForm(_ClassForm):
+class RequestClassForm(ModelFormBase[RequestClass]):
     class Meta:
         model = RequestClass
         fields = REQUEST_CLASS_FIELDS
@@ -79,7 +66,7 @@ class RequestClassForm(_ClassForm):
 
 
 @admin.register(RequestClass)
-class RequestClassAdmin(_ClassAdmin):
+class RequestClassAdmin(ModelAdminBase[RequestClass]):
     form = RequestClassForm
     list_display = REQUEST_CLASS_FIELDS
 
@@ -95,7 +82,7 @@ class RequestClassAdmin(_ClassAdmin):
             adopt(obj, request_class_create(actor=actor_of(request), **data))
 
 
-class TenantForm(_TenantForm):
+class TenantForm(ModelFormBase[Tenant]):
     class Meta:
         model = Tenant
         fields = ("slug", "name", "status", "weight", "rpm_limit", "tpm_limit",
@@ -117,7 +104,7 @@ class TenantForm(_TenantForm):
 
 
 @admin.register(Tenant)
-class TenantAdmin(_TenantAdmin):
+class TenantAdmin(ModelAdminBase[Tenant]):
     form = TenantForm
     list_display = ("slug", "name", "status", "weight", "rpm_limit", "tpm_limit",
                     "max_concurrency", "default_class")  # fmt: skip
@@ -169,7 +156,7 @@ class TenantAdmin(_TenantAdmin):
         messages.success(request, f"Activated {len(done)} tenant(s): {', '.join(done) or '-'}.")
 
 
-class ApiKeyCreateForm(_KeyForm):
+class ApiKeyCreateForm(ModelFormBase[ApiKey]):
     scopes = forms.MultipleChoiceField(
         choices=[(scope, scope) for scope in API_KEY_SCOPES],
         initial=["inference"],
@@ -187,7 +174,7 @@ class ApiKeyCreateForm(_KeyForm):
 
 
 @admin.register(ApiKey)
-class ApiKeyAdmin(_KeyAdmin):
+class ApiKeyAdmin(ModelAdminBase[ApiKey]):
     """Keys are created here (the full key is shown once) and revoked; never edited."""
 
     add_form = ApiKeyCreateForm
@@ -250,7 +237,7 @@ class ApiKeyAdmin(_KeyAdmin):
         messages.success(request, f"Revoked {len(revoked)} key(s){note}.")
 
 
-class MembershipForm(_MemberForm):
+class MembershipForm(ModelFormBase[Membership]):
     class Meta:
         model = Membership
         fields = ("user", "tenant", "role")
@@ -262,7 +249,7 @@ class MembershipForm(_MemberForm):
 
 
 @admin.register(Membership)
-class MembershipAdmin(_MemberAdmin):
+class MembershipAdmin(ModelAdminBase[Membership]):
     form = MembershipForm
     list_display = ("user", "tenant", "role", "created_at")
     list_filter = ("role", "tenant")

@@ -28,6 +28,7 @@ from apps.tenants.api_selectors import audit_events_filtered
 from apps.tenants.models import RequestClass, Tenant
 from apps.tenants.selectors import request_class_list, tenant_list
 from apps.tenants.services import (
+    REQUEST_CLASS_FIELDS,
     request_class_create,
     request_class_update,
     tenant_activate,
@@ -229,18 +230,7 @@ class OpsTenantTokenApi(OperatorApi):
 class RequestClassSerializer(serializers.ModelSerializer[RequestClass]):
     class Meta:
         model = RequestClass
-        fields = (
-            "name",
-            "priority_band",
-            "ttft_slo_ms",
-            "deadline_ms",
-            "max_queue_length",
-            "shed_order",
-            "heartbeat_ms",
-            "itl_slo_ms",
-            "created_at",
-            "updated_at",
-        )
+        fields = (*REQUEST_CLASS_FIELDS, "created_at", "updated_at")
         read_only_fields = fields
 
 

@@ -13,6 +13,7 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.core.cache import cache
 from django.utils import timezone
+from fixtures.control_plane import LIMITS
 from rest_framework.test import APIClient
 
 from apps.billing.services import budget_set, credit_grant, price_set, usage_record_create
@@ -36,13 +37,6 @@ from apps.tenants.services.management_tokens import management_token_create
 from runtime.artifacts import manifest_digest
 
 ROLES = ("owner", "admin", "viewer")
-LIMITS = {
-    "rpm_limit": 600,
-    "tpm_limit": 100_000,
-    "max_concurrency": 8,
-    "max_context_tokens": 8192,
-    "max_output_tokens": 1024,
-}
 
 
 def manifest() -> dict[str, Any]:
@@ -195,6 +189,12 @@ def callers_of(side: Side) -> list[tuple[str, str, APIClient]]:
 @pytest.fixture
 def staff_client(world: World) -> APIClient:
     return session_client(world.staff)
+
+
+def patch_if_match(client: APIClient, url: str, data: dict[str, Any]) -> Any:
+    """PATCH ``url`` with the ETag a GET just returned (the REST API's optimistic lock)."""
+    etag = client.get(url)["ETag"]
+    return client.patch(url, data, format="json", HTTP_IF_MATCH=etag)
 
 
 def membership_of(user: Any, tenant: Tenant) -> Membership:

@@ -14,16 +14,11 @@ from apps.models.models import ModelVersion
 from apps.tenants.models import Tenant
 from config.celery import app
 from runtime.artifacts import manifest_digest
-from tests.api.conftest import LIMITS, World, manifest
+from tests.api.conftest import LIMITS, World, manifest, patch_if_match
 
 pytestmark = pytest.mark.db
 
 OPS = "/api/v1/ops"
-
-
-def _patch(client: APIClient, url: str, data: dict[str, Any]) -> Any:
-    etag = client.get(url)["ETag"]
-    return client.patch(url, data, format="json", HTTP_IF_MATCH=etag)
 
 
 def test_tenants_create_list_get_update(world: World, staff_client: APIClient) -> None:
@@ -44,7 +39,8 @@ def test_tenants_create_list_get_update(world: World, staff_client: APIClient) -
     listed = staff_client.get(f"{OPS}/tenants/?status=active").json()["results"]
     assert [t["slug"] for t in listed] == ["initech", "globex", "acme"]
     url = f"{OPS}/tenants/initech/"
-    changed = _patch(staff_client, url, {"rpm_limit": 10, "allowed_classes": ["batch", "standard"]})
+    data = {"rpm_limit": 10, "allowed_classes": ["batch", "standard"]}
+    changed = patch_if_match(staff_client, url, data)
     assert changed.status_code == 200, changed.content
     assert changed.json()["rpm_limit"] == 10
     assert Tenant.objects.get(slug="initech").rpm_limit == 10
@@ -66,7 +62,7 @@ def test_tenant_refusals_carry_the_service_message(world: World, staff_client: A
         "Requests-per-minute limit must be a positive whole number (got 0)."
     ]
     assert fields["slug"][0].startswith("Slug must be 1-63 lower-case letters")
-    unknown = _patch(staff_client, f"{OPS}/tenants/acme/", {"allowed_classes": ["gold"]})
+    unknown = patch_if_match(staff_client, f"{OPS}/tenants/acme/", {"allowed_classes": ["gold"]})
     assert unknown.json()["error"]["fields"] == {
         "allowed_classes": ["Unknown request class 'gold'."]
     }
@@ -131,13 +127,15 @@ def test_classes(world: World, staff_client: APIClient) -> None:
     }
     created = staff_client.get(f"{OPS}/classes/gold/").json()
     assert (created["heartbeat_ms"], created["itl_slo_ms"]) == (5000, 200)  # the defaults
-    tuned = _patch(staff_client, f"{OPS}/classes/gold/", {"heartbeat_ms": 0, "itl_slo_ms": 50})
+    tuned = patch_if_match(
+        staff_client, f"{OPS}/classes/gold/", {"heartbeat_ms": 0, "itl_slo_ms": 50}
+    )
     assert (tuned.json()["heartbeat_ms"], tuned.json()["itl_slo_ms"]) == (0, 50)
-    slow = _patch(staff_client, f"{OPS}/classes/gold/", {"heartbeat_ms": 30_000})
+    slow = patch_if_match(staff_client, f"{OPS}/classes/gold/", {"heartbeat_ms": 30_000})
     assert slow.json()["error"]["fields"] == {
         "heartbeat_ms": ["Heartbeat ms must be at most 5000 (got 30000)."]
     }
-    renamed = _patch(staff_client, f"{OPS}/classes/gold/", {"name": "platinum"})
+    renamed = patch_if_match(staff_client, f"{OPS}/classes/gold/", {"name": "platinum"})
     assert renamed.status_code == 200, renamed.content
     assert renamed.json()["name"] == "platinum"
     assert staff_client.get(f"{OPS}/classes/gold/").status_code == 404
@@ -161,21 +159,20 @@ def test_models_and_versions_published_is_immutable(world: World, staff_client: 
     model_id = created.json()["id"]
     dup = staff_client.post(f"{OPS}/models/", {"name": "embedder", "task": "chat"}, format="json")
     assert dup.json()["error"]["fields"] == {"name": ["A model named 'embedder' already exists."]}
-    assert (
-        _patch(staff_client, f"{OPS}/models/{model_id}/", {"description": "d"}).status_code == 200
-    )
+    described = patch_if_match(staff_client, f"{OPS}/models/{model_id}/", {"description": "d"})
+    assert described.status_code == 200
     version = staff_client.post(
         f"{OPS}/models/{model_id}/versions/", _version_body("v1"), format="json"
     )
     assert version.status_code == 201, version.content
     vid = version.json()["id"]
-    draft_edit = _patch(staff_client, f"{OPS}/versions/{vid}/", {"memory_gb": 2.5})
+    draft_edit = patch_if_match(staff_client, f"{OPS}/versions/{vid}/", {"memory_gb": 2.5})
     assert draft_edit.status_code == 200
     assert draft_edit.json()["memory_gb"] == 2.5
     published = staff_client.post(f"{OPS}/versions/{vid}/publish/")
     assert published.status_code == 200
     assert published.json()["published"] is True
-    refused = _patch(staff_client, f"{OPS}/versions/{vid}/", {"memory_gb": 4.0})
+    refused = patch_if_match(staff_client, f"{OPS}/versions/{vid}/", {"memory_gb": 4.0})
     assert refused.status_code == 409
     assert refused.json()["error"]["code"] == "immutable"
     assert "is published and immutable" in refused.json()["error"]["message"]
@@ -193,7 +190,8 @@ def test_pools_endpoints_routes_prices(world: World, staff_client: APIClient) ->
         format="json",
     )
     assert pool.status_code == 201, pool.content
-    bad_pool = _patch(staff_client, f"{OPS}/pools/{pool.json()['id']}/", {"min_replicas": 5})
+    pool_url = f"{OPS}/pools/{pool.json()['id']}/"
+    bad_pool = patch_if_match(staff_client, pool_url, {"min_replicas": 5})
     assert bad_pool.json()["error"]["fields"] == {
         "min_replicas": ["Minimum replicas must not exceed maximum replicas."]
     }
@@ -209,10 +207,10 @@ def test_pools_endpoints_routes_prices(world: World, staff_client: APIClient) ->
     assert endpoint.status_code == 201, endpoint.content
     eid = endpoint.json()["id"]
     assert (
-        _patch(staff_client, f"{OPS}/endpoints/{eid}/", {"state": "ready"}).json()["state"]
+        patch_if_match(staff_client, f"{OPS}/endpoints/{eid}/", {"state": "ready"}).json()["state"]
         == "ready"
     )
-    bad = _patch(staff_client, f"{OPS}/endpoints/{eid}/", {"state": "starting"})
+    bad = patch_if_match(staff_client, f"{OPS}/endpoints/{eid}/", {"state": "starting"})
     assert bad.json()["error"]["fields"]["state"][0].startswith("An endpoint cannot go from ready")
     assert len(staff_client.get(f"{OPS}/endpoints/?state=ready").json()["results"]) == 1
     route_url = f"{OPS}/routes/{world.model.pk}/"

@@ -9,16 +9,11 @@ import pytest
 from rest_framework.test import APIClient
 
 from apps.core.selectors import snapshot_build
-from tests.api.conftest import LIMITS, World
+from tests.api.conftest import LIMITS, World, patch_if_match
 
 pytestmark = [pytest.mark.db, pytest.mark.django_db]
 
 OPS = "/api/v1/ops"
-
-
-def _patch(client: APIClient, url: str, data: dict[str, Any]) -> Any:
-    etag = client.get(url)["ETag"]
-    return client.patch(url, data, format="json", HTTP_IF_MATCH=etag)
 
 
 def test_tenant_result_cache_and_size_cap_reach_the_snapshot(
@@ -27,7 +22,7 @@ def test_tenant_result_cache_and_size_cap_reach_the_snapshot(
     before = snapshot_build().tenants["acme"]
     assert (before.result_cache, before.max_request_bytes) == (True, 0)
 
-    changed = _patch(
+    changed = patch_if_match(
         staff_client, f"{OPS}/tenants/acme/", {"result_cache": False, "max_request_bytes": 4096}
     )
 
@@ -52,7 +47,7 @@ def test_model_cache_switches_reach_the_snapshot(world: World, staff_client: API
     url = f"{OPS}/models/{world.model.pk}/"
     assert snapshot_build().models["tiny-llama"].cache.enabled is True
 
-    changed = _patch(
+    changed = patch_if_match(
         staff_client, url, {"cache_enabled": False, "cache_shared": True, "cache_ttl_s": 120}
     )
 
@@ -64,7 +59,7 @@ def test_model_cache_switches_reach_the_snapshot(world: World, staff_client: API
 
 
 def test_model_refused_fields_reach_the_snapshot(world: World, staff_client: APIClient) -> None:
-    changed = _patch(
+    changed = patch_if_match(
         staff_client, f"{OPS}/models/{world.model.pk}/", {"refused_fields": ["logit_bias"]}
     )
 
@@ -84,7 +79,7 @@ def test_model_refused_fields_reach_the_snapshot(world: World, staff_client: API
 def test_model_cache_refusals(
     world: World, staff_client: APIClient, data: dict[str, Any], field: str
 ) -> None:
-    refused = _patch(staff_client, f"{OPS}/models/{world.model.pk}/", data)
+    refused = patch_if_match(staff_client, f"{OPS}/models/{world.model.pk}/", data)
 
     assert refused.status_code == 400, refused.content
     assert field in refused.json()["error"]["fields"]
@@ -93,7 +88,7 @@ def test_model_cache_refusals(
 
 
 def test_tenant_result_cache_refuses_a_non_boolean(world: World, staff_client: APIClient) -> None:
-    refused = _patch(staff_client, f"{OPS}/tenants/acme/", {"result_cache": "perhaps"})
+    refused = patch_if_match(staff_client, f"{OPS}/tenants/acme/", {"result_cache": "perhaps"})
 
     assert refused.status_code == 400, refused.content
     assert "result_cache" in refused.json()["error"]["fields"]

@@ -3,8 +3,6 @@ with the service's messages) and its autoscaler decisions, newest first, by curs
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 from rest_framework.test import APIClient
 
@@ -14,16 +12,11 @@ from apps.scaling.actuators.base import Actuation
 from apps.scaling.services import scaling_decision_record
 from runtime.scaling.controller import Plan
 from runtime.scaling.signals import PoolSignals
-from tests.api.conftest import World
+from tests.api.conftest import World, patch_if_match
 
 pytestmark = pytest.mark.db
 
 OPS = "/api/v1/ops"
-
-
-def _patch(client: APIClient, url: str, data: dict[str, Any]) -> Any:
-    etag = client.get(url)["ETag"]
-    return client.patch(url, data, format="json", HTTP_IF_MATCH=etag)
 
 
 def test_settings_read_with_defaults_and_update(world: World, staff_client: APIClient) -> None:
@@ -34,7 +27,7 @@ def test_settings_read_with_defaults_and_update(world: World, staff_client: APIC
     body = read.json()
     assert (body["pool"], body["enabled"], body["policy"]) == (world.pool.pk, True, "")
     assert (body["target_low"], body["target_high"], body["idle_to_zero_s"]) == (0.4, 0.8, 300.0)
-    changed = _patch(
+    changed = patch_if_match(
         staff_client, url, {"policy": "cpu", "target_low": 0.5, "idle_to_zero_s": None}
     )
     assert changed.status_code == 200, changed.content
@@ -48,19 +41,19 @@ def test_settings_read_with_defaults_and_update(world: World, staff_client: APIC
 
 def test_refusals_carry_the_service_message(world: World, staff_client: APIClient) -> None:
     url = f"{OPS}/pools/{world.pool.pk}/scaling/"
-    unknown = _patch(staff_client, url, {"policy": "tpu"})
+    unknown = patch_if_match(staff_client, url, {"policy": "tpu"})
     assert unknown.status_code == 400, unknown.content
     assert unknown.json()["error"]["fields"] == {
         "policy": ["Unknown scaling policy 'tpu'; known: cpu, gpu (or blank)."]
     }
-    negative = _patch(staff_client, url, {"idle_to_zero_s": -1})
+    negative = patch_if_match(staff_client, url, {"idle_to_zero_s": -1})
     assert negative.json()["error"]["fields"] == {
         "idle_to_zero_s": ["Give a non-negative number of seconds, or null (never)."]
     }
-    band = _patch(staff_client, url, {"target_low": 0.9})
+    band = patch_if_match(staff_client, url, {"target_low": 0.9})
     assert band.status_code == 400, band.content
     assert list(band.json()["error"]["fields"]) == ["non_field_errors"]
-    below = _patch(staff_client, url, {"wait_slo_s": 0})
+    below = patch_if_match(staff_client, url, {"wait_slo_s": 0})
     assert list(below.json()["error"]["fields"]) == ["wait_slo_s"]
     assert staff_client.get(url).json()["policy"] == ""  # nothing was written
 
@@ -68,7 +61,7 @@ def test_refusals_carry_the_service_message(world: World, staff_client: APIClien
 def test_the_version_to_start_is_read_and_set(world: World, staff_client: APIClient) -> None:
     url = f"{OPS}/pools/{world.pool.pk}/scaling/"
     assert staff_client.get(url).json()["version"] is None
-    changed = _patch(staff_client, url, {"version": world.version.pk})
+    changed = patch_if_match(staff_client, url, {"version": world.version.pk})
     assert changed.status_code == 200, changed.content
     assert changed.json()["version"] == world.version.pk
     world.pool.scaling.refresh_from_db()
@@ -80,15 +73,15 @@ def test_the_version_to_start_is_read_and_set(world: World, staff_client: APICli
         artifact_uri="file:///models/tiny-llama/draft", digest=world.version.digest,
         manifest=world.version.manifest, runtime="vllm",
     )  # fmt: skip
-    refused = _patch(staff_client, url, {"version": draft.pk})
+    refused = patch_if_match(staff_client, url, {"version": draft.pk})
     assert refused.status_code == 400, refused.content
     assert refused.json()["error"]["fields"] == {
         "version": [f"Version {draft.pk} is not published; only a published version can run."]
     }
-    missing = _patch(staff_client, url, {"version": 987654})
+    missing = patch_if_match(staff_client, url, {"version": 987654})
     assert missing.status_code == 400, missing.content
     assert list(missing.json()["error"]["fields"]) == ["version"]
-    cleared = _patch(staff_client, url, {"version": None})
+    cleared = patch_if_match(staff_client, url, {"version": None})
     assert cleared.status_code == 200, cleared.content
     assert cleared.json()["version"] is None
 
@@ -99,7 +92,7 @@ def test_updates_need_a_current_if_match(world: World, staff_client: APIClient) 
     missing = staff_client.patch(url, {"enabled": False}, format="json")
     assert missing.status_code == 428, missing.content
     assert missing.json()["error"]["code"] == "precondition_required"
-    assert _patch(staff_client, url, {"enabled": False}).status_code == 200
+    assert patch_if_match(staff_client, url, {"enabled": False}).status_code == 200
     late = staff_client.patch(url, {"enabled": True}, format="json", HTTP_IF_MATCH=stale)
     assert late.status_code == 412, late.content
     assert late.json()["error"]["code"] == "precondition_failed"
@@ -154,7 +147,7 @@ def test_decisions_of_another_pool_are_not_listed(world: World, staff_client: AP
 
 def test_a_settings_change_is_audited_with_its_actor(world: World, staff_client: APIClient) -> None:
     url = f"{OPS}/pools/{world.pool.pk}/scaling/"
-    assert _patch(staff_client, url, {"policy": "gpu"}).status_code == 200
+    assert patch_if_match(staff_client, url, {"policy": "gpu"}).status_code == 200
     event = AuditEvent.objects.filter(action="pool_scaling.update").latest("id")
     assert event.actor_id is not None
     assert (event.before, event.after) == ({"policy": ""}, {"policy": "gpu"})

@@ -4,22 +4,13 @@ and Debian's Chromium through Playwright (never a downloaded browser)."""
 from __future__ import annotations
 
 import shutil
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from browser_platform import MODEL, Platform, start_web
-from fixtures.router import (
-    Process,
-    Publisher,
-    World,
-    spawn,
-    start_router,
-    wait_ready,
-    wait_until_up,
-)
+from fixtures.router import Process, World, routers, start_simulator
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
@@ -35,22 +26,8 @@ CHROMIUM_ARGS = [
 @pytest.fixture(scope="module")
 def data_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Process, World, str]]:
     """A simulator and a router serving tenants acme and globex."""
-    publisher = Publisher(f"switchyard:test:browser:{uuid.uuid4().hex[:10]}")
-    sim: Process | None = None
-    router: Process | None = None
+    sim = start_simulator(MODEL, "--decode-a-ms", "5")
     try:
-        sim, _ = spawn(
-            [
-                "runtime.workers.simulator",
-                "--model",
-                MODEL,
-                "--log-level",
-                "WARNING",
-                "--decode-a-ms",
-                "5",
-            ]
-        )
-        wait_until_up(sim, "/health")
         world = World()
         world.add_class("interactive", band=0, deadline_ms=30_000)
         for slug in ("acme", "globex"):
@@ -58,16 +35,10 @@ def data_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Proce
             world.add_key(slug, slug)
         world.add_model(MODEL, 1)
         world.add_endpoint(1, 1, sim.base_url)
-        version = publisher.publish(world.snapshot())
-        router = start_router(publisher.prefix, tmp_path_factory.mktemp("router-var"))
-        wait_ready(router, version)
-        yield router, world, publisher.prefix
+        with routers(world, tmp_path_factory.mktemp("router-var")) as ([router], publisher):
+            yield router, world, publisher.prefix
     finally:
-        if router is not None:
-            router.stop()
-        if sim is not None:
-            sim.stop()
-        publisher.cleanup()
+        sim.stop()
 
 
 @pytest.fixture

@@ -15,7 +15,6 @@ import json
 import threading
 import time
 import urllib.request
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,24 +26,16 @@ import redis
 from browser_platform import start_web, web_env
 from django.contrib.auth.models import User
 from fixtures.celery_worker import Worker
-from fixtures.router import Process, redis_url, spawn, start_router, wait_ready, wait_until_up
+from fixtures.control_plane import endpoint_ready, tenants_with_keys, version_published
+from fixtures.redis_keys import RouterNamespace
+from fixtures.router import Process, start_router, start_simulator, wait_ready
 from test_dashboard_browser import _login
 
-from apps.models.services import (
-    endpoint_register,
-    endpoint_set_state,
-    model_create,
-    model_version_create,
-    model_version_publish,
-    pool_create,
-    route_set,
-)
+from apps.models.services import model_create, pool_create, route_set
 from apps.rollouts.models import Rollout
 from apps.rollouts.services import rollout_create
 from apps.scaling.models import ScalingDecision
-from apps.tenants.services import api_key_create, tenant_create
 from config.celery import app
-from runtime import snapshot_store
 from runtime.artifacts import manifest_digest
 from runtime.telemetry.live import live_backlog
 
@@ -81,52 +72,34 @@ class Stage:
         return routes.get(MODEL)
 
 
-def _simulator() -> Process:
-    process, _ = spawn(
-        ["runtime.workers.simulator", "--model", MODEL, "--log-level", "WARNING",
-         "--decode-a-ms", "2"]
-    )  # fmt: skip
-    return wait_until_up(process, "/health")
-
-
 @pytest.fixture
-def stage(transactional_db: Any, settings: Any, tmp_path: Path) -> Iterator[Stage]:
-    namespace = f"switchyard:test:dash-rollout:{uuid.uuid4().hex[:10]}"
-    prefix = f"{namespace}:snapshot"
-    settings.SNAPSHOT_REDIS_PREFIX = prefix
-    settings.REDIS_URL = redis_url()
-    client: redis.Redis[bytes] = redis.Redis.from_url(redis_url())
+def stage(
+    transactional_db: Any, router_namespace: RouterNamespace, tmp_path: Path
+) -> Iterator[Stage]:
+    namespace, prefix, client = (
+        router_namespace.name,
+        router_namespace.prefix,
+        router_namespace.client,
+    )
     started: list[Process] = []
     worker: Worker | None = None
     try:
         env = {**web_env(prefix, tmp_path / "var")}
         worker = Worker(app.conf.task_default_queue, env)  # starts while the rest is set up
-        sims = [_simulator(), _simulator()]
+        sims = [start_simulator(MODEL, "--decode-a-ms", "2") for _ in range(2)]
         started.extend(sims)
         model = model_create(actor=None, name=MODEL, task="chat")
         pool = pool_create(actor=None, name="sim", hardware_tier="cpu", cost_per_replica_hour="1")
         versions = []
         for label, sim in zip(("v1", "v2"), sims, strict=True):
-            version = model_version_publish(
-                actor=None,
-                version=model_version_create(
-                    actor=None, model=model, label=label, artifact_uri=f"file:///m/{label}",
-                    digest=manifest_digest(FILES), manifest=MANIFEST, runtime="vllm",
-                ),
+            version = version_published(
+                model, label, artifact_uri=f"file:///m/{label}", digest=manifest_digest(FILES),
+                manifest=MANIFEST, runtime="vllm",
             )  # fmt: skip
-            endpoint = endpoint_register(
-                actor=None, pool=pool, version=version, base_url=sim.base_url, capacity=16
-            )
-            endpoint_set_state(actor=None, endpoint=endpoint, state="ready")
+            endpoint_ready(pool, version, sim.base_url)
             versions.append(version)
         route_set(actor=None, model=model, splits=[(versions[0], 100)])
-        keys = []
-        for slug in TENANTS:
-            tenant = tenant_create(
-                actor=None, slug=slug, name=slug, rpm_limit=100_000, tpm_limit=100_000_000,
-                max_concurrency=100, max_context_tokens=2048, max_output_tokens=64,
-            )  # fmt: skip
-            keys.append(api_key_create(actor=None, tenant=tenant, name="k")[1])
+        keys = list(tenants_with_keys(TENANTS, max_concurrency=100).values())
         rollout = rollout_create(
             actor=None, model=model, stable_version=versions[0], candidate_version=versions[1],
             mode="canary", steps=[50, 100], min_samples=10_000, step_window_s=3600,
@@ -134,9 +107,7 @@ def stage(transactional_db: Any, settings: Any, tmp_path: Path) -> Iterator[Stag
         User.objects.create_user("operator", password="op-pass-1", is_staff=True)
         router = start_router(prefix, tmp_path / "router")
         started.append(router)
-        version = snapshot_store.latest_version(client, prefix=prefix)
-        assert version is not None
-        wait_ready(router, version)
+        wait_ready(router, router_namespace.latest())
         web = start_web(prefix, tmp_path / "var")
         started.append(web)
         yield Stage(namespace, router, web, keys, rollout, client)
@@ -145,10 +116,6 @@ def stage(transactional_db: Any, settings: Any, tmp_path: Path) -> Iterator[Stag
             process.stop()
         if worker is not None:
             worker.stop()
-        left = list(client.scan_iter(match=f"{namespace}:*", count=1000))
-        if left:
-            client.delete(*left)
-        client.close()
 
 
 def _traffic(stage: Stage, stop: threading.Event) -> list[int]:

@@ -18,10 +18,9 @@ from fixtures.router import (
     Publisher,
     World,
     limits,
-    spawn,
     start_router,
+    start_simulator,
     wait_ready,
-    wait_until_up,
 )
 
 CHAT_MODEL = "fuzz-chat"
@@ -43,21 +42,14 @@ class Target:
         return self.router.port
 
 
-def _simulator(model: str, *args: str) -> Process:
-    process, _ = spawn(
-        ["runtime.workers.simulator", "--model", model, "--log-level", "WARNING", *args]
-    )
-    return wait_until_up(process, "/health")
-
-
 @pytest.fixture(scope="session")
 def target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Target]:
     publisher = Publisher(f"switchyard:test:fuzz:{uuid.uuid4().hex[:12]}")
     started: list[Process] = []
     try:
-        chat = _simulator(CHAT_MODEL, "--decode-a-ms", "1")
+        chat = start_simulator(CHAT_MODEL, "--decode-a-ms", "1")
         started.append(chat)
-        embed = _simulator(EMBED_MODEL, "--embedding-dim", "4")
+        embed = start_simulator(EMBED_MODEL, "--embedding-dim", "4")
         started.append(embed)
         world = World()
         world.add_class("interactive", band=0, deadline_ms=10_000)

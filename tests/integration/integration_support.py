@@ -4,34 +4,30 @@ with pools whose policies are chosen by name, and an open-loop streaming load ge
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import math
 import random
-import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import aiohttp
 import msgspec
-from fixtures.router import (
-    Process,
-    Publisher,
-    World,
-    spawn,
-    start_router,
-    wait_ready,
-    wait_until_up,
-)
+from fixtures.router import World, routers, start_simulator
 
 from runtime.snapshot import RequestClassSnap, TenantLimits
 
-
-def start_simulator(model: str, *args: str) -> Process:
-    process, _ = spawn(
-        ["runtime.workers.simulator", "--model", model, "--log-level", "WARNING", *args]
-    )
-    return wait_until_up(process, "/health")
+# routers and start_simulator live in fixtures.router; re-exported for the tests that import
+# them from here.
+__all__ = [
+    "OpenLoop",
+    "Outcome",
+    "add_class",
+    "p95",
+    "routers",
+    "set_policies",
+    "start_simulator",
+    "stream_once",
+    "tenant_limits",
+]
 
 
 def tenant_limits(*, rpm: int = 100_000, concurrency: int = 10_000) -> TenantLimits:
@@ -52,28 +48,6 @@ def add_class(
         name=name, priority_band=band, ttft_slo_ms=min(1000, deadline_ms),
         deadline_ms=deadline_ms, max_queue_length=max_queue, shed_order=band,
     )  # fmt: skip
-
-
-@contextlib.contextmanager
-def routers(
-    world: World, var_dir: Path, count: int = 1, **env: str
-) -> Iterator[tuple[list[Process], Publisher]]:
-    """``count`` router processes sharing one snapshot prefix and one Redis key space."""
-    publisher = Publisher(f"switchyard:test:sched:{uuid.uuid4().hex[:10]}")
-    started: list[Process] = []
-    try:
-        version = publisher.publish(world.snapshot())
-        for index in range(count):
-            # Limits and fairness keys live under the snapshot prefix: shared, and cleaned up.
-            router = start_router(publisher.prefix, var_dir / f"router-{index}", **env)
-            started.append(router)
-        for router in started:
-            wait_ready(router, version)
-        yield started, publisher
-    finally:
-        for router in started:
-            router.stop()
-        publisher.cleanup()
 
 
 @dataclass

@@ -12,9 +12,8 @@ import httpx
 import msgspec
 import pytest
 import redis
-from fixtures.router import World, redis_url
+from fixtures.router import World, redis_url, routers, start_simulator
 from fixtures.wait import eventually
-from integration_support import routers, start_simulator
 
 from runtime.contract import namespace_of, scaling_signals_key
 from runtime.scaling.publisher import parse_entries

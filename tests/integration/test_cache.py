@@ -23,10 +23,9 @@ from fixtures.router import (
     World,
     http_get,
     redis_url,
-    spawn,
     start_router,
+    start_simulator,
     wait_ready,
-    wait_until_up,
 )
 from fixtures.wait import eventually
 
@@ -37,13 +36,6 @@ pytestmark = pytest.mark.integration
 
 MODEL = "cache-chat"
 SLOW = "cache-slow"
-
-
-def start_simulator(model: str, *args: str) -> Process:
-    process, _ = spawn(
-        ["runtime.workers.simulator", "--model", model, "--log-level", "WARNING", *args]
-    )
-    return wait_until_up(process, "/health")
 
 
 def upstream_count(sim: Process) -> int:

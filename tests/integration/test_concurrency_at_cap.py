@@ -14,8 +14,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from fixtures.router import Process, World
-from integration_support import routers, start_simulator, tenant_limits
+from fixtures.router import Process, World, routers, start_simulator
+from integration_support import tenant_limits
 
 pytestmark = pytest.mark.integration
 
@@ -59,9 +59,7 @@ async def client_task(http: httpx.AsyncClient, url: str, index: int) -> list[tup
 
 
 @pytest.mark.timing
-def test_a_client_at_its_concurrency_cap_is_never_refused(
-    engine: Process, tmp_path: Path
-) -> None:
+def test_a_client_at_its_concurrency_cap_is_never_refused(engine: Process, tmp_path: Path) -> None:
     world = world_for(engine)
     headers = {"Authorization": f"Bearer {world.secrets['capped']}"}
 

@@ -13,9 +13,9 @@ import httpx
 import msgspec
 import pytest
 import redis
-from fixtures.router import Process, World, redis_url, wait_ready
+from fixtures.router import Process, World, redis_url, routers, start_simulator, wait_ready
 from fixtures.wait import eventually
-from integration_support import routers, start_simulator, tenant_limits
+from integration_support import tenant_limits
 
 from runtime.contract import credit_key
 from runtime.metering.events import decode_event

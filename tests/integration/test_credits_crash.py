@@ -21,9 +21,16 @@ import httpx
 import pytest
 import redis
 from fixtures.celery_worker import Worker, database_url
-from fixtures.router import REPO_ROOT, Process, redis_url, start_router, wait_ready
+from fixtures.router import (
+    REPO_ROOT,
+    Process,
+    redis_url,
+    routers,
+    start_router,
+    start_simulator,
+    wait_ready,
+)
 from fixtures.wait import eventually
-from integration_support import routers, start_simulator
 from test_credits import MODEL, Priced, chat, world_for
 
 from apps.billing import ledger

@@ -18,9 +18,8 @@ import httpx
 import pytest
 import redis
 from fixtures.net import free_port
-from fixtures.router import Process, Publisher, start_router, wait_ready
+from fixtures.router import Process, Publisher, start_router, start_simulator, wait_ready
 from fixtures.wait import eventually
-from integration_support import start_simulator
 from test_credits import MODEL, chat, world_for
 
 from apps.billing import ledger

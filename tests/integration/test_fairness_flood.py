@@ -25,14 +25,12 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from fixtures.router import World
+from fixtures.router import World, routers, start_simulator
 from integration_support import (
     OpenLoop,
     add_class,
     p95,
-    routers,
     set_policies,
-    start_simulator,
     tenant_limits,
 )
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-from fixtures.router import Process, World, http_get, metric_value
+from fixtures.router import Process, World, http_get, metric_value, routers, start_simulator
 from fixtures.wait import async_eventually, eventually
-from integration_support import routers, start_simulator, tenant_limits
+from integration_support import tenant_limits
 
 pytestmark = pytest.mark.integration
 

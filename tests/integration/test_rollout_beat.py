@@ -16,40 +16,38 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-import urllib.request
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
 import redis
 from celery import Celery
 from django.db import connections
 from fixtures.celery_worker import Beat, Worker, database_url
+from fixtures.control_plane import endpoint_ready, tenants_with_keys, version_published
+from fixtures.redis_keys import RouterNamespace
 from fixtures.redis_server import private_redis
 from fixtures.router import Process, redis_url, start_router, wait_ready
 from fixtures.wait import eventually
 
-from apps.billing.services import credit_grant, price_set
+from apps.billing.services import price_set
 from apps.models.models import Endpoint, Pool
-from apps.models.services import (
-    endpoint_register,
-    endpoint_set_state,
-    model_create,
-    model_version_create,
-    model_version_publish,
-    pool_create,
-    route_set,
-)
+from apps.models.services import model_create, pool_create, route_set
 from apps.rollouts.models import Rollout, RolloutEvent
 from apps.rollouts.services import rollout_create
 from apps.scaling.actuators.local import LocalActuator
-from apps.tenants.services import api_key_create, tenant_create
 from runtime import contract, snapshot_store
-from tests.apps.rollouts.support import MODEL, artifact, start_simulator
+from tests.apps.rollouts.support import (
+    MODEL,
+    Sent,
+    answers,
+    artifact,
+    rollout_state,
+    start_simulator,
+    traffic_until,
+)
 
 pytestmark = [
     pytest.mark.integration,
@@ -58,14 +56,6 @@ pytestmark = [
 ]
 
 TENANTS = [f"team-{i}" for i in range(12)]
-
-
-@dataclass
-class Sent:
-    tenant: str
-    at: float
-    status: int
-    version: str
 
 
 @dataclass
@@ -85,28 +75,15 @@ def _world(tmp_path: Path) -> tuple[Rollout, Endpoint, dict[str, str], Process]:
     pool = pool_create(actor=None, name="sim", hardware_tier="cpu", cost_per_replica_hour="1")
     versions = []
     for label in ("v1", "v2"):
-        version = model_version_create(
-            actor=None, model=model, label=label, runtime="simulator",
-            **artifact(tmp_path / "artifacts" / label, content=label.encode()),
-        )  # fmt: skip
-        versions.append(model_version_publish(actor=None, version=version))
+        folder = artifact(tmp_path / "artifacts" / label, content=label.encode())
+        versions.append(version_published(model, label, runtime="simulator", **folder))
     stable, candidate = versions
     price_set(actor=None, version=stable, hardware_tier="cpu", input_per_1k="1", output_per_1k="2")
     price_set(actor=None, version=candidate, hardware_tier="cpu",
               input_per_1k="2", output_per_1k="4")  # fmt: skip
-    endpoint = endpoint_register(
-        actor=None, pool=pool, version=stable, base_url=stable_sim.base_url, capacity=16
-    )
-    endpoint = endpoint_set_state(actor=None, endpoint=endpoint, state="ready")
+    endpoint = endpoint_ready(pool, stable, stable_sim.base_url)
     route_set(actor=None, model=model, splits=[(stable, 100)])
-    keys = {}
-    for slug in TENANTS:
-        tenant = tenant_create(
-            actor=None, slug=slug, name=slug, rpm_limit=100_000, tpm_limit=100_000_000,
-            max_concurrency=1000, max_context_tokens=2048, max_output_tokens=64,
-        )  # fmt: skip
-        credit_grant(actor=None, tenant=tenant, amount="1000", reason="test")
-        keys[slug] = api_key_create(actor=None, tenant=tenant, name="k")[1]
+    keys = tenants_with_keys(TENANTS, credits="1000")
     rollout = rollout_create(
         actor=None, model=model, stable_version=stable, candidate_version=candidate,
         mode="canary", steps=[25, 50, 100], min_samples=15, step_window_s=2,
@@ -115,14 +92,10 @@ def _world(tmp_path: Path) -> tuple[Rollout, Endpoint, dict[str, str], Process]:
 
 
 @pytest.fixture
-def stage(settings: Any, tmp_path: Path) -> Iterator[Stage]:
-    namespace = f"switchyard:test:rollout-beat:{uuid.uuid4().hex[:10]}"
-    prefix = f"{namespace}:snapshot"
-    settings.SNAPSHOT_REDIS_PREFIX = prefix
-    settings.REDIS_URL = redis_url()
+def stage(router_namespace: RouterNamespace, tmp_path: Path) -> Iterator[Stage]:
+    namespace, prefix = router_namespace.name, router_namespace.prefix
     var_dir = tmp_path / "var"
     (var_dir / "log" / "replicas").mkdir(parents=True)
-    client: redis.Redis[bytes] = redis.Redis.from_url(redis_url())
     started: list[Any] = []
     try:
         with private_redis(tmp_path) as broker:
@@ -141,9 +114,7 @@ def stage(settings: Any, tmp_path: Path) -> Iterator[Stage]:
                 started.append(Beat(env, tmp_path / "beat"))
                 router = start_router(prefix, tmp_path / "router")
                 started.append(router)
-                version = snapshot_store.latest_version(client, prefix=prefix)
-                assert version is not None
-                wait_ready(router, version)
+                wait_ready(router, router_namespace.latest())
                 yield Stage(prefix, router, keys, rollout, stable_endpoint, broker.url)
                 connections.close_all()
             finally:
@@ -155,66 +126,20 @@ def stage(settings: Any, tmp_path: Path) -> Iterator[Stage]:
         actuator = LocalActuator(redis_url=redis_url(), namespace=namespace, log_dir=var_dir)
         for pool in Pool.objects.all():  # a replica the test's drain did not stop
             actuator.stop_all(pool)
-        keys_left = list(client.scan_iter(match=f"{namespace}:*", count=1000))
-        if keys_left:
-            client.delete(*keys_left)
-        client.close()
-
-
-async def send_one(http: aiohttp.ClientSession, stage: Stage, tenant: str) -> Sent:
-    at = time.time()
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
-    headers = {"Authorization": f"Bearer {stage.keys[tenant]}"}
-    try:
-        async with http.post(
-            f"{stage.router.base_url}/v1/chat/completions", json=body, headers=headers
-        ) as resp:
-            await resp.read()
-            return Sent(tenant, at, resp.status, resp.headers.get("x-switchyard-version", ""))
-    except (aiohttp.ClientError, TimeoutError):
-        return Sent(tenant, at, 0, "")
-
-
-def _state(pk: int) -> str:
-    try:
-        return Rollout.objects.values_list("state", flat=True).get(pk=pk)
-    finally:
-        connections.close_all()
 
 
 async def drive(stage: Stage, *, budget_s: float) -> list[Sent]:
     """Traffic from every tenant (4 in flight) until the rollout leaves ``running`` (bounded
     by ``budget_s``), then 3 s more."""
-    sent: list[Sent] = []
-    done_at: list[float] = []
-
-    async def user(index: int) -> None:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
-            i = index
-            while not done_at or time.monotonic() < done_at[0] + 3.0:
-                sent.append(await send_one(http, stage, TENANTS[i % len(TENANTS)]))
-                i += 4
 
     async def watch() -> None:
         give_up = time.monotonic() + budget_s
-        try:
-            while time.monotonic() < give_up:
-                if await asyncio.to_thread(_state, stage.rollout.pk) != "running":
-                    return
-                await asyncio.sleep(0.2)
-        finally:
-            done_at.append(time.monotonic())
+        while time.monotonic() < give_up:
+            if await asyncio.to_thread(rollout_state, stage.rollout.pk) != "running":
+                return
+            await asyncio.sleep(0.2)
 
-    await asyncio.gather(watch(), *(user(i) for i in range(4)))
-    return sent
-
-
-def answers(base_url: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"{base_url}/health", timeout=2) as resp:
-            return bool(resp.status == 200)
-    except OSError:
-        return False
+    return await traffic_until(stage.router, stage.keys, TENANTS, watch, tail_s=3.0)
 
 
 def test_beat_rolls_back_a_too_expensive_candidate_the_worker_warmed_up(stage: Stage) -> None:
@@ -228,7 +153,7 @@ def test_beat_rolls_back_a_too_expensive_candidate_the_worker_warmed_up(stage: S
         )
     finally:
         button.close()
-    eventually(lambda: _state(stage.rollout.pk) not in ("pending", "warming"), timeout=90,
+    eventually(lambda: rollout_state(stage.rollout.pk) not in ("pending", "warming"), timeout=90,
                what="the worker's warm-up")  # fmt: skip
     stage.rollout.refresh_from_db()
     events = list(stage.rollout.events.values_list("kind", "reason"))

@@ -11,46 +11,36 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 import pytest
 import redis
 from django.db import connections
-from fixtures.router import (
-    Process,
-    http_get,
-    redis_url,
-    spawn,
-    start_router,
-    wait_ready,
-    wait_until_up,
-)
+from fixtures.control_plane import endpoint_ready, tenants_with_keys, version_published
+from fixtures.redis_keys import RouterNamespace
+from fixtures.router import Process, http_get, start_router, wait_ready
 from fixtures.wait import eventually
 
-from apps.models.services import (
-    endpoint_register,
-    endpoint_set_state,
-    model_create,
-    model_version_create,
-    model_version_publish,
-    pool_create,
-    route_set,
-)
+from apps.models.services import model_create, pool_create, route_set
 from apps.rollouts.evaluate import rollouts_evaluate_running
 from apps.rollouts.models import Rollout, RolloutEvent
 from apps.rollouts.services import rollout_create
 from apps.rollouts.transitions import rollout_pause, rollout_resume, rollout_start
 from apps.rollouts.warmup import rollout_warm_up
-from apps.tenants.services import api_key_create, tenant_create
 from runtime import contract, snapshot_store
 from runtime.routing.versions import choose_version
 from runtime.telemetry.versions import read_window
-from tests.apps.rollouts.support import artifact
+from tests.apps.rollouts.support import (
+    Sent,
+    artifact,
+    rollout_state,
+    send_one,
+    start_simulator,
+    traffic_until,
+)
 
 pytestmark = [
     pytest.mark.integration,
@@ -61,22 +51,6 @@ pytestmark = [
 MODEL = "tiny-llama"
 TENANTS = [f"team-{i}" for i in range(12)]
 EXCLUDED = "bank"
-
-
-def start_simulator(*args: str) -> Process:
-    process, _ = spawn(
-        ["runtime.workers.simulator", "--model", MODEL, "--log-level", "WARNING",
-         "--decode-a-ms", "2", *args]
-    )  # fmt: skip
-    return wait_until_up(process, "/health")
-
-
-@dataclass
-class Sent:
-    tenant: str
-    at: float  # unix time the request was sent
-    status: int
-    version: str  # the x-switchyard-version header, "" when absent
 
 
 @dataclass
@@ -95,13 +69,11 @@ class Stage:
 
 
 @pytest.fixture
-def stage(settings: Any, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Stage]:
+def stage(
+    router_namespace: RouterNamespace, tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[Stage]:
     error_rate, mode, steps = getattr(request, "param", ("0", "canary", [25, 50, 100]))
-    namespace = f"switchyard:test:rollout:{uuid.uuid4().hex[:10]}"
-    prefix = f"{namespace}:snapshot"
-    settings.SNAPSHOT_REDIS_PREFIX = prefix
-    settings.REDIS_URL = redis_url()
-    client: redis.Redis[bytes] = redis.Redis.from_url(redis_url())
+    prefix = router_namespace.prefix
     started: list[Process] = []
     try:
         stable_sim = start_simulator()
@@ -112,24 +84,12 @@ def stage(settings: Any, tmp_path: Path, request: pytest.FixtureRequest) -> Iter
         pool = pool_create(actor=None, name="sim", hardware_tier="cpu", cost_per_replica_hour="1")
         versions = []
         for label, sim in (("v1", stable_sim), ("v2", candidate_sim)):
-            version = model_version_create(
-                actor=None, model=model, label=label, runtime="vllm",
-                **artifact(tmp_path / "artifacts" / label),
-            )  # fmt: skip
-            version = model_version_publish(actor=None, version=version)
-            endpoint = endpoint_register(
-                actor=None, pool=pool, version=version, base_url=sim.base_url, capacity=16
-            )
-            endpoint_set_state(actor=None, endpoint=endpoint, state="ready")
+            folder = artifact(tmp_path / "artifacts" / label)
+            version = version_published(model, label, runtime="vllm", **folder)
+            endpoint_ready(pool, version, sim.base_url)
             versions.append(version)
         route_set(actor=None, model=model, splits=[(versions[0], 100)])
-        keys = {}
-        for slug in [*TENANTS, EXCLUDED]:
-            tenant = tenant_create(
-                actor=None, slug=slug, name=slug, rpm_limit=100_000, tpm_limit=100_000_000,
-                max_concurrency=1000, max_context_tokens=2048, max_output_tokens=64,
-            )  # fmt: skip
-            keys[slug] = api_key_create(actor=None, tenant=tenant, name="k")[1]
+        keys = tenants_with_keys([*TENANTS, EXCLUDED])
         rollout = rollout_create(
             actor=None, model=model, stable_version=versions[0], candidate_version=versions[1],
             mode=mode, steps=steps, min_samples=15, step_window_s=1,
@@ -137,30 +97,12 @@ def stage(settings: Any, tmp_path: Path, request: pytest.FixtureRequest) -> Iter
         )  # fmt: skip
         router = start_router(prefix, tmp_path / "router")
         started.append(router)
-        stage = Stage(prefix, router, keys, rollout, client, candidate_sim)
+        stage = Stage(prefix, router, keys, rollout, router_namespace.client, candidate_sim)
         wait_ready(router, stage.latest())
         yield stage
     finally:
         for process in started:
             process.stop()
-        keys_left = list(client.scan_iter(match=f"{namespace}:*", count=1000))
-        if keys_left:
-            client.delete(*keys_left)
-        client.close()
-
-
-async def send_one(http: aiohttp.ClientSession, stage: Stage, tenant: str) -> Sent:
-    at = time.time()
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
-    headers = {"Authorization": f"Bearer {stage.keys[tenant]}"}
-    try:
-        async with http.post(
-            f"{stage.router.base_url}/v1/chat/completions", json=body, headers=headers
-        ) as resp:
-            await resp.read()
-            return Sent(tenant, at, resp.status, resp.headers.get("x-switchyard-version", ""))
-    except (aiohttp.ClientError, TimeoutError):
-        return Sent(tenant, at, 0, "")
 
 
 def evaluate_in_thread() -> dict[int, str]:
@@ -173,38 +115,18 @@ def evaluate_in_thread() -> dict[int, str]:
 async def drive(stage: Stage, *, until_state: set[str], budget_s: float) -> list[Sent]:
     """Traffic from every tenant (4 in flight) while the evaluator runs every 0.3 s, until the
     rollout reaches one of ``until_state`` (bounded by ``budget_s``), then 1 s more."""
-    sent: list[Sent] = []
-    tenants = [*TENANTS, EXCLUDED]
-    done_at: list[float] = []
-
-    async def worker(index: int) -> None:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
-            i = index
-            while not done_at or time.monotonic() < done_at[0] + 1.0:
-                sent.append(await send_one(http, stage, tenants[i % len(tenants)]))
-                i += 4
 
     async def evaluator() -> None:
         give_up = time.monotonic() + budget_s
-        try:
-            while time.monotonic() < give_up:
-                await asyncio.to_thread(evaluate_in_thread)
-                state = await asyncio.to_thread(_state, stage.rollout.pk)
-                if state in until_state:
-                    return
-                await asyncio.sleep(0.3)
-        finally:
-            done_at.append(time.monotonic())
+        while time.monotonic() < give_up:
+            await asyncio.to_thread(evaluate_in_thread)
+            state = await asyncio.to_thread(rollout_state, stage.rollout.pk)
+            if state in until_state:
+                return
+            await asyncio.sleep(0.3)
 
-    await asyncio.gather(evaluator(), *(worker(i) for i in range(4)))
-    return sent
-
-
-def _state(pk: int) -> str:
-    try:
-        return Rollout.objects.values_list("state", flat=True).get(pk=pk)
-    finally:
-        connections.close_all()
+    tenants = [*TENANTS, EXCLUDED]
+    return await traffic_until(stage.router, stage.keys, tenants, evaluator, tail_s=1.0)
 
 
 def start(stage: Stage) -> None:
@@ -271,12 +193,12 @@ def test_a_healthy_candidate_ramps_to_promotion_with_manual_pause(stage: Stage) 
 
 async def _each_tenant(stage: Stage) -> list[Sent]:
     async with aiohttp.ClientSession() as http:
-        return [await send_one(http, stage, tenant) for tenant in TENANTS]
+        return [await send_one(http, stage.router, stage.keys, tenant) for tenant in TENANTS]
 
 
 async def _one_version(stage: Stage) -> str:
     async with aiohttp.ClientSession() as http:
-        return (await send_one(http, stage, TENANTS[0])).version
+        return (await send_one(http, stage.router, stage.keys, TENANTS[0])).version
 
 
 def _candidate_served(stage: Stage) -> float:
@@ -295,7 +217,7 @@ def test_shadow_mirrors_to_the_candidate_and_users_see_only_stable(stage: Stage)
 
     async def burst() -> list[Sent]:
         async with aiohttp.ClientSession() as http:
-            return [await send_one(http, stage, t) for t in TENANTS * 5]
+            return [await send_one(http, stage.router, stage.keys, t) for t in TENANTS * 5]
 
     sent = asyncio.run(burst())
 

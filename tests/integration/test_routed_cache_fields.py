@@ -20,13 +20,13 @@ import httpx
 import pytest
 import redis
 from django.contrib.auth import get_user_model
-from fixtures.control_plane import model_served_by
-from fixtures.router import Process, redis_url, start_router, wait_ready
+from fixtures.control_plane import model_served_by, tenants_with_keys
+from fixtures.redis_keys import RouterNamespace
+from fixtures.router import Process, start_router, wait_ready
 from fixtures.wait import eventually
 from rest_framework.test import APIClient
 
 from apps.models.models import Model
-from apps.tenants.services import api_key_create, tenant_create
 from runtime import contract, snapshot_store
 from tests.apps.rollouts.support import MODEL, start_simulator
 
@@ -94,42 +94,24 @@ def fresh() -> str:
 
 
 @pytest.fixture
-def stage(settings: Any, tmp_path: Path) -> Iterator[Stage]:
-    namespace = f"switchyard:test:routed:{uuid.uuid4().hex[:10]}"
-    prefix = f"{namespace}:snapshot"
-    settings.SNAPSHOT_REDIS_PREFIX = prefix
-    settings.REDIS_URL = redis_url()
-    client: redis.Redis[bytes] = redis.Redis.from_url(redis_url())
+def stage(router_namespace: RouterNamespace, tmp_path: Path) -> Iterator[Stage]:
+    prefix, client = router_namespace.prefix, router_namespace.client
     started: list[Process] = []
     try:
         sim = start_simulator()
         started.append(sim)
         model = model_served_by(sim.base_url, tmp_path / "v1", name=MODEL)
-        keys = {}
-        for slug in ("acme", "beta"):
-            tenant = tenant_create(
-                actor=None, slug=slug, name=slug, rpm_limit=100_000, tpm_limit=100_000_000,
-                max_concurrency=100, max_context_tokens=2048, max_output_tokens=64,
-            )  # fmt: skip
-            keys[slug] = api_key_create(actor=None, tenant=tenant, name="k")[1]
+        keys = tenants_with_keys(("acme", "beta"), max_concurrency=100)
         staff = APIClient()
-        staff.force_login(
-            get_user_model().objects.create_user(username="operator", is_staff=True)
-        )
+        staff.force_login(get_user_model().objects.create_user(username="operator", is_staff=True))
         router = start_router(prefix, tmp_path / "router")
         started.append(router)
         stage = Stage(router, model, keys, staff, client, prefix)
-        latest = snapshot_store.latest_version(client, prefix=prefix)
-        assert latest is not None
-        wait_ready(router, latest)
+        wait_ready(router, router_namespace.latest())
         yield stage
     finally:
         for process in started:
             process.stop()
-        left = list(client.scan_iter(match=f"{namespace}:*", count=1000))
-        if left:
-            client.delete(*left)
-        client.close()
 
 
 def test_model_cache_fields_written_through_rest_drive_the_router(stage: Stage) -> None:

@@ -4,9 +4,6 @@ once Redis answers again; the SwitchyardRouterRedisFallback alert reads it."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
 from fixtures.wait import async_eventually
 from private_redis import PrivateRedis
@@ -19,14 +16,6 @@ from runtime.telemetry.metrics import RouterMetrics
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
 QUOTA = Quota(rpm=100_000, tpm=10_000_000, concurrency=1000)
-
-
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[PrivateRedis]:
-    server = PrivateRedis(tmp_path / "redis")
-    server.start()
-    yield server
-    server.stop()
 
 
 def fallback_gauge(metrics: RouterMetrics) -> float:
@@ -59,6 +48,7 @@ async def test_the_gauge_follows_the_fallback(server: PrivateRedis) -> None:
         assert fallback_gauge(metrics) == 1.0
 
         server.start()
+
         async def back_on_redis() -> bool:  # the fallback retries Redis after retry_s
             return await admit(limits) == "redis"
 

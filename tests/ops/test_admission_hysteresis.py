@@ -8,8 +8,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from private_redis import PrivateRedis
@@ -86,14 +84,6 @@ class StallProxy:
         finally:
             with contextlib.suppress(ConnectionError, OSError):
                 writer.close()
-
-
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[PrivateRedis]:
-    server = PrivateRedis(tmp_path / "redis")
-    server.start()
-    yield server
-    server.stop()
 
 
 async def at_the_cap(limits: RedisLimits, proxy: StallProxy, *, rounds: int) -> tuple[int, int]:

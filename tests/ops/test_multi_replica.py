@@ -31,6 +31,7 @@ import httpx
 import pytest
 import redis
 from fixtures.celery_worker import Worker, database_url
+from fixtures.control_plane import endpoint_ready, version_published
 from fixtures.router import (
     REPO_ROOT,
     Process,
@@ -49,14 +50,7 @@ from apps.billing.models import UsageRecord
 from apps.billing.services import credit_grant, price_set
 from apps.billing.tasks import usage_consume
 from apps.core.services import snapshot_publish
-from apps.models.services import (
-    endpoint_register,
-    endpoint_set_state,
-    model_create,
-    model_version_create,
-    model_version_publish,
-    pool_create,
-)
+from apps.models.services import model_create, pool_create
 from apps.tenants.models import Tenant
 from apps.tenants.services import api_key_create, request_class_create, tenant_create
 from config.celery import app as celery_app
@@ -107,17 +101,13 @@ def _control_plane(engine_url: str) -> dict[str, str]:
     )  # fmt: skip
     model = model_create(actor=None, name=MODEL, task="chat")
     files = {"model.safetensors": "ab" * 32}
-    version = model_version_create(
-        actor=None, model=model, label="v1", artifact_uri="file:///nonexistent/multi",
-        digest=manifest_digest(files), runtime="simulator",
+    version = version_published(
+        model, "v1", artifact_uri="file:///nonexistent/multi", digest=manifest_digest(files),
+        runtime="simulator",
         manifest={"tokenizer": "x", "max_context": 4096, "default_sampling": {}, "files": files},
     )  # fmt: skip
-    version = model_version_publish(actor=None, version=version)
     pool = pool_create(actor=None, name=POOL, hardware_tier="cpu", cost_per_replica_hour="1")
-    endpoint = endpoint_register(
-        actor=None, pool=pool, version=version, base_url=engine_url, capacity=64
-    )
-    endpoint_set_state(actor=None, endpoint=endpoint, state="ready")
+    endpoint_ready(pool, version, engine_url, capacity=64)
     price_set(actor=None, version=version, hardware_tier="cpu", input_per_1k="1",
               output_per_1k="2")  # fmt: skip
     keys = {}

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 from django.db import transaction
+from fixtures.control_plane import TIGHT_LIMITS as LIMITS
 from private_redis import PrivateRedis
 
 from apps.common.models import SnapshotOutbox
@@ -19,22 +18,6 @@ from runtime import snapshot_store
 from runtime.redis_conn import sync_client
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
-
-LIMITS = {
-    "rpm_limit": 60,
-    "tpm_limit": 10_000,
-    "max_concurrency": 4,
-    "max_context_tokens": 4096,
-    "max_output_tokens": 512,
-}
-
-
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[PrivateRedis]:
-    server = PrivateRedis(tmp_path / "redis")
-    server.start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture

@@ -13,11 +13,11 @@ import contextlib
 import time
 import urllib.request
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from fixtures.control_plane import interactive_class
 from fixtures.router import Process, http_get, metric_value, start_router, wait_ready
 from fixtures.wait import eventually
 from private_redis import PrivateRedis
@@ -25,12 +25,7 @@ from private_redis import PrivateRedis
 from apps.common.models import SnapshotOutbox
 from apps.core import tasks
 from apps.tenants.models import Tenant
-from apps.tenants.services import (
-    api_key_create,
-    api_key_revoke,
-    request_class_create,
-    tenant_create,
-)
+from apps.tenants.services import api_key_create, api_key_revoke, tenant_create
 from runtime import snapshot_store
 from runtime.redis_conn import sync_client
 
@@ -76,26 +71,10 @@ def scrape(router: Process, name: str) -> float | None:
 
 
 @pytest.fixture
-def private_redis(tmp_path: Path) -> Iterator[PrivateRedis]:
-    server = PrivateRedis(tmp_path / "redis")
-    server.start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-def world(settings: Any, private_redis: PrivateRedis) -> tuple[Tenant, str]:
-    settings.REDIS_URL = private_redis.url
+def world(settings: Any, server: PrivateRedis) -> tuple[Tenant, str]:
+    settings.REDIS_URL = server.url
     settings.SNAPSHOT_REDIS_PREFIX = f"sytest:ops:{uuid.uuid4().hex}:snapshot"
-    klass = request_class_create(
-        actor=None,
-        name="interactive",
-        priority_band=0,
-        ttft_slo_ms=500,
-        deadline_ms=30_000,
-        max_queue_length=100,
-        shed_order=4,
-    )
+    klass = interactive_class()
     tenant = tenant_create(
         actor=None,
         slug="acme",
@@ -113,12 +92,12 @@ def world(settings: Any, private_redis: PrivateRedis) -> tuple[Tenant, str]:
 
 @pytest.mark.django_db(transaction=True)
 def test_revocation_during_redis_outage_is_enforced_once_redis_returns(
-    world: tuple[Tenant, str], private_redis: PrivateRedis, tmp_path: Path
+    world: tuple[Tenant, str], server: PrivateRedis, tmp_path: Path
 ) -> None:
     tenant, prefix = world
     api_key, full_key = api_key_create(actor=None, tenant=tenant, name="ci")
     assert not SnapshotOutbox.objects.exists()  # published on commit, entry gone
-    with sync_client(private_redis.url, name="test") as client:
+    with sync_client(server.url, name="test") as client:
         version = snapshot_store.latest_version(client, prefix=prefix)
     assert version is not None
 
@@ -126,7 +105,7 @@ def test_revocation_during_redis_outage_is_enforced_once_redis_returns(
     router = start_router(
         prefix,
         tmp_path / "router",
-        REDIS_URL=private_redis.url,
+        REDIS_URL=server.url,
         SWITCHYARD_SNAPSHOT_STALE_AFTER_S=str(STALE_AFTER_S),
         SWITCHYARD_SNAPSHOT_CONFIRM_POLL_S="0.2",
     )
@@ -140,7 +119,7 @@ def test_revocation_during_redis_outage_is_enforced_once_redis_returns(
 
         eventually(fresh, timeout=10.0, what="a confirmed snapshot is not stale")
 
-        private_redis.kill()
+        server.kill()
         api_key_revoke(actor=None, api_key=api_key)  # the publish after commit fails
         (entry,) = SnapshotOutbox.objects.all()
         assert entry.attempts == 1
@@ -163,7 +142,7 @@ def test_revocation_during_redis_outage_is_enforced_once_redis_returns(
 
         eventually(retried, timeout=RETRY_S * 5, what="beat retrying the publish, still failing")
 
-        private_redis.start()
+        server.start()
         back = time.monotonic()
 
         def refused() -> bool:

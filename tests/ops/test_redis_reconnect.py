@@ -8,8 +8,6 @@ Redis returned"). The control case shows a plain client still does that here.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import redis.asyncio as aioredis
@@ -25,14 +23,6 @@ from runtime.redis_conn import async_client, sync_client
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
 POOL = 4  # connections in the pool before the restart
-
-
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[PrivateRedis]:
-    server = PrivateRedis(tmp_path / "redis")
-    server.start()
-    yield server
-    server.stop()
 
 
 async def fill_pool(client: aioredis.Redis[bytes]) -> None:

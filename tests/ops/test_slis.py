@@ -2,22 +2,13 @@
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 from fixtures.net import free_port
-from fixtures.router import (
-    Process,
-    Publisher,
-    World,
-    spawn,
-    start_router,
-    wait_ready,
-    wait_until_up,
-)
+from fixtures.router import Process, World, routers, start_simulator
 from fixtures.wait import eventually
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -129,10 +120,7 @@ def sli(text: str, kind: str, sli_name: str, klass: str, model: str) -> float:
 
 @pytest.fixture(scope="module")
 def router(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Process, World]]:
-    sim, _ = spawn(["runtime.workers.simulator", "--model", CHAT, "--log-level", "WARNING"])
-    wait_until_up(sim, "/health")
-    publisher = Publisher(f"sytest:ops:sli:{uuid.uuid4().hex[:12]}:snapshot")
-    router: Process | None = None
+    sim = start_simulator(CHAT)
     try:
         world = World()
         world.add_class("interactive", band=0, deadline_ms=30_000)
@@ -146,15 +134,10 @@ def router(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Process, 
         world.add_model(GHOST, 2)
         world.add_endpoint(1, 1, sim.base_url)
         world.add_endpoint(2, 2, f"http://127.0.0.1:{free_port()}", pool="ghosts")
-        version = publisher.publish(world.snapshot())
-        router = start_router(publisher.prefix, tmp_path_factory.mktemp("sli-router"))
-        wait_ready(router, version)
-        yield router, world
+        with routers(world, tmp_path_factory.mktemp("sli-router")) as ([router], _):
+            yield router, world
     finally:
-        if router is not None:
-            router.stop()
         sim.stop()
-        publisher.cleanup()
 
 
 def chat(router: Process, key: str, model: str, *, klass: str = "", stream: bool = True) -> int:

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import time
-import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 import pytest_asyncio
-import redis
 from django.conf import settings
+from fixtures.redis_keys import RedisClient
 from fixtures.wait import async_eventually
 
 from runtime import snapshot_store
@@ -19,21 +18,6 @@ from runtime.snapshot_loader import SnapshotLoader
 from runtime.telemetry.metrics import RouterMetrics
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
-
-
-@pytest.fixture
-def client() -> Iterator[redis.Redis[bytes]]:
-    client: redis.Redis[bytes] = redis.Redis.from_url(settings.REDIS_URL)
-    yield client
-    client.close()
-
-
-@pytest.fixture
-def prefix(client: redis.Redis[bytes]) -> Iterator[str]:
-    prefix = f"sytest:ops:{uuid.uuid4().hex}:snapshot"
-    yield prefix
-    for key in client.scan_iter(match=f"{prefix}:*"):
-        client.delete(key)
 
 
 class Clock:
@@ -45,12 +29,12 @@ class Clock:
 
 
 @pytest_asyncio.fixture
-async def loader(prefix: str, tmp_path: Path) -> AsyncIterator[tuple[SnapshotLoader, Clock]]:
+async def loader(key_prefix: str, tmp_path: Path) -> AsyncIterator[tuple[SnapshotLoader, Clock]]:
     clock = Clock()
     loader = SnapshotLoader(
         settings.REDIS_URL,
         tmp_path / "snapshot.json",
-        prefix,
+        key_prefix,
         stale_after_s=60.0,
         confirm_poll_s=0.05,
         clock=clock,
@@ -65,7 +49,7 @@ def metric(metrics: RouterMetrics, name: str) -> float | None:
 
 @pytest.mark.asyncio
 async def test_age_counts_from_build_and_confirmation_resets_it(
-    client: redis.Redis[bytes], prefix: str, loader: tuple[SnapshotLoader, Clock]
+    redis_client: RedisClient, key_prefix: str, loader: tuple[SnapshotLoader, Clock]
 ) -> None:
     router, clock = loader
     metrics = RouterMetrics()
@@ -75,7 +59,7 @@ async def test_age_counts_from_build_and_confirmation_resets_it(
 
     built = clock.now - 10.0
     version = snapshot_store.publish(
-        client, Snapshot(version=0, created_at=built), prefix=prefix
+        redis_client, Snapshot(version=0, created_at=built), prefix=key_prefix
     ).version
     await router.start()
     assert router.age_s() == pytest.approx(10.0)
@@ -89,12 +73,14 @@ async def test_age_counts_from_build_and_confirmation_resets_it(
     assert metric(metrics, "switchyard_snapshot_age_seconds") == pytest.approx(65.0)
     assert metric(metrics, "switchyard_snapshot_stale_after_seconds") == 60.0
 
-    snapshot_store.confirm(client, version=version, at=clock.now - 1.0, prefix=prefix)
+    snapshot_store.confirm(redis_client, version=version, at=clock.now - 1.0, prefix=key_prefix)
     await async_eventually(lambda: not router.stale, timeout=5.0, what="confirmed fresh")
     assert router.age_s() == pytest.approx(1.0, abs=0.01)
 
     # A newer snapshot resets the age to its own build time, whatever was confirmed before.
-    snapshot_store.publish(client, Snapshot(version=0, created_at=clock.now - 5.0), prefix=prefix)
+    snapshot_store.publish(
+        redis_client, Snapshot(version=0, created_at=clock.now - 5.0), prefix=key_prefix
+    )
     await router.wait_for_version(version + 1, timeout_s=5.0)
     assert router.age_s() == pytest.approx(5.0, abs=0.01)
     assert metric(metrics, "switchyard_snapshot_stale") == 0.0

@@ -30,15 +30,7 @@ import httpx
 import msgspec
 import pytest
 import redis
-from fixtures.router import (
-    Process,
-    Publisher,
-    World,
-    spawn,
-    start_router,
-    wait_ready,
-    wait_until_up,
-)
+from fixtures.router import Process, Publisher, World, start_router, start_simulator, wait_ready
 from fixtures.wait import eventually
 from private_redis import PrivateRedis
 from prometheus_client import CollectorRegistry
@@ -62,9 +54,7 @@ BOTH_SERVE_WITHIN_S = 60.0  # the kernel hands each connection to whichever work
 
 @pytest.fixture(scope="module")
 def engine() -> Iterator[Process]:
-    argv = ["runtime.workers.simulator", "--model", MODEL, "--log-level", "WARNING",
-            "--decode-a-ms", "2"]  # fmt: skip
-    sim = wait_until_up(spawn(argv)[0], "/health")
+    sim = start_simulator(MODEL, "--decode-a-ms", "2")
     yield sim
     sim.stop()
 

@@ -5,20 +5,11 @@ from __future__ import annotations
 
 import http.server
 import threading
-import uuid
 from collections.abc import Iterator
 
 import httpx
 import pytest
-from fixtures.router import (
-    Process,
-    Publisher,
-    World,
-    spawn,
-    start_router,
-    wait_ready,
-    wait_until_up,
-)
+from fixtures.router import World, routers, start_simulator
 from fixtures.wait import eventually
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -155,56 +146,50 @@ def test_router_exports_request_spans_over_otlp(
     collector: tuple[str, list[ExportTraceServiceRequest]], tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     endpoint, received = collector
-    sim, _ = spawn(["runtime.workers.simulator", "--model", "sim-chat", "--log-level", "WARNING"])
-    publisher = Publisher(f"sytest:ops:trace:{uuid.uuid4().hex[:12]}:snapshot")
-    router: Process | None = None
+    sim = start_simulator("sim-chat")
     try:
-        wait_until_up(sim, "/health")
         world = World()
         world.add_class("interactive", band=0)
         world.add_tenant("acme", classes=("interactive",), default_class="interactive")
         key = world.add_key("good", "acme")
         world.add_model("sim-chat", 1)
         world.add_endpoint(1, 1, sim.base_url)
-        version = publisher.publish(world.snapshot())
-        router = start_router(
-            publisher.prefix,
-            tmp_path_factory.mktemp("trace-router"),
-            OTEL_EXPORTER_OTLP_ENDPOINT=endpoint,
-            OTEL_BSP_SCHEDULE_DELAY="100",
-        )
-        wait_ready(router, version)
-        response = httpx.post(
-            f"{router.base_url}/v1/chat/completions",
-            json={
-                "model": "sim-chat",
-                "messages": [{"role": "user", "content": "hi"}],
-                "max_tokens": 4,
-                "stream": True,
-            },
-            headers={"Authorization": f"Bearer {key}", "traceparent": f"00-{TRACE}-{PARENT}-01"},
-            timeout=30,
-        )
-        assert response.status_code == 200
+        otlp = {"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint, "OTEL_BSP_SCHEDULE_DELAY": "100"}
+        var_dir = tmp_path_factory.mktemp("trace-router")
+        with routers(world, var_dir, **otlp) as ([router], _):
+            response = httpx.post(
+                f"{router.base_url}/v1/chat/completions",
+                json={
+                    "model": "sim-chat",
+                    "messages": [{"role": "user", "content": "hi"}],
+                    "max_tokens": 4,
+                    "stream": True,
+                },
+                headers={
+                    "Authorization": f"Bearer {key}",
+                    "traceparent": f"00-{TRACE}-{PARENT}-01",
+                },
+                timeout=30,
+            )
+            assert response.status_code == 200
 
-        def names() -> set[str]:
-            return {
-                span.name
-                for request in received
-                for resource in request.resource_spans
-                for scope in resource.scope_spans
-                for span in scope.spans
-                if span.trace_id.hex() == TRACE
-            }
+            def names() -> set[str]:
+                return {
+                    span.name
+                    for request in received
+                    for resource in request.resource_spans
+                    for scope in resource.scope_spans
+                    for span in scope.spans
+                    if span.trace_id.hex() == TRACE
+                }
 
-        found = eventually(
-            lambda: names() >= {"switchyard.request", "upstream_first_token", "stream"} and names(),
-            timeout=20.0,
-            what="the request's spans at the OTLP collector",
-        )
-        assert {"auth", "admission", "queue"} <= found
+            found = eventually(
+                lambda: (
+                    names() >= {"switchyard.request", "upstream_first_token", "stream"} and names()
+                ),
+                timeout=20.0,
+                what="the request's spans at the OTLP collector",
+            )
+            assert {"auth", "admission", "queue"} <= found
     finally:
-        if router is not None:
-            router.stop()
         sim.stop()
-        publisher.cleanup()

@@ -18,7 +18,7 @@ import redis
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.core.exceptions import ValidationError
-from django.core.management.base import CommandError
+from django.core.management.base import CommandError, CommandParser
 from django.db import connections
 from redis.exceptions import RedisError
 
@@ -86,6 +86,54 @@ def worker_tls_from_env() -> ServerTLS | None:
     except TLSConfigError as exc:
         raise CommandError(str(exc)) from exc
     return tls
+
+
+def replica_arguments(parser: CommandParser, *, example: str, capacity: int) -> None:
+    """The options both serve commands take: the version, the pool, where the replica listens,
+    how many requests it is sent, how long it drains and how long its heartbeat lives."""
+    add = parser.add_argument
+    add("--model", required=True, help=f"Registry model name, e.g. {example}.")
+    add("--label", default=None, help="Version label (default: the newest published).")
+    add("--pool", required=True, help="Pool the endpoint joins.")
+    add("--port", type=int, required=True, help="Port the replica listens on.")
+    add("--host", default="127.0.0.1", help="Address it binds (default 127.0.0.1).")
+    add(
+        "--base-url",
+        default=None,
+        help="URL routers use (default http://HOST:PORT; http://HOSTNAME:PORT for 0.0.0.0).",
+    )
+    add(
+        "--capacity",
+        type=int,
+        default=capacity,
+        help=f"Concurrent requests routed to it (default {capacity}).",
+    )
+    add("--grace", type=float, default=30.0, help="Drain grace period in seconds.")
+    add("--heartbeat-ttl", type=float, default=15.0, help="Heartbeat key TTL in seconds.")
+
+
+def artifact_check(version: ModelVersion) -> dict[str, Any]:
+    """What a replica verifies before it serves: the local artifact folder, the registry's
+    digest and the manifest's per-file digests (if any) — a worker spec's ``artifact_dir``,
+    ``expected_digest`` and ``expected_files``."""
+    manifest = version.manifest if isinstance(version.manifest, dict) else {}
+    files = manifest.get("files")
+    return {
+        "artifact_dir": artifact_dir(version),
+        "expected_digest": version.digest,
+        "expected_files": files if isinstance(files, dict) else None,
+    }
+
+
+def registry_hooks(
+    version: ModelVersion, pool: Pool, options: dict[str, Any], *, tls: ServerTLS | None = None
+) -> RegistryHooks:
+    """The hooks that register the replica's endpoint (at the URL routers should use: https
+    when it serves TLS)."""
+    advertised = advertised_url(options["host"], options["port"], options["base_url"], tls=tls)
+    return RegistryHooks(
+        pool=pool, version=version, capacity=options["capacity"], base_url=advertised
+    )
 
 
 def serve(main: Coroutine[Any, Any, None], hooks: RegistryHooks) -> str:

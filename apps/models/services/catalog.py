@@ -12,6 +12,7 @@ from django.utils import timezone
 
 from apps.common import validation as cv
 from apps.common.audit import audit_record, audit_state
+from apps.common.changes import audited_save, audited_update
 from apps.common.outbox import snapshot_publish_on_commit
 from apps.common.validation import exists_other, refuse_unknown
 from apps.models import validators as v
@@ -168,7 +169,6 @@ def model_update(*, actor: AbstractBaseUser | None, model: Model, **changes: Any
             before=before,
             after=_model_state(model),
         )
-        snapshot_publish_on_commit()
     return model
 
 
@@ -290,24 +290,14 @@ def model_version_update(
     with transaction.atomic():
         locked = ModelVersion.objects.select_for_update().select_related("model").get(pk=version.pk)
         model_version_update_validate(version=locked, **changes)
-        before = audit_state(locked, VERSION_FIELDS)
-        for field, value in changes.items():
-            setattr(locked, field, value)
-        try:
-            with transaction.atomic():
-                locked.save()
-        except IntegrityError as exc:
-            raise ValidationError(
-                {"label": "Another version of this model has that label."}
-            ) from exc
-        audit_record(
+        audited_save(
             actor=actor,
             action="model_version.update",
             target=locked,
-            before=before,
-            after=audit_state(locked, VERSION_FIELDS),
+            changes=changes,
+            fields=VERSION_FIELDS,
+            clash={"label": "Another version of this model has that label."},
         )
-        snapshot_publish_on_commit()
     version.refresh_from_db()
     return version
 
@@ -333,15 +323,11 @@ def model_version_publish(*, actor: AbstractBaseUser | None, version: ModelVersi
     with transaction.atomic():
         locked = ModelVersion.objects.select_for_update().select_related("model").get(pk=version.pk)
         model_version_publish_validate(version=locked)
-        locked.published_at = timezone.now()
-        locked.save(update_fields=["published_at"])
-        audit_record(
+        audited_update(
             actor=actor,
             action="model_version.publish",
             target=locked,
-            before={"published_at": None},
-            after=audit_state(locked, ["published_at"]),
+            changes={"published_at": timezone.now()},
         )
-        snapshot_publish_on_commit()
     version.published_at = locked.published_at
     return version

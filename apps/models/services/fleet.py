@@ -13,6 +13,7 @@ from django.db import IntegrityError, transaction
 
 from apps.common import validation as cv
 from apps.common.audit import audit_record, audit_state
+from apps.common.changes import audited_save, audited_update
 from apps.common.outbox import snapshot_publish_on_commit
 from apps.common.validation import exists_other, refuse_unknown
 from apps.models import validators as v
@@ -136,27 +137,19 @@ def pool_update(*, actor: AbstractBaseUser | None, pool: Pool, **changes: Any) -
     refuse_unknown(changes, POOL_FIELDS)
     with transaction.atomic():
         locked = Pool.objects.select_for_update().get(pk=pool.pk)
-        before = audit_state(locked, POOL_FIELDS)
         pool_validate(
             **{**{f: getattr(locked, f) for f in POOL_FIELDS}, **changes}, exclude_pk=locked.pk
         )
         if "cost_per_replica_hour" in changes:
             changes["cost_per_replica_hour"] = cv.to_decimal(changes["cost_per_replica_hour"])
-        for field, value in changes.items():
-            setattr(locked, field, value)
-        try:
-            with transaction.atomic():
-                locked.save()
-        except IntegrityError as exc:
-            raise ValidationError({"name": "Another pool has that name."}) from exc
-        audit_record(
+        audited_save(
             actor=actor,
             action="pool.update",
             target=locked,
-            before=before,
-            after=audit_state(locked, POOL_FIELDS),
+            changes=changes,
+            fields=POOL_FIELDS,
+            clash={"name": "Another pool has that name."},
         )
-        snapshot_publish_on_commit()
     pool.refresh_from_db()
     return pool
 
@@ -240,16 +233,8 @@ def endpoint_set_state(
         locked = Endpoint.objects.select_for_update().get(pk=endpoint.pk)
         endpoint_transition_validate(endpoint=locked, state=state)
         if state != locked.state:
-            before = locked.state
-            locked.state = state
-            locked.save(update_fields=["state", "updated_at"])
-            audit_record(
-                actor=actor,
-                action="endpoint.set_state",
-                target=locked,
-                before={"state": before},
-                after={"state": state},
+            audited_update(
+                actor=actor, action="endpoint.set_state", target=locked, changes={"state": state}
             )
-            snapshot_publish_on_commit()
     endpoint.refresh_from_db()
     return endpoint

@@ -13,16 +13,15 @@ from django.contrib.auth.base_user import AbstractBaseUser
 from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.db.models import Q
-from django.utils import timezone
 
 from apps.common.audit import audit_record
 from apps.common.outbox import snapshot_publish_on_commit
 from apps.tenants.models import ApiKey, Tenant
 from apps.tenants.services.checks import Errors, add_error, check_text
+from apps.tenants.services.credentials import check_expiry, credential_revoke, free_prefix
 from runtime import contract
 
 API_KEY_SCOPES = ("inference", "models:read", "usage:read")
-_PREFIX_ATTEMPTS = 5
 
 
 def api_key_digest(full_key: str) -> str:
@@ -51,22 +50,13 @@ def api_key_validate_values(values: Mapping[str, Any]) -> None:
                 )
             elif not scopes:
                 add_error(errors, "scopes", "An API key needs at least one scope.")
-    expires_at = values.get("expires_at")
-    if expires_at is not None:
-        if not isinstance(expires_at, datetime) or timezone.is_naive(expires_at):
-            add_error(errors, "expires_at", "Expiry must be a date and time with a time zone.")
-        elif expires_at <= timezone.now():
-            add_error(errors, "expires_at", "Expiry must be in the future.")
+    check_expiry(errors, values.get("expires_at"))
     if errors:
         raise ValidationError(errors)
 
 
 def _new_prefix() -> str:
-    for _ in range(_PREFIX_ATTEMPTS):
-        prefix = contract.api_key_new_prefix()
-        if not ApiKey.objects.filter(prefix=prefix).exists():
-            return prefix
-    raise RuntimeError("could not find a free API-key prefix")  # 36**8 prefixes: not reached
+    return free_prefix(ApiKey, contract.api_key_new_prefix, "API-key")
 
 
 def api_key_create(
@@ -106,23 +96,9 @@ def api_key_create(
 
 def api_key_revoke(*, actor: AbstractBaseUser | None, api_key: ApiKey) -> ApiKey:
     """Revoke a key for good; revoking a key twice is refused."""
-    now = timezone.now()
-    with transaction.atomic():
-        # The conditional UPDATE makes two concurrent revocations refuse one of them.
-        revoked = ApiKey.objects.filter(pk=api_key.pk, revoked_at__isnull=True).update(
-            revoked_at=now
-        )
-        if not revoked:
-            raise ValidationError(f"API key '{api_key.prefix}' is already revoked.")
-        api_key.revoked_at = now
-        audit_record(
-            actor=actor,
-            action="api_key.revoke",
-            target=api_key,
-            before={"revoked_at": None},
-            after={"revoked_at": now},
-        )
-        snapshot_publish_on_commit()
+    credential_revoke(
+        actor=actor, credential=api_key, action="api_key.revoke", what="API key", publish=True
+    )
     return api_key
 
 

@@ -17,18 +17,17 @@ from django.contrib.auth.base_user import AbstractBaseUser
 from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.db.models import Q
-from django.utils import timezone
 
 from apps.common.audit import audit_record
 from apps.tenants.models import ManagementToken, Membership, Tenant
 from apps.tenants.services.checks import Errors, add_error, check_text
+from apps.tenants.services.credentials import check_expiry, credential_revoke, free_prefix
 
 TOKEN_SCHEME = "sym"  # noqa: S105 - the token format's scheme, not a secret
 _PREFIX_ALPHABET = string.ascii_lowercase + string.digits
 _SECRET_ALPHABET = string.ascii_letters + string.digits
 _PREFIX_LENGTH = 8
 _SECRET_LENGTH = 40
-_PREFIX_ATTEMPTS = 5
 
 
 def management_token_digest(full_token: str) -> str:
@@ -57,22 +56,17 @@ def management_token_validate_values(values: Mapping[str, Any]) -> None:
         check_text(errors, "name", values["name"], max_length=100)
     if "role" in values and values["role"] not in Membership.Role.values:
         add_error(errors, "role", f"Role must be one of: {', '.join(Membership.Role.values)}.")
-    expires_at = values.get("expires_at")
-    if expires_at is not None:
-        if not isinstance(expires_at, datetime) or timezone.is_naive(expires_at):
-            add_error(errors, "expires_at", "Expiry must be a date and time with a time zone.")
-        elif expires_at <= timezone.now():
-            add_error(errors, "expires_at", "Expiry must be in the future.")
+    check_expiry(errors, values.get("expires_at"))
     if errors:
         raise ValidationError(errors)
 
 
+def _random_prefix() -> str:
+    return "".join(secrets.choice(_PREFIX_ALPHABET) for _ in range(_PREFIX_LENGTH))
+
+
 def _new_prefix() -> str:
-    for _ in range(_PREFIX_ATTEMPTS):
-        prefix = "".join(secrets.choice(_PREFIX_ALPHABET) for _ in range(_PREFIX_LENGTH))
-        if not ManagementToken.objects.filter(prefix=prefix).exists():
-            return prefix
-    raise RuntimeError("could not find a free management-token prefix")  # 36**8: not reached
+    return free_prefix(ManagementToken, _random_prefix, "management-token")
 
 
 def management_token_create(
@@ -107,21 +101,13 @@ def management_token_revoke(
     *, actor: AbstractBaseUser | None, token: ManagementToken
 ) -> ManagementToken:
     """Revoke a token for good; revoking it twice is refused."""
-    now = timezone.now()
-    with transaction.atomic():
-        revoked = ManagementToken.objects.filter(pk=token.pk, revoked_at__isnull=True).update(
-            revoked_at=now
-        )
-        if not revoked:
-            raise ValidationError(f"Management token '{token.prefix}' is already revoked.")
-        token.revoked_at = now
-        audit_record(
-            actor=actor,
-            action="management_token.revoke",
-            target=token,
-            before={"revoked_at": None},
-            after={"revoked_at": now},
-        )
+    credential_revoke(
+        actor=actor,
+        credential=token,
+        action="management_token.revoke",
+        what="Management token",
+        publish=False,
+    )
     return token
 
 

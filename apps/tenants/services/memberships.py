@@ -10,6 +10,7 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 
 from apps.common.audit import audit_record
+from apps.common.changes import audited_update
 from apps.tenants.models import Membership, Tenant
 
 
@@ -53,16 +54,13 @@ def membership_update_role(
     membership_validate_values({"role": role})
     if membership.role == role:
         return membership
-    old_role = membership.role
     with transaction.atomic():
-        membership.role = role
-        membership.save(update_fields=["role"])
-        audit_record(
+        audited_update(
             actor=actor,
             action="membership.update_role",
             target=membership,
-            before={"role": old_role},
-            after={"role": role},
+            changes={"role": role},
+            publish=False,
         )
     return membership
 

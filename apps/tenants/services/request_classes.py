@@ -10,6 +10,7 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 
 from apps.common.audit import audit_changes, audit_record
+from apps.common.changes import audited_update
 from apps.common.outbox import snapshot_publish_on_commit
 from apps.tenants.models import MAX_HEARTBEAT_MS, RequestClass
 from apps.tenants.services.checks import (
@@ -126,21 +127,13 @@ def request_class_update(
     before = _state(request_class)
     merged = {**before, **changes}
     request_class_validate_values(merged)
-    old, new = audit_changes(before, merged)
+    _, new = audit_changes(before, merged)
     if not new:
         return request_class
     if "name" in new:
         _check_name_free(new["name"], exclude_pk=request_class.pk)
     with transaction.atomic():
-        for field, value in new.items():
-            setattr(request_class, field, value)
-        request_class.save(update_fields=[*new, "updated_at"])
-        audit_record(
-            actor=actor,
-            action="request_class.update",
-            target=request_class,
-            before=old,
-            after=new,
+        audited_update(
+            actor=actor, action="request_class.update", target=request_class, changes=new
         )
-        snapshot_publish_on_commit()
     return request_class

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import redis
+from fixtures.redis_keys import RouterNamespace
 
 from apps.models.models import ModelVersion
 from apps.models.services import model_create, model_version_create, model_version_publish
@@ -56,20 +54,6 @@ def version(db: Any) -> ModelVersion:
 
 
 @pytest.fixture(autouse=True)
-def billing_namespace(settings: Any) -> Iterator[str]:
+def billing_namespace(router_namespace: RouterNamespace) -> str:
     """A private Redis key namespace (balances, escrow, the usage stream), removed after."""
-    namespace = f"switchyard:test:billing:{uuid.uuid4().hex[:10]}"
-    settings.SNAPSHOT_REDIS_PREFIX = f"{namespace}:snapshot"
-    yield namespace
-    client = redis.Redis.from_url(settings.REDIS_URL)
-    keys = list(client.scan_iter(match=f"{namespace}:*"))
-    if keys:
-        client.delete(*keys)
-    client.close()
-
-
-@pytest.fixture
-def rclient(settings: Any) -> Iterator[redis.Redis[bytes]]:
-    client: redis.Redis[bytes] = redis.Redis.from_url(settings.REDIS_URL)
-    yield client
-    client.close()
+    return router_namespace.name

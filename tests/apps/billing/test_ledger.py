@@ -22,11 +22,7 @@ from apps.billing.alerts import budget_alert_deliver
 from apps.billing.ledger import credit_live
 from apps.billing.models import BudgetAlert, CreditAccount, UsageRecord
 from apps.billing.selectors import credit_balance
-from apps.billing.services import (
-    budget_set,
-    credit_grant,
-    credit_overdraft_set,
-)
+from apps.billing.services import budget_set, credit_grant, credit_overdraft_set
 from apps.common.models import AuditEvent
 from apps.core.selectors import snapshot_build
 from apps.tenants.models import Tenant
@@ -73,82 +69,82 @@ def test_a_grant_reaches_the_redis_balance_and_is_audited(tenant, capture):
     assert AuditEvent.objects.filter(action="credit.grant").count() == 1
 
 
-def test_usage_is_written_once_and_debits_the_account(tenant, rclient, capture):
+def test_usage_is_written_once_and_debits_the_account(tenant, redis_client, capture):
     grant(tenant, "10", capture)
-    ids = [settle(rclient, tenant, 1_500_000) for _ in range(3)]
-    assert ledger.usage_consume(client=rclient) == 3
-    assert ledger.usage_consume(client=rclient) == 0
+    ids = [settle(redis_client, tenant, 1_500_000) for _ in range(3)]
+    assert ledger.usage_consume(client=redis_client) == 3
+    assert ledger.usage_consume(client=redis_client) == 0
     assert sorted(UsageRecord.objects.values_list("event_id", flat=True)) == sorted(ids)
     assert credit_balance(tenant) == Decimal("5.5")
     assert credit_live(tenant)["balance"] == Decimal("5.5")
     record = UsageRecord.objects.get(event_id=ids[0])
     assert (record.tokens_in, record.tokens_out, record.credits) == (10, 20, Decimal("1.5"))
-    assert rclient.xlen(usage_stream(ledger.namespace())) == 0  # acked and deleted
+    assert redis_client.xlen(usage_stream(ledger.namespace())) == 0  # acked and deleted
 
 
-def test_a_consumer_dying_after_commit_leaves_no_double_record(tenant, rclient, capture):
+def test_a_consumer_dying_after_commit_leaves_no_double_record(tenant, redis_client, capture):
     grant(tenant, "10", capture)
-    settle(rclient, tenant, 1_000_000)
+    settle(redis_client, tenant, 1_000_000)
     stream = usage_stream(ledger.namespace())
-    ledger.usage_group_ensure(rclient)
+    ledger.usage_group_ensure(redis_client)
     # Consumer A reads and commits, then dies before its XACK.
-    [(_name, entries)] = rclient.xreadgroup(USAGE_GROUP, "a", {stream: ">"}, count=10)
+    [(_name, entries)] = redis_client.xreadgroup(USAGE_GROUP, "a", {stream: ">"}, count=10)
     ledger.usage_write(events=[(ledger._entries(entries)[0].event, 1_000_000)])  # type: ignore[list-item]
     # Consumer B reclaims the stuck entry: it is acked, not written again.
-    assert ledger.usage_consume(client=rclient, consumer="b", claim_idle_ms=0) == 1
+    assert ledger.usage_consume(client=redis_client, consumer="b", claim_idle_ms=0) == 1
     assert UsageRecord.objects.count() == 1
     assert credit_balance(tenant) == Decimal(9)
-    assert rclient.xpending(stream, USAGE_GROUP)["pending"] == 0
+    assert redis_client.xpending(stream, USAGE_GROUP)["pending"] == 0
 
 
-def test_a_consumer_dying_before_commit_loses_nothing(tenant, rclient, capture):
+def test_a_consumer_dying_before_commit_loses_nothing(tenant, redis_client, capture):
     grant(tenant, "10", capture)
-    settle(rclient, tenant, 2_000_000)
+    settle(redis_client, tenant, 2_000_000)
     stream = usage_stream(ledger.namespace())
-    ledger.usage_group_ensure(rclient)
-    rclient.xreadgroup(USAGE_GROUP, "a", {stream: ">"}, count=10)  # read, then killed
+    ledger.usage_group_ensure(redis_client)
+    redis_client.xreadgroup(USAGE_GROUP, "a", {stream: ">"}, count=10)  # read, then killed
     assert UsageRecord.objects.count() == 0
-    assert ledger.usage_consume(client=rclient, consumer="b", claim_idle_ms=0) == 1
+    assert ledger.usage_consume(client=redis_client, consumer="b", claim_idle_ms=0) == 1
     assert UsageRecord.objects.count() == 1
     assert credit_balance(tenant) == Decimal(8)
 
 
-def test_reconcile_seeds_a_lost_redis_and_counts_usage_in_flight(tenant, rclient, capture):
+def test_reconcile_seeds_a_lost_redis_and_counts_usage_in_flight(tenant, redis_client, capture):
     grant(tenant, "10", capture)
-    settle(rclient, tenant, 3_000_000)  # charged in Redis, not in the ledger yet
-    assert ledger.credit_reconcile(client=rclient) == []  # consistent: nothing to repair
-    rclient.delete(credit_key(ledger.limits_prefix(), tenant.slug))  # Redis lost the balance
-    [repair] = ledger.credit_reconcile(client=rclient)
+    settle(redis_client, tenant, 3_000_000)  # charged in Redis, not in the ledger yet
+    assert ledger.credit_reconcile(client=redis_client) == []  # consistent: nothing to repair
+    redis_client.delete(credit_key(ledger.limits_prefix(), tenant.slug))  # Redis lost the balance
+    [repair] = ledger.credit_reconcile(client=redis_client)
     assert (repair.redis_uc, repair.expected_uc) == (None, 7_000_000)
     assert credit_live(tenant)["balance"] == Decimal(7)
-    ledger.usage_consume(client=rclient)
-    assert ledger.credit_reconcile(client=rclient) == []
+    ledger.usage_consume(client=redis_client)
+    assert ledger.credit_reconcile(client=redis_client) == []
     assert credit_balance(tenant) == Decimal(7)
     audit = AuditEvent.objects.get(action="credit.reconcile")
     assert audit.after["redis_balance"] == "7.000000"
 
 
-def test_reconcile_repairs_drift_and_records_it(tenant, rclient, capture):
+def test_reconcile_repairs_drift_and_records_it(tenant, redis_client, capture):
     grant(tenant, "10", capture)
-    rclient.hincrby(credit_key(ledger.limits_prefix(), tenant.slug), "balance", 250_000)
-    [repair] = ledger.credit_reconcile(client=rclient)
+    redis_client.hincrby(credit_key(ledger.limits_prefix(), tenant.slug), "balance", 250_000)
+    [repair] = ledger.credit_reconcile(client=redis_client)
     assert (repair.redis_uc, repair.expected_uc) == (10_250_000, 10_000_000)
     assert credit_live(tenant)["balance"] == Decimal(10)
     audit = AuditEvent.objects.get(action="credit.reconcile")
     assert audit.after["drift"] == "0.250000"
 
 
-def test_a_soft_alert_fires_once_per_period(tenant, rclient, capture):
+def test_a_soft_alert_fires_once_per_period(tenant, redis_client, capture):
     grant(tenant, "100", capture)
     budget_set(actor=None, tenant=tenant, period="day", soft_alert_pct=50, hard_cap="10")
-    settle(rclient, tenant, 4_000_000)
-    ledger.usage_consume(client=rclient)
+    settle(redis_client, tenant, 4_000_000)
+    ledger.usage_consume(client=redis_client)
     assert not BudgetAlert.objects.exists()  # 4 of 10: below 50 %
-    settle(rclient, tenant, 2_000_000)
-    settle(rclient, tenant, 1_000_000)
-    ledger.usage_consume(client=rclient)
-    settle(rclient, tenant, 1_000_000)
-    ledger.usage_consume(client=rclient)
+    settle(redis_client, tenant, 2_000_000)
+    settle(redis_client, tenant, 1_000_000)
+    ledger.usage_consume(client=redis_client)
+    settle(redis_client, tenant, 1_000_000)
+    ledger.usage_consume(client=redis_client)
     [alert] = BudgetAlert.objects.all()
     assert alert.spent == Decimal(7)
     assert alert.threshold == Decimal(5)
@@ -177,14 +173,14 @@ def webhook() -> Iterator[tuple[str, list[dict[str, Any]]]]:
     server.server_close()
 
 
-def test_a_soft_alert_posts_its_webhook(tenant, rclient, webhook, capture):
+def test_a_soft_alert_posts_its_webhook(tenant, redis_client, webhook, capture):
     url, received = webhook
     budget_set(actor=None, tenant=tenant, period="month", soft_alert_pct=10, hard_cap="10",
                webhook_url=url)  # fmt: skip
-    settle(rclient, tenant, 0)  # a free request: no alert
+    settle(redis_client, tenant, 0)  # a free request: no alert
     grant(tenant, "5", capture)
-    settle(rclient, tenant, 2_000_000)
-    ledger.usage_consume(client=rclient)
+    settle(redis_client, tenant, 2_000_000)
+    ledger.usage_consume(client=redis_client)
     alert = BudgetAlert.objects.get()
     assert budget_alert_deliver(alert=alert) == "http 204"
     assert received[0]["tenant"] == tenant.slug

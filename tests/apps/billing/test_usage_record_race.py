@@ -3,32 +3,16 @@
 from __future__ import annotations
 
 import threading
-import time
 from datetime import UTC, datetime
 
 import pytest
-from django.db import connection, connections, transaction
+from django.db import connections, transaction
+from fixtures.db_locks import wait_for_blocked_insert
 
 from apps.billing.models import UsageRecord
 from apps.billing.services import usage_record_create
 
 pytestmark = [pytest.mark.db, pytest.mark.django_db(transaction=True)]
-
-
-def wait_for_blocked_insert(table: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    with connection.cursor() as cursor:
-        while time.monotonic() < deadline:
-            cursor.execute("SELECT pg_stat_clear_snapshot()")  # else cached per transaction
-            cursor.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                "AND query LIKE %s AND pid <> pg_backend_pid()",
-                [f'INSERT INTO "{table}"%'],
-            )
-            if cursor.fetchone()[0]:
-                return
-            time.sleep(0.05)
-    raise AssertionError(f"no blocked INSERT into {table} within {timeout}s")
 
 
 def test_concurrent_replay_writes_one_row(tenant):

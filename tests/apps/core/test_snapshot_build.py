@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from django.utils import timezone
+from fixtures.control_plane import TIGHT_LIMITS as LIMITS
 
 from apps.billing.models import Price
 from apps.core.selectors import snapshot_build
@@ -17,13 +18,6 @@ from runtime.snapshot import decode, encode
 
 pytestmark = [pytest.mark.db, pytest.mark.django_db]
 
-LIMITS = {
-    "rpm_limit": 60,
-    "tpm_limit": 10_000,
-    "max_concurrency": 4,
-    "max_context_tokens": 4096,
-    "max_output_tokens": 512,
-}
 MANIFEST = {
     "tokenizer": "tiny-tok",
     "max_context": 2048,

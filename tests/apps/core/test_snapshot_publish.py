@@ -11,7 +11,6 @@ import io
 import socket
 import threading
 import time
-import uuid
 from collections.abc import Coroutine, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -22,6 +21,8 @@ from django.conf import settings
 from django.core.management import CommandError, call_command
 from django.db import connection, transaction
 from django.test import Client
+from fixtures.control_plane import TIGHT_LIMITS as LIMITS
+from fixtures.control_plane import interactive_class
 
 from apps.common.models import SnapshotOutbox
 from apps.core import services
@@ -37,30 +38,12 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
 T = TypeVar("T")
 
-LIMITS = {
-    "rpm_limit": 60,
-    "tpm_limit": 10_000,
-    "max_concurrency": 4,
-    "max_context_tokens": 4096,
-    "max_output_tokens": 512,
-}
-
 
 @pytest.fixture
-def redis_client() -> Iterator[redis.Redis[bytes]]:
-    client: redis.Redis[bytes] = redis.Redis.from_url(settings.REDIS_URL)
-    yield client
-    client.close()
-
-
-@pytest.fixture
-def prefix(settings: Any, redis_client: redis.Redis[bytes]) -> Iterator[str]:
+def prefix(settings: Any, key_prefix: str) -> str:
     """A snapshot prefix of this test's own, so tests never see each other's snapshots."""
-    prefix = f"sytest:snapshot:{uuid.uuid4().hex}"
-    settings.SNAPSHOT_REDIS_PREFIX = prefix
-    yield prefix
-    for key in redis_client.scan_iter(match=f"{prefix}:*"):
-        redis_client.delete(key)
+    settings.SNAPSHOT_REDIS_PREFIX = key_prefix
+    return key_prefix
 
 
 def latest(client: redis.Redis[bytes], prefix: str) -> Snapshot:
@@ -116,15 +99,7 @@ def wait_for_latest(
 
 @pytest.fixture
 def classes() -> tuple[RequestClass, RequestClass]:
-    interactive = request_class_create(
-        actor=None,
-        name="interactive",
-        priority_band=0,
-        ttft_slo_ms=500,
-        deadline_ms=30_000,
-        max_queue_length=100,
-        shed_order=4,
-    )
+    interactive = interactive_class()
     batch = request_class_create(
         actor=None,
         name="batch",

@@ -30,24 +30,10 @@ import redis
 from django.core.management import CommandError, call_command
 from fixtures.net import free_port
 from fixtures.platform_up import KEY_RE, READY_TIMEOUT_S, PlatformUp
-from fixtures.router import (
-    Publisher,
-    World,
-    redis_url,
-    spawn,
-    start_router,
-    wait_ready,
-    wait_until_up,
-)
+from fixtures.router import Publisher, World, redis_url, start_router, start_simulator, wait_ready
 
 from apps.core.management.commands.up import Command as UpCommand
-from apps.core.up_console import (
-    Addresses,
-    banner,
-    checks,
-    serving_endpoint,
-    without_password,
-)
+from apps.core.up_console import Addresses, banner, checks, serving_endpoint, without_password
 
 pytestmark = pytest.mark.e2e
 
@@ -219,8 +205,7 @@ def test_the_model_counts_as_ready_once_the_snapshot_holds_its_endpoint_ready() 
 @pytest.mark.integration
 def test_model_ready_means_it_answered_a_request_not_only_a_ready_record(tmp_path: Path) -> None:
     """A stale ``ready`` record (its worker is gone) is not enough: the model must answer."""
-    sim, _ = spawn(["runtime.workers.simulator", "--model", "demo-llama", "--log-level", "WARNING"])
-    wait_until_up(sim, "/health")
+    sim = start_simulator("demo-llama")
     publisher = Publisher(f"switchyard:test:up-answers:{uuid.uuid4().hex[:12]}")
     router = start_router(publisher.prefix, tmp_path)
     try:

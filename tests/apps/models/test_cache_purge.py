@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 import redis
 from django.conf import settings as django_settings
 from django.core.management import CommandError, call_command
+from fixtures.redis_keys import RouterNamespace
 
 from apps.common.models import AuditEvent
 from apps.core.selectors import snapshot_build
@@ -24,15 +25,8 @@ pytestmark = pytest.mark.db
 
 
 @pytest.fixture
-def namespace(settings: Any) -> Iterator[str]:
-    ns = f"switchyard:test:purge:{uuid.uuid4().hex[:10]}"
-    settings.SNAPSHOT_REDIS_PREFIX = f"{ns}:snapshot"
-    yield ns
-    client = redis.Redis.from_url(django_settings.REDIS_URL)
-    keys = list(client.scan_iter(match=f"{ns}:*"))
-    if keys:
-        client.delete(*keys)
-    client.close()
+def namespace(router_namespace: RouterNamespace) -> str:
+    return router_namespace.name
 
 
 def _manifest(files: dict[str, str]) -> dict[str, Any]:

@@ -9,12 +9,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fixtures.control_plane import endpoint_ready
 from fixtures.router import Process
 
 from apps.models.models import Endpoint, Model, ModelVersion
 from apps.models.services import (
-    endpoint_register,
-    endpoint_set_state,
     model_create,
     model_version_create,
     model_version_publish,
@@ -74,16 +73,9 @@ def ready_endpoints(
     pool = pool_create(actor=None, name="cpu", hardware_tier="cpu", cost_per_replica_hour="1")
 
     def make(*versions: ModelVersion) -> list[Endpoint]:
-        made = []
-        for version in versions or (stable, candidate):
-            endpoint = endpoint_register(
-                actor=None,
-                pool=pool,
-                version=version,
-                base_url=simulators[version.label].base_url,
-                capacity=4,
-            )
-            made.append(endpoint_set_state(actor=None, endpoint=endpoint, state="ready"))
-        return made
+        return [
+            endpoint_ready(pool, version, simulators[version.label].base_url, capacity=4)
+            for version in versions or (stable, candidate)
+        ]
 
     return make

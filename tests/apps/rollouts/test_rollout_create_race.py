@@ -4,33 +4,16 @@ the loser gets the same ValidationError as a sequential second create."""
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 from django.core.exceptions import ValidationError
-from django.db import connection, connections, transaction
+from django.db import connections, transaction
+from fixtures.db_locks import wait_for_blocked_insert
 
 from apps.rollouts.models import Rollout
 from apps.rollouts.services import rollout_create
 
 pytestmark = [pytest.mark.db, pytest.mark.django_db(transaction=True)]
-
-
-def wait_for_blocked_insert(table: str, timeout: float = 10.0) -> None:
-    """Until another session waits on a lock while inserting into ``table``."""
-    deadline = time.monotonic() + timeout
-    with connection.cursor() as cursor:
-        while time.monotonic() < deadline:
-            cursor.execute("SELECT pg_stat_clear_snapshot()")  # else cached per transaction
-            cursor.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                "AND query LIKE %s AND pid <> pg_backend_pid()",
-                [f'INSERT INTO "{table}"%'],
-            )
-            if cursor.fetchone()[0]:
-                return
-            time.sleep(0.05)
-    raise AssertionError(f"no blocked INSERT into {table} within {timeout}s")
 
 
 def test_racing_second_create_gets_the_validation_error(llm, stable, candidate):

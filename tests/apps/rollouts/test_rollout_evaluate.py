@@ -5,13 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
-from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
 import pytest
-import redis
 from django.conf import settings as django_settings
 
 from apps.billing.services import price_set
@@ -27,21 +24,10 @@ pytestmark = [pytest.mark.db, pytest.mark.django_db]
 
 
 @pytest.fixture
-def namespace(settings: Any) -> Iterator[str]:
-    ns = f"switchyard:test:rollouts:{uuid.uuid4().hex[:10]}"
-    settings.SNAPSHOT_REDIS_PREFIX = f"{ns}:snapshot"
-    yield ns
-    client: redis.Redis[bytes] = redis.Redis.from_url(django_settings.REDIS_URL)
-    for key in client.scan_iter(f"{ns}:*"):
-        client.delete(key)
-    client.close()
-
-
-@pytest.fixture
-def client() -> Iterator[redis.Redis[bytes]]:
-    c: redis.Redis[bytes] = redis.Redis.from_url(django_settings.REDIS_URL)
-    yield c
-    c.close()
+def namespace(settings: Any, key_prefix: str) -> str:
+    """The test's own Redis namespace (its keys deleted afterwards) and snapshot prefix."""
+    settings.SNAPSHOT_REDIS_PREFIX = f"{key_prefix}:snapshot"
+    return key_prefix
 
 
 def send(namespace: str, version: str, *, n: int, errors: int = 0, ttft_ms: float = 80.0,
@@ -82,11 +68,11 @@ def age_step(rollout: Rollout, seconds: float) -> None:
     rollout.refresh_from_db()
 
 
-def test_the_router_flush_lands_in_the_window(namespace, client):
+def test_the_router_flush_lands_in_the_window(namespace, redis_client):
     send(namespace, "v1", n=7, errors=2, ttft_ms=120)
     now = time.time()
     totals = read_window(
-        client, namespace=namespace, model="tiny-llama", versions=["v1", "v2"],
+        redis_client, namespace=namespace, model="tiny-llama", versions=["v1", "v2"],
         since=now - 10, until=now,
     )  # fmt: skip
     v1 = totals["v1"]
@@ -95,11 +81,11 @@ def test_the_router_flush_lands_in_the_window(namespace, client):
     assert totals["v2"].requests == 0
 
 
-def test_an_erroring_candidate_is_rolled_back_with_the_evidence(namespace, client, rollout):
+def test_an_erroring_candidate_is_rolled_back_with_the_evidence(namespace, redis_client, rollout):
     send(namespace, "v1", n=200)
     send(namespace, "v2", n=60, errors=20)
 
-    evaluation = rollout_evaluate(rollout=rollout, client=client)
+    evaluation = rollout_evaluate(rollout=rollout, client=redis_client)
 
     assert evaluation.action == "rollback"
     rollout.refresh_from_db()
@@ -113,20 +99,25 @@ def test_an_erroring_candidate_is_rolled_back_with_the_evidence(namespace, clien
     assert gate["numbers"]["p_value"] < 0.001
 
 
-def test_a_slow_candidate_is_rolled_back(namespace, client, rollout):
+def test_a_slow_candidate_is_rolled_back(namespace, redis_client, rollout):
     send(namespace, "v1", n=200, ttft_ms=80)
     send(namespace, "v2", n=60, ttft_ms=400)
-    assert rollout_evaluate(rollout=rollout, client=client).action == "rollback"
+    assert rollout_evaluate(rollout=rollout, client=redis_client).action == "rollback"
     assert RolloutEvent.objects.get(rollout=rollout, kind="rollback").reason == (
         "Gate failed: ttft_p95."
     )
 
 
-def test_the_inter_token_gaps_land_in_the_window(namespace, client):
+def test_the_inter_token_gaps_land_in_the_window(namespace, redis_client):
     send(namespace, "v1", n=3, itl_ms=(4.0, 12.0, 12.0))
     now = time.time()
     v1 = read_window(
-        client, namespace=namespace, model="tiny-llama", versions=["v1"], since=now - 10, until=now
+        redis_client,
+        namespace=namespace,
+        model="tiny-llama",
+        versions=["v1"],
+        since=now - 10,
+        until=now,
     )["v1"]
     assert sum(v1.itl_counts) == 9
     assert v1.itl_counts[itl_bucket(4.0)] == 3
@@ -134,11 +125,11 @@ def test_the_inter_token_gaps_land_in_the_window(namespace, client):
     assert v1.summary()["itl_samples"] == 9
 
 
-def test_a_candidate_with_slow_inter_token_latency_is_rolled_back(namespace, client, rollout):
+def test_a_candidate_with_slow_inter_token_latency_is_rolled_back(namespace, redis_client, rollout):
     send(namespace, "v1", n=200, itl_ms=(10.0,) * 8)
     send(namespace, "v2", n=60, itl_ms=(40.0,) * 8)  # TTFT, errors and cost as stable's
 
-    assert rollout_evaluate(rollout=rollout, client=client).action == "rollback"
+    assert rollout_evaluate(rollout=rollout, client=redis_client).action == "rollback"
 
     event = RolloutEvent.objects.get(rollout=rollout, kind="rollback")
     assert event.reason == "Gate failed: itl_p95."
@@ -156,42 +147,44 @@ def test_a_candidate_with_slow_inter_token_latency_is_rolled_back(namespace, cli
     assert gates["ttft_p95"]["passed"] is True
 
 
-def test_unary_traffic_leaves_the_itl_gate_not_applicable(namespace, client, rollout):
+def test_unary_traffic_leaves_the_itl_gate_not_applicable(namespace, redis_client, rollout):
     send(namespace, "v1", n=200)
     send(namespace, "v2", n=60)
     age_step(rollout, 61)
-    evaluation = rollout_evaluate(rollout=rollout, client=client)
+    evaluation = rollout_evaluate(rollout=rollout, client=redis_client)
     assert evaluation.action == "advance"
     itl = next(g for g in evaluation.evidence["gates"] if g["gate"] == "itl_p95")
     assert (itl["decision"], itl["numbers"]["applicable"]) == ("pass", False)
 
 
-def test_a_candidate_twice_as_expensive_is_rolled_back(namespace, client, rollout):
+def test_a_candidate_twice_as_expensive_is_rolled_back(namespace, redis_client, rollout):
     price_set(actor=None, version=rollout.stable_version, hardware_tier="cpu",
               input_per_1k="1", output_per_1k="2")  # fmt: skip
     price_set(actor=None, version=rollout.candidate_version, hardware_tier="cpu",
               input_per_1k="2", output_per_1k="4")  # fmt: skip
     send(namespace, "v1", n=200)
     send(namespace, "v2", n=60)
-    assert rollout_evaluate(rollout=rollout, client=client).action == "rollback"
+    assert rollout_evaluate(rollout=rollout, client=redis_client).action == "rollback"
     event = RolloutEvent.objects.get(rollout=rollout, kind="rollback")
     cost = next(g for g in event.data["evidence"]["gates"] if g["gate"] == "cost")
     assert cost["numbers"]["ratio"] == pytest.approx(2.0)
 
 
-def test_too_few_samples_waits_and_writes_nothing(namespace, client, rollout):
+def test_too_few_samples_waits_and_writes_nothing(namespace, redis_client, rollout):
     send(namespace, "v1", n=200)
     send(namespace, "v2", n=10, errors=10)
     age_step(rollout, 120)
-    assert rollout_evaluate(rollout=rollout, client=client).decision == "wait"
+    assert rollout_evaluate(rollout=rollout, client=redis_client).decision == "wait"
     assert rollout.state == "running"
     assert not RolloutEvent.objects.filter(rollout=rollout, kind="rollback").exists()
 
 
-def test_a_healthy_candidate_advances_after_the_step_time_then_promotes(namespace, client, rollout):
+def test_a_healthy_candidate_advances_after_the_step_time_then_promotes(
+    namespace, redis_client, rollout
+):
     send(namespace, "v1", n=200)
     send(namespace, "v2", n=60)
-    assert rollout_evaluate(rollout=rollout, client=client).action == "none"  # step too young
+    assert rollout_evaluate(rollout=rollout, client=redis_client).action == "none"  # step too young
 
     age_step(rollout, 61)
     assert rollouts_evaluate_running() == {rollout.pk: "advance"}
@@ -207,7 +200,7 @@ def test_a_healthy_candidate_advances_after_the_step_time_then_promotes(namespac
     assert rollout.state == "promoted"
 
 
-def test_a_paused_rollout_is_not_evaluated(namespace, client, rollout):
+def test_a_paused_rollout_is_not_evaluated(namespace, redis_client, rollout):
     Rollout.objects.filter(pk=rollout.pk).update(state="paused")
     send(namespace, "v1", n=200)
     send(namespace, "v2", n=60, errors=60)
@@ -215,7 +208,7 @@ def test_a_paused_rollout_is_not_evaluated(namespace, client, rollout):
 
 
 def test_a_failing_shadow_candidate_is_rolled_back_and_a_passing_one_waits(
-    namespace, client, llm, stable, candidate, ready_endpoints
+    namespace, redis_client, llm, stable, candidate, ready_endpoints
 ):
     ready_endpoints()
     shadow = rollout_create(
@@ -227,8 +220,8 @@ def test_a_failing_shadow_candidate_is_rolled_back_and_a_passing_one_waits(
     send(namespace, "v1", n=200)
     send(namespace, "v2", n=60)
     age_step(shadow, 61)
-    assert rollout_evaluate(rollout=shadow, client=client).action == "none"  # promote by hand
+    assert rollout_evaluate(rollout=shadow, client=redis_client).action == "none"  # promote by hand
     send(namespace, "v2", n=60, errors=60)
-    assert rollout_evaluate(rollout=shadow, client=client).action == "rollback"
+    assert rollout_evaluate(rollout=shadow, client=redis_client).action == "rollback"
     shadow.refresh_from_db()
     assert shadow.state == "rolled_back"

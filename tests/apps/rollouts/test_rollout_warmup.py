@@ -5,15 +5,11 @@ is drained and stopped; stable's endpoint is never touched."""
 
 from __future__ import annotations
 
-import urllib.request
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import redis
-from django.conf import settings as django_settings
 from fixtures.router import Process
 
 from apps.models.models import Endpoint, ModelVersion, Pool, Route
@@ -24,7 +20,7 @@ from apps.rollouts.transitions import rollout_rollback, rollout_start
 from apps.rollouts.warmup import rollout_warm_up
 from apps.scaling.tasks import ENV_ACTUATOR, actuator_from_env
 from config.celery import app
-from tests.apps.rollouts.support import start_simulator
+from tests.apps.rollouts.support import answers, start_simulator
 
 pytestmark = [pytest.mark.db, pytest.mark.integration, pytest.mark.django_db]
 
@@ -115,10 +111,8 @@ def test_the_warmup_is_bounded_in_time(canary, ready_endpoints, settings):
 
 
 @pytest.fixture
-def local_actuator(settings, monkeypatch, tmp_path) -> Iterator[None]:
+def local_actuator(settings, monkeypatch, tmp_path, router_namespace) -> Iterator[None]:
     """The scaling settings choose the local actuator (as ``up`` with autoscaling does)."""
-    ns = f"switchyard:test:warmup:{uuid.uuid4().hex[:10]}"
-    settings.SNAPSHOT_REDIS_PREFIX = f"{ns}:snapshot"
     settings.VAR_DIR = tmp_path / "var"
     (tmp_path / "var" / "log" / "replicas").mkdir(parents=True)
     monkeypatch.setenv(ENV_ACTUATOR, "local")
@@ -128,18 +122,6 @@ def local_actuator(settings, monkeypatch, tmp_path) -> Iterator[None]:
         actuator = actuator_from_env()
         for pool in Pool.objects.all():  # whatever a failed test left running
             actuator.stop_all(pool)  # type: ignore[union-attr]
-        client: redis.Redis[bytes] = redis.Redis.from_url(django_settings.REDIS_URL)
-        for key in client.scan_iter(f"{ns}:*"):
-            client.delete(key)
-        client.close()
-
-
-def answers(base_url: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"{base_url}/health", timeout=2) as resp:
-            return bool(resp.status == 200)
-    except OSError:
-        return False
 
 
 def test_the_actuator_starts_the_candidate_and_a_rollback_drains_it(

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import redis
 from django.conf import settings
+from fixtures.control_plane import endpoint_ready, version_published
 from fixtures.wait import eventually
 
 from apps.models.models import Endpoint, Pool
@@ -23,8 +24,6 @@ from apps.models.services import (
     endpoint_register,
     endpoint_set_state,
     model_create,
-    model_version_create,
-    model_version_publish,
     pool_create,
     pool_update,
 )
@@ -61,21 +60,17 @@ def pool(db: Any) -> Pool:
     model = model_create(actor=None, name=MODEL, task="chat")
     files = {"model.safetensors": "cd" * 32}
     manifest = {"files": files, "max_context": 2048, "tokenizer": "t", "default_sampling": {}}
-    version = model_version_create(
-        actor=None, model=model, label="v1", artifact_uri="file:///m", runtime="simulator",
-        digest=manifest_digest(files), manifest=manifest,
+    version = version_published(
+        model, "v1", artifact_uri="file:///m", runtime="simulator", digest=manifest_digest(files),
+        manifest=manifest,
     )  # fmt: skip
-    version = model_version_publish(actor=None, version=version)
     pool = pool_create(
         actor=None, name="sim-pool", hardware_tier="cpu", cost_per_replica_hour="0", min_replicas=0,
         max_replicas=3,
         warm_replicas=1, policies={},
     )  # fmt: skip
     # The pool ran this version before (the actuator starts what the pool last served).
-    seed = endpoint_register(
-        actor=None, pool=pool, version=version, base_url="http://127.0.0.1:9", capacity=8
-    )
-    endpoint_set_state(actor=None, endpoint=seed, state=Endpoint.State.GONE)
+    endpoint_ready(pool, version, "http://127.0.0.1:9", capacity=8, state=Endpoint.State.GONE)
     scaling = pool_scaling_get_or_create(pool=pool)
     pool_scaling_update(
         actor=None, scaling=scaling, out_cooldown_s=0, in_cooldown_s=0, idle_to_zero_s=0

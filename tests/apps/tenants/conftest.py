@@ -6,17 +6,10 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from fixtures.control_plane import LIMITS
 
 from apps.tenants.models import RequestClass, Tenant
 from apps.tenants.services import request_class_create, tenant_create
-
-LIMITS = {
-    "rpm_limit": 600,
-    "tpm_limit": 100_000,
-    "max_concurrency": 8,
-    "max_context_tokens": 8192,
-    "max_output_tokens": 1024,
-}
 
 
 @pytest.fixture

@@ -25,10 +25,9 @@ from fixtures.router import (
     metric_value,
     new_key,
     redis_url,
-    spawn,
     start_router,
+    start_simulator,
     wait_ready,
-    wait_until_up,
 )
 
 __all__ = [
@@ -56,13 +55,6 @@ __all__ = [
     "var_dir",
     "wait_ready",
 ]
-
-
-def start_simulator(model: str, *args: str) -> Process:
-    process, _ = spawn(
-        ["runtime.workers.simulator", "--model", model, "--log-level", "WARNING", *args]
-    )
-    return wait_until_up(process, "/health")
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 from dispatch_support import ticket
-from fixtures.router import Process, World, spawn, wait_until_up
+from fixtures.router import Process, World, start_simulator
 from fixtures.wait import async_eventually
 
 from runtime.routing.inflight import InFlight
@@ -30,11 +30,7 @@ MODEL = "gauge-chat"
 def engine() -> Iterator[Process]:
     # One running sequence at a time, 20 ms per token: a second request waits in the engine.
     # (The placement forgives a waiting request sent less than 0.25 s before the scrape.)
-    process, _ = spawn(
-        ["runtime.workers.simulator", "--model", MODEL, "--log-level", "WARNING",
-         "--max-num-seqs", "1", "--decode-a-ms", "20"]
-    )  # fmt: skip
-    wait_until_up(process, "/health")
+    process = start_simulator(MODEL, "--max-num-seqs", "1", "--decode-a-ms", "20")
     yield process
     process.stop()
 

@@ -17,11 +17,11 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from apps.models.management.replica import (
-    RegistryHooks,
-    advertised_url,
-    artifact_dir,
+    artifact_check,
     pool_named,
     published_version,
+    registry_hooks,
+    replica_arguments,
     serve,
     signature_check,
     worker_tls_from_env,
@@ -40,16 +40,7 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        add = parser.add_argument
-        add("--model", required=True, help="Registry model name, e.g. minilm.")
-        add("--label", default=None, help="Version label (default: the newest published).")
-        add("--pool", required=True, help="Pool the endpoint joins.")
-        add("--port", type=int, required=True, help="Port the worker listens on.")
-        add("--host", default="127.0.0.1", help="Address it binds (default 127.0.0.1).")
-        add("--base-url", default=None, help="URL routers use (default http://HOST:PORT).")
-        add("--capacity", type=int, default=16, help="Concurrent requests routed to it.")
-        add("--grace", type=float, default=30.0, help="Drain grace period in seconds.")
-        add("--heartbeat-ttl", type=float, default=15.0, help="Heartbeat key TTL in seconds.")
+        replica_arguments(parser, example="minilm", capacity=16)
         device_argument(parser)
         policy_arguments(parser)
 
@@ -64,14 +55,10 @@ class Command(BaseCommand):
             policy = policy_from(options)
         except ValueError as exc:
             raise CommandError(str(exc)) from exc
-        manifest = version.manifest if isinstance(version.manifest, dict) else {}
-        files = manifest.get("files")
         os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the weights are local; never a hub
         os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
         spec = EncoderSpec(
-            artifact_dir=artifact_dir(version),
-            expected_digest=version.digest,
-            expected_files=files if isinstance(files, dict) else None,
+            **artifact_check(version),
             signature=signature_check(version),
             model_name=version.model.name,
             host=options["host"],
@@ -83,10 +70,7 @@ class Command(BaseCommand):
             heartbeat_ttl_s=options["heartbeat_ttl"],
             tls=(tls := worker_tls_from_env()),
         )
-        advertised = advertised_url(options["host"], options["port"], options["base_url"], tls=tls)
-        hooks = RegistryHooks(
-            pool=pool, version=version, capacity=options["capacity"], base_url=advertised
-        )
+        hooks = registry_hooks(version, pool, options, tls=tls)
         worker = EncoderWorker(spec, hooks=hooks, redis_url=settings.REDIS_URL)
         self.stdout.write(
             f"serving {version} (torch, device {spec.device}, {spec.threads} threads) in {pool}"

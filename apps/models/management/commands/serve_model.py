@@ -17,11 +17,11 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from apps.models.management.replica import (
-    RegistryHooks,
-    advertised_url,
-    artifact_dir,
+    artifact_check,
     pool_named,
     published_version,
+    registry_hooks,
+    replica_arguments,
     serve,
     signature_check,
     worker_tls_from_env,
@@ -42,17 +42,8 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
+        replica_arguments(parser, example="demo-llama", capacity=8)
         add = parser.add_argument
-        add("--model", required=True, help="Registry model name, e.g. demo-llama.")
-        add("--label", default=None, help="Version label (default: the newest published).")
-        add("--pool", required=True, help="Pool the endpoint joins.")
-        add("--port", type=int, required=True, help="Port the engine listens on.")
-        add("--host", default="127.0.0.1", help="Address the engine binds (default 127.0.0.1).")
-        add(
-            "--base-url",
-            default=None,
-            help="URL routers use (default http://HOST:PORT; http://HOSTNAME:PORT for 0.0.0.0).",
-        )
         add("--device", choices=["cpu", "gpu"], default="cpu", help="vLLM on CPU or GPU.")
         add(
             "--backend",
@@ -60,11 +51,8 @@ class Command(BaseCommand):
             default=None,
             help="Engine (default: the version's runtime; 'simulator' is for tests only).",
         )
-        add("--capacity", type=int, default=8, help="Concurrent sequences (default 8).")
         add("--max-model-len", type=int, default=None, help="Default: manifest max_context.")
-        add("--grace", type=float, default=30.0, help="Drain grace period in seconds.")
         add("--start-timeout", type=float, default=900.0, help="Seconds to wait for /health.")
-        add("--heartbeat-ttl", type=float, default=15.0, help="Heartbeat key TTL in seconds.")
         add("--engine-log", type=Path, default=None, help="Engine output file (default stderr).")
         add("--engine-args", default="", help='Extra engine flags, e.g. "--seed 1" (shlex).')
 
@@ -78,12 +66,9 @@ class Command(BaseCommand):
         if options["grace"] < 0 or options["start_timeout"] <= 0 or options["heartbeat_ttl"] <= 0:
             raise CommandError("--grace must be >= 0; --start-timeout, --heartbeat-ttl > 0")
         manifest = version.manifest if isinstance(version.manifest, dict) else {}
-        files = manifest.get("files")
         max_context = manifest.get("max_context")
         spec = WorkerSpec(
-            artifact_dir=artifact_dir(version),
-            expected_digest=version.digest,
-            expected_files=files if isinstance(files, dict) else None,
+            **artifact_check(version),
             signature=signature_check(version),
             served_model_name=version.model.name,
             host=options["host"],
@@ -98,10 +83,7 @@ class Command(BaseCommand):
             extra_args=tuple(shlex.split(options["engine_args"])),
             tls=(tls := worker_tls_from_env()),
         )
-        advertised = advertised_url(options["host"], options["port"], options["base_url"], tls=tls)
-        hooks = RegistryHooks(
-            pool=pool, version=version, capacity=options["capacity"], base_url=advertised
-        )
+        hooks = registry_hooks(version, pool, options, tls=tls)
         supervisor = Supervisor(
             spec,
             hooks=hooks,

@@ -1,0 +1,18 @@
+"""Fixtures the ops tests share."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from private_redis import PrivateRedis
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[PrivateRedis]:
+    """A redis-server of the test's own (to kill and restart), stopped after the test."""
+    server = PrivateRedis(tmp_path / "redis")
+    server.start()
+    yield server
+    server.stop()
