@@ -169,6 +169,7 @@ def model_update(*, actor: AbstractBaseUser | None, model: Model, **changes: Any
             before=before,
             after=_model_state(model),
         )
+        snapshot_publish_on_commit()
     return model
 
 
