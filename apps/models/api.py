@@ -53,7 +53,7 @@ class Immutable(Conflict):
 
 class ModelSerializer(serializers.ModelSerializer[Model]):
     fallback: serializers.SlugRelatedField[Model] = serializers.SlugRelatedField(
-        slug_field="name", read_only=True
+        slug_field="name", read_only=True, allow_null=True
     )
 
     class Meta:
