@@ -175,6 +175,7 @@ class VersionSerializer(serializers.ModelSerializer[ModelVersion]):
             "memory_gb",
             "tensor_parallel_size",
             "capabilities",
+            "base_version",
             "published",
             "published_at",
             "signing_key",
@@ -196,6 +197,12 @@ class VersionWriteSerializer(serializers.Serializer[Any]):
         child=serializers.CharField(),
         required=False,
         help_text='What the build can do, for model aliases: "json_output", "tools", "vision".',
+    )
+    base_version: Any = serializers.PrimaryKeyRelatedField(
+        queryset=ModelVersion.objects.select_related("model"),
+        required=False,
+        allow_null=True,
+        help_text="A LoRA adapter: the id of the base version whose replicas load it.",
     )
 
 
