@@ -58,7 +58,8 @@ class AdapterArtifact:
 
 
 def generate_demo_adapter(out_dir: Path, *, base_dir: Path, spec: AdapterSpec) -> AdapterArtifact:
-    """Write the adapter for ``spec`` on the model in ``base_dir`` into ``out_dir`` (absent/empty)."""
+    """Write the adapter for ``spec`` on the model in ``base_dir`` into ``out_dir`` (which must
+    be absent or empty)."""
     out_dir = Path(out_dir)
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
         raise FileExistsError(f"{out_dir} exists and is not an empty directory")

@@ -149,4 +149,3 @@ def demo_adapter_register(
         version_created=version_created,
         published_now=published_now,
     )
-

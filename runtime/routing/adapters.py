@@ -106,9 +106,13 @@ class SingleFlight:
     def _now(self) -> float:
         return self._clock() if self._clock is not None else asyncio.get_running_loop().time()
 
-    async def run(self, key: Hashable, load: Callable[[], Awaitable[None]]) -> bool:
+    async def run(
+        self, key: Hashable, load: Callable[[], Awaitable[None]],
+        *, passthrough: tuple[type[Exception], ...] = (),
+    ) -> bool:  # fmt: skip
         """Run ``load`` for ``key`` unless one is in flight (then wait for it). True when
-        this call ran the load. Raises :class:`LoadFailedError` for a failed or cooling load."""
+        this call ran the load. Raises :class:`LoadFailedError` for a failed or cooling load;
+        an exception of a ``passthrough`` type reaches every waiter but is not remembered."""
         failed = self._failed.get(key)
         if failed is not None:
             left = failed[0] - self._now()
@@ -123,6 +127,10 @@ class SingleFlight:
         self._flights[key] = flight
         try:
             await load()
+        except passthrough as exc:
+            flight.set_exception(exc)
+            flight.exception()
+            raise
         except Exception as exc:  # the loader's reason goes to every waiter
             self._failed[key] = (self._now() + self.cooldown_s, str(exc) or type(exc).__name__)
             error = LoadFailedError(self._failed[key][1], self.cooldown_s)

@@ -22,8 +22,11 @@ def test_adapter_versions_round_trip_with_field_errors(
         "label": "v1", "artifact_uri": "file:///models/llm/v1",
         "digest": manifest_digest(manifest()["files"]), "manifest": manifest(), "runtime": "vllm",
     }  # fmt: skip
-    base = staff_client.post(f"{OPS}/models/{base_model.json()['id']}/versions/", body, format="json")
-    assert base.status_code == 201 and base.json()["base_version"] is None
+    base = staff_client.post(
+        f"{OPS}/models/{base_model.json()['id']}/versions/", body, format="json"
+    )
+    assert base.status_code == 201
+    assert base.json()["base_version"] is None
     url = f"{OPS}/models/{lora.json()['id']}/versions/"
     ghost = staff_client.post(url, {**body, "base_version": 999_999}, format="json")
     assert ghost.status_code == 400

@@ -20,19 +20,22 @@ def base_version_error(
     """Why ``base_version`` cannot carry an adapter version of ``model`` (None: it can)."""
     if base_version is None:
         return None
-    if base_version.model_id == model.pk:
-        return "An adapter's base version must belong to another model."
-    if base_version.base_version_id is not None:
-        return f"{base_version} is itself an adapter; name a full model's version."
-    if base_version.model.task not in ADAPTER_TASKS:
-        return f"{base_version} is a {base_version.model.task} model; adapters need chat or completion."
-    if model.task != base_version.model.task:
-        return f"Model {model.name!r} is {model.task}, its base {base_version} is {base_version.model.task}."
-    if runtime not in ADAPTER_RUNTIMES:
-        return f"Adapters run on {[str(r) for r in ADAPTER_RUNTIMES]}, not {runtime!r}."
-    if runtime != base_version.runtime:
-        return f"The adapter's runtime {runtime!r} differs from its base's {base_version.runtime!r}."
-    return None
+    base_task = base_version.model.task
+    checks = (
+        (base_version.model_id == model.pk,
+         "An adapter's base version must belong to another model."),
+        (base_version.base_version_id is not None,
+         f"{base_version} is itself an adapter; name a full model's version."),
+        (base_task not in ADAPTER_TASKS,
+         f"{base_version} is a {base_task} model; adapters need chat or completion."),
+        (model.task != base_task,
+         f"Model {model.name!r} is {model.task}, its base {base_version} is {base_task}."),
+        (runtime not in ADAPTER_RUNTIMES,
+         f"Adapters run on {[str(r) for r in ADAPTER_RUNTIMES]}, not {runtime!r}."),
+        (runtime != base_version.runtime,
+         f"The adapter's runtime {runtime!r} differs from its base's {base_version.runtime!r}."),
+    )  # fmt: skip
+    return next((message for failed, message in checks if failed), None)
 
 
 def base_published_error(version: ModelVersion) -> str | None:

@@ -82,7 +82,8 @@ def test_the_seed_creates_the_demo() -> None:
     assert [a.model.name for a in adapters] == ["demo-llama-lora-1", "demo-llama-lora-2"]
     assert len({a.digest for a in adapters}) == 2  # two seeds, two adapters
     for adapter in adapters:
-        assert adapter.is_published and adapter.signature
+        assert adapter.is_published
+        assert adapter.signature
         adapter_price = Price.objects.get(version=adapter, hardware_tier="cpu")
         assert adapter_price.input_per_1k > price.input_per_1k  # billed at its own price
 

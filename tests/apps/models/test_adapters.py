@@ -29,9 +29,11 @@ def adapter_model(llm: Model) -> Model:
     return model_create(actor=None, name="tiny-llama-support", task="chat")
 
 
-def _adapter(model: Model, base: ModelVersion | None, manifest: dict[str, Any], **extra: Any) -> ModelVersion:
+def _adapter(
+    model: Model, base: ModelVersion, manifest: dict[str, Any], **extra: Any
+) -> ModelVersion:
     values: dict[str, Any] = {
-        "label": "v1", "artifact_uri": "file:///adapters/support", "digest": base.digest if base else "",
+        "label": "v1", "artifact_uri": "file:///adapters/support", "digest": base.digest,
         "manifest": {**manifest, "lora_rank": 8}, "runtime": "vllm", "base_version": base, **extra,
     }  # fmt: skip
     return model_version_create(actor=None, model=model, **values)
@@ -42,7 +44,8 @@ def test_adapter_is_published_on_a_published_base_and_snapshotted(
 ) -> None:
     base = make_version("v1")
     adapter = _adapter(adapter_model, base, manifest)
-    assert adapter.is_adapter and list(base.adapters.all()) == [adapter]
+    assert adapter.is_adapter
+    assert list(base.adapters.all()) == [adapter]
     early = field_error(lambda: model_version_publish(actor=None, version=adapter), "base_version")
     assert early == "Publish the base version tiny-llama:v1 first."
     model_version_publish(actor=None, version=base)
@@ -64,9 +67,13 @@ def test_base_version_errors(
     base = make_version("v1")
     own = field_error(lambda: _adapter(llm, base, manifest, label="lora"), "base_version")
     assert own == "An adapter's base version must belong to another model."
-    runtime = field_error(lambda: _adapter(adapter_model, base, manifest, runtime="simulator"), "base_version")
+    runtime = field_error(
+        lambda: _adapter(adapter_model, base, manifest, runtime="simulator"), "base_version"
+    )
     assert runtime == "The adapter's runtime 'simulator' differs from its base's 'vllm'."
-    torch = field_error(lambda: _adapter(adapter_model, base, manifest, runtime="torch"), "base_version")
+    torch = field_error(
+        lambda: _adapter(adapter_model, base, manifest, runtime="torch"), "base_version"
+    )
     assert torch.startswith("Adapters run on ['vllm', 'simulator'], not 'torch'")
     adapter = _adapter(adapter_model, base, manifest)
     other = model_create(actor=None, name="stacked", task="chat")

@@ -65,7 +65,8 @@ async def test_single_flight_shares_one_load() -> None:
     await asyncio.sleep(0)
     release.set()
     ran = await asyncio.gather(*tasks)
-    assert calls == 1 and sorted(ran) == [False, False, False, False, True]
+    assert calls == 1
+    assert sorted(ran) == [False, False, False, False, True]
     assert await flights.run(("ep1", "lora"), load) is True  # the next one is a new flight
 
 
@@ -89,7 +90,8 @@ async def test_failed_load_is_shared_and_cooled_down() -> None:
     now[0] = 104.0
     with pytest.raises(LoadFailedError) as info:
         await flights.run("k", broken)
-    assert calls == 1 and info.value.retry_after_s == pytest.approx(6.0)
+    assert calls == 1
+    assert info.value.retry_after_s == pytest.approx(6.0)
     now[0] = 111.0
     with pytest.raises(LoadFailedError):
         await flights.run("k", broken)
@@ -117,6 +119,8 @@ def test_launcher_enables_runtime_lora_when_asked() -> None:
     i = argv.index("--enable-lora")
     assert argv[i : i + 5] == ["--enable-lora", "--max-loras", "2", "--max-lora-rank", "8"]
     assert build_env(spec, {})[LORA_RUNTIME_ENV] == "True"
-    plain = WorkerSpec(artifact_dir=Path("/m"), expected_digest="0" * 64, served_model_name="m", port=8000)
+    plain = WorkerSpec(
+        artifact_dir=Path("/m"), expected_digest="0" * 64, served_model_name="m", port=8000
+    )
     assert "--enable-lora" not in build_command(plain)
     assert LORA_RUNTIME_ENV not in build_env(plain, {})

@@ -38,8 +38,10 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--seed", type=int, default=1, help="Generation seed (default 1).")
         parser.add_argument("--rank", type=int, default=8, help="LoRA rank (default 8).")
-        parser.add_argument("--out", type=Path, default=None,
-                            help="Output folder (default: <VAR_DIR>/adapters/<model name>).")  # fmt: skip
+        parser.add_argument(
+            "--out", type=Path, default=None,
+            help="Output folder (default: <VAR_DIR>/adapters/<model name>).",
+        )  # fmt: skip
         parser.add_argument("--json", action="store_true", help="Print one JSON object.")
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -52,7 +54,9 @@ class Command(BaseCommand):
             .first()
         )
         if base is None:
-            raise CommandError(f"{DEMO_MODEL_NAME}:{DEMO_LABEL} is not published; run make_demo_model")
+            raise CommandError(
+                f"{DEMO_MODEL_NAME}:{DEMO_LABEL} is not published; run make_demo_model"
+            )
         name = f"{DEMO_ADAPTER_PREFIX}{seed}"
         out = options["out"] or Path(settings.VAR_DIR) / "adapters" / name
         spec = AdapterSpec(seed=seed, rank=rank, alpha=2 * rank, base_digest=base.digest)
