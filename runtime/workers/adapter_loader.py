@@ -18,15 +18,21 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import unquote, urlsplit
 
 import aiohttp
 
 from runtime.artifacts import ArtifactError, verify_artifact
 from runtime.routing.adapters import LoadFailedError, SingleFlight
 from runtime.signing import SignatureCheck, SignatureError, check_signature
+from runtime.snapshot import EndpointSnap, VersionSnap, adapter_name
 from runtime.workers.adapters import AdapterSlots, Load, Pinned
 
-__all__ = ["AdapterArtifact", "AdapterLoader", "AllSlotsPinnedError", "LoadFailedError"]
+ENGINE_CALL_TIMEOUT = aiohttp.ClientTimeout(total=60)
+
+__all__ = [
+    "AdapterArtifact", "AdapterFleet", "AdapterLoader", "AllSlotsPinnedError", "LoadFailedError",
+]  # fmt: skip
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -61,9 +67,10 @@ class AdapterLoader:
     """One engine's resident adapters (see the module doc)."""
 
     def __init__(
-        self, base_url: str, session: aiohttp.ClientSession, slots: AdapterSlots,
+        self, base_url: str, session: aiohttp.ClientSession | None, slots: AdapterSlots,
         *, cooldown_s: float = 10.0,
     ) -> None:  # fmt: skip
+        """``session``: None opens one per engine call (loads are rare; nothing to close)."""
         self.base_url = base_url.rstrip("/")
         self.slots = slots
         self.stats = AdapterStats()
@@ -108,10 +115,57 @@ class AdapterLoader:
             self.slots.loaded(adapter.name, now=time.monotonic())
 
     async def _post(self, path: str, body: dict[str, str]) -> None:
-        async with self._session.post(f"{self.base_url}{path}", json=body) as response:
-            if response.status >= 400:
-                text = (await response.text())[:300]
-                raise RuntimeError(f"{path} answered {response.status}: {text}")
+        if self._session is None:
+            async with aiohttp.ClientSession(timeout=ENGINE_CALL_TIMEOUT) as session:
+                await _post(session, f"{self.base_url}{path}", body)
+        else:
+            await _post(self._session, f"{self.base_url}{path}", body)
+
+
+async def _post(session: aiohttp.ClientSession, url: str, body: dict[str, str]) -> None:
+    async with session.post(url, json=body) as response:
+        if response.status >= 400:
+            text = (await response.text())[:300]
+            raise RuntimeError(f"{url} answered {response.status}: {text}")
+
+
+def local_path(uri: str) -> Path | None:
+    """The folder of a ``file://`` (or plain path) artifact URI; None for a remote one."""
+    parsed = urlsplit(uri)
+    if parsed.scheme == "file":
+        return Path(unquote(parsed.path))
+    return Path(uri) if parsed.scheme == "" and uri else None
+
+
+class AdapterFleet:
+    """The router's view of every replica's adapters: one :class:`AdapterLoader` per endpoint
+    (``max_loras`` slots each, as the launcher starts engines), made on first use."""
+
+    def __init__(self, *, max_loras: int = 2, min_residency_s: float = 30.0) -> None:
+        self.max_loras = max_loras
+        self.min_residency_s = min_residency_s
+        self._loaders: dict[tuple[int, str], AdapterLoader] = {}
+
+    def loader(self, endpoint: EndpointSnap) -> AdapterLoader:
+        key = (endpoint.id, endpoint.base_url)
+        loader = self._loaders.get(key)
+        if loader is None:
+            slots = AdapterSlots(max_loras=self.max_loras, min_residency_s=self.min_residency_s)
+            loader = self._loaders[key] = AdapterLoader(endpoint.base_url, None, slots)
+        return loader
+
+    def resident(self) -> dict[int, tuple[str, ...]]:
+        """Endpoint id -> its resident adapters (LRU first): the fleet view's residency."""
+        return {key[0]: loader.slots.resident() for key, loader in self._loaders.items()}
+
+    async def ensure(self, endpoint: EndpointSnap, version: VersionSnap) -> bool:
+        """Make adapter ``version`` resident on ``endpoint`` (True: this call loaded it)."""
+        path = local_path(version.artifact_uri)
+        if path is None:
+            reason = f"its artifact {version.artifact_uri!r} is not a local folder"
+            raise LoadFailedError(reason, 60.0)
+        artifact = AdapterArtifact(name=adapter_name(version), path=path, digest=version.digest)
+        return await self.loader(endpoint).ensure(artifact)
 
 
 def _verify(adapter: AdapterArtifact) -> None:
