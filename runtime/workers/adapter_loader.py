@@ -81,9 +81,7 @@ class AdapterLoader:
     async def ensure(self, adapter: AdapterArtifact) -> bool:
         """Make ``adapter`` resident; True when this call loaded it. Raises
         :class:`AllSlotsPinnedError` (429) or :class:`LoadFailedError` (503, with the reason)."""
-        if adapter.name in self.slots:
-            self.slots.touch(adapter.name)
-            self.stats.hits += 1
+        if self.hit(adapter.name):
             return False
         ran = await self._flights.run(
             adapter.name, lambda: self._load(adapter), passthrough=(AllSlotsPinnedError,)
@@ -91,6 +89,14 @@ class AdapterLoader:
         if not ran:
             self.stats.waited += 1
         return ran
+
+    def hit(self, name: str) -> bool:
+        """True (and counted as a use) when ``name`` is resident."""
+        if name not in self.slots:
+            return False
+        self.slots.touch(name)
+        self.stats.hits += 1
+        return True
 
     async def _load(self, adapter: AdapterArtifact) -> None:
         try:
@@ -160,12 +166,15 @@ class AdapterFleet:
 
     async def ensure(self, endpoint: EndpointSnap, version: VersionSnap) -> bool:
         """Make adapter ``version`` resident on ``endpoint`` (True: this call loaded it)."""
+        name, loader = adapter_name(version), self.loader(endpoint)
+        if loader.hit(name):
+            return False
         path = local_path(version.artifact_uri)
         if path is None:
             reason = f"its artifact {version.artifact_uri!r} is not a local folder"
             raise LoadFailedError(reason, 60.0)
-        artifact = AdapterArtifact(name=adapter_name(version), path=path, digest=version.digest)
-        return await self.loader(endpoint).ensure(artifact)
+        artifact = AdapterArtifact(name=name, path=path, digest=version.digest)
+        return await loader.ensure(artifact)
 
 
 def _verify(adapter: AdapterArtifact) -> None:
