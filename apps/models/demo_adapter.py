@@ -11,14 +11,12 @@ Nothing reaches a model hub: ``base_model_name_or_path`` names the local base fo
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from apps.models.demo import _offline
-from runtime.artifacts import MANIFEST_FILENAME, compute_manifest, read_manifest, write_manifest
+from apps.models.demo import _offline, replace_generated
+from runtime.artifacts import compute_manifest, read_manifest, write_manifest
 
 GENERATOR = "switchyard-demo-lora"
 GENERATOR_FORMAT = 1
@@ -117,17 +115,9 @@ def ensure_demo_adapter(
     existing = load_demo_adapter(out_dir, spec=spec) if out_dir.is_dir() else None
     if existing is not None:
         return existing, False
-    if out_dir.exists() and any(out_dir.iterdir()) and not (out_dir / MANIFEST_FILENAME).is_file():
-        raise FileExistsError(f"{out_dir} is not empty and holds no {MANIFEST_FILENAME}")
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
-    try:
-        generate_demo_adapter(staging / "adapter", base_dir=base_dir, spec=spec)
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        (staging / "adapter").rename(out_dir)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+    replace_generated(
+        out_dir, lambda staged: generate_demo_adapter(staged, base_dir=base_dir, spec=spec)
+    )
     artifact = load_demo_adapter(out_dir, spec=spec)
     if artifact is None:  # pragma: no cover - we just wrote it
         raise RuntimeError(f"generated demo adapter in {out_dir} does not verify")
