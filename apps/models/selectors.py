@@ -5,6 +5,7 @@ from __future__ import annotations
 from django.db.models import Prefetch, QuerySet
 
 from apps.models.models import Endpoint, Model, ModelVersion, Pool, Route, TrustedKey
+from runtime.workers.adapters import DEFAULT_MAX_LORAS
 
 
 def models_all() -> QuerySet[Model]:
@@ -56,3 +57,19 @@ def routes_all() -> QuerySet[Route]:
 def trusted_keys_active() -> dict[str, str]:
     """The active trusted keys' public keys by name: what a worker checks signatures with."""
     return dict(TrustedKey.objects.filter(active=True).values_list("name", "public_key"))
+
+
+def lora_settings(version: ModelVersion) -> dict[str, int]:
+    """The engine's LoRA settings for a replica of ``version``: none without published
+    adapters; else the default slots and the largest adapter rank (at least 8, vLLM's
+    smallest supported maximum), for ``WorkerSpec.max_loras`` / ``max_lora_rank``."""
+    adapters = version.adapters.filter(published_at__isnull=False)
+    ranks = [
+        m.get("lora_rank")
+        for m in adapters.values_list("manifest", flat=True)
+        if isinstance(m, dict)
+    ]
+    if not adapters.exists():
+        return {}
+    rank = max([8, *(r for r in ranks if isinstance(r, int) and not isinstance(r, bool))])
+    return {"max_loras": DEFAULT_MAX_LORAS, "max_lora_rank": rank}

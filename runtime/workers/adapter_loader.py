@@ -26,7 +26,7 @@ from runtime.artifacts import ArtifactError, verify_artifact
 from runtime.routing.adapters import LoadFailedError, SingleFlight
 from runtime.signing import SignatureCheck, SignatureError, check_signature
 from runtime.snapshot import EndpointSnap, VersionSnap, adapter_name
-from runtime.workers.adapters import AdapterSlots, Load, Pinned
+from runtime.workers.adapters import DEFAULT_MAX_LORAS, AdapterSlots, Load, Pinned
 
 ENGINE_CALL_TIMEOUT = aiohttp.ClientTimeout(total=60)
 
@@ -147,7 +147,9 @@ class AdapterFleet:
     """The router's view of every replica's adapters: one :class:`AdapterLoader` per endpoint
     (``max_loras`` slots each, as the launcher starts engines), made on first use."""
 
-    def __init__(self, *, max_loras: int = 2, min_residency_s: float = 30.0) -> None:
+    def __init__(
+        self, *, max_loras: int = DEFAULT_MAX_LORAS, min_residency_s: float = 30.0
+    ) -> None:
         self.max_loras = max_loras
         self.min_residency_s = min_residency_s
         self._loaders: dict[tuple[int, str], AdapterLoader] = {}

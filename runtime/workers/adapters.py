@@ -18,6 +18,10 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
+# Adapter slots per replica: what the launcher gives an engine that serves adapters and what
+# the router's per-replica bookkeeping assumes (runtime.workers.adapter_loader.AdapterFleet).
+DEFAULT_MAX_LORAS = 2
+
 
 @dataclass(frozen=True, slots=True)
 class Resident:

@@ -97,6 +97,8 @@ def build_command(spec: WorkerSpec) -> list[str]:
         common += ["--max-num-seqs", str(spec.max_num_seqs)]
     if spec.backend == "simulator":
         argv = [spec.python, "-m", SIMULATOR_MODULE, "--model", spec.served_model_name, *common]
+        if spec.max_loras > 0:
+            argv += ["--max-loras", str(spec.max_loras)]
         return [*argv, *spec.extra_args]
     argv = [
         spec.python, "-m", VLLM_MODULE,

@@ -11,6 +11,7 @@ from django.core.exceptions import ValidationError
 
 from apps.core.selectors import snapshot_build
 from apps.models.models import Model, ModelVersion
+from apps.models.selectors import lora_settings
 from apps.models.services import model_create, model_version_create, model_version_publish
 from runtime.gateway.service import model_entry
 from runtime.snapshot import adapter_name
@@ -58,6 +59,12 @@ def test_adapter_is_published_on_a_published_base_and_snapshotted(
     entry = model_entry(snapshot, "tiny-llama-support", 0)
     assert entry["parent"] == "tiny-llama"
     assert "parent" not in model_entry(snapshot, "tiny-llama", 0)
+    # the base's replicas start with LoRA on, sized for the published adapters
+    assert lora_settings(base) == {"max_loras": 2, "max_lora_rank": 8}
+
+
+def test_no_published_adapter_no_lora(make_version: Callable[..., ModelVersion]) -> None:
+    assert lora_settings(make_version("v1", publish=True)) == {}
 
 
 def test_base_version_errors(

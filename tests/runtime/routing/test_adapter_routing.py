@@ -123,4 +123,7 @@ def test_launcher_enables_runtime_lora_when_asked() -> None:
         artifact_dir=Path("/m"), expected_digest="0" * 64, served_model_name="m", port=8000
     )
     assert "--enable-lora" not in build_command(plain)
+    sim = WorkerSpec(artifact_dir=Path("/m"), expected_digest="0" * 64, served_model_name="m",
+                     port=8000, backend="simulator", max_loras=2)  # fmt: skip
+    assert build_command(sim)[-2:] == ["--max-loras", "2"]
     assert LORA_RUNTIME_ENV not in build_env(plain, {})

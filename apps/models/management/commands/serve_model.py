@@ -26,6 +26,7 @@ from apps.models.management.replica import (
     signature_check,
 )
 from apps.models.models import ModelVersion
+from apps.models.selectors import lora_settings
 from runtime.workers.launch import Backend, WorkerSpec
 from runtime.workers.supervisor import Supervisor, SupervisorSettings
 
@@ -95,6 +96,7 @@ class Command(BaseCommand):
             max_num_seqs=options["capacity"],
             tensor_parallel_size=version.tensor_parallel_size,
             extra_args=tuple(shlex.split(options["engine_args"])),
+            **lora_settings(version),
         )
         advertised = advertised_url(options["host"], options["port"], options["base_url"])
         hooks = RegistryHooks(
