@@ -59,17 +59,15 @@ def trusted_keys_active() -> dict[str, str]:
     return dict(TrustedKey.objects.filter(active=True).values_list("name", "public_key"))
 
 
-def lora_settings(version: ModelVersion) -> dict[str, int]:
-    """The engine's LoRA settings for a replica of ``version``: none without published
-    adapters; else the default slots and the largest adapter rank (at least 8, vLLM's
-    smallest supported maximum), for ``WorkerSpec.max_loras`` / ``max_lora_rank``."""
-    adapters = version.adapters.filter(published_at__isnull=False)
-    ranks = [
-        m.get("lora_rank")
-        for m in adapters.values_list("manifest", flat=True)
-        if isinstance(m, dict)
-    ]
-    if not adapters.exists():
-        return {}
+def lora_settings(version: ModelVersion) -> tuple[int, int]:
+    """``(max_loras, max_lora_rank)`` for a replica of ``version``: ``(0, 8)`` (LoRA off)
+    without published adapters; else the default slots and the largest adapter rank (at least
+    8, vLLM's smallest supported maximum): ``WorkerSpec.max_loras`` / ``max_lora_rank``."""
+    manifests = version.adapters.filter(published_at__isnull=False).values_list(
+        "manifest", flat=True
+    )
+    ranks = [m.get("lora_rank") for m in manifests if isinstance(m, dict)]
+    if not manifests.exists():
+        return 0, 8
     rank = max([8, *(r for r in ranks if isinstance(r, int) and not isinstance(r, bool))])
-    return {"max_loras": DEFAULT_MAX_LORAS, "max_lora_rank": rank}
+    return DEFAULT_MAX_LORAS, rank

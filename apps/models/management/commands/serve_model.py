@@ -80,6 +80,7 @@ class Command(BaseCommand):
         manifest = version.manifest if isinstance(version.manifest, dict) else {}
         files = manifest.get("files")
         max_context = manifest.get("max_context")
+        max_loras, max_lora_rank = lora_settings(version)  # LoRA on when it has adapters
         spec = WorkerSpec(
             artifact_dir=artifact_dir(version),
             expected_digest=version.digest,
@@ -96,7 +97,8 @@ class Command(BaseCommand):
             max_num_seqs=options["capacity"],
             tensor_parallel_size=version.tensor_parallel_size,
             extra_args=tuple(shlex.split(options["engine_args"])),
-            **lora_settings(version),
+            max_loras=max_loras,
+            max_lora_rank=max_lora_rank,
         )
         advertised = advertised_url(options["host"], options["port"], options["base_url"])
         hooks = RegistryHooks(
