@@ -9,14 +9,18 @@ openai client gets different greedy outputs for the base and the adapter (seeded
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import shutil
 import urllib.request
+import uuid
 from pathlib import Path
 
 import aiohttp
 import openai
 import pytest
+from fixtures.router import Publisher, start_router, wait_ready
+from test_router_vllm import demo_world
 
 from apps.models.demo_adapter import AdapterSpec, generate_demo_adapter
 from runtime.routing.adapters import LoadFailedError
@@ -83,3 +87,41 @@ def test_adapter_loads_once_and_changes_the_output(vllm_demo_engine, tmp_path):
         assert _greedy(client, two.name) != base_out
     for name in (one.name, two.name):  # leave the shared engine as it was
         _unload(vllm_demo_engine.base_url, name)
+
+
+def test_through_the_router_an_adapter_is_loaded_on_first_use(vllm_demo_engine, tmp_path):
+    """The router's ``adapter`` stage loads the adapter into the engine on the first request
+    (its digest checked) and serves the next from the resident copy; ``parent`` is listed."""
+    made = generate_demo_adapter(tmp_path / "a3", base_dir=vllm_demo_engine.artifact.path,
+                                 spec=AdapterSpec(seed=3))  # fmt: skip
+    world, key = demo_world(vllm_demo_engine)
+    world.add_adapter("demo-llama-lora-3", 2, base_version=1, label="v1",
+                      artifact_uri=made.uri, digest=made.digest)  # fmt: skip
+    publisher = Publisher(f"switchyard:test:e2e-lora:{uuid.uuid4().hex[:12]}")
+    router = None
+    try:
+        version = publisher.publish(world.snapshot())
+        router = start_router(publisher.prefix, tmp_path / "router-var")
+        wait_ready(router, version)
+        with openai.OpenAI(base_url=f"{router.base_url}/v1", api_key=key, max_retries=0,
+                           timeout=120) as client:  # fmt: skip
+            listed = {m.id: m.model_extra.get("parent") for m in client.models.list().data}
+            assert listed["demo-llama-lora-3"] == "demo-llama"
+            base_out = _greedy(client, "demo-llama")
+            first = client.completions.create(
+                model="demo-llama-lora-3", prompt=PROMPT, max_tokens=12, temperature=0.0
+            )
+            assert first.model == "demo-llama-lora-3@v1"
+            assert first.choices[0].text != base_out
+            second = _greedy(client, "demo-llama-lora-3")  # resident: no second load
+            assert second == first.choices[0].text
+        engine_models = json.loads(urllib.request.urlopen(
+            f"{vllm_demo_engine.base_url}/v1/models", timeout=30).read())  # fmt: skip
+        loaded = [m["id"] for m in engine_models["data"] if m.get("parent") == "demo-llama"]
+        assert loaded == ["demo-llama-lora-3@v1"], router.tail()
+    finally:
+        if router is not None:
+            router.stop()
+        publisher.cleanup()
+        with contextlib.suppress(OSError):
+            _unload(vllm_demo_engine.base_url, "demo-llama-lora-3@v1")
