@@ -5,15 +5,21 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('registry', '0006_artifact_signatures'),
+        ("registry", "0006_artifact_signatures"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='modelversion',
-            name='base_version',
-            field=models.ForeignKey(blank=True, help_text="A LoRA adapter: the base version whose replicas load it (empty: a full model). The artifact is the adapter's weights and config.", null=True, on_delete=django.db.models.deletion.PROTECT, related_name='adapters', to='registry.modelversion'),
+            model_name="modelversion",
+            name="base_version",
+            field=models.ForeignKey(
+                blank=True,
+                help_text="A LoRA adapter: the base version whose replicas load it (empty: a full model). The artifact is the adapter's weights and config.",
+                null=True,
+                on_delete=django.db.models.deletion.PROTECT,
+                related_name="adapters",
+                to="registry.modelversion",
+            ),
         ),
     ]
