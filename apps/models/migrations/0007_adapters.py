@@ -15,7 +15,8 @@ class Migration(migrations.Migration):
             name="base_version",
             field=models.ForeignKey(
                 blank=True,
-                help_text="A LoRA adapter: the base version whose replicas load it (empty: a full model). The artifact is the adapter's weights and config.",
+                help_text="A LoRA adapter: the base version whose replicas load it (empty: a full "
+                "model). The artifact is the adapter's weights and config.",
                 null=True,
                 on_delete=django.db.models.deletion.PROTECT,
                 related_name="adapters",
