@@ -101,6 +101,17 @@ class VersionSnap(msgspec.Struct, frozen=True, kw_only=True):
     # What the build declares it can do (:data:`CAPABILITIES`): a model alias picks only a
     # version that has what a request needs.
     capabilities: tuple[str, ...] = ()
+    # A LoRA adapter: the base version whose replicas load it (None: a full model) and the
+    # name the engine knows it by (:func:`adapter_name`); it has no endpoints of its own.
+    base_version: int | None = None
+    lora_rank: int = 0
+
+
+def adapter_name(version: VersionSnap) -> str:
+    """The name an engine serves an adapter version under (``/v1/load_lora_adapter``'s
+    ``lora_name``, the upstream body's ``model``): one per version, so two versions of one
+    adapter (a canary) can be resident side by side."""
+    return f"{version.model}@{version.label}"
 
 
 class CachePolicySnap(msgspec.Struct, frozen=True, kw_only=True):

@@ -1,5 +1,6 @@
 """The demo data `switchyard up` seeds once: classes, tenants with keys and credits, an operator,
-a CPU pool, the demo model (helper command ``make_demo_model``) and its prices, and the demo
+a CPU pool, the demo model (helper command ``make_demo_model``), two LoRA adapters on it
+(``make_demo_adapter``) and their prices, and the demo
 pools' autoscaling settings (the version the local actuator starts). The demo versions are
 signed with the demo key (apps.models.demo_signing) so workers requiring signatures serve them.
 
@@ -64,6 +65,9 @@ TENANTS: tuple[dict[str, Any], ...] = (
 )  # fmt: skip
 
 DEMO_PRICE = {"input_per_1k": Decimal("0.0100"), "output_per_1k": Decimal("0.0300")}
+# The demo LoRA adapters on demo-llama (make_demo_adapter --seed N), billed at their own price.
+DEMO_ADAPTER_SEEDS = (1, 2)
+ADAPTER_PRICE = {"input_per_1k": Decimal("0.0120"), "output_per_1k": Decimal("0.0360")}
 
 
 @dataclass(kw_only=True)
@@ -175,6 +179,20 @@ def _demo_model(result: SeedResult, *, stdout: SupportsWrite[str]) -> None:
     _autoscaled(result, POOL_NAME, version)
 
 
+def _demo_adapters(result: SeedResult) -> None:
+    """The demo LoRA adapters on the demo model (apps.models.demo_adapter), priced."""
+    for seed in DEMO_ADAPTER_SEEDS:
+        out = io.StringIO()
+        call_command("make_demo_adapter", "--seed", str(seed), "--json", stdout=out)
+        summary = json.loads(out.getvalue().strip().splitlines()[-1])
+        version = ModelVersion.objects.select_related("model").get(pk=summary["version_id"])
+        if summary["version_created"]:
+            result.created.append(f"adapter {version} on {summary['base']}")
+        if not Price.objects.filter(version=version, hardware_tier=HARDWARE_TIER).exists():
+            price_set(actor=None, version=version, hardware_tier=HARDWARE_TIER, **ADAPTER_PRICE)
+            result.created.append(f"price of {version} on {HARDWARE_TIER}")
+
+
 def _credits_to_routers(*, stdout: SupportsWrite[str]) -> None:
     """Seed the routers' Redis balances from the ledger (a fresh or restarted Redis)."""
     try:
@@ -223,6 +241,7 @@ def demo_seed(*, stdout: SupportsWrite[str]) -> SeedResult:
         _operator(result)
         _pool(result)
         _demo_model(result, stdout=stdout)
+        _demo_adapters(result)
         _demo_encoder(result, stdout=stdout)
     _credits_to_routers(stdout=stdout)
     for line in result.created:

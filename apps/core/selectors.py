@@ -209,6 +209,10 @@ def _models_and_versions() -> tuple[dict[str, ModelSnap], dict[int, VersionSnap]
             scale_pool=scalable.get(mv.pk, ("", 0.0))[0],
             cold_start_s=scalable.get(mv.pk, ("", 0.0))[1],
             capabilities=_strings(mv.capabilities, where=f"{where} capabilities"),
+            base_version=mv.base_version_id,
+            lora_rank=_positive_int(manifest.get("lora_rank"), where=f"{where} lora_rank")
+            if mv.base_version_id is not None
+            else 0,
         )
         per_model.setdefault(mv.model.name, []).append(mv.pk)
         tasks[mv.model.name] = mv.model.task

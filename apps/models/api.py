@@ -179,6 +179,12 @@ class VersionWriteSerializer(serializers.Serializer[Any]):
         required=False,
         help_text='What the build can do, for model aliases: "json_output", "tools", "vision".',
     )
+    base_version: Any = serializers.PrimaryKeyRelatedField(
+        queryset=ModelVersion.objects.select_related("model"),
+        required=False,
+        allow_null=True,
+        help_text="A LoRA adapter: the id of the base version whose replicas load it.",
+    )
 
 
 class VersionPatchSerializer(VersionWriteSerializer):

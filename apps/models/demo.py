@@ -17,6 +17,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -187,6 +188,30 @@ def load_demo_artifact(out_dir: Path, *, spec: DemoSpec) -> DemoArtifact | None:
         return None
 
 
+def replace_generated(out_dir: Path, generate: Callable[[Path], object]) -> None:
+    """Run ``generate(folder)`` in a staging folder beside ``out_dir``, then swap it in.
+
+    A stale or damaged generated folder (one holding a ``switchyard-manifest.json``) is
+    replaced; any other non-empty folder is refused with :class:`FileExistsError`.
+    """
+    if out_dir.exists():
+        if not out_dir.is_dir():
+            raise FileExistsError(f"{out_dir} exists and is not a directory")
+        if any(out_dir.iterdir()) and not (out_dir / MANIFEST_FILENAME).is_file():
+            raise FileExistsError(
+                f"{out_dir} is not empty and holds no {MANIFEST_FILENAME}; refusing to overwrite it"
+            )
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    try:
+        generate(staging / "out")
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        (staging / "out").rename(out_dir)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
 def ensure_demo_model(
     out_dir: Path, *, seed: int = 0, vocab_size: int = 512
 ) -> tuple[DemoArtifact, bool]:
@@ -201,22 +226,9 @@ def ensure_demo_model(
     existing = load_demo_artifact(out_dir, spec=spec) if out_dir.is_dir() else None
     if existing is not None:
         return existing, False
-    if out_dir.exists():
-        if not out_dir.is_dir():
-            raise FileExistsError(f"{out_dir} exists and is not a directory")
-        if any(out_dir.iterdir()) and not (out_dir / MANIFEST_FILENAME).is_file():
-            raise FileExistsError(
-                f"{out_dir} is not empty and holds no {MANIFEST_FILENAME}; refusing to overwrite it"
-            )
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
-    try:
-        generate_demo_model(staging / "model", seed=seed, vocab_size=vocab_size)
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        (staging / "model").rename(out_dir)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+    replace_generated(
+        out_dir, lambda staged: generate_demo_model(staged, seed=seed, vocab_size=vocab_size)
+    )
     artifact = load_demo_artifact(out_dir, spec=spec)
     if artifact is None:  # pragma: no cover - we just wrote it
         raise RuntimeError(f"generated demo model in {out_dir} does not verify")

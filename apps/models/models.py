@@ -112,6 +112,15 @@ class ModelVersion(models.Model):
         help_text='What this build can do, for model aliases: any of "json_output", "tools", '
         '"vision".',
     )
+    base_version = models.ForeignKey(
+        "self",
+        on_delete=models.PROTECT,
+        null=True,
+        blank=True,
+        related_name="adapters",
+        help_text="A LoRA adapter: the base version whose replicas load it (empty: a full "
+        "model). The artifact is the adapter's weights and config.",
+    )
     published_at = models.DateTimeField(null=True, blank=True)
     signature = models.CharField(
         max_length=88,
@@ -150,6 +159,10 @@ class ModelVersion(models.Model):
     @property
     def is_published(self) -> bool:
         return self.published_at is not None
+
+    @property
+    def is_adapter(self) -> bool:
+        return self.base_version_id is not None
 
 
 class Pool(models.Model):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from django.db.models import Prefetch, QuerySet
 
 from apps.models.models import Endpoint, Model, ModelVersion, Pool, Route, TrustedKey
+from runtime.workers.adapters import DEFAULT_MAX_LORAS
 
 
 def models_all() -> QuerySet[Model]:
@@ -56,3 +57,17 @@ def routes_all() -> QuerySet[Route]:
 def trusted_keys_active() -> dict[str, str]:
     """The active trusted keys' public keys by name: what a worker checks signatures with."""
     return dict(TrustedKey.objects.filter(active=True).values_list("name", "public_key"))
+
+
+def lora_settings(version: ModelVersion) -> tuple[int, int]:
+    """``(max_loras, max_lora_rank)`` for a replica of ``version``: ``(0, 8)`` (LoRA off)
+    without published adapters; else the default slots and the largest adapter rank (at least
+    8, vLLM's smallest supported maximum): ``WorkerSpec.max_loras`` / ``max_lora_rank``."""
+    manifests = version.adapters.filter(published_at__isnull=False).values_list(
+        "manifest", flat=True
+    )
+    ranks = [m.get("lora_rank") for m in manifests if isinstance(m, dict)]
+    if not manifests.exists():
+        return 0, 8
+    rank = max([8, *(r for r in ranks if isinstance(r, int) and not isinstance(r, bool))])
+    return DEFAULT_MAX_LORAS, rank

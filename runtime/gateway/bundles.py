@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from runtime.admission.redis_limits import RedisLimits
 from runtime.batching.coalescer import Coalescer
@@ -35,6 +35,7 @@ from runtime.telemetry.tracing import Tracing
 from runtime.telemetry.versions import VersionStats
 from runtime.upstream.breaker import BreakerBook
 from runtime.upstream.client import UpstreamClient
+from runtime.workers.adapter_loader import AdapterFleet
 
 
 class PriceHolder:
@@ -84,6 +85,7 @@ class UpstreamDeps:
     tracing: Tracing
     metrics: RouterMetrics
     shadow: ShadowMirror
+    adapters: AdapterFleet = field(default_factory=AdapterFleet)  # LoRA residency per replica
 
 
 @dataclass(slots=True, frozen=True, kw_only=True)

@@ -134,6 +134,12 @@ ERROR_KINDS: Final[Mapping[str, ErrorKind]] = MappingProxyType(
             429, RATE_LIMIT, "The model '{model}' is overloaded: {reason}."
         ),
         "shed": ErrorKind(429, RATE_LIMIT, "The model '{model}' is overloaded: {reason}."),
+        "adapter_slots_pinned": ErrorKind(
+            429,
+            RATE_LIMIT,
+            "Every adapter slot of the replica for '{model}' holds an adapter loaded too "
+            "recently to evict; retry later.",
+        ),
         # 5xx: ours or the fleet's.
         "internal_error": ErrorKind(500, SERVER, "Internal error."),
         "upstream_error": ErrorKind(502, UPSTREAM, "The model server failed: {reason}"),
@@ -142,6 +148,9 @@ ERROR_KINDS: Final[Mapping[str, ErrorKind]] = MappingProxyType(
         # the router's SIGTERM grace period ended with this request still running
         "router_shutdown": ErrorKind(
             503, SERVER, "The router is shutting down; its grace period for this request ended."
+        ),
+        "adapter_load_failed": ErrorKind(
+            503, SERVER, "The adapter '{model}' could not be loaded: {reason}."
         ),
         "no_healthy_endpoint": ErrorKind(
             503, SERVER, "No healthy endpoint is available for the model '{model}': {reason}."

@@ -38,7 +38,14 @@ from runtime.gateway.schema import (
 )
 from runtime.gateway.tokens import text_overheads
 from runtime.routing.versions import Headers, NoVersionError, choose_version
-from runtime.snapshot import ModelSnap, RequestClassSnap, Snapshot, TenantSnap, VersionSnap
+from runtime.snapshot import (
+    ModelSnap,
+    RequestClassSnap,
+    Snapshot,
+    TenantSnap,
+    VersionSnap,
+    adapter_name,
+)
 from runtime.telemetry.logging import RequestRecord
 from runtime.telemetry.metrics import StageLabels
 
@@ -90,7 +97,8 @@ async def plan_request(
         headers=headers,
     )  # fmt: skip
     record.model = labels.model = model.name
-    document["model"] = model.name  # an alias's member, or a fallback: what the engine serves
+    # an alias's member, or a fallback: what the engine serves; an adapter: its LoRA name
+    document["model"] = model.name if version.base_version is None else adapter_name(version)
     for name in model.refused_fields:
         if name in document:
             raise ApiError.of("unsupported_parameter", param=name, model=model.name)

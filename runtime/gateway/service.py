@@ -8,6 +8,7 @@ from typing import ClassVar
 from runtime.gateway.auth import authenticate, bearer_token
 from runtime.gateway.consumers import GatewayConsumer, Scope, header
 from runtime.gateway.errors import NO_SNAPSHOT, ApiError, as_json
+from runtime.snapshot import Snapshot
 
 
 class ModelsConsumer(GatewayConsumer):
@@ -30,10 +31,7 @@ class ModelsConsumer(GatewayConsumer):
         )  # fmt: skip
         wanted = self.scope.get("url_route", {}).get("kwargs", {}).get("model")
         created = int(snapshot.created_at)
-        entries = [
-            {"id": name, "object": "model", "created": created, "owned_by": "switchyard"}
-            for name in names
-        ]
+        entries = [model_entry(snapshot, name, created) for name in names]
         if wanted is None:
             await self.send_json(200, as_json({"object": "list", "data": entries}))
             return
@@ -42,6 +40,21 @@ class ModelsConsumer(GatewayConsumer):
                 await self.send_json(200, as_json(entry))
                 return
         raise ApiError.of("model_not_found", param="model", model=wanted)
+
+
+def model_entry(snapshot: Snapshot, name: str, created: int) -> dict[str, object]:
+    """One ``/v1/models`` entry; a LoRA adapter names its base model as ``parent``, as vLLM
+    lists its adapters."""
+    entry: dict[str, object] = {
+        "id": name, "object": "model", "created": created, "owned_by": "switchyard",
+    }  # fmt: skip
+    model = snapshot.models.get(name)
+    if model is not None and model.versions:
+        base_id = snapshot.versions[model.versions[-1]].base_version
+        base = snapshot.versions.get(base_id) if base_id is not None else None
+        if base is not None:
+            entry["parent"] = base.model
+    return entry
 
 
 class HealthzConsumer(GatewayConsumer):

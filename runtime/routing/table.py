@@ -1,5 +1,7 @@
 """Per-snapshot routing indexes: the endpoints of each version, and a selector per pool.
 
+A LoRA adapter version is served by its base version's endpoints.
+
 Rebuilt lazily when the snapshot object changes (snapshots are immutable, so identity is
 enough). Selectors are cached by their policy set across snapshots, so round-robin turns
 survive a publish. A pool whose policies name an unknown filter, scorer or picker routes
@@ -35,6 +37,10 @@ class RoutingTable:
         by_version: dict[int, list[EndpointSnap]] = {}
         for endpoint in sorted(snapshot.endpoints.values(), key=lambda e: e.id):
             by_version.setdefault(endpoint.version, []).append(endpoint)
+        # A LoRA adapter has no endpoints of its own: its base version's replicas load it.
+        for version in snapshot.versions.values():
+            if version.base_version is not None and version.base_version in by_version:
+                by_version[version.id] = by_version[version.base_version]
         self._by_version = {v: tuple(eps) for v, eps in by_version.items()}
         # A version served from several pools uses the policies of the first pool by name.
         self._pool_of_version = {v: min(e.pool for e in eps) for v, eps in by_version.items()}

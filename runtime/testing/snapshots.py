@@ -151,6 +151,17 @@ class SnapshotBuilder:
         self.versions[version_id] = version_snap(version_id, model, **fields)
         return self
 
+    def add_adapter(
+        self, name: str, version_id: int, *, base_version: int, lora_rank: int = 8,
+        **version_fields: Any,
+    ) -> Self:  # fmt: skip
+        """A LoRA adapter model on ``base_version`` (served by that version's endpoints)."""
+        task = self.models[self.versions[base_version].model].task
+        return self.add_model(
+            name, version_id, task=task, base_version=base_version, lora_rank=lora_rank,
+            **version_fields,
+        )  # fmt: skip
+
     def add_pool(self, name: str, **fields: Any) -> Self:
         self.pools[name] = pool_snap(name, **fields)
         return self

@@ -35,6 +35,7 @@ log = logging.getLogger("switchyard.worker")
 Device = Literal["cpu", "gpu"]
 Backend = Literal["vllm", "simulator"]
 
+LORA_RUNTIME_ENV = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"
 VLLM_MODULE = "vllm.entrypoints.openai.api_server"
 SIMULATOR_MODULE = "runtime.workers.simulator"
 TAIL_LINES = 40
@@ -73,6 +74,10 @@ class WorkerSpec:
     dtype: str | None = None  # None: float32 on CPU, the checkpoint's ("auto") on GPU
     scheduling_policy: str = "priority"
     cpu_kv_cache_gib: int = 1
+    # LoRA adapters (runtime.workers.adapters): 0 = off; else the engine holds this many at
+    # once, of rank up to ``max_lora_rank``, loaded at run time (/v1/load_lora_adapter).
+    max_loras: int = 0
+    max_lora_rank: int = 8
     extra_args: tuple[str, ...] = ()
     env: Mapping[str, str] = field(default_factory=dict)
     python: str = sys.executable
@@ -104,6 +109,8 @@ def build_command(spec: WorkerSpec) -> list[str]:
         common += ["--max-num-seqs", str(spec.max_num_seqs)]
     if spec.backend == "simulator":
         argv = [spec.python, "-m", SIMULATOR_MODULE, "--model", spec.served_model_name, *common]
+        if spec.max_loras > 0:
+            argv += ["--max-loras", str(spec.max_loras)]
         return [*argv, *spec.extra_args]
     argv = [
         spec.python, "-m", VLLM_MODULE,
@@ -118,6 +125,9 @@ def build_command(spec: WorkerSpec) -> list[str]:
     else:
         argv += ["--dtype", spec.dtype or "auto"]
         argv += ["--tensor-parallel-size", str(spec.tensor_parallel_size)]
+    if spec.max_loras > 0:
+        argv += ["--enable-lora", "--max-loras", str(spec.max_loras)]
+        argv += ["--max-lora-rank", str(spec.max_lora_rank)]
     return [*argv, *spec.extra_args]
 
 
@@ -127,6 +137,8 @@ def build_env(spec: WorkerSpec, base: Mapping[str, str] | None = None) -> dict[s
     env.update(OFFLINE_ENV)
     if spec.backend == "vllm" and spec.device == "cpu":
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(spec.cpu_kv_cache_gib))
+    if spec.backend == "vllm" and spec.max_loras > 0:
+        env[LORA_RUNTIME_ENV] = "True"  # enables /v1/load_lora_adapter and its unload
     env.update(spec.env)
     return env
 

@@ -17,7 +17,7 @@ from apps.common.outbox import snapshot_publish_on_commit
 from apps.common.validation import exists_other, refuse_unknown
 from apps.models import validators as v
 from apps.models.models import Model, ModelVersion
-from apps.models.services import aliases
+from apps.models.services import adapters, aliases
 from runtime.artifacts import manifest_digest
 
 VERSION_FIELDS = (
@@ -29,6 +29,7 @@ VERSION_FIELDS = (
     "memory_gb",
     "tensor_parallel_size",
     "capabilities",
+    "base_version",
 )
 MODEL_FIELDS = ("name", "task", "description", "refused_fields")
 # Degradation's fallback and an alias's members (apps.models.services.aliases).
@@ -176,6 +177,14 @@ def model_update(*, actor: AbstractBaseUser | None, model: Model, **changes: Any
 # --- versions -------------------------------------------------------------------------------
 
 
+def _version_state(version: ModelVersion) -> dict[str, Any]:
+    """The version's fields for an audit record (an adapter's base by name)."""
+    state = audit_state(version, VERSION_FIELDS)
+    base = state["base_version"]
+    state["base_version"] = str(base) if base is not None else None
+    return state
+
+
 def model_version_validate(
     *,
     model: Model,
@@ -187,6 +196,7 @@ def model_version_validate(
     memory_gb: float,
     tensor_parallel_size: int,
     capabilities: object = (),
+    base_version: ModelVersion | None = None,
     exclude_pk: int | None = None,
 ) -> None:
     """Rules for a draft version. The manifest may be partial; publishing needs all of it."""
@@ -220,6 +230,9 @@ def model_version_validate(
             else "Tensor parallel size must be an integer from 1 to 1024.",
             "capabilities": v.capabilities_error(capabilities),
             "model": aliases.alias_version_error(model),
+            "base_version": adapters.base_version_error(
+                model=model, base_version=base_version, runtime=runtime
+            ),
         }
     )
 
@@ -236,9 +249,12 @@ def model_version_create(
     memory_gb: float = 1.0,
     tensor_parallel_size: int = 1,
     capabilities: list[str] | None = None,
+    base_version: ModelVersion | None = None,
 ) -> ModelVersion:
+    """A draft version; with ``base_version``, a LoRA adapter on it (services.adapters)."""
     fields: dict[str, Any] = {
         "capabilities": list(capabilities or []),
+        "base_version": base_version,
         "label": label,
         "artifact_uri": artifact_uri,
         "digest": digest,
@@ -260,7 +276,7 @@ def model_version_create(
             actor=actor,
             action="model_version.create",
             target=version,
-            after=audit_state(version, VERSION_FIELDS),
+            after=_version_state(version),
         )
         snapshot_publish_on_commit()
     return version
@@ -291,13 +307,22 @@ def model_version_update(
     with transaction.atomic():
         locked = ModelVersion.objects.select_for_update().select_related("model").get(pk=version.pk)
         model_version_update_validate(version=locked, **changes)
-        audited_save(
+        before = _version_state(locked)
+        for field, value in changes.items():
+            setattr(locked, field, value)
+        try:
+            with transaction.atomic():
+                locked.save()
+        except IntegrityError as exc:
+            raise ValidationError(
+                {"label": "Another version of this model has that label."}
+            ) from exc
+        audit_record(
             actor=actor,
             action="model_version.update",
             target=locked,
-            changes=changes,
-            fields=VERSION_FIELDS,
-            clash={"label": "Another version of this model has that label."},
+            before=before,
+            after=_version_state(locked),
         )
     version.refresh_from_db()
     return version
@@ -316,7 +341,13 @@ def model_version_publish_validate(*, version: ModelVersion) -> None:
         expected = manifest_digest(version.manifest["files"])
         if version.digest != expected:
             digest_error = f"Digest does not match the manifest's files: they digest to {expected}."
-    cv.raise_if({"manifest": errors, "digest": digest_error})
+    cv.raise_if(
+        {
+            "manifest": errors,
+            "digest": digest_error,
+            "base_version": adapters.base_published_error(version),
+        }
+    )
 
 
 def model_version_publish(*, actor: AbstractBaseUser | None, version: ModelVersion) -> ModelVersion:

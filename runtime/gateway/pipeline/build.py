@@ -5,7 +5,8 @@ one line here.
 ``prefilter`` (refuse or redact; no pack: nothing) -> ``postfilter`` (the output screen the
 relay and replays apply) -> ``idempotency`` (replay, or detach) -> ``admit`` (registers
 ``settle``) -> ``mirror`` -> ``cache`` (a hit answers) -> ``queue`` (registers the grant's
-release) -> ``dispatch`` (a coalesced unary request answers) -> ``relay``; then the context's
+release) -> ``adapter`` (a LoRA adapter made resident on the granted replica) ->
+``dispatch`` (a coalesced unary request answers) -> ``relay``; then the context's
 exit stack runs the releases, and the consumer runs ``account``.
 """
 
@@ -16,6 +17,7 @@ from collections.abc import Callable
 from runtime.gateway.bundles import AdmissionDeps, PlanningDeps, SafetyDeps, UpstreamDeps
 from runtime.gateway.cache_front import CacheFront
 from runtime.gateway.pipeline.stage import Stage
+from runtime.gateway.pipeline.stages.adapter import AdapterResidency
 from runtime.gateway.pipeline.stages.admit import Admit
 from runtime.gateway.pipeline.stages.authenticate import Authenticate
 from runtime.gateway.pipeline.stages.cache import CacheBegin, CacheLookup
@@ -50,6 +52,7 @@ def inference_stages(
         Mirror(upstream.shadow),
         CacheLookup(cache, admission),
         Queue(admission),
+        AdapterResidency(upstream),
         Dispatch(upstream),
         Relay(upstream.metrics),
     ]

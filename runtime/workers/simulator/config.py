@@ -21,6 +21,8 @@ class SimulatorConfig:
     error_rate: float = 0.0  # fault injection: this fraction of generations answer HTTP 500
     embedding_dim: int = 384
     prefix_cache: PrefixCacheConfig = field(default_factory=PrefixCacheConfig)
+    max_loras: int = 0  # LoRA adapters loadable at run time (simulator/lora.py); 0 = off
+    lora_load_ms: float = 50.0  # one adapter load's cost (vLLM CPU, demo adapter: ~60 ms)
 
     def __post_init__(self) -> None:
         if not self.model:
@@ -37,5 +39,7 @@ class SimulatorConfig:
             raise ValueError("fail_after_tokens must be >= 0")
         if not 0.0 <= self.error_rate <= 1.0:
             raise ValueError(f"error_rate must be in [0, 1], got {self.error_rate}")
+        if self.max_loras < 0 or self.lora_load_ms < 0:
+            raise ValueError("max_loras and lora_load_ms must be >= 0")
         if self.embedding_dim < 1:
             raise ValueError("embedding_dim must be >= 1")

@@ -12,6 +12,7 @@ deterministic length in ``[1, min(budget, NATURAL_MAX_TOKENS)]`` derived from it
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Container
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -93,11 +94,16 @@ def parse_body(raw: bytes) -> dict[str, Any]:
     return body
 
 
-def check_model(body: dict[str, Any], config: SimulatorConfig) -> None:
-    """404 unless ``model`` is absent or the served name (as vLLM's ``_check_model``)."""
+def check_model(
+    body: dict[str, Any], config: SimulatorConfig, adapters: Container[str] = ()
+) -> str:
+    """The model to answer as: 404 unless ``model`` is absent, the served name or a loaded
+    LoRA adapter (as vLLM's ``_check_model``)."""
     model = body.get("model")
     if model is None or model in ("", config.model):
-        return
+        return config.model
+    if isinstance(model, str) and model in adapters:
+        return model
     raise ApiError(
         f"The model `{model}` does not exist. Valid aliases: {config.model}.",
         status=404,

@@ -21,6 +21,7 @@ from aiohttp.typedefs import Handler
 from runtime.workers.simulator import wire
 from runtime.workers.simulator.config import SimulatorConfig
 from runtime.workers.simulator.engine import Engine, Sequence
+from runtime.workers.simulator.lora import LoraError, SimLoras
 from runtime.workers.simulator.metrics import CONTENT_TYPE, SimulatorMetrics
 from runtime.workers.simulator.prefix_cache import PrefixCache
 from runtime.workers.simulator.protocol import (
@@ -38,6 +39,7 @@ CONFIG = web.AppKey("config", SimulatorConfig)
 ENGINE = web.AppKey("engine", Engine)
 METRICS = web.AppKey("metrics", SimulatorMetrics)
 FAULTS = web.AppKey("faults", random.Random)
+LORAS = web.AppKey("loras", SimLoras)
 MAX_BODY_BYTES = 64 * 1024 * 1024
 
 
@@ -58,6 +60,7 @@ def create_app(config: SimulatorConfig) -> web.Application:
     app[ENGINE] = engine
     app[METRICS] = metrics
     app[FAULTS] = random.Random(config.seed)  # noqa: S311 (fault injection, not security)
+    app[LORAS] = SimLoras(max_loras=config.max_loras, load_s=config.lora_load_ms / 1000)
     app.cleanup_ctx.append(_engine_lifecycle)
     app.router.add_get("/health", _health)
     app.router.add_get("/metrics", _metrics)
@@ -66,6 +69,8 @@ def create_app(config: SimulatorConfig) -> web.Application:
     app.router.add_post("/v1/chat/completions", _chat_completions)
     app.router.add_post("/v1/embeddings", _embeddings)
     app.router.add_post("/reset_prefix_cache", _reset_prefix_cache)
+    app.router.add_post("/v1/load_lora_adapter", _load_lora)
+    app.router.add_post("/v1/unload_lora_adapter", _unload_lora)
     return app
 
 
@@ -108,7 +113,27 @@ async def _reset_prefix_cache(request: web.Request) -> web.Response:
 
 async def _models(request: web.Request) -> web.Response:
     config = request.app[CONFIG]
-    return _json(wire.models(config.model, config.max_model_len, wire.now()))
+    loaded = request.app[LORAS].loaded
+    return _json(wire.models(config.model, config.max_model_len, wire.now(), loaded))
+
+
+async def _load_lora(request: web.Request) -> web.Response:
+    body = parse_body(await request.read())
+    try:
+        text = await request.app[LORAS].load(body.get("lora_name"), body.get("lora_path"))
+    except LoraError as exc:
+        kind = "NotFoundError" if exc.status == 404 else "BadRequestError"
+        raise ApiError(exc.message, status=exc.status, err_type=kind) from None
+    return web.Response(text=text)
+
+
+async def _unload_lora(request: web.Request) -> web.Response:
+    body = parse_body(await request.read())
+    try:
+        text = request.app[LORAS].unload(body.get("lora_name"))
+    except LoraError as exc:
+        raise ApiError(exc.message, status=exc.status, err_type="NotFoundError") from None
+    return web.Response(text=text)
 
 
 async def _completions(request: web.Request) -> web.StreamResponse:
@@ -124,14 +149,14 @@ async def _generate(
 ) -> web.StreamResponse:
     config, engine = request.app[CONFIG], request.app[ENGINE]
     body = parse_body(await request.read())
-    check_model(body, config)
+    model = check_model(body, config, request.app[LORAS].loaded)
     if config.error_rate and request.app[FAULTS].random() < config.error_rate:
         raise ApiError(
             "injected failure (--error-rate)", err_type="InternalServerError", status=500
         )
     gen = parse_chat(body, config) if kind == "chat" else parse_completion(body, config)
     rid = wire.request_id(request.headers.get("X-Request-Id"))
-    framer = wire.Framer(chat=kind == "chat", rid=rid, model=config.model)
+    framer = wire.Framer(chat=kind == "chat", rid=rid, model=model)
     seq = engine.submit(
         request_id=framer.id,
         prompt_tokens=gen.prompt_tokens,

@@ -6,6 +6,7 @@ import base64
 import struct
 import time
 import uuid
+from collections.abc import Mapping
 from typing import Any
 
 import msgspec
@@ -47,8 +48,18 @@ def error(message: str, *, err_type: str, status: int, param: str | None) -> Jso
     return {"error": {"message": message, "type": err_type, "param": param, "code": status}}
 
 
-def models(model: str, max_model_len: int, created: int) -> Json:
-    card = {
+def models(
+    model: str, max_model_len: int, created: int, adapters: Mapping[str, str] | None = None
+) -> Json:
+    """The model list: the base, then each loaded LoRA adapter (``parent`` = the base)."""
+    cards = [_card(model, max_model_len, created)]
+    for name, path in (adapters or {}).items():
+        cards.append({**_card(name, max_model_len, created), "root": path, "parent": model})
+    return {"object": "list", "data": cards}
+
+
+def _card(model: str, max_model_len: int, created: int) -> dict[str, Any]:
+    return {
         "id": model,
         "object": "model",
         "created": created,
@@ -73,7 +84,6 @@ def models(model: str, max_model_len: int, created: int) -> Json:
             }
         ],
     }
-    return {"object": "list", "data": [card]}
 
 
 class Framer:

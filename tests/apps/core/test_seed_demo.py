@@ -78,6 +78,14 @@ def test_the_seed_creates_the_demo() -> None:
     price = Price.objects.get(version=version, hardware_tier="cpu")
     assert (price.input_per_1k, price.output_per_1k) == (Decimal("0.01"), Decimal("0.03"))
     assert "created tenant acme" in out.getvalue()
+    adapters = ModelVersion.objects.filter(base_version=version).order_by("model__name")
+    assert [a.model.name for a in adapters] == ["demo-llama-lora-1", "demo-llama-lora-2"]
+    assert len({a.digest for a in adapters}) == 2  # two seeds, two adapters
+    for adapter in adapters:
+        assert adapter.is_published
+        assert adapter.signature
+        adapter_price = Price.objects.get(version=adapter, hardware_tier="cpu")
+        assert adapter_price.input_per_1k > price.input_per_1k  # billed at its own price
 
     encoder = ModelVersion.objects.get(model__name="minilm")  # the demo encoder (torch)
     assert (encoder.runtime, encoder.model.task, encoder.is_published) == (

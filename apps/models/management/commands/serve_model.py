@@ -27,6 +27,7 @@ from apps.models.management.replica import (
     worker_tls_from_env,
 )
 from apps.models.models import ModelVersion
+from apps.models.selectors import lora_settings
 from runtime.workers.launch import Backend, WorkerSpec
 from runtime.workers.supervisor import Supervisor, SupervisorSettings
 
@@ -67,6 +68,7 @@ class Command(BaseCommand):
             raise CommandError("--grace must be >= 0; --start-timeout, --heartbeat-ttl > 0")
         manifest = version.manifest if isinstance(version.manifest, dict) else {}
         max_context = manifest.get("max_context")
+        max_loras, max_lora_rank = lora_settings(version)  # LoRA on when it has adapters
         spec = WorkerSpec(
             **artifact_check(version),
             signature=signature_check(version),
@@ -82,6 +84,8 @@ class Command(BaseCommand):
             tensor_parallel_size=version.tensor_parallel_size,
             extra_args=tuple(shlex.split(options["engine_args"])),
             tls=(tls := worker_tls_from_env()),
+            max_loras=max_loras,
+            max_lora_rank=max_lora_rank,
         )
         hooks = registry_hooks(version, pool, options, tls=tls)
         supervisor = Supervisor(

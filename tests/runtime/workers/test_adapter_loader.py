@@ -1,0 +1,83 @@
+"""A replica's adapter manager against the simulator's LoRA API (runtime.workers.adapter_loader
++ runtime.workers.simulator.lora): verified loads, LRU eviction with minimum residency, single
+flight, the refusals a router answers 503 / 429."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import aiohttp
+import openai
+import pytest
+import pytest_asyncio
+from aiohttp.test_utils import TestServer
+
+from runtime.artifacts import write_manifest
+from runtime.routing.adapters import LoadFailedError
+from runtime.workers.adapter_loader import AdapterArtifact, AdapterLoader, AllSlotsPinnedError
+from runtime.workers.adapters import AdapterSlots
+from runtime.workers.simulator.config import SimulatorConfig
+from runtime.workers.simulator.server import LORAS, create_app
+from runtime.workers.simulator.timing import TimingModel
+
+pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
+
+MODEL = "sim-llama"
+
+
+@pytest_asyncio.fixture
+async def sim():
+    config = SimulatorConfig(
+        model=MODEL, timing=TimingModel(prefill_tps=1e6, decode_a_ms=1, decode_b_ms=0),
+        max_loras=2, lora_load_ms=30,
+    )  # fmt: skip
+    server = TestServer(create_app(config), host="127.0.0.1")
+    await server.start_server()
+    yield server
+    await server.close()
+
+
+def artifact(tmp_path: Path, name: str) -> AdapterArtifact:
+    folder = tmp_path / name
+    folder.mkdir()
+    (folder / "adapter_config.json").write_text(f'{{"name": "{name}"}}', encoding="utf-8")
+    digest, files = write_manifest(folder)
+    return AdapterArtifact(name=f"{name}@v1", path=folder, digest=digest, files=files)
+
+
+async def test_lru_eviction_residency_single_flight_and_refusals(sim, tmp_path):
+    url = f"http://127.0.0.1:{sim.port}"
+    a, b, c = (artifact(tmp_path, n) for n in ("a", "b", "c"))
+    async with aiohttp.ClientSession() as session:
+        loader = AdapterLoader(url, session, AdapterSlots(max_loras=2, min_residency_s=0.3))
+        ran = await asyncio.gather(*(loader.ensure(a) for _ in range(4)))
+        assert sorted(ran) == [False, False, False, True]  # one load for four first requests
+        assert await loader.ensure(b) is True
+        with pytest.raises(AllSlotsPinnedError) as pinned:  # a and b are younger than 0.3 s
+            await loader.ensure(c)
+        assert 0 < pinned.value.retry_after_s <= 0.3
+        await asyncio.sleep(0.35)  # let the residency pass: the only way to test a clock rule
+        assert await loader.ensure(b) is False  # a hit: b is now the most recently used
+        assert await loader.ensure(c) is True  # evicts a, the least recently used
+        assert loader.slots.resident() == ("b@v1", "c@v1")
+        assert set(sim.app[LORAS].loaded) == {"b@v1", "c@v1"}
+        assert (loader.stats.loads, loader.stats.evictions, loader.stats.waited) == (3, 1, 3)
+        assert loader.stats.last_load_s >= 0.03
+
+        (c.path / "adapter_config.json").write_text("{}", encoding="utf-8")
+        stale = AdapterArtifact(name="c@v2", path=c.path, digest=c.digest, files=c.files)
+        with pytest.raises(LoadFailedError, match=r"adapter_config\.json") as refused:
+            await loader.ensure(stale)
+        assert refused.value.retry_after_s > 0  # cooled down: not retried at once
+        missing = AdapterArtifact(name="gone@v1", path=tmp_path / "gone", digest=c.digest)
+        with pytest.raises(LoadFailedError, match="does not exist"):
+            await loader.ensure(missing)
+
+    async with openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0) as client:
+        listed = {m.id: m.model_extra.get("parent") for m in (await client.models.list()).data}
+        assert listed == {MODEL: None, "b@v1": MODEL, "c@v1": MODEL}
+        done = await client.completions.create(model="c@v1", prompt="hi", max_tokens=2)
+        assert done.model == "c@v1"
+        with pytest.raises(openai.NotFoundError):
+            await client.completions.create(model="a@v1", prompt="hi", max_tokens=2)
