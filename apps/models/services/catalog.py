@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from apps.common import validation as cv
 from apps.common.audit import audit_record, audit_state
-from apps.common.changes import audited_save, audited_update
+from apps.common.changes import audited_update
 from apps.common.outbox import snapshot_publish_on_commit
 from apps.common.validation import exists_other, refuse_unknown
 from apps.models import validators as v
