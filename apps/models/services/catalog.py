@@ -324,6 +324,7 @@ def model_version_update(
             before=before,
             after=_version_state(locked),
         )
+        snapshot_publish_on_commit()
     version.refresh_from_db()
     return version
 
