@@ -21,6 +21,9 @@
 | ``SWITCHYARD_DEFAULT_BAND`` | ``1`` | priority band of a request without a class |
 | ``SWITCHYARD_COALESCE_WINDOW_MS`` | ``2`` | unary (torch) requests coalesce this long; 0: off |
 | ``SWITCHYARD_SNAPSHOT_STALE_AFTER_S`` | ``120`` | snapshot older than this is reported stale |
+| ``SWITCHYARD_CONTROL_PLANE_URL`` | *(none)* | Batch API: files and batches go there |
+| ``SWITCHYARD_INTERNAL_SECRET`` | *(none)* | Batch API: signs the forwarded principal |
+| ``SWITCHYARD_MAX_UPLOAD_BYTES`` | ``104857600`` | Batch API: a file upload's cap (413) |
 | ``SWITCHYARD_SNAPSHOT_CONFIRM_POLL_S`` | ``5`` | how often to read the freshness confirmation |
 
 The *namespace* is the snapshot prefix without a trailing ``:snapshot`` (``switchyard`` by
@@ -97,6 +100,9 @@ class RouterConfig:
     snapshot_stale_after_s: float = 120.0
     snapshot_confirm_poll_s: float = 5.0
     scaling_signals_s: float = 1.0  # runtime/scaling: per-pool signals written to Redis
+    control_plane_url: str = ""  # the Batch API's files and batches ("" -> 503 there)
+    internal_secret: str = ""  # signs the principal forwarded to the control plane
+    max_upload_bytes: int = 100 << 20  # a Batch API file upload (the 1 MiB cap is not it)
 
     def __post_init__(self) -> None:
         if self.max_body_bytes < 1:
@@ -165,4 +171,9 @@ class RouterConfig:
                 env, "SWITCHYARD_SNAPSHOT_CONFIRM_POLL_S", 5.0, minimum=0.01
             ),
             scaling_signals_s=_number(env, "SWITCHYARD_SCALING_SIGNALS_S", 1.0, minimum=0.05),
+            control_plane_url=env.get("SWITCHYARD_CONTROL_PLANE_URL") or "",
+            internal_secret=env.get("SWITCHYARD_INTERNAL_SECRET") or "",
+            max_upload_bytes=int(
+                _number(env, "SWITCHYARD_MAX_UPLOAD_BYTES", 100 << 20, minimum=1)
+            ),
         )

@@ -116,6 +116,9 @@ ERROR_KINDS: Final[Mapping[str, ErrorKind]] = MappingProxyType(
         "request_too_large": ErrorKind(
             413, INVALID_REQUEST, "The request body is over {cap} bytes."
         ),
+        "upload_too_large": ErrorKind(
+            413, INVALID_REQUEST, "The upload is over {cap} bytes (the Batch API's file cap)."
+        ),
         "headers_too_large": ErrorKind(
             431, INVALID_REQUEST, "The request line and headers are over {cap} bytes."
         ),
@@ -137,6 +140,9 @@ ERROR_KINDS: Final[Mapping[str, ErrorKind]] = MappingProxyType(
         # the router's SIGTERM grace period ended with this request still running
         "router_shutdown": ErrorKind(
             503, SERVER, "The router is shutting down; its grace period for this request ended."
+        ),
+        "batch_api_unavailable": ErrorKind(
+            503, SERVER, "The Batch API is not available: {reason}."
         ),
         "no_healthy_endpoint": ErrorKind(
             503, SERVER, "No healthy endpoint is available for the model '{model}': {reason}."
