@@ -56,6 +56,7 @@ INSTALLED_APPS = [
     "apps.rollouts",
     "apps.billing",
     "apps.scaling",
+    "apps.batches",
     "frontend",
 ]
 
@@ -162,6 +163,10 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": float(os.environ.get("SWITCHYARD_ROLLOUT_EVALUATE_S", "2")),
     },
     "autoscale-pools": {"task": "apps.scaling.tasks.autoscale_tick", "schedule": 5.0},
+    "run-batches": {
+        "task": "apps.batches.tasks.batches_tick",
+        "schedule": float(os.environ.get("SWITCHYARD_BATCH_TICK_S", "2")),
+    },
 }
 # SWITCHYARD_BEAT_ONLY="name,name": beat sends only these entries (a test's private beat).
 _BEAT_ONLY = {name for name in os.environ.get("SWITCHYARD_BEAT_ONLY", "").split(",") if name}
@@ -193,12 +198,29 @@ STATIC_ROOT = VAR_DIR / "staticfiles"
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
+    # The Batch API's files (apps/batches); any storage backend by configuration.
+    "batches": {
+        "BACKEND": "django.core.files.storage.FileSystemStorage",
+        "OPTIONS": {"location": str(VAR_DIR / "batch-files")},
+    },
 }
 
 # Model artifact signatures (runtime/signing.py): "required" (workers refuse an unsigned
 # version) or "optional" (unsigned versions are served with a warning). Either way a present
 # signature must verify against a key the registry trusts.
 ARTIFACT_SIGNATURES = os.environ.get("SWITCHYARD_ARTIFACT_SIGNATURES", "required")
+
+# The Batch API (apps/batches, docs/user-guide/batch-api.md). The router forwards /v1/files and
+# /v1/batches here with the principal it resolved, signed with SWITCHYARD_INTERNAL_SECRET (the
+# same value in the router's environment); unsigned, forged or expired requests are refused.
+# The executor sends each line to the router at SWITCHYARD_BATCH_ROUTER_URL.
+INTERNAL_SECRET = os.environ.get("SWITCHYARD_INTERNAL_SECRET", "")
+BATCH_ROUTER_URL = os.environ.get("SWITCHYARD_BATCH_ROUTER_URL", "http://127.0.0.1:8080")
+BATCH_MAX_FILE_BYTES = int(os.environ.get("SWITCHYARD_BATCH_MAX_FILE_BYTES", str(100 << 20)))
+BATCH_MAX_LINES = int(os.environ.get("SWITCHYARD_BATCH_MAX_LINES", "50000"))
+BATCH_LEASE_S = float(os.environ.get("SWITCHYARD_BATCH_LEASE_S", "120"))
+BATCH_CLAIM_SIZE = int(os.environ.get("SWITCHYARD_BATCH_CLAIM_SIZE", "32"))
+BATCH_CLASS = os.environ.get("SWITCHYARD_BATCH_CLASS", "batch")
 
 SESSION_COOKIE_HTTPONLY = True
 CSRF_COOKIE_HTTPONLY = True
