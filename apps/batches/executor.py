@@ -5,7 +5,10 @@ with the batch's own API key (:mod:`apps.batches.exec_keys`) and the ``batch`` r
 when the tenant has it (the lowest band: the router's fairness and dispatch give it what the
 interactive classes leave), so a line is admitted, limited, metered and billed like any
 request. ``X-Request-Id`` is ``batch-<line id>-<attempt>``: the router's request log and usage
-event carry it. Lines run concurrently (one thread each, up to ``BATCH_CLAIM_SIZE``); the
+event carry it. ``Idempotency-Key`` is the line's (the same on every try): a line retried
+after its worker died mid-request gets the router's stored answer of the first try, unbilled,
+where the router still holds it (Redis, 24 h; not for embeddings; 409 while the first runs,
+retried). Lines run concurrently (one thread each, up to ``BATCH_CLAIM_SIZE``); the
 database writes stay on the calling thread; leases are renewed while requests run.
 
 A line whose request could not be answered for a passing reason (the router unreachable, 429,
@@ -35,7 +38,7 @@ from apps.batches.services.lines import line_release, lines_renew
 logger = logging.getLogger(__name__)
 
 MAX_ATTEMPTS = 5
-RETRYABLE = frozenset({0, 401, 402, 408, 429, 500, 502, 503, 504})
+RETRYABLE = frozenset({0, 401, 402, 408, 409, 429, 500, 502, 503, 504})
 REQUEST_TIMEOUT_S = 600.0
 TICK_BUDGET_S = 20.0  # a tick claims again while it has lines and this much time
 
@@ -53,6 +56,9 @@ def send(url: str, key: str, line: BatchLine, request_class: str | None) -> Answ
         "Authorization": f"Bearer {key}",
         "Content-Type": "application/json",
         "X-Request-Id": f"batch-{line.pk}-{line.attempts}",
+        # The same on every try of the line: a retry after a crash gets the router's stored
+        # answer of the first try (served unbilled) while the router still holds it.
+        "Idempotency-Key": f"{line.batch.public_id}-line-{line.number}",
     }
     if request_class:
         headers["X-Switchyard-Class"] = request_class
