@@ -81,7 +81,9 @@ def _json_body(request: HttpRequest) -> dict[str, Any]:
     return data
 
 
-def _page(request: HttpRequest, objects: Any, render: Callable[[Any], dict[str, Any]]) -> Any:
+def _page(
+    request: HttpRequest, objects: Any, render: Callable[[Any], dict[str, Any]]
+) -> HttpResponse:
     """OpenAI's cursor list: newest first, ``after`` an id, ``limit`` (1..100, default 20)."""
     raw = request.GET.get("limit", "20")
     if not raw.isdigit() or not 1 <= int(raw) <= MAX_LIST_LIMIT:

@@ -35,8 +35,9 @@ class BatchApiConsumer(GatewayConsumer):
     def _cap(self) -> int:
         return self.state.config.max_upload_bytes
 
-    def too_large(self, cap: int) -> ApiError:
-        return ApiError.of("upload_too_large", cap=self._cap())
+    @staticmethod
+    def too_large(cap: int) -> ApiError:
+        return ApiError.of("upload_too_large", cap=cap)
 
     async def http_request(self, message: dict[str, Any]) -> None:
         # The base class counts against max_body_bytes; uploads are counted against their cap.

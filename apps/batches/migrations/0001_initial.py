@@ -5,90 +5,192 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
-        ('tenants', '0007_auditevent_to_common'),
+        ("tenants", "0007_auditevent_to_common"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='File',
+            name="File",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('public_id', models.CharField(max_length=40, unique=True)),
-                ('purpose', models.CharField(choices=[('batch', 'Batch input'), ('batch_output', 'Batch output')], max_length=16)),
-                ('filename', models.CharField(max_length=255)),
-                ('bytes', models.PositiveBigIntegerField()),
-                ('lines', models.PositiveIntegerField()),
-                ('storage_name', models.CharField(max_length=255)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('tenant', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='batch_files', to='tenants.tenant')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("public_id", models.CharField(max_length=40, unique=True)),
+                (
+                    "purpose",
+                    models.CharField(
+                        choices=[("batch", "Batch input"), ("batch_output", "Batch output")],
+                        max_length=16,
+                    ),
+                ),
+                ("filename", models.CharField(max_length=255)),
+                ("bytes", models.PositiveBigIntegerField()),
+                ("lines", models.PositiveIntegerField()),
+                ("storage_name", models.CharField(max_length=255)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                (
+                    "tenant",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="batch_files",
+                        to="tenants.tenant",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-id'],
+                "ordering": ["-id"],
             },
         ),
         migrations.CreateModel(
-            name='Batch',
+            name="Batch",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('public_id', models.CharField(max_length=40, unique=True)),
-                ('endpoint', models.CharField(max_length=40)),
-                ('completion_window', models.CharField(default='24h', max_length=8)),
-                ('metadata', models.JSONField(blank=True, null=True)),
-                ('status', models.CharField(choices=[('validating', 'Validating'), ('failed', 'Failed'), ('in_progress', 'In progress'), ('finalizing', 'Finalizing'), ('completed', 'Completed'), ('expired', 'Expired'), ('cancelling', 'Cancelling'), ('cancelled', 'Cancelled')], default='validating', max_length=16)),
-                ('total', models.PositiveIntegerField(default=0)),
-                ('completed', models.PositiveIntegerField(default=0)),
-                ('failed', models.PositiveIntegerField(default=0)),
-                ('errors', models.JSONField(blank=True, null=True)),
-                ('exec_key_prefix', models.CharField(blank=True, max_length=16)),
-                ('exec_key_sealed', models.BinaryField(blank=True, null=True)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('in_progress_at', models.DateTimeField(blank=True, null=True)),
-                ('expires_at', models.DateTimeField()),
-                ('finalizing_at', models.DateTimeField(blank=True, null=True)),
-                ('completed_at', models.DateTimeField(blank=True, null=True)),
-                ('failed_at', models.DateTimeField(blank=True, null=True)),
-                ('expired_at', models.DateTimeField(blank=True, null=True)),
-                ('cancelling_at', models.DateTimeField(blank=True, null=True)),
-                ('cancelled_at', models.DateTimeField(blank=True, null=True)),
-                ('tenant', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='batches', to='tenants.tenant')),
-                ('error_file', models.ForeignKey(null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to='batches.file')),
-                ('input_file', models.ForeignKey(null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to='batches.file')),
-                ('output_file', models.ForeignKey(null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to='batches.file')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("public_id", models.CharField(max_length=40, unique=True)),
+                ("endpoint", models.CharField(max_length=40)),
+                ("completion_window", models.CharField(default="24h", max_length=8)),
+                ("metadata", models.JSONField(blank=True, null=True)),
+                (
+                    "status",
+                    models.CharField(
+                        choices=[
+                            ("validating", "Validating"),
+                            ("failed", "Failed"),
+                            ("in_progress", "In progress"),
+                            ("finalizing", "Finalizing"),
+                            ("completed", "Completed"),
+                            ("expired", "Expired"),
+                            ("cancelling", "Cancelling"),
+                            ("cancelled", "Cancelled"),
+                        ],
+                        default="validating",
+                        max_length=16,
+                    ),
+                ),
+                ("total", models.PositiveIntegerField(default=0)),
+                ("completed", models.PositiveIntegerField(default=0)),
+                ("failed", models.PositiveIntegerField(default=0)),
+                ("errors", models.JSONField(blank=True, null=True)),
+                ("exec_key_prefix", models.CharField(blank=True, max_length=16)),
+                ("exec_key_sealed", models.BinaryField(blank=True, null=True)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                ("in_progress_at", models.DateTimeField(blank=True, null=True)),
+                ("expires_at", models.DateTimeField()),
+                ("finalizing_at", models.DateTimeField(blank=True, null=True)),
+                ("completed_at", models.DateTimeField(blank=True, null=True)),
+                ("failed_at", models.DateTimeField(blank=True, null=True)),
+                ("expired_at", models.DateTimeField(blank=True, null=True)),
+                ("cancelling_at", models.DateTimeField(blank=True, null=True)),
+                ("cancelled_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "tenant",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="batches",
+                        to="tenants.tenant",
+                    ),
+                ),
+                (
+                    "error_file",
+                    models.ForeignKey(
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to="batches.file",
+                    ),
+                ),
+                (
+                    "input_file",
+                    models.ForeignKey(
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to="batches.file",
+                    ),
+                ),
+                (
+                    "output_file",
+                    models.ForeignKey(
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to="batches.file",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-id'],
+                "ordering": ["-id"],
             },
         ),
         migrations.CreateModel(
-            name='BatchLine',
+            name="BatchLine",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('number', models.PositiveIntegerField()),
-                ('custom_id', models.CharField(max_length=512)),
-                ('body', models.JSONField()),
-                ('state', models.CharField(choices=[('pending', 'Pending'), ('claimed', 'Claimed'), ('done', 'Done'), ('failed', 'Failed')], default='pending', max_length=8)),
-                ('lease_owner', models.CharField(blank=True, max_length=64)),
-                ('lease_expires_at', models.DateTimeField(blank=True, null=True)),
-                ('attempts', models.PositiveIntegerField(default=0)),
-                ('status_code', models.PositiveSmallIntegerField(blank=True, null=True)),
-                ('response', models.JSONField(blank=True, null=True)),
-                ('error', models.JSONField(blank=True, null=True)),
-                ('request_id', models.CharField(blank=True, max_length=64)),
-                ('finished_at', models.DateTimeField(blank=True, null=True)),
-                ('batch', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='lines', to='batches.batch')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("number", models.PositiveIntegerField()),
+                ("custom_id", models.CharField(max_length=512)),
+                ("body", models.JSONField()),
+                (
+                    "state",
+                    models.CharField(
+                        choices=[
+                            ("pending", "Pending"),
+                            ("claimed", "Claimed"),
+                            ("done", "Done"),
+                            ("failed", "Failed"),
+                        ],
+                        default="pending",
+                        max_length=8,
+                    ),
+                ),
+                ("lease_owner", models.CharField(blank=True, max_length=64)),
+                ("lease_expires_at", models.DateTimeField(blank=True, null=True)),
+                ("attempts", models.PositiveIntegerField(default=0)),
+                ("status_code", models.PositiveSmallIntegerField(blank=True, null=True)),
+                ("response", models.JSONField(blank=True, null=True)),
+                ("error", models.JSONField(blank=True, null=True)),
+                ("request_id", models.CharField(blank=True, max_length=64)),
+                ("finished_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "batch",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="lines",
+                        to="batches.batch",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['batch_id', 'number'],
-                'indexes': [models.Index(fields=['batch', 'state'], name='batches_bat_batch_i_b12937_idx')],
-                'constraints': [models.UniqueConstraint(fields=('batch', 'number'), name='batchline_unique_number'), models.UniqueConstraint(fields=('batch', 'custom_id'), name='batchline_unique_custom')],
+                "ordering": ["batch_id", "number"],
+                "indexes": [
+                    models.Index(fields=["batch", "state"], name="batches_bat_batch_i_b12937_idx")
+                ],
+                "constraints": [
+                    models.UniqueConstraint(
+                        fields=("batch", "number"), name="batchline_unique_number"
+                    ),
+                    models.UniqueConstraint(
+                        fields=("batch", "custom_id"), name="batchline_unique_custom"
+                    ),
+                ],
             },
         ),
         migrations.AddIndex(
-            model_name='batch',
-            index=models.Index(fields=['status'], name='batches_bat_status_7a0087_idx'),
+            model_name="batch",
+            index=models.Index(fields=["status"], name="batches_bat_status_7a0087_idx"),
         ),
     ]

@@ -1,7 +1,8 @@
 """The router's Batch API route (``/v1/files*``, ``/v1/batches*``): what it refuses itself,
 before anything reaches the control plane: no key, an upload over its own cap (declared, or
 streamed without a length), a method it does not serve, no control plane configured or none
-reachable. Forwarding itself runs end to end in tests/integration/test_batch_api.py."""
+reachable. Forwarding itself runs end to end in
+tests/integration/test_batch_api_through_router.py."""
 
 from __future__ import annotations
 
