@@ -173,5 +173,5 @@ class RouterConfig:
             scaling_signals_s=_number(env, "SWITCHYARD_SCALING_SIGNALS_S", 1.0, minimum=0.05),
             control_plane_url=env.get("SWITCHYARD_CONTROL_PLANE_URL") or "",
             internal_secret=env.get("SWITCHYARD_INTERNAL_SECRET") or "",
-            max_upload_bytes=int(_number(env, "SWITCHYARD_MAX_UPLOAD_BYTES", 100 << 20, minimum=1)),
+            max_upload_bytes=int(_number(env, "SWITCHYARD_MAX_UPLOAD_BYTES", 104857600, minimum=1)),
         )
