@@ -78,7 +78,7 @@ def _fake_tree(tmp_path: Path, imports: dict[str, str]) -> Path:
     (module -> the module it imports) and nothing else."""
     config = configparser.ConfigParser()
     config.read(CONTRACTS)
-    names = ("common", "tenants", "models", "billing", "scaling", "rollouts", "core")
+    names = ("common", "tenants", "models", "billing", "scaling", "rollouts", "batches", "core")
     for package in ("apps", "frontend"):
         (tmp_path / package).mkdir()
         (tmp_path / package / "__init__.py").write_text("")
