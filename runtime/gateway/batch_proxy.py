@@ -16,10 +16,10 @@ passes the cap. The body is held whole before it is forwarded (the cap bounds th
 from __future__ import annotations
 
 import time
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from runtime.gateway.auth import authenticate, bearer_token
-from runtime.gateway.consumers import GatewayConsumer, Scope, header
+from runtime.gateway.consumers import GatewayConsumer, header
 from runtime.gateway.errors import NO_SNAPSHOT, ApiError
 from runtime.internal_principal import HEADER, sign
 from runtime.upstream.errors import UpstreamError
@@ -32,40 +32,12 @@ class BatchApiConsumer(GatewayConsumer):
 
     methods: ClassVar[tuple[str, ...]] = ("GET", "POST", "DELETE")
 
-    def _cap(self) -> int:
+    def body_cap(self) -> int:
         return self.state.config.max_upload_bytes
 
     @staticmethod
     def too_large(cap: int) -> ApiError:
         return ApiError.of("upload_too_large", cap=cap)
-
-    async def http_request(self, message: dict[str, Any]) -> None:
-        # The base class counts against max_body_bytes; uploads are counted against their cap.
-        if self._task is not None:
-            return
-        chunk = message.get("body", b"")
-        assert isinstance(chunk, bytes)
-        self._received += len(chunk)
-        if self._received > self._cap():
-            self.body.clear()
-            self._start(self.refuse(self.too_large(self._cap())))
-            return
-        if chunk:
-            self.body.append(chunk)
-        if not message.get("more_body"):
-            body = b"".join(self.body)
-            self.body.clear()
-            self._start(self._respond_safely(body))
-
-    def early_error(self, scope: Scope) -> ApiError | None:
-        if scope.get("method") not in self.methods:
-            return ApiError.of(
-                "method_not_allowed", method=scope.get("method"), allowed=", ".join(self.methods)
-            )
-        length = header(scope, b"content-length")
-        if length is not None and length.isdigit() and int(length) > self._cap():
-            return self.too_large(self._cap())
-        return None
 
     async def respond(self, body: bytes) -> None:
         config = self.state.config

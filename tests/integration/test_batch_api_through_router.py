@@ -23,6 +23,7 @@ import redis
 from django.conf import settings as django_settings
 from django.db import connections
 from fixtures.celery_worker import Beat, Worker, database_url
+from fixtures.control_plane import model_served_by
 from fixtures.redis_server import private_redis
 from fixtures.router import Process, redis_url, spawn, start_router, wait_ready, wait_until_up
 from fixtures.wait import eventually
@@ -30,18 +31,9 @@ from fixtures.wait import eventually
 from apps.batches.models import Batch
 from apps.billing.models import UsageRecord
 from apps.billing.services import credit_grant, price_set
-from apps.models.services import (
-    endpoint_register,
-    endpoint_set_state,
-    model_create,
-    model_version_create,
-    model_version_publish,
-    pool_create,
-    route_set,
-)
 from apps.tenants.services import api_key_create, request_class_create, tenant_create
 from runtime import contract, snapshot_store
-from tests.apps.rollouts.support import artifact, start_simulator
+from tests.apps.rollouts.support import start_simulator
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
@@ -62,18 +54,9 @@ class Stage:
 
 
 def _world(tmp_path: Path, engine: Process) -> dict[str, str]:
-    model = model_create(actor=None, name=MODEL, task="chat")
-    pool = pool_create(actor=None, name="sim", hardware_tier="cpu", cost_per_replica_hour="1")
-    version = model_version_create(
-        actor=None, model=model, label="v1", runtime="simulator",
-        **artifact(tmp_path / "artifacts" / "v1"),
-    )  # fmt: skip
-    version = model_version_publish(actor=None, version=version)
-    price_set(actor=None, version=version, hardware_tier="cpu", input_per_1k="1", output_per_1k="2")
-    endpoint = endpoint_register(actor=None, pool=pool, version=version,
-                                 base_url=engine.base_url, capacity=8)  # fmt: skip
-    endpoint_set_state(actor=None, endpoint=endpoint, state="ready")
-    route_set(actor=None, model=model, splits=[(version, 100)])
+    model = model_served_by(engine.base_url, tmp_path / "artifacts" / "v1", name=MODEL)
+    price_set(actor=None, version=model.versions.get(), hardware_tier="cpu",
+              input_per_1k="1", output_per_1k="2")  # fmt: skip
     request_class_create(actor=None, name="batch", priority_band=3, ttft_slo_ms=60_000,
                          deadline_ms=120_000, max_queue_length=1000, shed_order=0)  # fmt: skip
     keys = {}
