@@ -13,7 +13,8 @@ database writes stay on the calling thread; leases are renewed while requests ru
 
 A line whose request could not be answered for a passing reason (the router unreachable, 429,
 5xx, 401 while the router has not yet loaded the batch's key) goes back to ``pending`` and runs
-on a later tick, up to :data:`MAX_ATTEMPTS` tries; then it fails with that status.
+again after 2, 4, 8, ... seconds (at most :data:`RETRY_CAP_S`), up to :data:`MAX_ATTEMPTS`
+tries; then it fails with that status.
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ from apps.batches.services.lines import line_release, lines_renew
 
 logger = logging.getLogger(__name__)
 
-MAX_ATTEMPTS = 5
+MAX_ATTEMPTS = 8
+RETRY_CAP_S = 60.0  # a released line waits 2, 4, 8, ... seconds (at most this) before its next try
 RETRYABLE = frozenset({0, 401, 402, 408, 409, 429, 500, 502, 503, 504})
 REQUEST_TIMEOUT_S = 600.0
 TICK_BUDGET_S = 20.0  # a tick claims again while it has lines and this much time
@@ -120,7 +122,8 @@ def run_lines(owner: str, lines: list[BatchLine]) -> set[int]:
 def _settle(owner: str, line: BatchLine, answer: Answer) -> None:
     if answer.status in RETRYABLE and line.attempts < MAX_ATTEMPTS:
         logger.info("batch line %s: HTTP %s, retried later", line.pk, answer.status)
-        line_release(line_id=line.pk, owner=owner)
+        retry_in_s = min(RETRY_CAP_S, 2.0**line.attempts)
+        line_release(line_id=line.pk, owner=owner, retry_in_s=retry_in_s)
         return
     request_id = f"batch-{line.pk}-{line.attempts}"
     if not line_record(line_id=line.pk, owner=owner, status_code=answer.status or 502,

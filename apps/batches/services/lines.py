@@ -33,8 +33,9 @@ def lines_claim(*, owner: str, limit: int, lease_s: float) -> list[BatchLine]:
     """Up to ``limit`` lines of running batches, pending or with an expired lease, claimed for
     ``owner`` (``SELECT ... FOR UPDATE SKIP LOCKED``: concurrent claimers never share one)."""
     now = timezone.now()
-    runnable = Q(state=BatchLine.State.PENDING) | Q(
-        state=BatchLine.State.CLAIMED, lease_expires_at__lt=now
+    # Pending (not held back by a retry delay), or claimed with an expired lease.
+    runnable = Q(state__in=(BatchLine.State.PENDING, BatchLine.State.CLAIMED)) & (
+        Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now)
     )
     with transaction.atomic():
         lines = list(
@@ -93,10 +94,13 @@ def line_record(
     return True
 
 
-def line_release(*, line_id: int, owner: str) -> None:
-    """Give a claimed line back (the router was not reachable): pending again, at once."""
+def line_release(*, line_id: int, owner: str, retry_in_s: float) -> None:
+    """Give a claimed line back (a passing failure: the router unreachable, a 429, ...):
+    pending again, claimable once ``retry_in_s`` has passed."""
     BatchLine.objects.filter(pk=line_id, state=BatchLine.State.CLAIMED, lease_owner=owner).update(
-        state=BatchLine.State.PENDING, lease_owner="", lease_expires_at=None
+        state=BatchLine.State.PENDING,
+        lease_owner="",
+        lease_expires_at=timezone.now() + timedelta(seconds=retry_in_s),
     )
 
 
@@ -143,7 +147,8 @@ def batch_finalize(*, batch_id: int, expired: bool = False) -> Batch | None:
         )
         if batch is None:
             return None
-        lines = list(batch.lines.order_by("number"))
+        # Locked: a recorder still holding a line waits, then finds it ended (records nothing).
+        lines = list(batch.lines.select_for_update().order_by("number"))
         open_states = (BatchLine.State.PENDING, BatchLine.State.CLAIMED)
         unfinished = [line for line in lines if line.state in open_states]
         live = [

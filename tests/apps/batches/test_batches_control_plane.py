@@ -12,6 +12,7 @@ import pytest
 from conftest import Signed, jsonl, line, make_tenant
 from django.utils import timezone
 
+from apps.batches import executor
 from apps.batches.models import Batch, BatchLine, File
 from apps.batches.services import (
     batch_cancel,
@@ -233,3 +234,23 @@ def test_files_list_get_and_delete(tenant: Tenant) -> None:
     assert acme.get(f"/v1/files/{file['id']}/content").content == jsonl(line("a"))
     assert acme.delete(f"/v1/files/{file['id']}").json()["deleted"] is True
     assert acme.get(f"/v1/files/{file['id']}").status_code == 404
+
+
+def test_a_passing_failure_retries_later_then_fails_the_line(tenant: Tenant) -> None:
+    _create(Signed("acme"), jsonl(line("a")))
+    (claimed,) = lines_claim(owner="w1", limit=10, lease_s=60)
+    executor._settle("w1", claimed, executor.Answer(429, {"error": {"code": "rate_limit"}}))
+    assert BatchLine.objects.get().state == "pending"
+    assert lines_claim(owner="w2", limit=10, lease_s=60) == []  # held back: 2 s
+    BatchLine.objects.update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+    (again,) = lines_claim(owner="w2", limit=10, lease_s=60)
+    BatchLine.objects.update(attempts=executor.MAX_ATTEMPTS)
+    again.attempts = executor.MAX_ATTEMPTS
+    executor._settle("w2", again, executor.Answer(429, {"error": {"code": "rate_limit"}}))
+    done = BatchLine.objects.get()
+    assert (done.state, done.status_code) == ("failed", 429)
+    batch = batch_finalize(batch_id=done.batch_id)
+    assert batch is not None
+    assert batch.error_file is not None
+    (entry,) = [json.loads(x) for x in file_read(batch.error_file).splitlines()]
+    assert (entry["response"]["status_code"], entry["error"]["code"]) == (429, "rate_limit")
