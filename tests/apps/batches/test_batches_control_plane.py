@@ -254,3 +254,31 @@ def test_a_passing_failure_retries_later_then_fails_the_line(tenant: Tenant) -> 
     assert batch.error_file is not None
     (entry,) = [json.loads(x) for x in file_read(batch.error_file).splitlines()]
     assert (entry["response"]["status_code"], entry["error"]["code"]) == (429, "rate_limit")
+
+
+def _scrape() -> dict[str, float]:
+    from django.test import Client  # noqa: PLC0415
+    from prometheus_client.parser import text_string_to_metric_families  # noqa: PLC0415
+
+    text = Client().get("/metrics").content.decode()
+    return {
+        " ".join(
+            [sample.name, *(sample.labels.get(k, "") for k in ("tenant", "model", "state"))]
+        ).strip(): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name.startswith("switchyard_batch")
+    }
+
+
+def test_metrics_count_running_lines_and_batches_at_risk(tenant: Tenant) -> None:
+    _create(Signed("acme"), jsonl(line("a"), line("b"), line("c", model="nope")))
+    lines_claim(owner="w1", limit=1, lease_s=60)
+    assert _scrape() == {
+        "switchyard_batch_lines acme batch-chat claimed": 1,
+        "switchyard_batch_lines acme batch-chat pending": 1,
+        "switchyard_batch_lines acme nope failed": 1,
+        "switchyard_batches_at_risk": 0,
+    }
+    Batch.objects.update(expires_at=timezone.now() + timedelta(minutes=30))
+    assert _scrape()["switchyard_batches_at_risk"] == 1
