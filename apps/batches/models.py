@@ -99,6 +99,9 @@ class BatchLine(models.Model):
     number = models.PositiveIntegerField()  # 1-based line number in the input file
     custom_id = models.CharField(max_length=512)
     body = models.JSONField()
+    # Lines sharing a prompt prefix (the leading system messages, a prompt's head) run
+    # together, so the engine's prefix cache serves them: claims are ordered by it.
+    prefix_key = models.CharField(max_length=16, blank=True)
     state = models.CharField(max_length=8, choices=State.choices, default=State.PENDING)
     lease_owner = models.CharField(max_length=64, blank=True)
     lease_expires_at = models.DateTimeField(null=True, blank=True)

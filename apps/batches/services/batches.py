@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from datetime import timedelta
 from typing import Any
 
@@ -47,6 +49,29 @@ def _check_request(
                 f"{tenant.max_output_tokens}."
             )
     return None
+
+
+PREFIX_HEAD_CHARS = 512
+
+
+def prefix_key(body: dict[str, Any]) -> str:
+    """What a line's prompt starts with, hashed: its leading system / developer messages (else
+    its first message), or the head of a completion prompt; "" when neither."""
+    messages = body.get("messages")
+    head: object = None
+    if isinstance(messages, list) and messages:
+        leading = []
+        for message in messages:
+            if not isinstance(message, dict) or message.get("role") not in ("system", "developer"):
+                break
+            leading.append(message)
+        head = leading or messages[:1]
+    elif isinstance(body.get("prompt"), str):
+        head = body["prompt"][:PREFIX_HEAD_CHARS]
+    if head is None:
+        return ""
+    raw = json.dumps(head, sort_keys=True, default=str).encode()
+    return hashlib.sha256(raw).hexdigest()[:16]
 
 
 def _check_metadata(metadata: object) -> dict[str, str] | None:
@@ -117,7 +142,10 @@ def batch_create(
                 line=number,
             )  # fmt: skip
         seen.add(item["custom_id"])
-        line = BatchLine(number=number, custom_id=item["custom_id"], body=item["body"])
+        line = BatchLine(
+            number=number, custom_id=item["custom_id"], body=item["body"],
+            prefix_key=prefix_key(item["body"]),
+        )  # fmt: skip
         problem = _check_request(item["body"], tenant=tenant, endpoint=endpoint, models=models)
         if problem is not None:
             line.state = BatchLine.State.FAILED

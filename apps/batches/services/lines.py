@@ -31,7 +31,8 @@ _ENDED = {
 
 def lines_claim(*, owner: str, limit: int, lease_s: float) -> list[BatchLine]:
     """Up to ``limit`` lines of running batches, pending or with an expired lease, claimed for
-    ``owner`` (``SELECT ... FOR UPDATE SKIP LOCKED``: concurrent claimers never share one)."""
+    ``owner`` (``SELECT ... FOR UPDATE SKIP LOCKED``: concurrent claimers never share one);
+    oldest batch first, lines sharing a prompt prefix together."""
     now = timezone.now()
     # Pending (not held back by a retry delay), or claimed with an expired lease.
     runnable = Q(state__in=(BatchLine.State.PENDING, BatchLine.State.CLAIMED)) & (
@@ -41,7 +42,7 @@ def lines_claim(*, owner: str, limit: int, lease_s: float) -> list[BatchLine]:
         lines = list(
             BatchLine.objects.select_for_update(skip_locked=True, of=("self",))
             .filter(runnable, batch__status=Batch.Status.IN_PROGRESS, batch__expires_at__gt=now)
-            .order_by("batch_id", "number")[:limit]
+            .order_by("batch_id", "prefix_key", "number")[:limit]
         )
         if not lines:
             return []

@@ -282,3 +282,20 @@ def test_metrics_count_running_lines_and_batches_at_risk(tenant: Tenant) -> None
     }
     Batch.objects.update(expires_at=timezone.now() + timedelta(minutes=30))
     assert _scrape()["switchyard_batches_at_risk"] == 1
+
+
+def test_lines_sharing_a_system_prompt_are_claimed_together(tenant: Tenant) -> None:
+    def with_system(custom_id: str, system: str) -> bytes:
+        messages = [{"role": "system", "content": system}, {"role": "user", "content": custom_id}]
+        body = {"model": "batch-chat", "messages": messages}
+        item = {"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions"}
+        return json.dumps({**item, "body": body}).encode()
+
+    prompts = {"a1": "A", "b1": "B", "a2": "A", "b2": "B", "a3": "A"}
+    _create(Signed("acme"), jsonl(*(with_system(c, p) for c, p in prompts.items())))
+    first = {line.custom_id for line in lines_claim(owner="w1", limit=2, lease_s=60)}
+    second = {line.custom_id for line in lines_claim(owner="w1", limit=3, lease_s=60)}
+    assert {frozenset(first), frozenset(second)} in (
+        {frozenset({"a1", "a2"}), frozenset({"a3", "b1", "b2"})},
+        {frozenset({"b1", "b2"}), frozenset({"a1", "a2", "a3"})},
+    )
