@@ -14,7 +14,8 @@ database writes stay on the calling thread; leases are renewed while requests ru
 A line whose request could not be answered for a passing reason (the router unreachable, 429,
 5xx, 401 while the router has not yet loaded the batch's key) goes back to ``pending`` and runs
 again after 2, 4, 8, ... seconds (at most :data:`RETRY_CAP_S`), up to :data:`MAX_ATTEMPTS`
-tries; then it fails with that status.
+tries; then it fails with that status. A 402 (credits or budget) pauses the batch instead
+(:mod:`apps.batches.services.pause`).
 """
 
 from __future__ import annotations
@@ -35,12 +36,14 @@ from apps.batches import exec_keys
 from apps.batches.models import Batch, BatchLine
 from apps.batches.services import batch_expire_due, batch_finalize, line_record, lines_claim
 from apps.batches.services.lines import line_release, lines_renew
+from apps.batches.services.pause import batch_pause, batches_resume_due
 
 logger = logging.getLogger(__name__)
 
 MAX_ATTEMPTS = 8
 RETRY_CAP_S = 60.0  # a released line waits 2, 4, 8, ... seconds (at most this) before its next try
-RETRYABLE = frozenset({0, 401, 402, 408, 409, 429, 500, 502, 503, 504})
+RETRYABLE = frozenset({0, 401, 408, 409, 429, 500, 502, 503, 504})
+PAYMENT_REQUIRED = 402
 REQUEST_TIMEOUT_S = 600.0
 TICK_BUDGET_S = 20.0  # a tick claims again while it has lines and this much time
 
@@ -120,6 +123,12 @@ def run_lines(owner: str, lines: list[BatchLine]) -> set[int]:
 
 
 def _settle(owner: str, line: BatchLine, answer: Answer) -> None:
+    if answer.status == PAYMENT_REQUIRED:  # out of credits or budget: pause, keep the try
+        detail = answer.body.get("error", {}) if isinstance(answer.body, dict) else {}
+        batch_pause(batch_id=line.batch_id, code=str(detail.get("code") or "insufficient_credits"),
+                    message=str(detail.get("message") or "HTTP 402"))  # fmt: skip
+        line_release(line_id=line.pk, owner=owner, retry_in_s=0, spend_try=False)
+        return
     if answer.status in RETRYABLE and line.attempts < MAX_ATTEMPTS:
         logger.info("batch line %s: HTTP %s, retried later", line.pk, answer.status)
         retry_in_s = min(RETRY_CAP_S, 2.0**line.attempts)
@@ -151,6 +160,7 @@ def finalize_ready(batch_ids: set[int] | None = None) -> int:
 def tick(owner: str) -> dict[str, int]:
     """One beat tick: finalize what can end, then run lines while there are some (bounded)."""
     started = time.monotonic()
+    batches_resume_due()
     ended = finalize_ready()
     ran = 0
     while time.monotonic() - started < TICK_BUDGET_S:

@@ -64,6 +64,11 @@ class Batch(models.Model):
     errors = models.JSONField(null=True, blank=True)  # validation errors of a failed batch
     output_file = models.ForeignKey(File, null=True, on_delete=models.SET_NULL, related_name="+")
     error_file = models.ForeignKey(File, null=True, on_delete=models.SET_NULL, related_name="+")
+    # Paused (no line starts) while the router answers 402: the reason, since when, and the
+    # tenant's ledger balance then (a grant above it resumes the batch).
+    paused_reason = models.CharField(max_length=300, blank=True)
+    paused_at = models.DateTimeField(null=True, blank=True)
+    paused_balance = models.DecimalField(max_digits=20, decimal_places=6, null=True, blank=True)
     # The executor's credentials: a tenant API key minted for this batch (sealed), revoked
     # when the batch ends.
     exec_key_prefix = models.CharField(max_length=16, blank=True)

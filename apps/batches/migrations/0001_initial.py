@@ -81,6 +81,12 @@ class Migration(migrations.Migration):
                 ("completed", models.PositiveIntegerField(default=0)),
                 ("failed", models.PositiveIntegerField(default=0)),
                 ("errors", models.JSONField(blank=True, null=True)),
+                ("paused_reason", models.CharField(blank=True, max_length=300)),
+                ("paused_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "paused_balance",
+                    models.DecimalField(blank=True, decimal_places=6, max_digits=20, null=True),
+                ),
                 ("exec_key_prefix", models.CharField(blank=True, max_length=16)),
                 ("exec_key_sealed", models.BinaryField(blank=True, null=True)),
                 ("created_at", models.DateTimeField(auto_now_add=True)),

@@ -42,6 +42,7 @@ def lines_claim(*, owner: str, limit: int, lease_s: float) -> list[BatchLine]:
         lines = list(
             BatchLine.objects.select_for_update(skip_locked=True, of=("self",))
             .filter(runnable, batch__status=Batch.Status.IN_PROGRESS, batch__expires_at__gt=now)
+            .filter(batch__paused_at__isnull=True)
             .order_by("batch_id", "prefix_key", "number")[:limit]
         )
         if not lines:
@@ -95,13 +96,15 @@ def line_record(
     return True
 
 
-def line_release(*, line_id: int, owner: str, retry_in_s: float) -> None:
+def line_release(*, line_id: int, owner: str, retry_in_s: float, spend_try: bool = True) -> None:
     """Give a claimed line back (a passing failure: the router unreachable, a 429, ...):
-    pending again, claimable once ``retry_in_s`` has passed."""
+    pending again, claimable once ``retry_in_s`` has passed. ``spend_try=False``: the try
+    does not count (a 402 pauses the batch instead)."""
     BatchLine.objects.filter(pk=line_id, state=BatchLine.State.CLAIMED, lease_owner=owner).update(
         state=BatchLine.State.PENDING,
         lease_owner="",
         lease_expires_at=timezone.now() + timedelta(seconds=retry_in_s),
+        attempts=F("attempts") - (0 if spend_try else 1),
     )
 
 

@@ -21,6 +21,8 @@ from apps.batches.services import (
     line_record,
     lines_claim,
 )
+from apps.batches.services.pause import PROBE_AFTER_S, batches_resume_due
+from apps.billing.services import credit_grant
 from apps.tenants.models import ApiKey, Tenant
 
 pytestmark = [pytest.mark.db, pytest.mark.django_db]
@@ -299,3 +301,35 @@ def test_lines_sharing_a_system_prompt_are_claimed_together(tenant: Tenant) -> N
         {frozenset({"a1", "a2"}), frozenset({"a3", "b1", "b2"})},
         {frozenset({"b1", "b2"}), frozenset({"a1", "a2", "a3"})},
     )
+
+
+def test_out_of_credits_pauses_the_batch_with_the_reason_and_a_grant_resumes_it(
+    tenant: Tenant,
+) -> None:
+    acme = Signed("acme")
+    created = _create(acme, jsonl(line("a"), line("b"))).json()
+    (claimed, _) = lines_claim(owner="w1", limit=2, lease_s=60)
+    refusal = {"error": {"code": "insufficient_credits", "message": "Balance too low."}}
+    executor._settle("w1", claimed, executor.Answer(402, refusal))
+    view = acme.get(f"/v1/batches/{created['id']}").json()
+    assert view["status"] == "in_progress"
+    assert view["errors"]["data"][0]["code"] == "insufficient_credits"
+    refused = BatchLine.objects.get(pk=claimed.pk)
+    assert (refused.state, refused.attempts) == ("pending", 0)  # the try is not spent
+    assert lines_claim(owner="w2", limit=10, lease_s=60) == []  # paused: nothing starts
+    assert batches_resume_due() == 0
+
+    credit_grant(actor=None, tenant=tenant, amount="10", reason="top-up")
+    assert batches_resume_due() == 1
+    assert acme.get(f"/v1/batches/{created['id']}").json()["errors"] is None
+    assert [x.custom_id for x in lines_claim(owner="w2", limit=10, lease_s=60)] == ["a"]
+
+
+def test_a_paused_batch_probes_again_after_a_while(tenant: Tenant) -> None:
+    _create(Signed("acme"), jsonl(line("a")))
+    (claimed,) = lines_claim(owner="w1", limit=1, lease_s=60)
+    executor._settle("w1", claimed, executor.Answer(402, {"error": {"code": "budget_exceeded"}}))
+    assert batches_resume_due() == 0
+    Batch.objects.update(paused_at=timezone.now() - timedelta(seconds=PROBE_AFTER_S + 1))
+    assert batches_resume_due() == 1
+    assert len(lines_claim(owner="w2", limit=1, lease_s=60)) == 1
