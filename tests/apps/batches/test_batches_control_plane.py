@@ -333,3 +333,23 @@ def test_a_paused_batch_probes_again_after_a_while(tenant: Tenant) -> None:
     Batch.objects.update(paused_at=timezone.now() - timedelta(seconds=PROBE_AFTER_S + 1))
     assert batches_resume_due() == 1
     assert len(lines_claim(owner="w2", limit=1, lease_s=60)) == 1
+
+
+def test_more_refusals(tenant: Tenant) -> None:
+    acme = Signed("acme")
+    resp = acme.client.post("/v1/files", {"purpose": "batch"},
+                            headers=acme.headers("POST", "/v1/files"))  # fmt: skip
+    assert (resp.status_code, _error(resp)["code"]) == (400, "missing_file")
+    assert acme.get("/v1/batches", after="batch_nope").status_code == 404
+    created = _create(acme, jsonl(line("a"))).json()
+    (claimed,) = lines_claim(owner="w1", limit=1, lease_s=60)
+    line_record(line_id=claimed.pk, owner="w1", status_code=200, body={}, request_id="r")
+    finished = batch_finalize(batch_id=claimed.batch_id)
+    assert finished is not None
+    assert finished.output_file is not None
+    resp = acme.post_json("/v1/batches", {"input_file_id": finished.output_file.public_id,
+        "endpoint": "/v1/chat/completions", "completion_window": "24h"})  # fmt: skip
+    assert (resp.status_code, _error(resp)["code"]) == (400, "invalid_input_file")
+    Tenant.objects.filter(pk=tenant.pk).update(status="suspended")
+    resp = acme.get(f"/v1/batches/{created['id']}")
+    assert (resp.status_code, _error(resp)["code"]) == (401, "invalid_principal")
