@@ -11,6 +11,9 @@ silently, read at scrape time (one Redis round trip of reads, one PostgreSQL agg
   (apps.billing.drift).
 - ``switchyard_snapshot_outbox_pending`` / ``switchyard_snapshot_outbox_oldest_age_seconds``:
   committed changes the routers have not been sent yet (0 when none).
+- ``switchyard_batch_lines{tenant,model,state}``: the lines of running batches (Batch API) by
+  state (pending, claimed, done, failed); ``switchyard_batches_at_risk``: running batches with
+  unfinished lines whose completion window ends within the hour.
 - ``switchyard_control_source_up{source}``: 0 when Redis / PostgreSQL could not be read (the
   families from that source are then left out, not reported as zero).
 
@@ -24,6 +27,7 @@ import logging
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import timedelta
 
 import redis
 from django.db import DatabaseError
@@ -123,7 +127,42 @@ def read_outbox() -> OutboxSignals:
     return OutboxSignals(pending=int(found["pending"]), oldest_age_s=age)
 
 
-def families(redis_part: RedisSignals | None, outbox: OutboxSignals | None) -> Iterator[Metric]:
+@dataclass(frozen=True, slots=True)
+class BatchSignals:
+    lines: list[tuple[str, str, str, int]]  # (tenant, model, state, lines)
+    at_risk: int
+
+
+AT_RISK_S = 3600.0
+
+
+def read_batches() -> BatchSignals:
+    from apps.batches.models import Batch, BatchLine  # noqa: PLC0415
+
+    running = (Batch.Status.IN_PROGRESS, Batch.Status.CANCELLING)
+    rows = (
+        BatchLine.objects.filter(batch__status__in=running)
+        .values_list("batch__tenant__slug", "body__model", "state")
+        .annotate(n=Count("pk"))
+        .order_by()
+    )
+    soon = timezone.now() + timedelta(seconds=AT_RISK_S)
+    at_risk = (
+        Batch.objects.filter(status=Batch.Status.IN_PROGRESS, expires_at__lte=soon)
+        .filter(lines__state__in=(BatchLine.State.PENDING, BatchLine.State.CLAIMED))
+        .distinct()
+        .count()
+    )
+    return BatchSignals(
+        lines=[(t, str(m or ""), st, int(n)) for t, m, st, n in rows], at_risk=at_risk
+    )
+
+
+def families(
+    redis_part: RedisSignals | None,
+    outbox: OutboxSignals | None,
+    batches: BatchSignals | None = None,
+) -> Iterator[Metric]:
     """The exposition of what was read (None: that source could not be read)."""
     up = GaugeMetricFamily(
         "switchyard_control_source_up",
@@ -176,6 +215,20 @@ def families(redis_part: RedisSignals | None, outbox: OutboxSignals | None) -> I
             "Age of the oldest change waiting in the snapshot outbox (0: none).",
             value=outbox.oldest_age_s,
         )
+    if batches is not None:
+        lines = GaugeMetricFamily(
+            "switchyard_batch_lines",
+            "Lines of running batches (Batch API) by tenant, model and state.",
+            labels=["tenant", "model", "state"],
+        )
+        for tenant, model, state, count in batches.lines:
+            lines.add_metric([tenant, model, state], count)
+        yield lines
+        yield GaugeMetricFamily(
+            "switchyard_batches_at_risk",
+            "Running batches with unfinished lines whose window ends within the hour.",
+            value=batches.at_risk,
+        )
 
 
 class ControlPlaneCollector(Collector):
@@ -195,11 +248,13 @@ class ControlPlaneCollector(Collector):
         finally:
             client.close()
         outbox: OutboxSignals | None = None
+        batches: BatchSignals | None = None
         try:
             outbox = read_outbox()
+            batches = read_batches()
         except DatabaseError as exc:
             logger.warning("/metrics: PostgreSQL not read: %r", exc)
-        yield from families(redis_part, outbox)
+        yield from families(redis_part, outbox, batches)
 
 
 def metrics(request: HttpRequest) -> HttpResponse:

@@ -57,6 +57,7 @@ INSTALLED_APPS = [
     "apps.billing",
     "apps.scaling",
     "apps.safety",
+    "apps.batches",
     "frontend",
 ]
 
@@ -164,6 +165,10 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": float(os.environ.get("SWITCHYARD_ROLLOUT_EVALUATE_S", "2")),
     },
     "autoscale-pools": {"task": "apps.scaling.tasks.autoscale_tick", "schedule": 5.0},
+    "run-batches": {
+        "task": "apps.batches.tasks.batches_tick",
+        "schedule": float(os.environ.get("SWITCHYARD_BATCH_TICK_S", "2")),
+    },
 }
 # Retention (apps/common/retention.py): days each table keeps its rows (0: forever), applied by
 # beat in bounded batches; the audit log is archived (gzipped JSON lines) before deletion.
@@ -213,12 +218,29 @@ STATIC_ROOT = VAR_DIR / "staticfiles"
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
+    # The Batch API's files (apps/batches); any storage backend by configuration.
+    "batches": {
+        "BACKEND": "django.core.files.storage.FileSystemStorage",
+        "OPTIONS": {"location": str(VAR_DIR / "batch-files")},
+    },
 }
 
 # Model artifact signatures (runtime/signing.py): "required" (workers refuse an unsigned
 # version) or "optional" (unsigned versions are served with a warning). Either way a present
 # signature must verify against a key the registry trusts.
 ARTIFACT_SIGNATURES = os.environ.get("SWITCHYARD_ARTIFACT_SIGNATURES", "required")
+
+# The Batch API (apps/batches, docs/user-guide/batch-api.md). The router forwards /v1/files and
+# /v1/batches here with the principal it resolved, signed with SWITCHYARD_INTERNAL_SECRET (the
+# same value in the router's environment); unsigned, forged or expired requests are refused.
+# The executor sends each line to the router at SWITCHYARD_BATCH_ROUTER_URL.
+INTERNAL_SECRET = os.environ.get("SWITCHYARD_INTERNAL_SECRET", "")
+BATCH_ROUTER_URL = os.environ.get("SWITCHYARD_BATCH_ROUTER_URL", "http://127.0.0.1:8080")
+BATCH_MAX_FILE_BYTES = int(os.environ.get("SWITCHYARD_BATCH_MAX_FILE_BYTES", "104857600"))
+BATCH_MAX_LINES = int(os.environ.get("SWITCHYARD_BATCH_MAX_LINES", "50000"))
+BATCH_LEASE_S = float(os.environ.get("SWITCHYARD_BATCH_LEASE_S", "120"))
+BATCH_CLAIM_SIZE = int(os.environ.get("SWITCHYARD_BATCH_CLAIM_SIZE", "32"))
+BATCH_CLASS = os.environ.get("SWITCHYARD_BATCH_CLASS", "batch")
 
 SESSION_COOKIE_HTTPONLY = True
 CSRF_COOKIE_HTTPONLY = True

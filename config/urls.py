@@ -88,6 +88,7 @@ urlpatterns = [
     path("api/auth/", include("rest_framework.urls")),  # session login for tenant members
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
+    path("v1/", include("apps.batches.urls")),  # the Batch API, forwarded by the router
     path("metrics", ops_metrics.metrics),  # the background work's signals (config/ops_metrics.py)
     path("", include("frontend.urls")),  # the dashboard and its login
 ]

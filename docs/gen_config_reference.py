@@ -74,6 +74,19 @@ MEANINGS: dict[str, str] = {
     "lends a tenant 1/(this x workers) of its limits and of the balance Redis last reported",
     "SWITCHYARD_BEAT_LEASE_S": "how long the scheduling Celery beat's Redis lease outlives its "
     "last renewal: a standby beat takes over within this + 1 s",
+    "SWITCHYARD_BATCH_CLAIM_SIZE": "Batch API: lines one executor tick sends at once",
+    "SWITCHYARD_BATCH_CLASS": "Batch API: batch lines' request class (if the tenant has it)",
+    "SWITCHYARD_BATCH_LEASE_S": "Batch API: a claimed line's lease (renewed while it runs)",
+    "SWITCHYARD_BATCH_MAX_FILE_BYTES": "Batch API: an input file's cap (413 `file_too_large`)",
+    "SWITCHYARD_BATCH_MAX_LINES": "Batch API: requests in one input file (400 `too_many_lines`)",
+    "SWITCHYARD_BATCH_ROUTER_URL": "Batch API: the router the executor sends lines to",
+    "SWITCHYARD_BATCH_TICK_S": "Batch API: how often beat runs the executor's tick",
+    "SWITCHYARD_CONTROL_PLANE_URL": "Batch API: where the router forwards files and batches "
+    "(`up` sets it; unset: 503 `batch_api_unavailable`)",
+    "SWITCHYARD_INTERNAL_SECRET": "Batch API: the secret signing the principal the router "
+    "forwards (same value on both sides; `up` makes one per run when unset)",
+    "SWITCHYARD_MAX_UPLOAD_BYTES": "Batch API: a file upload's cap at the router "
+    "(413 `upload_too_large`)",
     "SWITCHYARD_BEAT_ONLY": "comma-separated beat entry names: beat sends only these (a test's "
     "private beat)",
     "SWITCHYARD_BODY_TIMEOUT_S": "the request head and body must arrive within this (else 408)",

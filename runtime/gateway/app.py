@@ -37,6 +37,7 @@ def http_routes() -> tuple[Any, dict[str, Any]]:
     from channels.routing import URLRouter  # noqa: PLC0415
     from django.urls import path, re_path  # noqa: PLC0415
 
+    from runtime.gateway.batch_proxy import BatchApiConsumer  # noqa: PLC0415
     from runtime.gateway.classify import ClassificationsConsumer  # noqa: PLC0415
     from runtime.gateway.inference import (  # noqa: PLC0415
         ChatCompletionsConsumer,
@@ -65,6 +66,7 @@ def http_routes() -> tuple[Any, dict[str, Any]]:
         [
             *(path(route, app) for route, app in fixed.items()),
             path("v1/models/<path:model>", ModelsConsumer.as_asgi()),
+            re_path(r"^v1/(?:files|batches)(?:/.*)?$", BatchApiConsumer.as_asgi()),
             re_path(r"", NotFoundConsumer.as_asgi()),
         ]
     )

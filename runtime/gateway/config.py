@@ -21,6 +21,9 @@
 | ``SWITCHYARD_DEFAULT_BAND`` | ``1`` | priority band of a request without a class |
 | ``SWITCHYARD_COALESCE_WINDOW_MS`` | ``2`` | unary (torch) requests coalesce this long; 0: off |
 | ``SWITCHYARD_SNAPSHOT_STALE_AFTER_S`` | ``120`` | snapshot older than this is reported stale |
+| ``SWITCHYARD_CONTROL_PLANE_URL`` | *(none)* | Batch API: files and batches go there |
+| ``SWITCHYARD_INTERNAL_SECRET`` | *(none)* | Batch API: signs the forwarded principal |
+| ``SWITCHYARD_MAX_UPLOAD_BYTES`` | ``104857600`` | Batch API: a file upload's cap (413) |
 | ``SWITCHYARD_SNAPSHOT_CONFIRM_POLL_S`` | ``5`` | how often to read the freshness confirmation |
 | ``SWITCHYARD_AT_REST_KEYS`` | *var dir*``/at_rest_keys`` | cache encryption keys, newest first |
 | ``SWITCHYARD_AT_REST_KEYS_FILE`` | | a file holding them instead |
@@ -108,6 +111,9 @@ class RouterConfig:
     at_rest_keys: str = field(default="", repr=False)
     at_rest_keys_file: str = ""
     upstream_tls: ClientTLS | None = None  # https workers: CA and client certificate (mTLS)
+    control_plane_url: str = ""  # the Batch API's files and batches ("" -> 503 there)
+    internal_secret: str = ""  # signs the principal forwarded to the control plane
+    max_upload_bytes: int = 100 << 20  # a Batch API file upload (the 1 MiB cap is not it)
 
     def __post_init__(self) -> None:
         if self.max_body_bytes < 1:
@@ -184,6 +190,9 @@ class RouterConfig:
             at_rest_keys=env.get("SWITCHYARD_AT_REST_KEYS") or "",
             at_rest_keys_file=env.get("SWITCHYARD_AT_REST_KEYS_FILE") or "",
             upstream_tls=upstream_tls(env),
+            control_plane_url=env.get("SWITCHYARD_CONTROL_PLANE_URL") or "",
+            internal_secret=env.get("SWITCHYARD_INTERNAL_SECRET") or "",
+            max_upload_bytes=int(_number(env, "SWITCHYARD_MAX_UPLOAD_BYTES", 104857600, minimum=1)),
         )
 
 

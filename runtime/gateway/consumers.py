@@ -135,7 +135,7 @@ class GatewayConsumer(AsyncHttpConsumer, metaclass=abc.ABCMeta):  # type: ignore
                 "method_not_allowed", method=scope.get("method"), allowed=", ".join(self.methods)
             )
         length = header(scope, b"content-length")
-        cap = self.state.config.max_body_bytes
+        cap = self.body_cap()
         if length is not None and length.isdigit() and int(length) > cap:
             return self.too_large(cap)
         return None
@@ -150,6 +150,10 @@ class GatewayConsumer(AsyncHttpConsumer, metaclass=abc.ABCMeta):  # type: ignore
         error = ApiError.of("request_timeout", seconds=seconds, headers=_CLOSE)
         self._start(self.refuse(error))
 
+    def body_cap(self) -> int:
+        """The most body bytes this route reads (413 above): the router's request cap."""
+        return self.state.config.max_body_bytes
+
     @staticmethod
     def too_large(cap: int) -> ApiError:
         return ApiError.of("request_too_large", cap=cap)
@@ -159,7 +163,7 @@ class GatewayConsumer(AsyncHttpConsumer, metaclass=abc.ABCMeta):  # type: ignore
             return  # more body after we already answered (413): ignored
         chunk: bytes = message.get("body", b"")
         self._received += len(chunk)
-        cap = self.state.config.max_body_bytes
+        cap = self.body_cap()
         if self._received > cap:
             self.body.clear()
             self._start(self.refuse(self.too_large(cap)))

@@ -121,6 +121,9 @@ ERROR_KINDS: Final[Mapping[str, ErrorKind]] = MappingProxyType(
         "request_too_large": ErrorKind(
             413, INVALID_REQUEST, "The request body is over {cap} bytes."
         ),
+        "upload_too_large": ErrorKind(
+            413, INVALID_REQUEST, "The upload is over {cap} bytes (the Batch API's file cap)."
+        ),
         "headers_too_large": ErrorKind(
             431, INVALID_REQUEST, "The request line and headers are over {cap} bytes."
         ),
@@ -151,6 +154,9 @@ ERROR_KINDS: Final[Mapping[str, ErrorKind]] = MappingProxyType(
         ),
         "adapter_load_failed": ErrorKind(
             503, SERVER, "The adapter '{model}' could not be loaded: {reason}."
+        ),
+        "batch_api_unavailable": ErrorKind(
+            503, SERVER, "The Batch API is not available: {reason}."
         ),
         "no_healthy_endpoint": ErrorKind(
             503, SERVER, "No healthy endpoint is available for the model '{model}': {reason}."

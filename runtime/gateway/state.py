@@ -62,6 +62,7 @@ from runtime.telemetry.tracing import Tracing
 from runtime.telemetry.versions import VersionStats
 from runtime.upstream.breaker import BreakerBook, BreakerState
 from runtime.upstream.client import ClientConfig, UpstreamClient
+from runtime.upstream.control import ControlPlaneClient
 from runtime.upstream.drain import DrainClient
 from runtime.upstream.health import HealthConfig, HealthMonitor
 from runtime.upstream.timeouts import TimeoutPolicy
@@ -110,6 +111,7 @@ class RouterState:
     loop_lag: LoopLagProbe | None = None  # the event loop's lag histogram (issue #14)
     scaling: SignalsPublisher | None = None  # runtime/scaling: per-pool signals to Redis
     live: LiveAggregator | None = None  # per-second dashboard documents (telemetry.live)
+    control: ControlPlaneClient | None = None  # the Batch API's files and batches (forwarded)
 
     @property
     def prices(self) -> PriceBook | None:
@@ -238,6 +240,8 @@ class RouterState:
         await self.version_stats.stop()
         await self.cache.close()
         await self.client.close()
+        if self.control is not None:
+            await self.control.close()
         if self.loop_lag is not None:
             await self.loop_lag.stop()
         self.tracing.shutdown()
@@ -382,6 +386,7 @@ def build_state(config: RouterConfig) -> RouterState:
         pipeline=Pipeline(stages),
         account=Account(telemetry),
         scaling=scaling,
+        control=ControlPlaneClient(config.control_plane_url) if config.control_plane_url else None,
     )
     state.loop_lag = LoopLagProbe(metrics.registry)
     state.loader.add_swap_callback(state.on_snapshot)

@@ -78,7 +78,17 @@ def _fake_tree(tmp_path: Path, imports: dict[str, str]) -> Path:
     (module -> the module it imports) and nothing else."""
     config = configparser.ConfigParser()
     config.read(CONTRACTS)
-    names = ("common", "tenants", "models", "billing", "scaling", "safety", "rollouts", "core")
+    names = (
+        "common",
+        "tenants",
+        "models",
+        "billing",
+        "scaling",
+        "safety",
+        "rollouts",
+        "batches",
+        "core",
+    )
     for package in ("apps", "frontend"):
         (tmp_path / package).mkdir()
         (tmp_path / package / "__init__.py").write_text("")

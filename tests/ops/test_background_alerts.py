@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector, CollectorRegistry
 from test_prometheus_rules import promtool
 
-from config.ops_metrics import OutboxSignals, RedisSignals, families
+from config.ops_metrics import BatchSignals, OutboxSignals, RedisSignals, families
 
 pytestmark = pytest.mark.unit
 
@@ -64,7 +64,8 @@ def test_every_alert_fires_once_and_stays_quiet_once() -> None:
 class _Sample(Collector):
     def collect(self):  # type: ignore[no-untyped-def]
         redis_part = RedisSignals(1.0, 2, 3.0, 4.0, 5, 6.0)
-        return families(redis_part, OutboxSignals(pending=1, oldest_age_s=2.0))
+        batches = BatchSignals(lines=[("acme", "m", "pending", 1)], at_risk=0)
+        return families(redis_part, OutboxSignals(pending=1, oldest_age_s=2.0), batches)
 
 
 def test_rules_name_only_metrics_the_control_plane_exports() -> None:

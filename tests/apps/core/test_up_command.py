@@ -7,6 +7,7 @@ included), and `up --tls` serves both over HTTPS with HSTS and Secure cookies.""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -30,7 +31,15 @@ import redis
 from django.core.management import CommandError, call_command
 from fixtures.net import free_port
 from fixtures.platform_up import KEY_RE, READY_TIMEOUT_S, PlatformUp
-from fixtures.router import Publisher, World, redis_url, start_router, start_simulator, wait_ready
+from fixtures.router import (
+    Publisher,
+    World,
+    redis_url,
+    start_router,
+    start_simulator,
+    wait_ready,
+)
+from fixtures.wait import eventually
 
 from apps.core.management.commands.up import Command as UpCommand
 from apps.core.up_console import Addresses, banner, checks, serving_endpoint, without_password
@@ -267,6 +276,31 @@ def planted_in_logs(var: Path, secret: str) -> list[str]:
     return sorted(str(p) for p in logs if secret.encode() in p.read_bytes())
 
 
+def run_a_batch(base_url: str, key: str) -> None:
+    """The Batch API through `up` (docs/user-guide/batch-api.md): the openai client uploads
+    two requests, creates a batch, polls it to completed (beat's executor tick sends the lines
+    to this router and the vLLM engine) and reads the output by custom_id."""
+    lines = [{"custom_id": f"q{i}", "method": "POST", "url": "/v1/chat/completions",
+              "body": {"model": "demo-llama", "max_tokens": 4,
+                       "messages": [{"role": "user", "content": f"Count to {i}"}]}}
+             for i in (1, 2)]  # fmt: skip
+    content = "".join(json.dumps(line) + "\n" for line in lines).encode()
+    with openai.OpenAI(base_url=base_url, api_key=key, max_retries=0, timeout=60) as client:
+        upload = client.files.create(file=("in.jsonl", content), purpose="batch")
+        batch = client.batches.create(input_file_id=upload.id, endpoint="/v1/chat/completions",
+                                      completion_window="24h")  # fmt: skip
+        done = eventually(
+            lambda: (b := client.batches.retrieve(batch.id)).status != "in_progress" and b,
+            timeout=120, interval=0.5, what="the batch through up",
+        )  # fmt: skip
+        assert done.status == "completed", done
+        assert done.output_file_id is not None
+        text = client.files.content(done.output_file_id).text
+        output = [json.loads(x) for x in text.splitlines()]
+        assert sorted(e["custom_id"] for e in output) == ["q1", "q2"]
+        assert all(e["response"]["body"]["choices"][0]["message"]["content"] for e in output)
+
+
 @pytest.mark.e2e
 def test_up_runs_the_platform_streams_the_model_and_stops_every_process(var: Path) -> None:
     ports = {"port": free_port(), "router-port": free_port(),
@@ -311,6 +345,7 @@ def test_up_runs_the_platform_streams_the_model_and_stops_every_process(var: Pat
         assert len([d for d in deltas if d]) >= 2, deltas
         assert chunks[-1].usage is not None
         assert chunks[-1].usage.completion_tokens > 0
+        run_a_batch(f"http://127.0.0.1:{router}/v1", key.group(1))
         # The banner's Python example, pasted as it is, streams too.
         example = subprocess.run(
             [sys.executable, "-c", banner_python_example(first.output)],

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -184,6 +185,12 @@ class Command(BaseCommand):
             "SWITCHYARD_WEB_PORT": str(web),
             "SWITCHYARD_ROUTER_PORT": str(router),
             "PORT": str(web),
+            # The Batch API: the router forwards files and batches to the control plane, the
+            # executor sends lines to the router; one secret signs what the router forwards.
+            "SWITCHYARD_CONTROL_PLANE_URL": f"http://127.0.0.1:{web}",
+            "SWITCHYARD_BATCH_ROUTER_URL": f"http://127.0.0.1:{router}",
+            "SWITCHYARD_INTERNAL_SECRET": env.get("SWITCHYARD_INTERNAL_SECRET")
+            or secrets.token_hex(32),
         }
         env[LIFELINE_ENV] = str(os.getpid())  # replicas stop once `up` is gone (kill -9 too)
         if autoscale:

@@ -1,0 +1,174 @@
+"""The executor: one tick claims lines, sends them to the router, records the answers.
+
+Each line goes to the ROUTER's public endpoint (``BATCH_ROUTER_URL`` + the batch's endpoint),
+with the batch's own API key (:mod:`apps.batches.exec_keys`) and the ``batch`` request class
+when the tenant has it (the lowest band: the router's fairness and dispatch give it what the
+interactive classes leave), so a line is admitted, limited, metered and billed like any
+request. ``X-Request-Id`` is ``batch-<line id>-<attempt>``: the router's request log and usage
+event carry it. ``Idempotency-Key`` is the line's (the same on every try): a line retried
+after its worker died mid-request gets the router's stored answer of the first try, unbilled,
+where the router still holds it (Redis, 24 h; not for embeddings; 409 while the first runs,
+retried). Lines run concurrently (one thread each, up to ``BATCH_CLAIM_SIZE``); the
+database writes stay on the calling thread; leases are renewed while requests run.
+
+A line whose request could not be answered for a passing reason (the router unreachable, 429,
+5xx, 401 while the router has not yet loaded the batch's key) goes back to ``pending`` and runs
+again after 2, 4, 8, ... seconds (at most :data:`RETRY_CAP_S`), up to :data:`MAX_ATTEMPTS`
+tries; then it fails with that status. A 402 (credits or budget) pauses the batch instead
+(:mod:`apps.batches.services.pause`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from typing import Any
+
+from django.conf import settings
+from django.db.models import Q
+
+from apps.batches import exec_keys
+from apps.batches.models import Batch, BatchLine
+from apps.batches.services import batch_expire_due, batch_finalize, line_record, lines_claim
+from apps.batches.services.lines import line_release, lines_renew
+from apps.batches.services.pause import batch_pause, batches_resume_due
+
+logger = logging.getLogger(__name__)
+
+MAX_ATTEMPTS = 8
+RETRY_CAP_S = 60.0  # a released line waits 2, 4, 8, ... seconds (at most this) before its next try
+RETRYABLE = frozenset({0, 401, 408, 409, 429, 500, 502, 503, 504})
+PAYMENT_REQUIRED = 402
+REQUEST_TIMEOUT_S = 600.0
+TICK_BUDGET_S = 20.0  # a tick claims again while it has lines and this much time
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    status: int  # 0: no HTTP answer
+    body: Any
+
+
+def send(url: str, key: str, line: BatchLine, request_class: str | None) -> Answer:
+    body = dict(line.body)
+    body.pop("stream", None)  # a batch line is answered whole
+    headers = {
+        "Authorization": f"Bearer {key}",
+        "Content-Type": "application/json",
+        "X-Request-Id": f"batch-{line.pk}-{line.attempts}",
+        # The same on every try of the line: a retry after a crash gets the router's stored
+        # answer of the first try (served unbilled) while the router still holds it.
+        "Idempotency-Key": f"{line.batch.public_id}-line-{line.number}",
+    }
+    if request_class:
+        headers["X-Switchyard-Class"] = request_class
+    request = urllib.request.Request(  # noqa: S310 - the configured router's URL
+        url, data=json.dumps(body).encode(), headers=headers, method="POST"
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S) as resp:  # noqa: S310
+            return Answer(resp.status, _decode(resp.read()))
+    except urllib.error.HTTPError as exc:
+        return Answer(exc.code, _decode(exc.read()))
+    except (OSError, TimeoutError) as exc:
+        return Answer(0, {"error": {"code": "router_unreachable", "message": str(exc)}})
+
+
+def _decode(raw: bytes) -> Any:
+    try:
+        return json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return {"raw": raw.decode("utf-8", "replace")[:2000]}
+
+
+def _request_class(batch: Batch) -> str | None:
+    wanted = settings.BATCH_CLASS
+    if wanted and batch.tenant.allowed_classes.filter(name=wanted).exists():
+        return str(wanted)
+    return None
+
+
+def run_lines(owner: str, lines: list[BatchLine]) -> set[int]:
+    """Send every claimed line, record each answer as it comes; the batches touched."""
+    keys: dict[int, str] = {}
+    classes: dict[int, str | None] = {}
+    for line in lines:
+        if line.batch_id not in keys:
+            keys[line.batch_id] = exec_keys.unseal(line.batch)
+            classes[line.batch_id] = _request_class(line.batch)
+    lease_s = settings.BATCH_LEASE_S
+    base = settings.BATCH_ROUTER_URL.rstrip("/")
+    with ThreadPoolExecutor(max_workers=max(1, len(lines))) as pool:
+        running: dict[Future[Answer], BatchLine] = {
+            pool.submit(
+                send, base + line.batch.endpoint, keys[line.batch_id], line,
+                classes[line.batch_id],
+            ): line
+            for line in lines
+        }  # fmt: skip
+        while running:
+            finished, _ = wait(running, timeout=lease_s / 3, return_when=FIRST_COMPLETED)
+            if not finished:
+                ids = [line.pk for line in running.values()]
+                lines_renew(owner=owner, ids=ids, lease_s=lease_s)
+                continue
+            for future in finished:
+                _settle(owner, running.pop(future), future.result())
+    return {line.batch_id for line in lines}
+
+
+def _settle(owner: str, line: BatchLine, answer: Answer) -> None:
+    if answer.status == PAYMENT_REQUIRED:  # out of credits or budget: pause, keep the try
+        detail = answer.body.get("error", {}) if isinstance(answer.body, dict) else {}
+        batch_pause(batch_id=line.batch_id, code=str(detail.get("code") or "insufficient_credits"),
+                    message=str(detail.get("message") or "HTTP 402"))  # fmt: skip
+        line_release(line_id=line.pk, owner=owner, retry_in_s=0, spend_try=False)
+        return
+    if answer.status in RETRYABLE and line.attempts < MAX_ATTEMPTS:
+        logger.info("batch line %s: HTTP %s, retried later", line.pk, answer.status)
+        retry_in_s = min(RETRY_CAP_S, 2.0**line.attempts)
+        line_release(line_id=line.pk, owner=owner, retry_in_s=retry_in_s)
+        return
+    request_id = f"batch-{line.pk}-{line.attempts}"
+    if not line_record(line_id=line.pk, owner=owner, status_code=answer.status or 502,
+                       body=answer.body, request_id=request_id):  # fmt: skip
+        logger.warning("batch line %s: lease lost before its answer was recorded", line.pk)
+
+
+def finalize_ready(batch_ids: set[int] | None = None) -> int:
+    """End the batches that can end (all lines answered, or cancelled); how many ended."""
+    for batch in batch_expire_due():
+        batch_finalize(batch_id=batch.pk, expired=True)
+    open_lines = Q(lines__state__in=(BatchLine.State.PENDING, BatchLine.State.CLAIMED))
+    candidates = Batch.objects.filter(status=Batch.Status.CANCELLING) | Batch.objects.filter(
+        status=Batch.Status.IN_PROGRESS
+    ).exclude(open_lines)
+    if batch_ids is not None:
+        candidates = candidates.filter(pk__in=batch_ids)
+    ended = 0
+    for pk in set(candidates.values_list("pk", flat=True)):
+        if batch_finalize(batch_id=pk) is not None:
+            ended += 1
+    return ended
+
+
+def tick(owner: str) -> dict[str, int]:
+    """One beat tick: finalize what can end, then run lines while there are some (bounded)."""
+    started = time.monotonic()
+    batches_resume_due()
+    ended = finalize_ready()
+    ran = 0
+    while time.monotonic() - started < TICK_BUDGET_S:
+        lines = lines_claim(owner=owner, limit=settings.BATCH_CLAIM_SIZE,
+                            lease_s=settings.BATCH_LEASE_S)  # fmt: skip
+        if not lines:
+            break
+        touched = run_lines(owner, lines)
+        ran += len(lines)
+        ended += finalize_ready(touched)
+    return {"lines": ran, "batches_ended": ended}

@@ -1,0 +1,21 @@
+"""The Batch API's business rules: files, batches, and the executor's claims and answers."""
+
+from apps.batches.services.batches import batch_cancel, batch_create, batch_expire_due
+from apps.batches.services.files import file_create, file_delete, file_read
+from apps.batches.services.lines import (
+    batch_finalize,
+    line_record,
+    lines_claim,
+)
+
+__all__ = [
+    "batch_cancel",
+    "batch_create",
+    "batch_expire_due",
+    "batch_finalize",
+    "file_create",
+    "file_delete",
+    "file_read",
+    "line_record",
+    "lines_claim",
+]
