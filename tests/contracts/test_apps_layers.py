@@ -24,7 +24,7 @@ LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
 def lint_imports(config: Path, *, cwd: Path) -> subprocess.CompletedProcess[str]:
     """Run import-linter on ``config`` with ``cwd`` first on the import path (static: nothing
     is imported)."""
-    env = {**os.environ, "PYTHONPATH": str(cwd)}
+    env = {**os.environ, "PYTHONPATH": str(cwd), "COLUMNS": "200", "NO_COLOR": "1"}  # no wrapping
     return subprocess.run(
         [str(LINT_IMPORTS), "--no-cache", "--no-logo", str(config)],
         cwd=cwd,

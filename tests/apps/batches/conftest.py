@@ -3,21 +3,14 @@ directory, a tenant with a chat model, and signed requests to the views."""
 
 from __future__ import annotations
 
-import json
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from django.test import Client
+from batch_support import MODEL, SECRET, make_tenant
 
 from apps.models.services import model_create
 from apps.tenants.models import Tenant
-from apps.tenants.services import tenant_create
-from runtime.internal_principal import HEADER, sign
-
-SECRET = "test-internal-secret"
-MODEL = "batch-chat"
 
 
 @pytest.fixture(autouse=True)
@@ -32,56 +25,9 @@ def batch_settings(settings: Any, tmp_path: Path) -> None:
     settings.INTERNAL_SECRET = SECRET
 
 
-def make_tenant(slug: str, *, max_output_tokens: int = 64) -> Tenant:
-    return tenant_create(
-        actor=None, slug=slug, name=slug, rpm_limit=100, tpm_limit=10_000, max_concurrency=4,
-        max_context_tokens=2048, max_output_tokens=max_output_tokens,
-    )  # fmt: skip
-
-
 @pytest.fixture
 def tenant(db: None) -> Tenant:
     model_create(actor=None, name=MODEL, task="chat")
     return make_tenant("acme")
 
 
-def line(custom_id: str, *, model: str = MODEL, url: str = "/v1/chat/completions",
-         **body: Any) -> bytes:  # fmt: skip
-    request = {"model": model, "messages": [{"role": "user", "content": custom_id}], **body}
-    item = {"custom_id": custom_id, "method": "POST", "url": url, "body": request}
-    return json.dumps(item).encode()
-
-
-def jsonl(*lines: bytes) -> bytes:
-    return b"\n".join(lines) + b"\n"
-
-
-class Signed:
-    """The Django test client with the router's signed principal for ``tenant``."""
-
-    def __init__(self, tenant: str) -> None:
-        self.tenant = tenant
-        self.client = Client()
-
-    def headers(self, method: str, path: str) -> dict[str, str]:
-        value = sign(SECRET, method=method, path=path, tenant=self.tenant,
-                     key_prefix="abcd1234", now=time.time())  # fmt: skip
-        return {HEADER: value}
-
-    def get(self, path: str, **query: Any) -> Any:
-        return self.client.get(path, query, headers=self.headers("GET", path))
-
-    def delete(self, path: str) -> Any:
-        return self.client.delete(path, headers=self.headers("DELETE", path))
-
-    def post_json(self, path: str, data: dict[str, Any]) -> Any:
-        return self.client.post(path, json.dumps(data), content_type="application/json",
-                                headers=self.headers("POST", path))  # fmt: skip
-
-    def upload(self, content: bytes, purpose: str = "batch") -> Any:
-        from django.core.files.uploadedfile import SimpleUploadedFile  # noqa: PLC0415
-
-        path = "/v1/files"
-        upload = SimpleUploadedFile("input.jsonl", content, content_type="application/jsonl")
-        return self.client.post(path, {"purpose": purpose, "file": upload},
-                                headers=self.headers("POST", path))  # fmt: skip

@@ -9,7 +9,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from conftest import Signed, jsonl, line, make_tenant
+from batch_support import Signed, jsonl, line, make_tenant
 from django.utils import timezone
 
 from apps.batches import executor
