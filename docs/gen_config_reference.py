@@ -102,6 +102,8 @@ MEANINGS: dict[str, str] = {
     "SWITCHYARD_SNAPSHOT_PREFIX": "Redis key prefix of the snapshot; its namespace (the prefix "
     "without `:snapshot`) prefixes every other key",
     "SWITCHYARD_SNAPSHOT_STALE_AFTER_S": "a router reports its snapshot stale past this age",
+    "SWITCHYARD_STATIC_ROOT": "where collectstatic writes and the web serves the static files "
+    "from (the container image: `/usr/share/switchyard/static`, collected at build time)",
     "SWITCHYARD_TTFT_TIMEOUT_S": "upstream first-byte cap per attempt",
     "SWITCHYARD_VAR_DIR": "embedded servers' data, generated models, the router's snapshot disk "
     "copy, the usage spool, static files",
@@ -110,6 +112,7 @@ MEANINGS: dict[str, str] = {
 
 # Where the default is an expression the table would only restate badly.
 DEFAULT_NOTES: dict[str, str] = {
+    "SWITCHYARD_STATIC_ROOT": "`$SWITCHYARD_VAR_DIR/staticfiles`",
     "SWITCHYARD_VAR_DIR": "`./var` (the control plane: the repository's; the router: its "
     "working directory's)",
 }

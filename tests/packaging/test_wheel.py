@@ -99,9 +99,11 @@ def test_the_wheel_carries_templates_static_files_and_the_procfile(wheel: Path) 
     missing = [name for name in PACKAGE_DATA if name not in names]
     assert not missing, f"{wheel.name} lacks {missing}"
     assert "manage.py" not in names  # the package's own config/manage.py replaces it
-    metadata = zipfile.ZipFile(wheel).read(
-        next(n for n in names if n.endswith(".dist-info/METADATA"))
-    ).decode()
+    metadata = (
+        zipfile.ZipFile(wheel)
+        .read(next(n for n in names if n.endswith(".dist-info/METADATA")))
+        .decode()
+    )
     assert "Requires-Python: <3.14,>=3.11" in metadata
     assert re.search(r"Requires-Dist: uvicorn\[standard\]<0\.55,>=0\.54", metadata), metadata
 
