@@ -51,13 +51,34 @@ def buildah(*args: str, timeout: float = 120.0) -> subprocess.CompletedProcess[s
     )
 
 
+def running_in(root: Path) -> list[int]:
+    """The processes whose root directory is ``root`` (what ``buildah run`` started there)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and (proc / "root").resolve() == root:
+                found.append(int(proc.name))
+        except OSError:
+            continue
+    return found
+
+
 @pytest.fixture(scope="module")
 def container() -> Iterator[str]:
     made = buildah("from", "--quiet", IMAGE, timeout=600)
     assert made.returncode == 0, made.stderr
     name = made.stdout.strip()
     yield name
-    buildah("rm", name)
+    for pid in running_in(root_of(name)):  # a failed test's leftovers
+        os.kill(pid, signal.SIGKILL)
+    buildah("rm", name, timeout=600)
+
+
+def root_of(container: str) -> Path:
+    """The container's root file system on the host (vfs: a plain directory)."""
+    mounted = buildah("mount", container)
+    assert mounted.returncode == 0, mounted.stderr
+    return Path(mounted.stdout.strip()).resolve()
 
 
 def in_image(container: str, argv: list[str], env: dict[str, str] | None = None) -> list[str]:
@@ -209,8 +230,11 @@ def test_the_image_serves_the_admin_with_its_css_and_inference_through_its_route
         reply = json.loads(answers[-1][1])
         assert reply["object"] == "chat.completion", reply
         assert reply["choices"][0]["message"]["content"], reply
+        assert running_in(root_of(container)), "the servers run in the image's root"
     finally:
         for s in reversed(started):
             s.stop()
     for port in (web, router, engine):
         wait_for(lambda port=port: http_status(f"http://127.0.0.1:{port}/") == 0, [], "stopped")
+    root = root_of(container)
+    wait_for(lambda: not running_in(root), [], "every process started in the image gone")
