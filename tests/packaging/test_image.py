@@ -17,15 +17,16 @@ import re
 import shutil
 import signal
 import subprocess
-import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from fixtures.image_roles import argv_of, containers, role_of, roles
 from fixtures.net import free_port
 from fixtures.platform_up import http_status
+from fixtures.static_assets import assert_admin_and_dashboard_assets_served
+from fixtures.wait import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -155,15 +156,19 @@ class Started:
             self.proc.wait(10)
 
 
-def wait_for(check: object, started: list[Started], what: str) -> None:
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while not check():  # type: ignore[operator]
+def wait_for(check: Callable[[], object], started: list[Started], what: str) -> None:
+    """Poll ``check`` (bounded); fail at once when a started process exits, with its output."""
+
+    def alive_and_ready() -> object:
         for s in started:
             assert s.proc.poll() is None, f"{s.log.name} exited:\n{s.tail()}"
-        assert time.monotonic() < deadline, f"{what}: not within {READY_TIMEOUT_S} s\n" + "\n".join(
-            f"--- {s.log.name}\n{s.tail()}" for s in started
-        )
-        time.sleep(0.5)
+        return check()
+
+    try:
+        eventually(alive_and_ready, timeout=READY_TIMEOUT_S, interval=0.5, what=what)
+    except AssertionError as exc:
+        logs = "\n".join(f"--- {s.log.name}\n{s.tail()}" for s in started)
+        raise AssertionError(f"{exc}\n{logs}") from exc
 
 
 def chat(router: str, key: str) -> tuple[int, bytes]:
@@ -213,20 +218,20 @@ def test_the_image_serves_the_admin_with_its_css_and_inference_through_its_route
             started.append(Started(container, argv, env, tmp_path / f"{name}.log"))
         base = f"http://127.0.0.1:{web}"
         wait_for(lambda: http_status(f"{base}/admin/login/") == 200, started, "the admin")
-        with urllib.request.urlopen(f"{base}/admin/login/", timeout=10) as response:
-            page = response.read().decode()
-        sheets = re.findall(r'href="([^"]+\.css)"', page)
-        assert any("admin/css" in sheet for sheet in sheets), page[:2000]
-        for asset in [*sheets, "/static/frontend/dashboard.css", "/static/frontend/dashboard.js"]:
-            with urllib.request.urlopen(f"{base}{asset}", timeout=10) as response:
-                assert response.status == 200, asset
-                assert response.read(), asset
+        assert_admin_and_dashboard_assets_served(base)
         front = f"http://127.0.0.1:{router}"
         wait_for(lambda: http_status(f"{front}/readyz") == 200, started, "the router's /readyz")
         key = next(iter(keys.values()))
         answers: list[tuple[int, bytes]] = []
-        wait_for(lambda: answers.append(chat(front, key)) or answers[-1][0] == 200, started,
-                 f"a chat completion through the router (last: {answers[-1:]})")  # fmt: skip
+
+        def answered() -> bool:
+            answers.append(chat(front, key))
+            return answers[-1][0] == 200
+
+        try:
+            wait_for(answered, started, "a chat completion through the router")
+        except AssertionError as exc:
+            raise AssertionError(f"last answer {answers[-1:]}\n{exc}") from exc
         reply = json.loads(answers[-1][1])
         assert reply["object"] == "chat.completion", reply
         assert reply["choices"][0]["message"]["content"], reply
