@@ -53,14 +53,21 @@ def buildah(*args: str, timeout: float = 120.0) -> subprocess.CompletedProcess[s
 
 
 def running_in(root: Path) -> list[int]:
-    """The processes whose root directory is ``root`` (what ``buildah run`` started there)."""
+    """The processes whose file system root is the container's ``root`` directory: ``buildah
+    run`` bind-mounts it at ``/`` in the process's mount namespace (its mountinfo says so)."""
     found = []
     for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
         try:
-            if proc.name.isdigit() and (proc / "root").resolve() == root:
-                found.append(int(proc.name))
+            mounts = (proc / "mountinfo").read_text().splitlines()
         except OSError:
             continue
+        for line in mounts:
+            fields = line.split()
+            if len(fields) > 4 and fields[4] == "/" and fields[3] == str(root):
+                found.append(int(proc.name))
+                break
     return found
 
 
