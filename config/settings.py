@@ -214,7 +214,9 @@ USE_I18N = True
 USE_TZ = True
 
 STATIC_URL = "static/"
-STATIC_ROOT = VAR_DIR / "staticfiles"
+# The collected static files: the var directory's staticfiles/ (collectstatic, `up`), or
+# SWITCHYARD_STATIC_ROOT (the container image collects them at build time into its own root).
+STATIC_ROOT = Path(os.environ.get("SWITCHYARD_STATIC_ROOT", "") or VAR_DIR / "staticfiles")
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},

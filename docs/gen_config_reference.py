@@ -138,6 +138,8 @@ MEANINGS: dict[str, str] = {
     "SWITCHYARD_SNAPSHOT_PREFIX": "Redis key prefix of the snapshot; its namespace (the prefix "
     "without `:snapshot`) prefixes every other key",
     "SWITCHYARD_SNAPSHOT_STALE_AFTER_S": "a router reports its snapshot stale past this age",
+    "SWITCHYARD_STATIC_ROOT": "where collectstatic writes and the web serves the static files "
+    "from (the container image: `/usr/share/switchyard/static`, collected at build time)",
     "SWITCHYARD_TTFT_TIMEOUT_S": "upstream first-byte cap per attempt",
     "SWITCHYARD_TLS_CERT": "PEM certificate (chain) the router and the control plane serve "
     "HTTPS with; turns on Secure cookies and HSTS (docs/operations/tls.md)",
@@ -164,6 +166,7 @@ DEFAULT_NOTES: dict[str, str] = {
     "SECURE_COOKIES": "`true` with `SWITCHYARD_TLS_CERT`, else `false`",
     "SWITCHYARD_HSTS_SECONDS": "`31536000` with `SWITCHYARD_TLS_CERT` (`switchyard up --tls`: "
     "`3600`), else `0`",
+    "SWITCHYARD_STATIC_ROOT": "`$SWITCHYARD_VAR_DIR/staticfiles`",
     "SWITCHYARD_VAR_DIR": "`./var` (the control plane: the repository's; the router: its "
     "working directory's)",
 }

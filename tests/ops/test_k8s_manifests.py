@@ -97,22 +97,16 @@ def test_the_celery_beat_deployment_ships_one_replica_recreated() -> None:
     assert container["command"][:4] == ["celery", "-A", "config", "beat"]
 
 
-def test_web_pods_collect_static_files_into_the_volume_they_serve_from() -> None:
-    """DEBUG=false: WhiteNoise serves STATIC_ROOT ($SWITCHYARD_VAR_DIR/staticfiles) only, so an
-    init container fills it on the web pod's own var volume, with the web container's settings."""
-    from django.core.management import get_commands  # noqa: PLC0415
-
+def test_web_pods_serve_the_static_files_collected_into_the_image() -> None:
+    """DEBUG=false: WhiteNoise serves STATIC_ROOT only. The image collects the static files at
+    build time into SWITCHYARD_STATIC_ROOT on its (read-only) root; no pod collects them."""
+    containerfile = (K8S.parent / "image" / "Containerfile").read_text()
+    assert "SWITCHYARD_STATIC_ROOT=/usr/share/switchyard/static" in containerfile
+    assert "collectstatic --noinput" in containerfile
     pod = by_kind("Deployment")["switchyard-web"]["spec"]["template"]["spec"]
+    assert not pod.get("initContainers")
     (web,) = pod["containers"]
-    (init,) = [c for c in pod.get("initContainers", []) if "collectstatic" in c["command"]]
-    assert init["command"][:3] == ["python", "-m", "config.manage"]
-    assert "collectstatic" in get_commands()
-    assert "--noinput" in init["command"]
-    assert init["envFrom"] == web["envFrom"]
-    var_dir = by_kind("ConfigMap")["switchyard-config"]["data"]["SWITCHYARD_VAR_DIR"]
-    mounts = {m["name"]: m["mountPath"] for m in init["volumeMounts"]}
-    assert {m["name"]: m["mountPath"] for m in web["volumeMounts"]} == mounts
-    assert var_dir in mounts.values()
+    assert web["securityContext"]["readOnlyRootFilesystem"] is True
 
 
 def test_management_commands_run_without_a_manage_py() -> None:

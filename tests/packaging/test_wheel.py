@@ -18,13 +18,13 @@ import site
 import subprocess
 import sys
 import time
-import urllib.request
 import zipfile
 from pathlib import Path
 
 import pytest
 from fixtures.net import free_port
 from fixtures.platform_up import http_status
+from fixtures.static_assets import assert_admin_and_dashboard_assets_served
 
 pytestmark = pytest.mark.integration
 
@@ -99,9 +99,11 @@ def test_the_wheel_carries_templates_static_files_and_the_procfile(wheel: Path) 
     missing = [name for name in PACKAGE_DATA if name not in names]
     assert not missing, f"{wheel.name} lacks {missing}"
     assert "manage.py" not in names  # the package's own config/manage.py replaces it
-    metadata = zipfile.ZipFile(wheel).read(
-        next(n for n in names if n.endswith(".dist-info/METADATA"))
-    ).decode()
+    metadata = (
+        zipfile.ZipFile(wheel)
+        .read(next(n for n in names if n.endswith(".dist-info/METADATA")))
+        .decode()
+    )
     assert "Requires-Python: <3.14,>=3.11" in metadata
     assert re.search(r"Requires-Dist: uvicorn\[standard\]<0\.55,>=0\.54", metadata), metadata
 
@@ -149,14 +151,7 @@ def test_switchyard_up_from_the_wheel_serves_the_admin_with_its_css(
             assert proc.poll() is None, log.read_text(errors="replace")[-4000:]
             assert time.monotonic() < deadline, log.read_text(errors="replace")[-4000:]
             time.sleep(0.5)
-        with urllib.request.urlopen(f"{base}/admin/login/", timeout=10) as response:
-            page = response.read().decode()
-        sheets = re.findall(r'href="([^"]+\.css)"', page)
-        assert any("admin/css" in sheet for sheet in sheets), page[:2000]
-        for sheet in [*sheets, "/static/frontend/dashboard.css", "/static/frontend/dashboard.js"]:
-            with urllib.request.urlopen(f"{base}{sheet}", timeout=10) as response:
-                assert response.status == 200, sheet
-                assert response.read(), sheet
+        assert_admin_and_dashboard_assets_served(base)
         assert (var / "staticfiles" / "frontend" / "dashboard.js").is_file()
         assert not (run_dir / "var").exists()  # SWITCHYARD_VAR_DIR was used
     finally:
