@@ -150,7 +150,8 @@ class Controller:
 
 
 class Load:
-    """``clients`` loops each sending one chat completion after another; statuses counted."""
+    """``clients`` loops each sending one streamed chat completion after another (read to its
+    end); statuses counted."""
 
     def __init__(self, router: Process, secret: str) -> None:
         self.url = f"{router.base_url}/v1/chat/completions"
@@ -161,8 +162,9 @@ class Load:
 
     async def _client(self, http: httpx.AsyncClient, index: int) -> None:
         while index < self.clients:
+            # streamed: TTFT counts streams only (issue #33), and the test reads that signal
             body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
-                    "max_tokens": 16}  # fmt: skip
+                    "max_tokens": 16, "stream": True}  # fmt: skip
             try:
                 resp = await http.post(self.url, json=body, headers=self.headers)
             except httpx.HTTPError as exc:
