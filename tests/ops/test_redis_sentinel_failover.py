@@ -118,6 +118,14 @@ def master_port(ports: list[int]) -> int:
     return int(addr[1])
 
 
+async def admit_one(limits: RedisLimits) -> str:
+    """Admit one request, serve it and settle it; where it was decided ("redis" or "local")."""
+    lease = await limits.acquire("acme", QUOTA, tokens=10)
+    limits.settle(lease, actual_tokens=10, served=True)
+    await limits.flush()
+    return lease.source
+
+
 def control_plane_follows(url: str) -> None:
     """The Django cache and Celery's broker, configured from the same URL as the settings do,
     reach the promoted primary."""
@@ -182,10 +190,7 @@ async def failover_under(
     client = async_client(url, name="switchyard-test")
     await limits.start()
     try:
-        lease = await limits.acquire("acme", QUOTA, tokens=10)
-        assert lease.source == "redis"
-        limits.settle(lease, actual_tokens=10, served=True)
-        await limits.flush()
+        assert await admit_one(limits) == "redis"
         await client.set("sentinel:probe", b"before")
         assert await client.execute_command("WAIT", 1, 2000) == 1  # the replica has it
 
@@ -194,11 +199,8 @@ async def failover_under(
         sources: list[str] = []
 
         async def admitted_by_redis() -> bool:
-            lease = await limits.acquire("acme", QUOTA, tokens=10)
-            sources.append(lease.source)
-            limits.settle(lease, actual_tokens=10, served=True)
-            await limits.slots_freed()
-            return lease.source == "redis" and not limits.degraded
+            sources.append(await admit_one(limits))  # a refusal (429) would raise
+            return sources[-1] == "redis" and not limits.degraded
 
         await async_eventually(admitted_by_redis, timeout=FAILOVER_BOUND_S, interval=0.05,
                                what="admission decided by the promoted primary")  # fmt: skip
@@ -217,10 +219,7 @@ async def failover_under(
         await asyncio.to_thread(control_plane_follows, url)
         await channel_layer_follows(url)
         for _ in range(5):  # and admission keeps working on Redis
-            lease = await limits.acquire("acme", QUOTA, tokens=10)
-            assert lease.source == "redis"
-            limits.settle(lease, actual_tokens=10, served=True)
-        await limits.flush()
+            assert await admit_one(limits) == "redis"
         assert not limits.degraded
     finally:
         await limits.stop()
