@@ -207,6 +207,7 @@ async def failover_under(
         recovered_s = time.monotonic() - killed
         assert master_port(ports) == replica.port  # the Sentinels promoted the replica
         local = sources.count("local")
+        assert local > 0  # a refusing primary puts admission on its fallback at once (no 429s)
         print(f"\nfailover: admission on Redis again {recovered_s:.2f} s after kill -9; "
               f"{local} requests admitted by the local fallback meanwhile")  # fmt: skip
 
