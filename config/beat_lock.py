@@ -34,7 +34,7 @@ from django.core.exceptions import ImproperlyConfigured
 from redis.exceptions import RedisError
 
 from config import secret_key
-from runtime import contract
+from runtime import contract, redis_conn
 
 logger = logging.getLogger(__name__)
 
@@ -124,7 +124,7 @@ class LeasedScheduler(Scheduler):
 
     def _beat_lease(self) -> BeatLease:
         if self._lease is None:
-            client: redis.Redis[bytes] = redis.Redis.from_url(
+            client: redis.Redis[bytes] = redis_conn.from_url(
                 settings.REDIS_URL, socket_connect_timeout=1.0, socket_timeout=2.0
             )
             self._lease = BeatLease(client, beat_namespace(), lease_seconds())

@@ -39,6 +39,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector, CollectorRegistry
 from redis.exceptions import RedisError
 
+from runtime import redis_conn
 from runtime.contract import USAGE_GROUP, usage_stream
 
 logger = logging.getLogger(__name__)
@@ -238,7 +239,7 @@ class ControlPlaneCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         redis_part: RedisSignals | None = None
-        client: redis.Redis[bytes] = redis.Redis.from_url(
+        client: redis.Redis[bytes] = redis_conn.from_url(
             self._redis_url, socket_connect_timeout=1.0, socket_timeout=2.0
         )
         try:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import dj_database_url
 
-from config import secret_key
+from config import redis_sentinel, secret_key
 from config.paths import default_var_dir
 from runtime import contract
 
@@ -108,14 +108,18 @@ if _env_bool("SWITCHYARD_DB_POOL", default=True):
     }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
+# REDIS_URL may name the primary through Sentinel: redis+sentinel://host:port,host:port/<master>
+# [/<db>] (runtime/redis_conn.py); the cache, Celery and the channel layer follow it
+# (config/redis_sentinel.py translates it for each).
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+_CACHE_URL = os.environ.get("SWITCHYARD_CACHE_URL", REDIS_URL)
 
 # One cache for every control-plane process (REST throttles are global), in Redis under
 # "<namespace>:django"; its clear() deletes only those keys (config/cache.py).
 CACHES = {
     "default": {
         "BACKEND": "config.cache.NamespacedRedisCache",
-        "LOCATION": os.environ.get("SWITCHYARD_CACHE_URL", REDIS_URL),
+        **redis_sentinel.cache_location(_CACHE_URL),
         "KEY_PREFIX": contract.namespace_of(
             os.environ.get(contract.ENV_SNAPSHOT_PREFIX, contract.SNAPSHOT_PREFIX)
         )
@@ -126,12 +130,16 @@ CACHES = {
 CHANNEL_LAYERS = {
     "default": {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
-        "CONFIG": {"hosts": [REDIS_URL]},
+        "CONFIG": {"hosts": [redis_sentinel.channels_host(REDIS_URL)]},
     }
 }
 
-CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", REDIS_URL)
-CELERY_RESULT_BACKEND = os.environ.get("CELERY_RESULT_BACKEND", REDIS_URL)
+_BROKER_URL = os.environ.get("CELERY_BROKER_URL", REDIS_URL)
+_RESULT_URL = os.environ.get("CELERY_RESULT_BACKEND", REDIS_URL)
+CELERY_BROKER_URL = redis_sentinel.celery_url(_BROKER_URL)
+CELERY_RESULT_BACKEND = redis_sentinel.celery_url(_RESULT_URL)
+CELERY_BROKER_TRANSPORT_OPTIONS = redis_sentinel.celery_transport_options(_BROKER_URL)
+CELERY_RESULT_BACKEND_TRANSPORT_OPTIONS = redis_sentinel.celery_transport_options(_RESULT_URL)
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1

@@ -43,8 +43,10 @@ ENV_MAPPINGS = {"environ", "env"}  # os.environ.get(...), env.get(...) on a Mapp
 # What each variable means; a variable without a line here shows "(undocumented)".
 MEANINGS: dict[str, str] = {
     "ALLOWED_HOSTS": "comma-separated host names the control plane answers",
-    "CELERY_BROKER_URL": "Celery's broker (defaults to `REDIS_URL`)",
-    "CELERY_RESULT_BACKEND": "Celery's result store (defaults to `REDIS_URL`)",
+    "CELERY_BROKER_URL": "Celery's broker (defaults to `REDIS_URL`; a `redis+sentinel://` URL "
+    "works)",
+    "CELERY_RESULT_BACKEND": "Celery's result store (defaults to `REDIS_URL`; a "
+    "`redis+sentinel://` URL works)",
     "CSRF_TRUSTED_ORIGINS": "comma-separated origins trusted for CSRF (behind a TLS proxy)",
     "DATABASE_URL": "PostgreSQL URL; `switchyard up` and the test command start an embedded "
     "PostgreSQL when it is unset",
@@ -52,7 +54,9 @@ MEANINGS: dict[str, str] = {
     "KUBECONFIG": "the kubeconfig the `kubernetes` scaling actuator uses (in-cluster when unset)",
     "LOG_LEVEL": "the control plane's log level",
     "REDIS_URL": "Redis URL: snapshot, limits, usage stream, Celery broker and results, channel "
-    "layer; `switchyard up` starts an embedded Redis when it is unset",
+    "layer; `redis+sentinel://host:port,host:port/<master>[/<db>]` names the primary through "
+    "Sentinel (every client follows a failover); `switchyard up` starts an embedded Redis when "
+    "it is unset",
     "SECURE_COOKIES": "session and CSRF cookies only over HTTPS (`1`, `true`, `yes`, `on`)",
     "SECRET_KEY": "Django secret key, required outside `DEBUG`: unset, the processes use "
     "`<SWITCHYARD_VAR_DIR>/secret_key` (which `switchyard up` generates, mode 0600, and keeps); "

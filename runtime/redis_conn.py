@@ -15,6 +15,13 @@ connection. The clients built here avoid that three ways:
 
 Callers that must see every drop (the snapshot follower's pub/sub, which re-reads the
 latest pointer after a reconnect) pass ``retries=0``.
+
+**Sentinel.** A URL of the form ``redis+sentinel://[[user]:password@]host:port[,host:port...]
+/<master>[/<db>]`` names a Redis primary through its Sentinels: the clients built here (and
+:func:`from_url`, :func:`sync_pool_from_url` for code that took ``redis.Redis.from_url``) ask a
+Sentinel for the primary's address on every new connection, so after a failover the retry above
+reconnects to the promoted replica. The password is the primary's; the Sentinels are asked
+without one. Any other URL is handed to redis-py unchanged.
 """
 
 from __future__ import annotations
@@ -22,10 +29,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-from typing import Final
+from dataclasses import dataclass
+from typing import Any, Final
+from urllib.parse import unquote
 
 import redis
 import redis.asyncio as aioredis
+import redis.asyncio.sentinel as aiosentinel
+import redis.sentinel as syncsentinel
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import ExponentialBackoff, NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -44,6 +55,84 @@ def keepalive_options() -> dict[int, int | bytes]:
     return {getattr(socket, n): v for n, v in _KEEPALIVE.items() if hasattr(socket, n)}
 
 
+SENTINEL_SCHEME: Final = "redis+sentinel"
+
+
+@dataclass(frozen=True)
+class SentinelTarget:
+    """A Redis primary named through Sentinel: where the Sentinels listen and what they call it."""
+
+    sentinels: tuple[tuple[str, int], ...]
+    master: str
+    db: int = 0
+    username: str | None = None
+    password: str | None = None
+
+
+def sentinel_target(url: str) -> SentinelTarget | None:
+    """The Sentinel target a ``redis+sentinel://`` URL names; None for any other URL.
+
+    Raises ValueError (naming the expected form) for a malformed Sentinel URL."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme.lower() != SENTINEL_SCHEME:
+        return None
+    form = f"{SENTINEL_SCHEME}://[[user]:password@]host:port[,host:port...]/<master>[/<db>]"
+    netloc, _, path = rest.partition("/")
+    userinfo, at, hosts = netloc.rpartition("@")
+    username = password = None
+    if at:
+        user, _, secret = userinfo.partition(":")
+        username, password = unquote(user) or None, unquote(secret) or None
+    sentinels: list[tuple[str, int]] = []
+    for item in hosts.split(","):
+        host, colon, port = item.strip().rpartition(":")
+        if not colon or not host or not port.isdigit():
+            raise ValueError(f"bad Sentinel address {item!r} in {SENTINEL_SCHEME} URL; want {form}")
+        sentinels.append((host.strip("[]"), int(port)))
+    parts = [p for p in path.split("?")[0].split("/") if p]
+    if not parts or len(parts) > 2 or (len(parts) == 2 and not parts[1].isdigit()):
+        raise ValueError(f"{SENTINEL_SCHEME} URL needs /<master>[/<db>]; want {form}")
+    db = int(parts[1]) if len(parts) == 2 else 0
+    return SentinelTarget(tuple(sentinels), unquote(parts[0]), db, username, password)
+
+
+def _sentinel_kwargs(timeout_s: float, connect_timeout_s: float) -> dict[str, Any]:
+    return {"socket_timeout": timeout_s, "socket_connect_timeout": connect_timeout_s}
+
+
+def _master_kwargs(target: SentinelTarget, kwargs: dict[str, Any]) -> dict[str, Any]:
+    return {"db": target.db, "username": target.username, "password": target.password, **kwargs}
+
+
+def from_url(url: str, **kwargs: Any) -> redis.Redis[bytes]:
+    """``redis.Redis.from_url(url, **kwargs)``, that also takes a ``redis+sentinel://`` URL
+    (then a client of the current primary, the same ``kwargs`` on its connections)."""
+    target = sentinel_target(url)
+    if target is None:
+        client: redis.Redis[bytes] = redis.Redis.from_url(url, **kwargs)
+        return client
+    pool = sync_pool_from_url(url, **kwargs)
+    master: redis.Redis[bytes] = redis.Redis.from_pool(pool)  # type: ignore[attr-defined]
+    return master
+
+
+def sync_pool_from_url(url: str, **kwargs: Any) -> redis.ConnectionPool:
+    """``redis.ConnectionPool.from_url``, that also takes a ``redis+sentinel://`` URL (the
+    Django cache's ``pool_class`` hook, config/cache.py)."""
+    target = sentinel_target(url)
+    if target is None:
+        return redis.ConnectionPool.from_url(url, **kwargs)
+    sentinel = syncsentinel.Sentinel(
+        list(target.sentinels),
+        sentinel_kwargs=_sentinel_kwargs(
+            kwargs.get("socket_timeout") or 5.0, kwargs.get("socket_connect_timeout") or 2.0
+        ),
+    )
+    return syncsentinel.SentinelConnectionPool(
+        target.master, sentinel, is_master=True, **_master_kwargs(target, kwargs)
+    )
+
+
 def _backoff(retries: int) -> ExponentialBackoff | NoBackoff:
     return ExponentialBackoff(cap=0.05, base=0.005) if retries else NoBackoff()
 
@@ -60,17 +149,27 @@ def async_client(
     """An asyncio Redis client for ``url`` (bytes replies) named ``name`` in CLIENT LIST."""
     if retries < 0:
         raise ValueError(f"retries must be >= 0, got {retries}")
-    client: aioredis.Redis[bytes] = aioredis.Redis.from_url(
-        url,
-        socket_connect_timeout=timeout_s if connect_timeout_s is None else connect_timeout_s,
-        socket_timeout=timeout_s,
-        socket_keepalive=True,
-        socket_keepalive_options=keepalive_options(),
-        health_check_interval=health_check_interval_s,
-        retry=AsyncRetry(_backoff(retries), retries, supported_errors=(RedisConnectionError,)),
-        client_name=name,
+    connect_s = timeout_s if connect_timeout_s is None else connect_timeout_s
+    options: dict[str, Any] = {
+        "socket_connect_timeout": connect_s,
+        "socket_timeout": timeout_s,
+        "socket_keepalive": True,
+        "socket_keepalive_options": keepalive_options(),
+        "health_check_interval": health_check_interval_s,
+        "retry": AsyncRetry(_backoff(retries), retries, supported_errors=(RedisConnectionError,)),
+        "client_name": name,
+    }
+    target = sentinel_target(url)
+    if target is None:
+        client: aioredis.Redis[bytes] = aioredis.Redis.from_url(url, **options)
+        return client
+    sentinel = aiosentinel.Sentinel(
+        list(target.sentinels), sentinel_kwargs=_sentinel_kwargs(timeout_s, connect_s)
     )
-    return client
+    master: aioredis.Redis[bytes] = sentinel.master_for(
+        target.master, **_master_kwargs(target, options)
+    )
+    return master
 
 
 def sync_client(
@@ -85,17 +184,16 @@ def sync_client(
     """The blocking twin of :func:`async_client`, for the control plane and commands."""
     if retries < 0:
         raise ValueError(f"retries must be >= 0, got {retries}")
-    client: redis.Redis[bytes] = redis.Redis.from_url(
+    return from_url(
         url,
         socket_connect_timeout=timeout_s if connect_timeout_s is None else connect_timeout_s,
         socket_timeout=timeout_s,
         socket_keepalive=True,
-        socket_keepalive_options=keepalive_options(),  # type: ignore[arg-type]  # stub is wrong
+        socket_keepalive_options=keepalive_options(),
         health_check_interval=health_check_interval_s,
         retry=SyncRetry(_backoff(retries), retries, supported_errors=(RedisConnectionError,)),
         client_name=name,
     )
-    return client
 
 
 # -- cancellation ------------------------------------------------------------------------------

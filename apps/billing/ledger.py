@@ -40,6 +40,7 @@ from apps.billing.selectors import period_starts, usage_totals
 from apps.common.audit import audit_record
 from apps.models.models import Endpoint, ModelVersion
 from apps.tenants.models import ApiKey, Tenant
+from runtime import redis_conn
 from runtime.contract import USAGE_GROUP, credit_key, ledger_lock, period_fields, usage_stream
 from runtime.metering.events import UsageEvent, decode_event
 from runtime.metering.pricing import MICRO
@@ -71,7 +72,7 @@ def limits_prefix() -> str:
 
 
 def redis_client() -> redis.Redis[bytes]:
-    return redis.Redis.from_url(settings.REDIS_URL, socket_timeout=5, socket_connect_timeout=2)
+    return redis_conn.from_url(settings.REDIS_URL, socket_timeout=5, socket_connect_timeout=2)
 
 
 @contextmanager

@@ -28,7 +28,7 @@ import msgspec
 import redis
 from redis.exceptions import RedisError
 
-from runtime import snapshot_store
+from runtime import redis_conn, snapshot_store
 
 DEMO_MODEL = "demo-llama"
 POLL_S = 0.5
@@ -211,7 +211,7 @@ def checks(
     def model() -> bool:
         if not holder:
             holder.append(
-                redis.Redis.from_url(redis_url, socket_timeout=2, socket_connect_timeout=2)
+                redis_conn.from_url(redis_url, socket_timeout=2, socket_connect_timeout=2)
             )
         assert at.pool is not None
         found = serving_endpoint(holder[0], prefix=snapshot_prefix, pool=at.pool)

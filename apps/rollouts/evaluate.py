@@ -32,7 +32,7 @@ from apps.rollouts import gates
 from apps.rollouts.models import Rollout
 from apps.rollouts.transitions import rollout_advance, rollout_rollback
 from apps.tenants.models import RequestClass
-from runtime import contract
+from runtime import contract, redis_conn
 from runtime.telemetry.versions import (
     E2E_BOUNDS_MS,
     ITL_BOUNDS_MS,
@@ -196,7 +196,7 @@ def rollout_evaluate(
 def rollouts_evaluate_running(*, now: float | None = None) -> dict[int, str]:
     """Evaluate every running rollout (the beat task); returns rollout id → action."""
     actions: dict[int, str] = {}
-    client: redis.Redis[bytes] = redis.Redis.from_url(
+    client: redis.Redis[bytes] = redis_conn.from_url(
         settings.REDIS_URL, socket_connect_timeout=1.0, socket_timeout=5.0
     )
     try:

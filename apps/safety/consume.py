@@ -22,6 +22,7 @@ from django.db import transaction
 from apps.common.audit import audit_record
 from apps.safety.models import Intervention
 from apps.tenants.models import Tenant
+from runtime import redis_conn
 from runtime.contract import SAFETY_GROUP, safety_stream
 from runtime.safety.events import Intervention as InterventionEvent
 
@@ -34,7 +35,7 @@ def namespace() -> str:
 
 
 def redis_client() -> redis.Redis[bytes]:
-    return redis.Redis.from_url(settings.REDIS_URL, socket_timeout=5, socket_connect_timeout=2)
+    return redis_conn.from_url(settings.REDIS_URL, socket_timeout=5, socket_connect_timeout=2)
 
 
 def event_id(event: InterventionEvent) -> str:

@@ -6,12 +6,12 @@ import os
 import signal
 from pathlib import Path
 
-import redis
 from celery import shared_task
 from django.conf import settings
 
 from apps.scaling import services
 from apps.scaling.actuators.base import Actuator
+from runtime import redis_conn
 from runtime.procs import LIFELINE_ENV
 
 ENV_ACTUATOR = "SWITCHYARD_SCALING_ACTUATOR"  # "local" | "kubernetes"; unset: autoscaling off
@@ -53,7 +53,7 @@ def autoscale_tick() -> int:
     actuator = actuator_from_env()
     if actuator is None:
         return 0
-    client = redis.Redis.from_url(settings.REDIS_URL)
+    client = redis_conn.from_url(settings.REDIS_URL)
     try:
         decisions = services.autoscale_all(
             client=client, actuator=actuator, namespace=services.scaling_namespace()

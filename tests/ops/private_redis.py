@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
 
 import redis
@@ -27,8 +28,9 @@ def redis_server_binary() -> str:
 class PrivateRedis:
     """redis-server on a free 127.0.0.1 port, append-only like the embedded one."""
 
-    def __init__(self, data_dir: Path) -> None:
+    def __init__(self, data_dir: Path, extra_args: Sequence[str] = ()) -> None:
         self.port = free_port()
+        self.extra_args = list(extra_args)  # e.g. --replicaof 127.0.0.1 <port>
         self.data_dir = data_dir
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self._proc: subprocess.Popen[bytes] | None = None
@@ -42,7 +44,7 @@ class PrivateRedis:
             raise RuntimeError("already running")
         argv = [redis_server_binary(), "--bind", "127.0.0.1", "--port", str(self.port)]
         argv += ["--dir", str(self.data_dir), "--appendonly", "yes", "--appendfsync", "always"]
-        argv += ["--save", "", "--daemonize", "no"]
+        argv += ["--save", "", "--daemonize", "no", *self.extra_args]
         self._proc = subprocess.Popen(
             argv,
             stdout=subprocess.DEVNULL,

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-import redis
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.core.exceptions import ValidationError
@@ -31,6 +30,7 @@ from apps.models.selectors import (
 )
 from apps.models.services import endpoint_register, endpoint_set_state
 from apps.models.services.signing import artifact_refused_record
+from runtime import redis_conn
 from runtime.procs import watch_lifeline
 from runtime.signing import SignatureCheck
 from runtime.tls import ServerTLS, TLSConfigError, worker_tls
@@ -209,7 +209,7 @@ def retire_stale_endpoints(base_url: str) -> list[int]:
     its heartbeat from the moment it launches its engine. While Redis cannot be read nothing is
     retired, and registering then fails with the registry's "already serves" message.
     """
-    client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2)
+    client = redis_conn.from_url(settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2)
     retired: list[int] = []
     try:
         for endpoint in endpoints_live().filter(base_url=base_url):

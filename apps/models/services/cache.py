@@ -14,6 +14,7 @@ from django.core.exceptions import ValidationError
 from apps.common.audit import audit_record
 from apps.models.models import ModelVersion
 from apps.tenants.models import Tenant
+from runtime import redis_conn
 from runtime.cache.purge import cache_purge
 from runtime.contract import namespace_of
 
@@ -33,7 +34,7 @@ def cache_purge_run(
     many entries went. One audit event per purge, on the tenant (else the version)."""
     if tenant is None and version is None:
         raise ValidationError("Name a tenant or a model version to purge.")
-    client: redis.Redis[bytes] = redis.Redis.from_url(
+    client: redis.Redis[bytes] = redis_conn.from_url(
         settings.REDIS_URL, socket_timeout=5, socket_connect_timeout=2
     )
     try:

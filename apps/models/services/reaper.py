@@ -5,7 +5,6 @@ from __future__ import annotations
 import datetime as dt
 import logging
 
-import redis
 from django.conf import settings
 from django.utils import timezone
 from redis.exceptions import RedisError
@@ -13,6 +12,7 @@ from redis.exceptions import RedisError
 from apps.models.models import Endpoint
 from apps.models.selectors import endpoints_live
 from apps.models.services.fleet import endpoint_set_state
+from runtime import redis_conn
 from runtime.workers.heartbeat import endpoint_heartbeat_key
 from runtime.workers.supervisor import SupervisorSettings
 
@@ -37,7 +37,7 @@ def endpoints_reap_stale() -> list[int]:
     candidates = list(endpoints_live().filter(created_at__lt=cutoff))
     if not candidates:
         return []
-    client = redis.Redis.from_url(
+    client = redis_conn.from_url(
         settings.REDIS_URL,
         socket_timeout=_REDIS_TIMEOUT_S,
         socket_connect_timeout=_REDIS_TIMEOUT_S,

@@ -38,14 +38,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import redis
-
 from apps.models.models import Endpoint, ModelVersion, Pool
 from apps.models.services.fleet import endpoint_register, endpoint_set_state
 from apps.scaling.actuators.base import Actuation, ActuatorError, Replicas, StartTime
 from apps.scaling.actuators.launchers import Launcher, LaunchSpec, launcher_for_runtime
 from apps.scaling.models import PoolScaling
 from config.paths import SOURCE_ROOT
+from runtime import redis_conn
 from runtime.contract import scaling_local_key
 from runtime.procs import (
     StartError,
@@ -128,7 +127,7 @@ class LocalActuator:
     ) -> None:
         """``capacity`` / ``start_timeout_s`` None: the launcher's; ``env``: the replicas'
         environment (default ours); ``launchers``: runtime -> launcher name overrides."""
-        self._redis = redis.Redis.from_url(redis_url)
+        self._redis = redis_conn.from_url(redis_url)
         self._namespace = namespace
         self._log_dir = log_dir
         self._capacity = capacity

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import datetime as dt
 
-import redis
 from django.conf import settings
 
 from apps.tenants.services.api_keys import api_key_touch
+from runtime import redis_conn
 
 # Delete a field only if it still holds the value we copied (a newer use survives).
 _DELETE_IF_UNCHANGED = """
@@ -25,7 +25,7 @@ return n
 def api_key_usage_sync() -> int:
     """Touch each key the routers saw in use, then delete the copied entries from the hash
     (those still unchanged). Returns how many keys were touched."""
-    client = redis.Redis.from_url(settings.REDIS_URL)
+    client = redis_conn.from_url(settings.REDIS_URL)
     try:
         entries: dict[bytes, bytes] = client.hgetall(settings.API_KEY_USAGE_HASH)
         for prefix, stamp in entries.items():

@@ -16,6 +16,7 @@ from django.conf import settings
 from django.db import transaction
 from redis.exceptions import RedisError
 
+from runtime import redis_conn
 from runtime.cache.purge import cache_purge, idempotency_purge
 from runtime.contract import namespace_of
 
@@ -25,7 +26,7 @@ logger = logging.getLogger(__name__)
 def tenant_forget_retained(slug: str) -> int:
     """Delete ``slug``'s cached completions and idempotency records; how many went."""
     namespace = namespace_of(settings.SNAPSHOT_REDIS_PREFIX)
-    client: redis.Redis[bytes] = redis.Redis.from_url(
+    client: redis.Redis[bytes] = redis_conn.from_url(
         settings.REDIS_URL, socket_timeout=5, socket_connect_timeout=2
     )
     try:
