@@ -251,6 +251,11 @@ BATCH_MAX_LINES = int(os.environ.get("SWITCHYARD_BATCH_MAX_LINES", "50000"))
 BATCH_LEASE_S = float(os.environ.get("SWITCHYARD_BATCH_LEASE_S", "120"))
 BATCH_CLAIM_SIZE = int(os.environ.get("SWITCHYARD_BATCH_CLAIM_SIZE", "32"))
 BATCH_CLASS = os.environ.get("SWITCHYARD_BATCH_CLASS", "batch")
+# A zero_retention tenant's batch output and error files are deleted once downloaded, or this
+# many seconds after the batch ends when nobody downloads them.
+BATCH_ZERO_RETENTION_OUTPUT_S = float(
+    os.environ.get("SWITCHYARD_BATCH_ZERO_RETENTION_OUTPUT_S", "3600")
+)
 
 SESSION_COOKIE_HTTPONLY = True
 CSRF_COOKIE_HTTPONLY = True

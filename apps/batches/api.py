@@ -106,7 +106,8 @@ def _page(
 @batch_api("GET", "POST")
 def files(request: HttpRequest, tenant: Tenant) -> HttpResponse:
     if request.method == "GET":
-        return _page(request, File.objects.filter(tenant=tenant), file_object)
+        listed = File.objects.filter(tenant=tenant, deleted_at__isnull=True)
+        return _page(request, listed, file_object)
     upload = request.FILES.get("file")
     if upload is None:
         raise BatchApiError(400, "missing_file", "Upload the JSONL as the 'file' field.",
@@ -118,16 +119,22 @@ def files(request: HttpRequest, tenant: Tenant) -> HttpResponse:
     return JsonResponse(file_object(file))
 
 
-def _file(tenant: Tenant, file_id: str) -> File:
-    file = File.objects.filter(tenant=tenant, public_id=file_id).first()
+def _file(tenant: Tenant, file_id: str, *, deleted_ok: bool = False) -> File:
+    file = File.objects.filter(tenant=tenant, public_id=file_id).select_related("tenant").first()
     if file is None:
         raise not_found("file", file_id)
+    if file.deleted_at is not None and not deleted_ok:
+        raise BatchApiError(
+            404, "file_deleted",
+            f"The file '{file_id}' was deleted: this tenant keeps no data (zero retention).",
+            param="id",
+        )  # fmt: skip
     return file
 
 
 @batch_api("GET", "DELETE")
 def file_detail(request: HttpRequest, tenant: Tenant, file_id: str) -> HttpResponse:
-    file = _file(tenant, file_id)
+    file = _file(tenant, file_id, deleted_ok=request.method == "DELETE")
     if request.method == "GET":
         return JsonResponse(file_object(file))
     services.file_delete(file)
@@ -137,7 +144,9 @@ def file_detail(request: HttpRequest, tenant: Tenant, file_id: str) -> HttpRespo
 @batch_api("GET")
 def file_content(request: HttpRequest, tenant: Tenant, file_id: str) -> HttpResponse:
     file = _file(tenant, file_id)
-    return HttpResponse(services.file_read(file), content_type="application/jsonl")
+    content = services.file_read(file)
+    services.file_downloaded(file)  # zero retention: a batch output is read once
+    return HttpResponse(content, content_type="application/jsonl")
 
 
 @batch_api("GET", "POST")

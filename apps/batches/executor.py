@@ -34,7 +34,13 @@ from django.db.models import Q
 
 from apps.batches import exec_keys
 from apps.batches.models import Batch, BatchLine
-from apps.batches.services import batch_expire_due, batch_finalize, line_record, lines_claim
+from apps.batches.services import (
+    batch_expire_due,
+    batch_finalize,
+    files_expire,
+    line_record,
+    lines_claim,
+)
 from apps.batches.services.lines import line_release, lines_renew
 from apps.batches.services.pause import batch_pause, batches_resume_due
 
@@ -158,7 +164,8 @@ def finalize_ready(batch_ids: set[int] | None = None) -> int:
 
 
 def tick(owner: str) -> dict[str, int]:
-    """One beat tick: finalize what can end, then run lines while there are some (bounded)."""
+    """One beat tick: finalize what can end, then run lines while there are some (bounded);
+    last, purge the zero_retention outputs left unread past their window."""
     started = time.monotonic()
     batches_resume_due()
     ended = finalize_ready()
@@ -171,4 +178,4 @@ def tick(owner: str) -> dict[str, int]:
         touched = run_lines(owner, lines)
         ran += len(lines)
         ended += finalize_ready(touched)
-    return {"lines": ran, "batches_ended": ended}
+    return {"lines": ran, "batches_ended": ended, "files_expired": files_expire()}

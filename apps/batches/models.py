@@ -30,6 +30,11 @@ class File(models.Model):
     lines = models.PositiveIntegerField()
     storage_name = models.CharField(max_length=255)
     created_at = models.DateTimeField(auto_now_add=True)
+    # Zero retention (apps/batches/services/retention.py): when the bytes go unread at the
+    # latest (a batch output of a zero_retention tenant), and when they were deleted (the row
+    # stays, so the batch still names its files; the content is gone).
+    expires_at = models.DateTimeField(null=True, blank=True)
+    deleted_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering: ClassVar[list[str]] = ["-id"]

@@ -7,6 +7,7 @@ from apps.batches.services.lines import (
     line_record,
     lines_claim,
 )
+from apps.batches.services.retention import file_downloaded, files_expire
 
 __all__ = [
     "batch_cancel",
@@ -15,7 +16,9 @@ __all__ = [
     "batch_finalize",
     "file_create",
     "file_delete",
+    "file_downloaded",
     "file_read",
+    "files_expire",
     "line_record",
     "lines_claim",
 ]

@@ -20,6 +20,7 @@ from django.utils import timezone
 from apps.batches import exec_keys
 from apps.batches.models import Batch, BatchLine, File
 from apps.batches.services.files import store
+from apps.batches.services.retention import batch_forget
 
 _ENDED = {
     Batch.Status.CANCELLING: (Batch.Status.CANCELLED, "cancelled_at", "batch_cancelled",
@@ -139,7 +140,8 @@ def _jsonl(entries: list[dict[str, Any]]) -> bytes:
 def batch_finalize(*, batch_id: int, expired: bool = False) -> Batch | None:
     """End a batch whose lines are all answered (``completed``), that was cancelled, or whose
     window passed (``expired``): write the output and error files, one entry per line in
-    input order, and revoke the executor's key. None when it is not ready to end (a line is
+    input order, revoke the executor's key, and (zero retention) drop the input and the
+    lines' contents. None when it is not ready to end (a line is
     still running under a live lease, or another tick finalizes it)."""
     now = timezone.now()
     with transaction.atomic():
@@ -201,4 +203,5 @@ def batch_finalize(*, batch_id: int, expired: bool = False) -> Batch | None:
         batch.completed = len(done)
         batch.save()
         exec_keys.revoke(batch)
+        batch_forget(batch)  # a zero_retention tenant's files and line contents
     return batch

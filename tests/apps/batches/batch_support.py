@@ -17,10 +17,11 @@ SECRET = "test-internal-secret"
 MODEL = "batch-chat"
 
 
-def make_tenant(slug: str, *, max_output_tokens: int = 64) -> Tenant:
+def make_tenant(slug: str, *, max_output_tokens: int = 64, zero_retention: bool = False) -> Tenant:
     return tenant_create(
         actor=None, slug=slug, name=slug, rpm_limit=100, tpm_limit=10_000, max_concurrency=4,
         max_context_tokens=2048, max_output_tokens=max_output_tokens,
+        zero_retention=zero_retention,
     )  # fmt: skip
 
 
