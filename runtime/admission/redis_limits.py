@@ -44,9 +44,11 @@ together stay within the one router's share — logs once, and tries Redis again
 Until then, only the request whose call failed is decided by the local fallback; every other
 request (and the background task) still asks Redis. Any answer from Redis ends the run and
 the fallback. A request the local fallback refuses (its share of a limit or of the credits)
-is asked of Redis once more before the refusal stands (one call, bounded by ``timeout_s``):
-if Redis answers, its verdict wins, so a tenant within its global limits is not refused by a
-blip.
+is asked of Redis once more before the refusal stands: first the settlements queued meanwhile
+are written (on the fallback they wait, and Redis would still count the slots they free), then
+the admission call (each bounded by ``timeout_s``; a failed write, shared by the requests
+waiting on it, lets the refusal stand). If Redis answers, its verdict wins, so a tenant
+within its global limits is not refused by a blip.
 
 Settlements are spooled per process (:mod:`runtime.metering.spool`: a slot of its own, and the
 slots of dead processes adopted at start and every ``adopt_every_s``), so a worker killed while
@@ -205,6 +207,7 @@ class RedisLimits:
         self._settles_due = math.inf  # when the queued batch must be sent
         self._wake = asyncio.Event()
         self._flushed: list[asyncio.Future[None]] = []  # waiting for the queued batch's write
+        self._writing: asyncio.Future[bool] | None = None  # the write in flight: answered?
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
 
@@ -293,11 +296,23 @@ class RedisLimits:
         try:
             return self._acquire_local(uuid.uuid4().hex, tenant, quota, tokens, ask)
         except (LimitExceededError, CreditRefusedError):
-            # refused by the fallback's share only: Redis decides if it answers (once)
-            lease = await self._acquire_redis(tenant, quota, tokens, ask)
+            # refused by the fallback's share only: Redis decides if it answers (once), told
+            # first of the slots freed meanwhile (their settlements are queued while it is down)
+            lease = None
+            if await self._settled_in_redis():
+                lease = await self._acquire_redis(tenant, quota, tokens, ask)
             if lease is None:
                 raise
             return lease
+
+    async def _settled_in_redis(self) -> bool:
+        """Write every settlement queued so far, even on the fallback (after the write in
+        flight, if any, whose failure is shared rather than repeated): False when Redis did
+        not answer."""
+        while self._writing is not None:
+            if not await asyncio.shield(self._writing):
+                return False
+        return not self._settles or await self._write() > 0
 
     async def _acquire_redis(
         self, tenant: str, quota: Quota, tokens: int, ask: CreditAsk
@@ -458,10 +473,20 @@ class RedisLimits:
 
     async def flush(self) -> int:
         """Write the queued settlements in one pipeline; returns how many were written."""
-        if not self._settles or self._client is None or self._clock() < self._down_until:
+        if self._clock() < self._down_until:
             self._wake_flushed(self._flushed)
             self._flushed = []
             return 0
+        return max(0, await self._write())
+
+    async def _write(self) -> int:
+        """Write the queued settlements in one pipeline: how many, -1 when Redis did not
+        answer (they stay queued)."""
+        if not self._settles or self._client is None:
+            self._wake_flushed(self._flushed)
+            self._flushed = []
+            return 0
+        writing = self._writing = asyncio.get_running_loop().create_future()
         batch, self._settles = self._settles, []
         waiters, self._flushed = self._flushed, []
         self._settles_due = math.inf
@@ -471,14 +496,18 @@ class RedisLimits:
                 self._segments.append(segment)
         calls = [(self._settle_keys(item), self._settle_args(item)) for item in batch]
         started = self._clock()
+        written = False
         try:
             await self._pipelined(self._settle, SETTLE_LUA, calls)
+            written = True
         except (RedisError, OSError) as exc:
             self._went_down(exc, started)
             self._settles = batch + self._settles
             self._settles_due = -math.inf  # retried once Redis answers again
-            return 0
+            return -1
         finally:
+            self._writing = None
+            writing.set_result(written)
             self._wake_flushed(waiters)
         self._came_back()
         if self._spool is not None:
