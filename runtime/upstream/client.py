@@ -15,6 +15,7 @@ router's client certificate for mTLS); a handshake that fails is a
 from __future__ import annotations
 
 import asyncio
+import errno
 import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -229,11 +230,19 @@ def _classify(
         return ConnectFailed(f"cannot connect: {exc}", endpoint_id=eid)
     if isinstance(exc, TimeoutError):
         return FirstByteTimeout("no first byte within the TTFT cap", endpoint_id=eid)
-    if tls and isinstance(exc, aiohttp.ServerDisconnectedError):
+    if tls and _hung_up(exc):
         # TLS 1.3: a worker that requires client certificates checks ours after the
-        # handshake and hangs up; its alert rarely reaches aiohttp.
+        # handshake and hangs up (a clean close or a reset, by timing); its alert rarely
+        # reaches aiohttp.
         return ConnectionDropped(TLS_HANG_UP, endpoint_id=eid)
     return ConnectionDropped(f"connection failed before the first byte: {exc!r}", endpoint_id=eid)
+
+
+def _hung_up(exc: BaseException) -> bool:
+    """The peer closed or reset the connection before answering."""
+    if isinstance(exc, aiohttp.ServerDisconnectedError):
+        return True
+    return isinstance(exc, aiohttp.ClientOSError) and exc.errno == errno.ECONNRESET
 
 
 def _ssl_error(exc: BaseException) -> ssl.SSLError | None:
