@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
@@ -68,11 +68,13 @@ class AdapterLoader:
 
     def __init__(
         self, base_url: str, session: aiohttp.ClientSession | None, slots: AdapterSlots,
-        *, cooldown_s: float = 10.0,
+        *, cooldown_s: float = 10.0, clock: Callable[[], float] = time.monotonic,
     ) -> None:  # fmt: skip
-        """``session``: None opens one per engine call (loads are rare; nothing to close)."""
+        """``session``: None opens one per engine call (loads are rare; nothing to close).
+        ``clock``: the residency clock (monotonic seconds; injected by tests)."""
         self.base_url = base_url.rstrip("/")
         self.slots = slots
+        self._clock = clock
         self.stats = AdapterStats()
         self._session = session
         self._flights = SingleFlight(cooldown_s=cooldown_s)
@@ -104,7 +106,7 @@ class AdapterLoader:
         except (ArtifactError, SignatureError) as exc:
             raise LoadFailedError(f"adapter {adapter.name} refused: {exc}", 0.0) from exc
         async with self._lock:
-            decision = self.slots.decide(adapter.name, now=time.monotonic())
+            decision = self.slots.decide(adapter.name, now=self._clock())
             if isinstance(decision, Pinned):
                 raise AllSlotsPinnedError(decision.retry_after_s)
             if not isinstance(decision, Load):
@@ -118,7 +120,7 @@ class AdapterLoader:
             await self._post("/v1/load_lora_adapter", body)
             self.stats.last_load_s = time.monotonic() - started
             self.stats.loads += 1
-            self.slots.loaded(adapter.name, now=time.monotonic())
+            self.slots.loaded(adapter.name, now=self._clock())
 
     async def _post(self, path: str, body: dict[str, str]) -> None:
         if self._session is None:

@@ -7,6 +7,7 @@ import json
 from collections.abc import Iterable
 
 import pytest
+from fixtures.wait import async_eventually
 
 from bench.stream_micro import measure
 from runtime.gateway.errors import ApiError
@@ -33,6 +34,11 @@ def stream(sink: Recorder, interval_s: float = 0.01) -> QueuedStream:
     return QueuedStream(sink, interval_s=interval_s, headers=HEADERS, kind="chat", model="m")
 
 
+async def headers_out(sink: Recorder) -> None:
+    """Wait (bounded) until the heartbeats started the response."""
+    await async_eventually(lambda: sink.starts, timeout=2, interval=0.005, what="the headers")
+
+
 def test_comments_are_sse_comment_events() -> None:
     assert comment(3) == b": queued position=3\n\n"
     assert comment(None) == b": queued\n\n"
@@ -54,10 +60,7 @@ async def test_a_queued_request_beats_until_stopped_and_the_relay_does_not_start
     s = stream(sink)
     positions = iter([2, 1, None, None, None, None, None, None])
     s.queued(lambda: next(positions))
-    for _ in range(200):
-        if s.beats >= 3:
-            break
-        await asyncio.sleep(0.005)
+    await async_eventually(lambda: s.beats >= 3, timeout=2, interval=0.005, what="3 beats")
     await s.stop()
     beats = s.beats
     assert beats >= 3
@@ -66,7 +69,7 @@ async def test_a_queued_request_beats_until_stopped_and_the_relay_does_not_start
         b": queued position=2\n\n",
         b": queued position=1\n\n",
     ]
-    await asyncio.sleep(0.03)
+    await asyncio.sleep(0.03)  # three intervals: an absence cannot be polled for
     assert s.beats == beats  # stopped for good
     await s.start_response(200, [(b"x", b"1")])
     assert len(sink.starts) == 1
@@ -77,7 +80,7 @@ async def test_a_failure_after_the_headers_ends_the_stream_with_an_error_event()
     sink = Recorder()
     s = stream(sink)
     s.queued(lambda: 1)
-    await asyncio.sleep(0.005)
+    await headers_out(sink)
     await s.fail(ApiError.of("deadline_exceeded", when="while it was queued"), None)
     data, last = sink.chunks[-1]
     assert last
@@ -94,7 +97,7 @@ async def test_a_client_gone_gets_nothing_and_a_cut_gets_its_reason() -> None:
     for sink in (gone, cut):
         s = stream(sink)
         s.queued(lambda: 1)
-        await asyncio.sleep(0.005)
+        await headers_out(sink)
         await s.fail(asyncio.CancelledError(), None if sink is gone else "router_shutdown")
     assert all(not last for _, last in gone.chunks)
     assert b'"code":"router_shutdown"' in cut.chunks[-1][0]
@@ -121,7 +124,10 @@ def test_the_micro_bench_measures_every_part() -> None:
 class Stuck(Recorder):
     """A client that stopped reading: a body chunk never finishes sending."""
 
+    writing = False
+
     async def send_chunk(self, data: bytes, *, last: bool = False) -> None:
+        self.writing = True
         await asyncio.Event().wait()
 
 
@@ -130,7 +136,8 @@ async def test_a_beat_stuck_on_a_client_that_does_not_read_does_not_hold_the_req
     sink = Stuck()
     s = stream(sink)
     s.queued(lambda: 1)
-    await asyncio.sleep(0.01)  # the first beat is being written, and never will be
+    # the first beat is being written, and never will be
+    await async_eventually(lambda: sink.writing, timeout=2, interval=0.005, what="a beat")
     async with asyncio.timeout(5):
         await s.stop()
     assert s.beats == 0

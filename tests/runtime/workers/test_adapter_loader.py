@@ -50,14 +50,16 @@ async def test_lru_eviction_residency_single_flight_and_refusals(sim, tmp_path):
     url = f"http://127.0.0.1:{sim.port}"
     a, b, c = (artifact(tmp_path, n) for n in ("a", "b", "c"))
     async with aiohttp.ClientSession() as session:
-        loader = AdapterLoader(url, session, AdapterSlots(max_loras=2, min_residency_s=0.3))
+        now = [0.0]  # the residency clock, moved by hand
+        loader = AdapterLoader(url, session, AdapterSlots(max_loras=2, min_residency_s=0.3),
+                               clock=lambda: now[0])  # fmt: skip
         ran = await asyncio.gather(*(loader.ensure(a) for _ in range(4)))
         assert sorted(ran) == [False, False, False, True]  # one load for four first requests
         assert await loader.ensure(b) is True
         with pytest.raises(AllSlotsPinnedError) as pinned:  # a and b are younger than 0.3 s
             await loader.ensure(c)
         assert 0 < pinned.value.retry_after_s <= 0.3
-        await asyncio.sleep(0.35)  # let the residency pass: the only way to test a clock rule
+        now[0] += 0.35  # the residency passes
         assert await loader.ensure(b) is False  # a hit: b is now the most recently used
         assert await loader.ensure(c) is True  # evicts a, the least recently used
         assert loader.slots.resident() == ("b@v1", "c@v1")
