@@ -400,6 +400,12 @@ def test_up_runs_the_platform_streams_the_model_and_stops_every_process(var: Pat
         with pytest.raises(urllib.error.URLError, match="CERTIFICATE_VERIFY_FAILED"):
             get(f"https://127.0.0.1:{router}/readyz")  # the system's CAs do not know it
         assert "serve_model" not in second.names()
+        # up's own readiness watcher prints its line on its next poll: wait for it (bounded)
+        second.wait_for(
+            "up's router-ready line",
+            lambda: f"router ready: https://127.0.0.1:{router}/v1" in second.output,
+            30.0,
+        )
         code = second.stop("sigint")
     finally:
         if second.proc.poll() is None:
