@@ -10,12 +10,13 @@ from test_redis_limits import Factory, make, started  # noqa: F401 - the fixture
 from runtime.admission.limits import LimitExceededError, LimitKind, Quota
 from runtime.contract import batch_lane, credit_key, escrow_key, lane_tenant, limits_keys
 
-pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
+pytestmark = pytest.mark.integration
 
 ONLINE = Quota(rpm=1000, tpm=1_000_000, concurrency=2)
 LANE = Quota(rpm=1 << 40, tpm=1 << 40, concurrency=3)
 
 
+@pytest.mark.asyncio
 async def test_a_running_batch_takes_nothing_from_the_tenants_online_caps(
     make: Factory,  # noqa: F811
 ) -> None:
