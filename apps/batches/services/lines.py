@@ -80,8 +80,8 @@ def fair_shares(runnable: list[tuple[int, int, int]], limit: int) -> dict[int, i
     batch, runnable lines) sorted by tenant then batch; the lines are dealt one at a time to
     each tenant in turn, and within a tenant to each of its batches in turn."""
     by_tenant: dict[int, list[list[int]]] = {}
-    for tenant, batch, n in runnable:
-        by_tenant.setdefault(tenant, []).append([batch, n])
+    for tenant, batch_id, n in runnable:
+        by_tenant.setdefault(tenant, []).append([batch_id, n])
     turn = dict.fromkeys(by_tenant, 0)  # the next batch of each tenant
     shares: dict[int, int] = {}
     left = limit

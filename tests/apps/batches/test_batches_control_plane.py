@@ -385,5 +385,7 @@ def test_the_claim_deals_lines_round_robin_across_tenants_then_batches(tenant: T
         ([], 8, {}),
     ],
 )
-def test_fair_shares(runnable: list[tuple[int, int, int]], limit: int, shares: dict[int, int]) -> None:
+def test_fair_shares(
+    runnable: list[tuple[int, int, int]], limit: int, shares: dict[int, int]
+) -> None:
     assert fair_shares(runnable, limit) == shares
