@@ -82,6 +82,8 @@ MEANINGS: dict[str, str] = {
     "SWITCHYARD_BATCH_CLASS": "Batch API: batch lines' request class (if the tenant has it)",
     "SWITCHYARD_BATCH_LEASE_S": "Batch API: a claimed line's lease (renewed while it runs)",
     "SWITCHYARD_BATCH_MAX_FILE_BYTES": "Batch API: an input file's cap (413 `file_too_large`)",
+    "SWITCHYARD_BATCH_CONCURRENCY": "Batch API: a tenant's batch lines in flight at the router "
+    "(its batch lane, apart from its online RPM/TPM/concurrency)",
     "SWITCHYARD_BATCH_MAX_LINES": "Batch API: requests in one input file (400 `too_many_lines`)",
     "SWITCHYARD_BATCH_ROUTER_URL": "Batch API: the router the executor sends lines to",
     "SWITCHYARD_BATCH_TICK_S": "Batch API: how often beat runs the executor's tick",

@@ -57,6 +57,8 @@ class AdmissionDeps:
     prices: PriceHolder
     metrics: RouterMetrics
     default_band: int
+    batch_concurrency: int = 16  # a tenant's batch lane: its lines in flight (the allowance)
+    internal_secret: str = ""  # verifies the executor's batch line mark
 
 
 @dataclass(slots=True, frozen=True, kw_only=True)

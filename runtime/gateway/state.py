@@ -335,7 +335,9 @@ def build_state(config: RouterConfig) -> RouterState:
     )
     admission = AdmissionDeps(limits=limits, dispatchers=dispatchers, table=table,
                               prices=PriceHolder(), metrics=metrics,
-                              default_band=config.default_band)  # fmt: skip
+                              default_band=config.default_band,
+                              batch_concurrency=config.batch_concurrency,
+                              internal_secret=config.internal_secret)  # fmt: skip
     planning = PlanningDeps(config=config, tokens=tokens, table=table, rng=rng,
                             key_usage=key_usage)  # fmt: skip
     upstream = UpstreamDeps(

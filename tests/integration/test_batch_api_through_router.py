@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,6 +47,7 @@ class Stage:
     keys: dict[str, str]
     env: dict[str, str]
     workers: list[Worker]
+    restart_router: Callable[[], Process]
 
     def client(self, tenant: str) -> openai.OpenAI:
         return openai.OpenAI(base_url=f"{self.router.base_url}/v1", api_key=self.keys[tenant],
@@ -57,8 +58,9 @@ def _world(tmp_path: Path, engine: Process) -> dict[str, str]:
     model = model_served_by(engine.base_url, tmp_path / "artifacts" / "v1", name=MODEL)
     price_set(actor=None, version=model.versions.get(), hardware_tier="cpu",
               input_per_1k="1", output_per_1k="2")  # fmt: skip
-    request_class_create(actor=None, name="batch", priority_band=3, ttft_slo_ms=60_000,
-                         deadline_ms=120_000, max_queue_length=1000, shed_order=0)  # fmt: skip
+    # A 20 s deadline: a retry waits at most that long on a killed router's idempotency claim.
+    request_class_create(actor=None, name="batch", priority_band=3, ttft_slo_ms=20_000,
+                         deadline_ms=20_000, max_queue_length=1000, shed_order=0)  # fmt: skip
     keys = {}
     for slug in ("acme", "other"):
         tenant = tenant_create(
@@ -97,17 +99,26 @@ def stage(settings: Any, tmp_path: Path) -> Iterator[Stage]:
             }  # fmt: skip
             web, _ = spawn(["uvicorn", "config.asgi:application"], env=env)
             started.append(wait_until_up(web, "/v1/batches", ok=(401,)))
-            router = start_router(
-                prefix, var_dir / "router", SWITCHYARD_CONTROL_PLANE_URL=web.base_url,
-                SWITCHYARD_INTERNAL_SECRET=SECRET,
-            )  # fmt: skip
-            started.append(router)
+            def router_on(port: int | None = None) -> Process:
+                process = start_router(
+                    prefix, var_dir / "router", port=port,
+                    SWITCHYARD_CONTROL_PLANE_URL=web.base_url, SWITCHYARD_INTERNAL_SECRET=SECRET,
+                )  # fmt: skip
+                started.append(process)
+                return process
+
+            router = router_on()
             env["SWITCHYARD_BATCH_ROUTER_URL"] = router.base_url
             workers = [Worker("celery", env)]
             started.append(Beat(env, tmp_path / "beat", max_interval_s=1))
             wait_ready(router, snapshot_store.latest_version(client, prefix=prefix) or 0)
             try:
-                yield Stage(router, keys, env, workers)
+                def restart() -> Process:  # a new router on the killed one's port
+                    again = router_on(router.port)
+                    wait_ready(again, snapshot_store.latest_version(client, prefix=prefix) or 0)
+                    return again
+
+                yield Stage(router, keys, env, workers, restart)
             finally:
                 for worker in workers:
                     print(worker.output()[-3000:])
@@ -229,3 +240,40 @@ def test_a_killed_worker_leaves_every_line_answered_exactly_once(stage: Stage) -
     # the router (alive, with Redis) served them its stored answer, unbilled.
     eventually(lambda: len(_billed(batch.id)) >= 24, timeout=20, what="the ledger")
     assert len(_billed(batch.id)) == 24
+
+
+def _ledger_per_line(batch_id: str) -> tuple[list[str], list[str]]:
+    """The usage records' event ids under the batch's key, and its lines' usage event ids."""
+    try:
+        batch = Batch.objects.get(public_id=batch_id)
+        rows = UsageRecord.objects.filter(api_key__prefix=batch.exec_key_prefix)
+        records = sorted(rows.values_list("event_id", flat=True))
+        lines = sorted(batch.lines.values_list("usage_event_id", flat=True))
+        return records, lines
+    finally:
+        connections.close_all()
+
+
+def test_a_killed_router_leaves_every_line_answered_and_billed_exactly_once(
+    stage: Stage,
+) -> None:
+    acme = stage.client("acme")
+    upload = acme.files.create(file=("input.jsonl", _lines(16, tokens=40)), purpose="batch")
+    batch = acme.batches.create(input_file_id=upload.id, endpoint="/v1/chat/completions",
+                                completion_window="24h")  # fmt: skip
+    eventually(lambda: _running(batch.id), timeout=30, what="lines answered and lines running")
+    stage.router.kill()  # SIGKILL mid-batch: its lines in flight die with it
+    stage.restart_router()
+    done = eventually(lambda: _status(acme, batch.id, {"completed", "failed", "expired"}),
+                      timeout=120, what="the batch to complete after the router kill")  # fmt: skip
+    assert done.status == "completed"
+    assert (done.request_counts.completed, done.request_counts.failed) == (16, 0)
+    ids = [e["custom_id"] for e in _output(acme, done.output_file_id)]
+    assert sorted(ids) == sorted(f"req-{i}" for i in range(16))  # each once, none lost
+    assert Batch.objects.get(public_id=batch.id).lines.filter(attempts__gt=1).exists()
+    # Billed once per line, under the line's own event id (the ledger's unique key).
+    records, lines = eventually(lambda: (r := _ledger_per_line(batch.id))[0] and
+                                len(r[0]) >= 16 and r, timeout=20, what="the ledger")  # fmt: skip
+    assert records == lines
+    assert len(set(records)) == 16
+    assert all(r.startswith("batch-line-") for r in records)

@@ -1,7 +1,8 @@
 """The inference stage list, in order. Adding a stage is one module under ``stages/`` plus
 one line here.
 
-``authenticate`` -> ``plan`` -> ``degrade`` (cap or fall back, per the pool's policy) ->
+``authenticate`` -> ``batch_line`` (the executor's signed mark: the batch lane) -> ``plan`` ->
+``degrade`` (cap or fall back, per the pool's policy) ->
 ``prefilter`` (refuse or redact; no pack: nothing) -> ``postfilter`` (the output screen the
 relay and replays apply) -> ``idempotency`` (replay, or detach) -> ``admit`` (registers
 ``settle``) -> ``mirror`` -> ``cache`` (a hit answers) -> ``queue`` (registers the grant's
@@ -20,6 +21,7 @@ from runtime.gateway.pipeline.stage import Stage
 from runtime.gateway.pipeline.stages.adapter import AdapterResidency
 from runtime.gateway.pipeline.stages.admit import Admit
 from runtime.gateway.pipeline.stages.authenticate import Authenticate
+from runtime.gateway.pipeline.stages.batch_line import BatchLineMark
 from runtime.gateway.pipeline.stages.cache import CacheBegin, CacheLookup
 from runtime.gateway.pipeline.stages.degrade import Degrade
 from runtime.gateway.pipeline.stages.dispatch import Dispatch
@@ -43,6 +45,7 @@ def inference_stages(
 ) -> list[Stage]:
     return [
         Authenticate(snapshot, planning.key_usage),
+        BatchLineMark(admission),
         PlanStage(planning),
         Degrade(planning, admission, upstream.breakers),
         Prefilter(safety),
