@@ -97,11 +97,16 @@ def _rate_of(deps: AdmissionDeps, snapshot: Snapshot, plan: Plan) -> tuple[Rate 
 
 
 async def admit_limits(
-    deps: AdmissionDeps, snapshot: Snapshot, tenant: TenantSnap, plan: Plan
+    deps: AdmissionDeps, snapshot: Snapshot, tenant: TenantSnap, plan: Plan, *,
+    batch: bool = False,
 ) -> Admission:
+    """Take the request's hold on ``tenant``'s limits and credits; a Batch API line
+    (``batch``: sent with its batch's key) is priced at the batch rate."""
     limits = tenant.limits
     quota = Quota(rpm=limits.rpm, tpm=limits.tpm, concurrency=limits.max_concurrency)
     rate, tier = _rate_of(deps, snapshot, plan)
+    if batch and rate is not None:
+        rate = rate.for_batch()
     ask = credit_ask(snapshot, tenant, plan, rate, now=time.time())
     try:
         lease = await deps.limits.acquire(

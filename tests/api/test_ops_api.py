@@ -246,6 +246,22 @@ def test_pools_endpoints_routes_prices(world: World, staff_client: APIClient) ->
     )
     assert price.status_code == 200, price.content
     assert price.json()["cache_hit_discount"] == "0.500"
+    assert price.json()["batch_discount"] == "0.000"
+    discounted = staff_client.post(
+        f"{OPS}/prices/",
+        {"version": world.version.pk, "hardware_tier": "h100", "input_per_1k": "0.5",
+         "output_per_1k": "1.5", "batch_discount": "0.5"},
+        format="json",
+    )  # fmt: skip
+    assert discounted.json()["batch_discount"] == "0.500"
+    over = staff_client.post(
+        f"{OPS}/prices/",
+        {"version": world.version.pk, "hardware_tier": "h100", "input_per_1k": "0.5",
+         "output_per_1k": "1.5", "batch_discount": "1.5"},
+        format="json",
+    )  # fmt: skip
+    assert over.status_code == 400
+    assert "batch_discount" in over.json()["error"]["fields"]
     bad_price = staff_client.post(
         f"{OPS}/prices/",
         {
