@@ -97,7 +97,11 @@ def _rate_of(deps: AdmissionDeps, snapshot: Snapshot, plan: Plan) -> tuple[Rate 
 
 
 async def admit_limits(
-    deps: AdmissionDeps, snapshot: Snapshot, tenant: TenantSnap, plan: Plan, *,
+    deps: AdmissionDeps,
+    snapshot: Snapshot,
+    tenant: TenantSnap,
+    plan: Plan,
+    *,
     batch: bool = False,
 ) -> Admission:
     """Take the request's hold on ``tenant``'s limits and credits; a Batch API line
