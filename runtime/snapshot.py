@@ -65,6 +65,7 @@ class ApiKeySnap(msgspec.Struct, frozen=True, kw_only=True):
     name: str = ""
     scopes: tuple[str, ...] = ("inference",)
     expires_at: float | None = None  # unix seconds; None = never
+    batch: bool = False  # a Batch API executor's key (minted per batch): its lines are batch
 
 
 class RequestClassSnap(msgspec.Struct, frozen=True, kw_only=True):
@@ -183,6 +184,7 @@ class PriceSnap(msgspec.Struct, frozen=True, kw_only=True):
     input_per_1k: float
     output_per_1k: float
     cache_hit_discount: float = 0.0  # fraction off, 0..1
+    batch_discount: float = 0.0  # fraction off a Batch API line (its key is ``batch``), 0..1
 
 
 class CreditSnap(msgspec.Struct, frozen=True, kw_only=True):

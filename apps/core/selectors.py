@@ -35,6 +35,7 @@ from typing import Any
 from django.db import connection, transaction
 from django.db.models import Prefetch, Q
 
+from apps.batches.models import Batch
 from apps.billing.models import Price
 from apps.models.models import Endpoint, Model, ModelVersion, Pool, Route, RouteSplit
 from apps.rollouts.models import TRAFFIC_STATES, Rollout
@@ -162,8 +163,14 @@ def _tenants() -> dict[str, TenantSnap]:
 
 
 def _api_keys() -> dict[str, ApiKeySnap]:
-    queryset = (
+    queryset = list(
         ApiKey.objects.filter(revoked_at__isnull=True).select_related("tenant").order_by("prefix")
+    )
+    # The keys the Batch API minted for its executor: their requests are batch lines.
+    batch_keys = set(
+        Batch.objects.filter(exec_key_prefix__in=[key.prefix for key in queryset]).values_list(
+            "exec_key_prefix", flat=True
+        )
     )
     return {
         key.prefix: ApiKeySnap(
@@ -173,6 +180,7 @@ def _api_keys() -> dict[str, ApiKeySnap]:
             name=key.name,
             scopes=_strings(key.scopes, where=f"API key {key.prefix} scopes"),
             expires_at=key.expires_at.timestamp() if key.expires_at is not None else None,
+            batch=key.prefix in batch_keys,
         )
         for key in queryset
     }
@@ -337,6 +345,7 @@ def _prices(versions: Mapping[int, VersionSnap]) -> tuple[PriceSnap, ...]:
             input_per_1k=float(price.input_per_1k),
             output_per_1k=float(price.output_per_1k),
             cache_hit_discount=float(price.cache_hit_discount),
+            batch_discount=float(price.batch_discount),
         )
         for price in queryset
     )

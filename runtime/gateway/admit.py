@@ -107,16 +107,20 @@ def batch_quota(deps: AdmissionDeps) -> Quota:
 
 async def admit_limits(
     deps: AdmissionDeps, snapshot: Snapshot, tenant: TenantSnap, plan: Plan, *,
-    batch_line: bool = False,
+    batch_line: bool = False, batch: bool = False,
 ) -> Admission:
-    """Admit under the tenant's online limits, or (``batch_line``: the executor's signed
-    mark) under its batch lane's (:func:`batch_quota`); the credits are the tenant's."""
+    """Take the request's hold on ``tenant``'s limits and credits: under its online limits, or
+    (``batch_line``: the executor's signed mark) under its batch lane's (:func:`batch_quota`);
+    the credits are the tenant's. A Batch API line (``batch``: sent with its batch's key) is
+    priced at the batch rate."""
     limits = tenant.limits
     quota = Quota(rpm=limits.rpm, tpm=limits.tpm, concurrency=limits.max_concurrency)
     subject = tenant.slug
     if batch_line:
         quota, subject = batch_quota(deps), batch_lane(tenant.slug)
     rate, tier = _rate_of(deps, snapshot, plan)
+    if batch and rate is not None:
+        rate = rate.for_batch()
     ask = credit_ask(snapshot, tenant, plan, rate, now=time.time())
     try:
         lease = await deps.limits.acquire(

@@ -10,10 +10,12 @@ kill -9 of the worker mid-batch still ends with every line exactly once in the o
 from __future__ import annotations
 
 import json
+import math
 import os
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +59,7 @@ class Stage:
 def _world(tmp_path: Path, engine: Process) -> dict[str, str]:
     model = model_served_by(engine.base_url, tmp_path / "artifacts" / "v1", name=MODEL)
     price_set(actor=None, version=model.versions.get(), hardware_tier="cpu",
-              input_per_1k="1", output_per_1k="2")  # fmt: skip
+              input_per_1k="1", output_per_1k="2", batch_discount="0.5")  # fmt: skip
     # A 20 s deadline: a retry waits at most that long on a killed router's idempotency claim.
     request_class_create(actor=None, name="batch", priority_band=3, ttft_slo_ms=20_000,
                          deadline_ms=20_000, max_queue_length=1000, shed_order=0)  # fmt: skip
@@ -163,6 +165,21 @@ def _billed(batch_id: str) -> list[tuple[str, str]]:
         connections.close_all()
 
 
+def _charges(tenant: str) -> list[tuple[str | None, int, int, Decimal]]:
+    """The tenant's usage records: (key prefix, tokens in, tokens out, credits)."""
+    try:
+        rows = UsageRecord.objects.filter(tenant__slug=tenant).order_by("occurred_at")
+        return list(rows.values_list("api_key__prefix", "tokens_in", "tokens_out", "credits"))
+    finally:
+        connections.close_all()
+
+
+def _price(tokens_in: int, tokens_out: int, keep: Decimal) -> Decimal:
+    """1 credit per 1k input tokens, 2 per 1k output, times ``keep`` (micro-credits up)."""
+    micro = (tokens_in * 1000 + tokens_out * 2000) * keep
+    return Decimal(math.ceil(micro)) / 1_000_000
+
+
 def _running(batch_id: str) -> bool:
     """Some lines answered and some claimed (in flight) right now."""
     try:
@@ -201,6 +218,16 @@ def test_openai_client_runs_a_batch_isolation_malformed_and_cancel(stage: Stage)
     # Billed once per line, in the batch class, under the batch's own key.
     assert eventually(lambda: _billed(batch.id) == [("batch", "ok")] * 6, timeout=20,
                       what="the ledger's usage records")  # fmt: skip
+    # The price's batch discount (half) on the lines; the full price on an online request.
+    acme.chat.completions.create(model=MODEL, max_tokens=4,
+                                 messages=[{"role": "user", "content": "line 0"}])  # fmt: skip
+    charges = eventually(lambda: (rows := _charges("acme")) and len(rows) == 7 and rows,
+                         timeout=20, what="the online request's usage record")  # fmt: skip
+    exec_prefix = Batch.objects.get(public_id=batch.id).exec_key_prefix
+    for prefix, tokens_in, tokens_out, credits in charges:
+        keep = Decimal("0.5") if prefix == exec_prefix else Decimal(1)
+        assert credits == _price(tokens_in, tokens_out, keep) > 0, (prefix, credits)
+    assert sum(1 for row in charges if row[0] != exec_prefix) == 1
 
     slow = acme.files.create(file=("slow.jsonl", _lines(30, tokens=40)), purpose="batch")
     running = acme.batches.create(input_file_id=slow.id, endpoint="/v1/chat/completions",

@@ -22,9 +22,10 @@ class Admit:
 
     async def __call__(self, ctx: RequestContext) -> None:
         deps = self._deps
+        principal = ctx.ready_principal
         ctx.admission = await admit_limits(
-            deps, ctx.ready_snapshot, ctx.ready_principal.tenant, ctx.ready_plan,
-            batch_line=bool(ctx.batch_line),
+            deps, ctx.ready_snapshot, principal.tenant, ctx.ready_plan,
+            batch_line=bool(ctx.batch_line), batch=principal.key.batch,
         )  # fmt: skip
         ctx.hold("settle", lambda: settle(deps, ctx), early=True)
         rates = ctx.ready_admission.lease.rates
