@@ -32,7 +32,7 @@ async def measure(iterations: int) -> dict[str, float]:
         SnapshotBuilder().add_model("base", 1).add_adapter("base-lora", 2, base_version=1)
         .add_endpoint(1, 1).snapshot()
     )  # fmt: skip
-    fleet = AdapterFleet(max_loras=4)
+    fleet = AdapterFleet()
     endpoint = snapshot.endpoints[1]
     adapter = snapshot.versions[2]
     fleet.loader(endpoint).slots.loaded(adapter_name(adapter), now=time.monotonic())
@@ -41,7 +41,8 @@ async def measure(iterations: int) -> dict[str, float]:
     result: dict[str, float] = {}
     for label, version in (("base_us", snapshot.versions[1]), ("resident_us", adapter)):
         ctx: Any = SimpleNamespace(ready_plan=SimpleNamespace(version=version),
-                                   ready_attempts=SimpleNamespace(grant=grant))  # fmt: skip
+                                   ready_attempts=SimpleNamespace(grant=grant),
+                                   ready_snapshot=snapshot)  # fmt: skip
         context = cast(RequestContext, ctx)
         await stage(context)
         start = time.process_time()

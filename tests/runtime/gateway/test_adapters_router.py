@@ -45,6 +45,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Process, P
         world.add_tenant("acme")
         world.add_key("good", "acme")
         world.add_model(BASE, 1)
+        world.add_pool("cpu", policies={"max_loras": "2", "max_cpu_loras": "2"})
         for vid, name in enumerate(("a", "b", "c", "broken"), start=2):
             uri, digest = adapter_folder(root, name)
             digest = "0" * 64 if name == "broken" else digest

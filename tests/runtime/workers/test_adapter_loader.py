@@ -51,7 +51,7 @@ async def test_lru_eviction_residency_single_flight_and_refusals(sim, tmp_path):
     a, b, c = (artifact(tmp_path, n) for n in ("a", "b", "c"))
     async with aiohttp.ClientSession() as session:
         now = [0.0]  # the residency clock, moved by hand
-        loader = AdapterLoader(url, session, AdapterSlots(max_loras=2, min_residency_s=0.3),
+        loader = AdapterLoader(url, session, AdapterSlots(capacity=2, min_residency_s=0.3),
                                clock=lambda: now[0])  # fmt: skip
         ran = await asyncio.gather(*(loader.ensure(a) for _ in range(4)))
         assert sorted(ran) == [False, False, False, True]  # one load for four first requests

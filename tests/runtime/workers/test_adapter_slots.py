@@ -16,14 +16,14 @@ def _fill(slots: AdapterSlots, *names: str, now: float = 0.0) -> None:
 
 
 def test_free_slot_loads_then_hits() -> None:
-    slots = AdapterSlots(max_loras=2, min_residency_s=10)
+    slots = AdapterSlots(capacity=2, min_residency_s=10)
     _fill(slots, "a")
     assert slots.decide("a", now=1) == Resident("a")
     assert slots.resident() == ("a",)
 
 
 def test_full_evicts_the_least_recently_used_past_residency() -> None:
-    slots = AdapterSlots(max_loras=2, min_residency_s=10)
+    slots = AdapterSlots(capacity=2, min_residency_s=10)
     _fill(slots, "a", "b")
     assert slots.decide("a", now=20) == Resident("a")  # b is now the LRU
     assert slots.decide("c", now=20) == Load("c", evict="b")
@@ -33,7 +33,7 @@ def test_full_evicts_the_least_recently_used_past_residency() -> None:
 
 
 def test_young_adapters_are_skipped_not_evicted() -> None:
-    slots = AdapterSlots(max_loras=2, min_residency_s=10)
+    slots = AdapterSlots(capacity=2, min_residency_s=10)
     _fill(slots, "a", now=0)
     _fill(slots, "b", now=8)
     assert slots.decide("b", now=9) == Resident("b")
@@ -42,7 +42,7 @@ def test_young_adapters_are_skipped_not_evicted() -> None:
 
 
 def test_all_pinned_says_when_a_slot_frees() -> None:
-    slots = AdapterSlots(max_loras=2, min_residency_s=10)
+    slots = AdapterSlots(capacity=2, min_residency_s=10)
     _fill(slots, "a", now=0)
     _fill(slots, "b", now=4)
     decision = slots.decide("c", now=6)
@@ -52,7 +52,7 @@ def test_all_pinned_says_when_a_slot_frees() -> None:
 
 
 def test_no_thrash_between_two_adapters_on_one_slot() -> None:
-    slots = AdapterSlots(max_loras=1, min_residency_s=5)
+    slots = AdapterSlots(capacity=1, min_residency_s=5)
     _fill(slots, "a", now=0)
     loads = 0
     for step in range(1, 40):
@@ -68,6 +68,6 @@ def test_no_thrash_between_two_adapters_on_one_slot() -> None:
 
 def test_rejects_bad_parameters() -> None:
     with pytest.raises(ValueError, match="max_loras"):
-        AdapterSlots(max_loras=0)
+        AdapterSlots(capacity=0)
     with pytest.raises(ValueError, match="min_residency_s"):
-        AdapterSlots(max_loras=1, min_residency_s=-1)
+        AdapterSlots(capacity=1, min_residency_s=-1)
