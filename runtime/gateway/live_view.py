@@ -2,9 +2,9 @@
 
 Plain dicts built from the snapshot in force and the router's own counters: the pools' queue
 depth per band, tenant shares and Jain's index; each endpoint's state, health, KV use and
-in-flight requests against its capacity and its resident LoRA adapters (the router's residency
-book: its own loads and the replica's heartbeat); the request classes' TTFT SLOs; the routes this router
-follows (model -> version label -> weight) and its snapshot's version.
+in-flight requests against its capacity and its resident LoRA adapters (the router's
+residency book: its own loads and the replica's heartbeat); the request classes' TTFT SLOs;
+the routes this router follows (model -> version label -> weight) and its snapshot's version.
 """
 
 from __future__ import annotations

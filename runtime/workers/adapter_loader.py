@@ -348,9 +348,7 @@ class AdapterFleet:
                 signature=version.signature,
                 trusted=signing.trusted,
             )
-        artifact = AdapterArtifact(
-            name=name, path=path, digest=version.digest, signature=signature
-        )
+        artifact = AdapterArtifact(name=name, path=path, digest=version.digest, signature=signature)
         return await loader.ensure(artifact)
 
 

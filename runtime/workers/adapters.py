@@ -123,9 +123,7 @@ class AdapterSlots:
     def __len__(self) -> int:
         return len(self._used)
 
-    def decide(
-        self, name: str, *, now: float, spare: Container[str] = frozenset()
-    ) -> Decision:
+    def decide(self, name: str, *, now: float, spare: Container[str] = frozenset()) -> Decision:
         """What serving ``name`` takes now; a hit counts as a use (it moves to the MRU end).
         ``spare``: adapters resident on another replica too; the least recently used of them
         is evicted first (losing it costs the pool no load), else the least recently used."""

@@ -56,8 +56,12 @@ def build_parser() -> argparse.ArgumentParser:
         "(default: kv-capacity-tokens / block-size)",
     )
     add("--max-loras", type=int, default=0, help="LoRA adapters loadable at once, 0 = off")
-    add("--max-cpu-loras", type=int, default=0,
-        help="LoRA adapters kept loaded (default: --max-loras, as vLLM)")
+    add(
+        "--max-cpu-loras",
+        type=int,
+        default=0,
+        help="LoRA adapters kept loaded (default: --max-loras, as vLLM)",
+    )
     add("--lora-load-ms", type=float, default=50.0, help="one adapter load (default: 50)")
     add("--embedding-dim", type=int, default=384, help="embedding size (default: 384)")
     add("--seed", type=int, default=0, help="seed of the generated text (default: 0)")
