@@ -29,8 +29,8 @@ from runtime.routing.endpoints import EndpointSelector
 from runtime.routing.inflight import InFlight
 from runtime.routing.signals import FleetSignals, RequestSignals
 from runtime.snapshot import Snapshot, adapter_name
-from runtime.upstream.breaker import BreakerBook
 from runtime.testing.snapshots import SnapshotBuilder
+from runtime.upstream.breaker import BreakerBook
 from runtime.workers.adapter_loader import AdapterFleet
 
 
