@@ -14,7 +14,6 @@ and retried at the next tick; the residency the router made itself stays.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 from collections.abc import Callable
@@ -24,7 +23,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from runtime.contract import endpoint_heartbeat_key
-from runtime.redis_conn import async_client
+from runtime.redis_conn import async_client, cancel_and_wait
 from runtime.snapshot import Snapshot
 from runtime.workers.adapter_loader import AdapterFleet
 
@@ -111,9 +110,7 @@ class AdapterHeartbeats:
     async def stop(self) -> None:
         task, self._task = self._task, None
         if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await cancel_and_wait(task)
         client, self._client = self._client, None
         if client is not None:
             await client.aclose()  # type: ignore[attr-defined]  # types-redis predates it

@@ -18,10 +18,17 @@ import pytest
 import redis
 from fixtures.router import redis_url
 from fixtures.wait import eventually
-from gateway_fleet import Process, Publisher, World, http_get, start_router, start_simulator
+from gateway_fleet import (
+    Process,
+    Publisher,
+    World,
+    adapter_folder,
+    http_get,
+    start_router,
+    start_simulator,
+)
 from gateway_fleet import wait_ready as router_ready
 
-from runtime.artifacts import write_manifest
 from runtime.contract import endpoint_heartbeat_key
 
 pytestmark = pytest.mark.integration
@@ -29,14 +36,6 @@ pytestmark = pytest.mark.integration
 BASE = "lora2-base"
 HI = [{"role": "user", "content": "hi"}]
 E1, E2 = 36001, 36002  # endpoint ids no other test's heartbeat uses
-
-
-def adapter_folder(root: Path, name: str) -> tuple[str, str]:
-    folder = root / name
-    folder.mkdir()
-    (folder / "adapter_config.json").write_text(json.dumps({"name": name}), encoding="utf-8")
-    digest, _ = write_manifest(folder)
-    return folder.as_uri(), digest
 
 
 def loaded(sim: Process) -> set[str]:
