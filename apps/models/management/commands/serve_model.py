@@ -69,7 +69,10 @@ class Command(BaseCommand):
         manifest = version.manifest if isinstance(version.manifest, dict) else {}
         max_context = manifest.get("max_context")
         # LoRA on when it has adapters; slots from the pool's policies (max_loras, max_cpu_loras)
-        max_loras, max_cpu_loras, max_lora_rank = lora_settings(version, pool.policies or {})
+        try:
+            max_loras, max_cpu_loras, max_lora_rank = lora_settings(version, pool.policies or {})
+        except ValueError as exc:
+            raise CommandError(f"pool {pool.name!r}: {exc}") from None
         spec = WorkerSpec(
             **artifact_check(version),
             signature=signature_check(version),
