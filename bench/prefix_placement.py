@@ -62,10 +62,16 @@ class PrefixFleet(HandFleet):
         """Its first token came: its prefill is no longer queued."""
         self.queued.get(endpoint_id, {}).pop(key, None)
 
-    def choose(self, endpoints: Sequence[EndpointSnap], affinity_key: str | None) -> EndpointSnap:
+    def choose(
+        self,
+        endpoints: Sequence[EndpointSnap],
+        affinity_key: str | None,
+        *,
+        adapter: str | None = None,
+    ) -> EndpointSnap:
         expected = self._expected.pop(affinity_key, None) if affinity_key else None
         if expected is None:
-            return super().choose(endpoints, affinity_key)
+            return super().choose(endpoints, affinity_key, adapter=adapter)
         hashes, prompt_tokens = expected
         now = self._now()
         matched = self.index.match(hashes, now, [e.id for e in endpoints])

@@ -5,7 +5,8 @@ scheduling (:mod:`runtime.scheduling.settings`: ``fairness``, ``ordering``, ``sa
 ``headroom``, ``max_queue``, ``band_shares``) and routing (:mod:`runtime.routing.endpoints`:
 ``filters``, ``scorers``, ``picker``; :mod:`runtime.gateway.plan`: ``upstream_priority``) and
 degradation (:mod:`runtime.degradation`: ``degrade``, ``degrade_wait_ms``,
-``degrade_max_tokens``).
+``degrade_max_tokens``) and LoRA adapter slots (:mod:`runtime.workers.adapters`:
+``max_loras``, ``max_cpu_loras``, read by the launcher and the routers).
 The router falls back to the defaults on a bad value (a typo must not take a pool down), so
 the control plane calls :func:`pool_policy_errors` before it stores one. A key of a new policy
 is one entry in :data:`POOL_POLICY_KEYS`. No Django here.
@@ -20,12 +21,14 @@ from runtime.degradation import DEGRADE_KEYS, degrade_policy_errors
 from runtime.policy_names import UnknownPolicyError
 from runtime.routing.endpoints import EndpointSelector
 from runtime.scheduling.settings import PoolSettings, SettingsError
+from runtime.workers.adapters import LORA_POLICY_KEYS, LoraSettings
 
 SCHEDULING_KEYS: Final = ("fairness", "ordering", "saturation", "headroom", "max_queue",
                           "band_shares")  # fmt: skip
 ROUTING_KEYS: Final = ("filters", "scorers", "picker")
 UPSTREAM_PRIORITY_VALUES: Final = ("on", "off")
-POOL_POLICY_KEYS: Final = (*SCHEDULING_KEYS, *ROUTING_KEYS, "upstream_priority", *DEGRADE_KEYS)
+POOL_POLICY_KEYS: Final = (*SCHEDULING_KEYS, *ROUTING_KEYS, "upstream_priority", *DEGRADE_KEYS,
+                           *LORA_POLICY_KEYS)  # fmt: skip
 
 
 def pool_policy_errors(policies: Mapping[str, str]) -> list[str]:
@@ -51,4 +54,8 @@ def pool_policy_errors(policies: Mapping[str, str]) -> list[str]:
     if priority is not None and priority not in UPSTREAM_PRIORITY_VALUES:
         errors.append(f"upstream_priority must be 'on' or 'off', got {priority!r}.")
     errors.extend(degrade_policy_errors(policies))
+    try:
+        LoraSettings.from_policies(policies)
+    except ValueError as exc:
+        errors.append(f"LoRA: {exc}.")
     return errors

@@ -48,7 +48,7 @@ from runtime.scheduling.grant import (
     Ticket,
 )
 from runtime.scheduling.interfaces import DropReason
-from runtime.snapshot import Snapshot, TenantSnap
+from runtime.snapshot import Snapshot, TenantSnap, adapter_name
 
 _LIMIT_CODES = {
     LimitKind.RPM: "rate_limit_exceeded",
@@ -258,6 +258,7 @@ async def acquire_slot(
         weight=fair_weight(tenant, admission),
         deadline=plan.deadline,
         affinity_key=plan.affinity_key,
+        adapter=adapter_name(plan.version) if plan.version.base_version is not None else None,
         on_queued=on_queued,
     )
     dispatcher = deps.dispatchers.get(snapshot, pool)

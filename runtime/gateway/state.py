@@ -20,6 +20,7 @@ from runtime.admission.redis_limits import RedisLimits
 from runtime.batching.coalescer import Coalescer
 from runtime.cache.metrics import CacheMetrics
 from runtime.contract import usage_stream
+from runtime.gateway.adapter_heartbeats import AdapterHeartbeats
 from runtime.gateway.bundles import (
     AdmissionDeps,
     PlanningDeps,
@@ -66,6 +67,7 @@ from runtime.upstream.control import ControlPlaneClient
 from runtime.upstream.drain import DrainClient
 from runtime.upstream.health import HealthConfig, HealthMonitor
 from runtime.upstream.timeouts import TimeoutPolicy
+from runtime.workers.adapter_loader import AdapterFleet
 
 STATE_KEY = "switchyard"
 SHADOW_INFLIGHT = 4  # shadow copies in flight at once (more are dropped)
@@ -111,6 +113,7 @@ class RouterState:
     loop_lag: LoopLagProbe | None = None  # the event loop's lag histogram (issue #14)
     scaling: SignalsPublisher | None = None  # runtime/scaling: per-pool signals to Redis
     live: LiveAggregator | None = None  # per-second dashboard documents (telemetry.live)
+    adapter_heartbeats: AdapterHeartbeats | None = None  # LoRA residency from heartbeats
     control: ControlPlaneClient | None = None  # the Batch API's files and batches (forwarded)
 
     @property
@@ -191,6 +194,8 @@ class RouterState:
         await self.limits.start()
         await self.shared.start()
         await self.health.start()
+        if self.adapter_heartbeats is not None:
+            self.adapter_heartbeats.start()
         self.cache.start()
         if self.scaling is not None:
             self.scaling.start()
@@ -231,6 +236,8 @@ class RouterState:
             await self.live.stop()
         await self.dispatchers.stop()
         await self.health.stop()
+        if self.adapter_heartbeats is not None:
+            await self.adapter_heartbeats.stop()
         await self.shared.stop()
         await self.limits.stop()
         await self.key_usage.stop()
@@ -278,6 +285,8 @@ def build_state(config: RouterConfig) -> RouterState:
     def current() -> Snapshot | None:
         return None if loader.version is None else loader.current
 
+    adapters = AdapterFleet()  # LoRA residency: placement reads it, the adapter stage loads
+
     def placement_for(pool: str) -> FleetPlacement:
         return FleetPlacement(
             pool,
@@ -288,6 +297,7 @@ def build_state(config: RouterConfig) -> RouterState:
             inflight=inflight,
             clock=_loop_time,
             on_slot=metrics.inflight_delta,
+            residency=adapters,
         )
 
     version_stats = VersionStats(config.redis_url, namespace=config.namespace)
@@ -344,7 +354,7 @@ def build_state(config: RouterConfig) -> RouterState:
         client=client, breakers=breakers, rng=rng, retry_attempts=config.retry_attempts,
         backoff_base_s=config.retry_backoff_base_s, backoff_cap_s=config.retry_backoff_cap_s,
         coalescer=coalescer, coalesce_window_s=config.coalesce_window_s, tracing=tracing,
-        metrics=metrics, shadow=shadow,
+        metrics=metrics, shadow=shadow, adapters=adapters,
     )  # fmt: skip
     telemetry = Telemetry(metrics=metrics, tracing=tracing, version_stats=version_stats,
                           request_log=request_log, snapshot=current, scaling=scaling)  # fmt: skip
@@ -396,6 +406,8 @@ def build_state(config: RouterConfig) -> RouterState:
     metrics.attach_snapshot(loader)
     metrics.attach_fleet(state.endpoint_views)
     metrics.attach_admission(lambda: state.limits.degraded)
+    metrics.attach_adapters(adapters.rows)
+    state.adapter_heartbeats = AdapterHeartbeats(config.redis_url, adapters, current)
     state.live = telemetry.live = LiveAggregator(
         config.redis_url, config.namespace, live_sources(state)
     )

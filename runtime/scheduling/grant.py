@@ -34,6 +34,7 @@ class Ticket:
     weight: float = 1.0
     deadline: float = math.inf
     affinity_key: str | None = None
+    adapter: str | None = None  # the engine name of the LoRA adapter it needs (placement)
     is_shadow: bool = False
     on_queued: Callable[[Callable[[], int | None]], None] | None = field(
         default=None, compare=False

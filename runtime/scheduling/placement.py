@@ -6,7 +6,9 @@ pool: candidate endpoints are those of the version that pass the pool's routing 
 scorers and picker with the request's prompt-prefix key; the load is the router's own
 in-flight count (the immediate signal) and the health monitor's last scrape of
 ``vllm:kv_cache_usage_perc`` and ``vllm:num_requests_waiting`` with its age. Taking and
-freeing a slot moves the shared in-flight count and its Prometheus gauge.
+freeing a slot moves the shared in-flight count and its Prometheus gauge. A request that
+names a LoRA adapter is scored with the router's residency book (``residency``), so the
+``adapter_residency`` scorer sees where the adapter is resident before the grant.
 
 The scraped waiting count is read against the router's own dispatches: a request sent less
 than ``fresh_s`` before the scrape may simply not have reached the engine's next step yet
@@ -19,6 +21,7 @@ from __future__ import annotations
 import collections
 from collections.abc import Callable, Sequence
 
+from runtime.routing.adapters import ResidencyBook
 from runtime.routing.endpoints import EndpointSignals
 from runtime.routing.inflight import InFlight
 from runtime.routing.signals import RequestSignals
@@ -32,8 +35,8 @@ SlotListener = Callable[[int, int], None]
 
 
 class FleetPlacement:
-    __slots__ = ("_clock", "_fresh_s", "_health", "_inflight", "_on_slot", "_sent", "_signals",
-                 "_snapshot", "_table", "pool")  # fmt: skip
+    __slots__ = ("_clock", "_fresh_s", "_health", "_inflight", "_on_slot", "_residency", "_sent",
+                 "_signals", "_snapshot", "_table", "pool")  # fmt: skip
 
     def __init__(
         self,
@@ -47,6 +50,7 @@ class FleetPlacement:
         clock: Callable[[], float],
         on_slot: SlotListener | None = None,
         fresh_s: float = 0.25,
+        residency: ResidencyBook | None = None,
     ) -> None:
         self.pool = pool
         self._snapshot = snapshot
@@ -57,6 +61,7 @@ class FleetPlacement:
         self._clock = clock
         self._on_slot = on_slot
         self._fresh_s = fresh_s
+        self._residency = residency
         self._sent: dict[int, collections.deque[float]] = {}  # endpoint -> recent dispatches
 
     def candidates(self, version: int, exclude: frozenset[int]) -> Sequence[EndpointSnap]:
@@ -83,12 +88,20 @@ class FleetPlacement:
             age_s=max(self._clock() - status.last_scrape, 0.0),
         )
 
-    def choose(self, endpoints: Sequence[EndpointSnap], affinity_key: str | None) -> EndpointSnap:
+    def choose(
+        self,
+        endpoints: Sequence[EndpointSnap],
+        affinity_key: str | None,
+        *,
+        adapter: str | None = None,
+    ) -> EndpointSnap:
         snapshot = self._snapshot()
         if snapshot is None or len(endpoints) == 1:
             return endpoints[0]
         selector = self._table.selector(snapshot, endpoints[0].version)
-        signals = RequestSignals(self._signals, snapshot, affinity_key)
+        signals = RequestSignals(
+            self._signals, snapshot, affinity_key, adapter=adapter, residency=self._residency
+        )
         return selector.picker.pick([(e, selector.score(e, signals)) for e in endpoints])
 
     def _sent_before(self, endpoint_id: int, scraped: float) -> int:

@@ -28,8 +28,15 @@ class Placement(Protocol):
         """The router's in-flight count on the endpoint, and its scraped engine gauges."""
         ...
 
-    def choose(self, endpoints: Sequence[EndpointSnap], affinity_key: str | None) -> EndpointSnap:
-        """One of ``endpoints`` (non-empty) by the pool's scorers and picker."""
+    def choose(
+        self,
+        endpoints: Sequence[EndpointSnap],
+        affinity_key: str | None,
+        *,
+        adapter: str | None = None,
+    ) -> EndpointSnap:
+        """One of ``endpoints`` (non-empty) by the pool's scorers and picker; ``adapter``: the
+        engine name of the LoRA adapter the request needs (``adapter_residency`` scorer)."""
         ...
 
     def fallback(

@@ -41,7 +41,13 @@ class HandFleet:
     def load(self, endpoint: EndpointSnap) -> tuple[int, EndpointLoad]:
         return self.inflight.get(endpoint.id, 0), self.loads.get(endpoint.id, EndpointLoad())
 
-    def choose(self, endpoints: Sequence[EndpointSnap], affinity_key: str | None) -> EndpointSnap:
+    def choose(
+        self,
+        endpoints: Sequence[EndpointSnap],
+        affinity_key: str | None,
+        *,
+        adapter: str | None = None,
+    ) -> EndpointSnap:
         return min(endpoints, key=lambda e: (self.inflight.get(e.id, 0) / e.capacity, e.id))
 
     def fallback(

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from browser_platform import MODEL, Platform
+from browser_platform import ADAPTER, MODEL, Platform
 from django.contrib.auth.models import User
 from django.utils import timezone
 from fixtures.wait import eventually
@@ -164,6 +164,30 @@ def test_operator_watches_traffic_chart_move(
         "() => document.getElementById('chart-stages').data?.length === 4", timeout=5_000
     )
     page.screenshot(path=str(tmp_path / "stages.png"), full_page=True)
+    page.close()
+
+
+def test_fleet_page_shows_resident_adapters(
+    browser: Any, platform: Platform, users: dict[str, User], tmp_path: Path
+) -> None:
+    page = _login(browser, platform, "operator", "op-pass-1")
+    body = json.dumps({"model": ADAPTER, "max_tokens": 2, "messages": [{"role": "user",
+                       "content": "hi"}]})  # fmt: skip
+    request = urllib.request.Request(
+        f"{platform.router.base_url}/v1/chat/completions",
+        data=body.encode(),
+        headers={"Authorization": f"Bearer {platform.world.secrets['acme']}",
+                 "Content-Type": "application/json"},
+    )  # fmt: skip
+    with urllib.request.urlopen(request, timeout=10) as response:  # loads it on endpoint 1
+        assert json.loads(response.read())["model"] == f"{ADAPTER}@v1"
+    page.goto(f"{platform.web_url}/dashboard/fleet/")
+    page.wait_for_function(  # the endpoint's row names the adapter resident there
+        "() => [...document.querySelectorAll('#table-endpoints tbody tr')].some((tr) =>"
+        f" tr.cells[0].textContent === '1' && tr.cells[8].textContent === '{ADAPTER}@v1')",
+        timeout=5_000,
+    )
+    page.screenshot(path=str(tmp_path / "fleet-adapters.png"), full_page=True)
     page.close()
 
 

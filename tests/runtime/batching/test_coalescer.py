@@ -160,7 +160,13 @@ class OneEndpoint:
     def load(self, endpoint: EndpointSnap) -> tuple[int, EndpointLoad]:
         return self.inflight, EndpointLoad()
 
-    def choose(self, endpoints: Sequence[EndpointSnap], affinity_key: str | None) -> EndpointSnap:
+    def choose(
+        self,
+        endpoints: Sequence[EndpointSnap],
+        affinity_key: str | None,
+        *,
+        adapter: str | None = None,
+    ) -> EndpointSnap:
         return endpoints[0]
 
     def fallback(
