@@ -125,6 +125,9 @@ def test_prefix_targets_are_configured_as_named():
     affinity = FACTORIES["switchyard-prefix-affinity"]()
     scenario = load(SCENARIOS / "prefix.toml")
     assert affinity.policies(scenario)["scorers"] == "least_load,prefix_affinity"  # type: ignore[attr-defined]
+    load_only = FACTORIES["switchyard-load-only"]()
+    assert load_only.policies(scenario)["prefix_routing"] == "off"  # type: ignore[attr-defined]
+    assert "prefix_routing" not in FACTORIES["switchyard"]().policies(scenario)  # type: ignore[attr-defined]
     assert FACTORIES["vllm-router-cache-aware"]().policy == "cache_aware"  # type: ignore[attr-defined]
     assert FACTORIES["vllm-router"]().policy == "round_robin"  # type: ignore[attr-defined]
 
