@@ -130,6 +130,7 @@ class RouterState:
         """Swap callback: watch exactly the snapshot's endpoints, forget the rest."""
         self.health.set_endpoints(snapshot.endpoints.values())
         self.breakers.retain(snapshot.endpoints)
+        self.admission.prefix.retain(snapshot.endpoints)
         self.dispatchers.on_snapshot(snapshot)
         self.admission.prices.book = PriceBook(snapshot)
 

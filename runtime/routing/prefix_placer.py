@@ -21,7 +21,7 @@ characters a token), per endpoint; it is a sum over this process's requests only
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from runtime.routing.prefix import PrefixMatch, PromptPrefix
 from runtime.routing.prefix_index import PrefixIndex
@@ -94,6 +94,10 @@ class PrefixPlacer:
         if uncached > 0:
             self._queued.setdefault(endpoint_id, {})[prefix] = uncached
             self._where[prefix] = endpoint_id
+
+    def retain(self, endpoint_ids: Iterable[int]) -> None:
+        """Forget the index of endpoints not in ``endpoint_ids`` (the snapshot's)."""
+        self.index.retain(endpoint_ids)
 
     def started(self, prefix: PromptPrefix) -> None:
         """The request's prefill is done (first byte) or will never run (it ended):

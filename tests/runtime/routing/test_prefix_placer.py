@@ -68,6 +68,8 @@ def test_a_retry_moves_the_queued_prefill_and_the_index_learns_both() -> None:
     placer.sent(2, prefix, placer.match(prefix, eps))
     assert (placer.queued_prefill(1), placer.queued_prefill(2)) == (0, 200)
     assert placer.match(prefix, eps).matched == {1: 3, 2: 3}
+    placer.retain([2])  # endpoint 1 left the snapshot
+    assert placer.match(prefix, eps).matched == {2: 3}
 
 
 def test_the_index_forgets_after_its_ttl() -> None:
