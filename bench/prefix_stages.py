@@ -25,19 +25,15 @@ from typing import cast
 
 import msgspec
 
+from bench.stage_context import chat_context
 from runtime.admission.redis_limits import RedisLimits
-from runtime.gateway.auth import Principal
 from runtime.gateway.bundles import AdmissionDeps, PriceHolder
-from runtime.gateway.inference import ChatCompletionsConsumer
 from runtime.gateway.pipeline.context import RequestContext
 from runtime.gateway.pipeline.stages.prefix import PrefixBlocks, PrefixStarted
-from runtime.gateway.plan import Plan
-from runtime.gateway.schema import decode_request
 from runtime.routing.prefix import PromptPrefix
 from runtime.routing.table import RoutingTable
 from runtime.scheduling.pools import Dispatchers
 from runtime.snapshot import Snapshot
-from runtime.telemetry.logging import RequestRecord
 from runtime.telemetry.metrics import RouterMetrics
 from runtime.testing.fleet import HandFleet
 from runtime.testing.snapshots import SnapshotBuilder, endpoint_snap
@@ -48,14 +44,6 @@ MESSAGES = [
     {"role": "user", "content": "u" * 500},
     {"role": "assistant", "content": "a" * 500},
 ]
-
-
-class _Sink:
-    async def start_response(self, status: int, headers: object) -> None:
-        return None
-
-    async def send_chunk(self, data: bytes, *, last: bool = False) -> None:
-        return None
 
 
 def _snapshot(policies: dict[str, str]) -> Snapshot:
@@ -69,19 +57,7 @@ def _snapshot(policies: dict[str, str]) -> Snapshot:
 
 
 def _context(snapshot: Snapshot, body: bytes) -> RequestContext:
-    spec = ChatCompletionsConsumer.spec
-    ctx = RequestContext(spec=spec, request_id="r", body=body, headers=lambda _name: None,
-                         raw_headers=(), client=_Sink(), cut=lambda: None,
-                         record=RequestRecord(request_id="r", route=spec.route))  # fmt: skip
-    ctx.snapshot = snapshot
-    key = next(iter(snapshot.api_keys.values()))
-    ctx.principal = Principal(key, snapshot.tenants[key.tenant])
-    ctx.request = decode_request(body, spec.decoder)
-    model = snapshot.models[MODEL]
-    ctx.plan = Plan(model=model, version=snapshot.versions[model.versions[-1]], klass=None,
-                    deadline=0.0, streaming=True, include_usage=False, body=body,
-                    prompt_tokens=1000)  # fmt: skip
-    return ctx
+    return chat_context(snapshot, body, model=MODEL, prompt_tokens=1000)
 
 
 def _per_call_us(contexts: list[RequestContext], step: Callable[[RequestContext], object]) -> float:
