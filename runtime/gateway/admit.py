@@ -259,6 +259,7 @@ async def acquire_slot(
         deadline=plan.deadline,
         affinity_key=plan.affinity_key,
         adapter=adapter_name(plan.version) if plan.version.base_version is not None else None,
+        prefix=plan.prefix,
         on_queued=on_queued,
     )
     dispatcher = deps.dispatchers.get(snapshot, pool)

@@ -42,6 +42,7 @@ from runtime.gateway.tokens import TokenCounter
 from runtime.gateway.unary import make_coalescer
 from runtime.metering.pricing import PriceBook
 from runtime.routing.inflight import InFlight
+from runtime.routing.prefix_placer import PrefixPlacer
 from runtime.routing.shadow import ShadowMirror
 from runtime.routing.signals import FleetSignals
 from runtime.routing.table import RoutingTable
@@ -132,6 +133,7 @@ class RouterState:
         """Swap callback: watch exactly the snapshot's endpoints, forget the rest."""
         self.health.set_endpoints(snapshot.endpoints.values())
         self.breakers.retain(snapshot.endpoints)
+        self.admission.prefix.retain(snapshot.endpoints)
         self.dispatchers.on_snapshot(snapshot)
         self.admission.prices.book = PriceBook(snapshot)
 
@@ -286,6 +288,7 @@ def build_state(config: RouterConfig) -> RouterState:
         return None if loader.version is None else loader.current
 
     adapters = AdapterFleet()  # LoRA residency: placement reads it, the adapter stage loads
+    prefix = PrefixPlacer()  # one per process: endpoint ids are unique across pools
 
     def placement_for(pool: str) -> FleetPlacement:
         return FleetPlacement(
@@ -298,6 +301,7 @@ def build_state(config: RouterConfig) -> RouterState:
             clock=_loop_time,
             on_slot=metrics.inflight_delta,
             residency=adapters,
+            prefix=prefix,
         )
 
     version_stats = VersionStats(config.redis_url, namespace=config.namespace)
@@ -343,7 +347,7 @@ def build_state(config: RouterConfig) -> RouterState:
         ),
         interval_s=config.scaling_signals_s,
     )
-    admission = AdmissionDeps(limits=limits, dispatchers=dispatchers, table=table,
+    admission = AdmissionDeps(prefix=prefix, limits=limits, dispatchers=dispatchers, table=table,
                               prices=PriceHolder(), metrics=metrics,
                               default_band=config.default_band,
                               batch_concurrency=config.batch_concurrency,

@@ -279,7 +279,9 @@ class PoolDispatcher:
         self._queue.pass_through(req)
         self._drain.observe(now=now, queued=0)
         self._charged(req, input_tokens=req.input_tokens, output_tokens=0, now=now)
-        endpoint = self.placement.choose(roomy, ticket.affinity_key, adapter=ticket.adapter)
+        endpoint = self.placement.choose(
+            roomy, ticket.affinity_key, adapter=ticket.adapter, prefix=ticket.prefix
+        )
         self.placement.acquire(endpoint.id)
         self._inflight[req.tenant] += 1
         self._note_dispatched(req.band, 0.0)
@@ -342,10 +344,12 @@ class PoolDispatcher:
         roomy = self._roomy(ticket.version, exclude)
         if roomy:
             endpoint: EndpointSnap | None = self.placement.choose(
-                roomy, ticket.affinity_key, adapter=ticket.adapter
+                roomy, ticket.affinity_key, adapter=ticket.adapter, prefix=ticket.prefix
             )
         else:
-            endpoint = self.placement.fallback(ticket.version, exclude, ticket.affinity_key)
+            endpoint = self.placement.fallback(
+                ticket.version, exclude, ticket.affinity_key, prefix=ticket.prefix
+            )
         if endpoint is not None:
             self.placement.acquire(endpoint.id)
             grant.endpoint = endpoint
@@ -460,7 +464,8 @@ class PoolDispatcher:
                 continue  # cancelled while we were about to release it
             ticket = waiter.ticket
             endpoint = self.placement.choose(
-                rooms[ticket.version], ticket.affinity_key, adapter=ticket.adapter
+                rooms[ticket.version], ticket.affinity_key,
+                adapter=ticket.adapter, prefix=ticket.prefix,
             )
             self.placement.acquire(endpoint.id)
             self._inflight[req.tenant] += 1

@@ -3,7 +3,10 @@
 :class:`FleetPlacement` implements :class:`~runtime.scheduling.dispatcher.Placement` for one
 pool: candidate endpoints are those of the version that pass the pool's routing filters
 (ready, circuit closed, healthy, ...); the choice among those with room uses the pool's
-scorers and picker with the request's prompt-prefix key; the load is the router's own
+scorers and picker with the request's prompt-prefix key, unless the request carries its
+prompt's block hashes and the prefix placer's sticky rule keeps it on the endpoint holding its
+longest cached prefix (:mod:`runtime.routing.prefix_placer`; the placer then learns where the
+prefix went); the load is the router's own
 in-flight count (the immediate signal) and the health monitor's last scrape of
 ``vllm:kv_cache_usage_perc`` and ``vllm:num_requests_waiting`` with its age. Taking and
 freeing a slot moves the shared in-flight count and its Prometheus gauge. A request that
@@ -24,6 +27,8 @@ from collections.abc import Callable, Sequence
 from runtime.routing.adapters import ResidencyBook
 from runtime.routing.endpoints import EndpointSignals
 from runtime.routing.inflight import InFlight
+from runtime.routing.prefix import PromptPrefix
+from runtime.routing.prefix_placer import PrefixPlacer
 from runtime.routing.signals import RequestSignals
 from runtime.routing.table import RoutingTable
 from runtime.scheduling.interfaces import EndpointLoad
@@ -35,7 +40,8 @@ SlotListener = Callable[[int, int], None]
 
 
 class FleetPlacement:
-    __slots__ = ("_clock", "_fresh_s", "_health", "_inflight", "_on_slot", "_residency", "_sent",
+    __slots__ = ("_clock", "_fresh_s", "_health", "_inflight", "_on_slot", "_prefix", "_residency",
+                 "_sent",
                  "_signals", "_snapshot", "_table", "pool")  # fmt: skip
 
     def __init__(
@@ -51,6 +57,7 @@ class FleetPlacement:
         on_slot: SlotListener | None = None,
         fresh_s: float = 0.25,
         residency: ResidencyBook | None = None,
+        prefix: PrefixPlacer | None = None,
     ) -> None:
         self.pool = pool
         self._snapshot = snapshot
@@ -62,6 +69,7 @@ class FleetPlacement:
         self._on_slot = on_slot
         self._fresh_s = fresh_s
         self._residency = residency
+        self._prefix = prefix
         self._sent: dict[int, collections.deque[float]] = {}  # endpoint -> recent dispatches
 
     def candidates(self, version: int, exclude: frozenset[int]) -> Sequence[EndpointSnap]:
@@ -94,15 +102,28 @@ class FleetPlacement:
         affinity_key: str | None,
         *,
         adapter: str | None = None,
+        prefix: PromptPrefix | None = None,
     ) -> EndpointSnap:
         snapshot = self._snapshot()
-        if snapshot is None or len(endpoints) == 1:
+        if snapshot is None:
             return endpoints[0]
-        selector = self._table.selector(snapshot, endpoints[0].version)
-        signals = RequestSignals(
-            self._signals, snapshot, affinity_key, adapter=adapter, residency=self._residency
-        )
-        return selector.picker.pick([(e, selector.score(e, signals)) for e in endpoints])
+        placer = self._prefix if prefix is not None else None
+        match = None if placer is None or prefix is None else placer.match(prefix, endpoints)
+        chosen: EndpointSnap | None = None
+        if len(endpoints) == 1:
+            chosen = endpoints[0]
+        elif placer is not None and match is not None:
+            chosen = placer.sticky(endpoints, match, self._inflight.get)
+        if chosen is None:
+            selector = self._table.selector(snapshot, endpoints[0].version)
+            signals = RequestSignals(
+                self._signals, snapshot, affinity_key, match,
+                adapter=adapter, residency=self._residency,
+            )  # fmt: skip
+            chosen = selector.picker.pick([(e, selector.score(e, signals)) for e in endpoints])
+        if placer is not None and prefix is not None and match is not None:
+            placer.sent(chosen.id, prefix, match)
+        return chosen
 
     def _sent_before(self, endpoint_id: int, scraped: float) -> int:
         """Requests dispatched to the endpoint within ``fresh_s`` before ``scraped``."""
@@ -116,13 +137,21 @@ class FleetPlacement:
         return count
 
     def fallback(
-        self, version: int, exclude: frozenset[int], affinity_key: str | None
+        self,
+        version: int,
+        exclude: frozenset[int],
+        affinity_key: str | None,
+        *,
+        prefix: PromptPrefix | None = None,
     ) -> EndpointSnap | None:
         snapshot = self._snapshot()
         if snapshot is None:
             return None
         signals = RequestSignals(self._signals, snapshot, affinity_key)
-        return self._table.pick(snapshot, version, signals, exclude)
+        chosen = self._table.pick(snapshot, version, signals, exclude)
+        if chosen is not None and prefix is not None and self._prefix is not None:
+            self._prefix.sent(chosen.id, prefix, self._prefix.match(prefix, (chosen,)))
+        return chosen
 
     def capacity(self) -> int:
         snapshot = self._snapshot()
