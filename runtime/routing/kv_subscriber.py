@@ -1,8 +1,9 @@
 """The router's KV event subscribers: one asyncio task per endpoint that publishes events.
 
 :meth:`KvEventSubscribers.sync` takes the endpoints that announce a KV events address (endpoint
-id -> ``tcp://host:port``, from the snapshot) and keeps exactly one task per endpoint: a new
-address starts one, a gone or changed one is cancelled (its tracker state forgotten). Each task
+id -> ``tcp://host:port``; :func:`snapshot_addresses` reads them from the snapshot) and keeps
+exactly one task per endpoint: a new address starts one, a gone or changed one is cancelled
+(its tracker state forgotten). Each task
 holds a ZeroMQ SUB socket subscribed to every topic, connected to the engine's PUB socket (ZeroMQ
 reconnects by itself), and feeds each decoded message to the
 :class:`~runtime.routing.kv_tracker.KvEventTracker`. Nothing is done per request.
@@ -35,12 +36,22 @@ from zmq.utils.monitor import parse_monitor_message
 
 from runtime.routing.kv_events import KvEventDecodeError, decode_frames
 from runtime.routing.kv_tracker import KvEventTracker
+from runtime.snapshot import Snapshot
 
 log = logging.getLogger("switchyard.router.kv_events")
 
 DEFAULT_HEARTBEAT_S: Final = 2.0
 DEFAULT_RCVHWM: Final = 10_000
 _MONITOR_EVENTS: Final = zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED
+
+
+def snapshot_addresses(snapshot: Snapshot) -> dict[int, str]:
+    """The endpoints to subscribe to: every live one that announces a KV events address."""
+    return {
+        endpoint.id: endpoint.kv_events
+        for endpoint in snapshot.endpoints.values()
+        if endpoint.kv_events and endpoint.state in ("starting", "ready", "draining")
+    }
 
 
 class KvEventSubscribers:

@@ -18,9 +18,12 @@ from runtime.routing.kv_events import (
     decode_payload,
     encode_frames,
 )
+from runtime.routing.kv_subscriber import snapshot_addresses
 from runtime.routing.kv_tracker import KvEventTracker
 from runtime.routing.prefix import block_hashes
 from runtime.routing.prefix_index import PrefixIndex
+from runtime.snapshot import Snapshot
+from runtime.testing.snapshots import endpoint_snap
 
 pytestmark = pytest.mark.unit
 
@@ -234,3 +237,12 @@ def test_bad_settings_are_refused():
         KvEventTracker(block_chars=0)
     with pytest.raises(ValueError, match="stale_s"):
         KvEventTracker(stale_s=0)
+
+
+def test_the_snapshots_live_endpoints_with_an_address_are_subscribed():
+    endpoints = {
+        1: endpoint_snap(1, kv_events="tcp://h1:5557"),
+        2: endpoint_snap(2),  # no events: approximate only
+        3: endpoint_snap(3, kv_events="tcp://h3:5557", state="gone"),
+    }
+    assert snapshot_addresses(Snapshot(version=1, created_at=0.0, endpoints=endpoints)) == {1: "tcp://h1:5557"}
