@@ -239,6 +239,7 @@ async def acquire_slot(
         weight=fair_weight(tenant, admission),
         deadline=plan.deadline,
         affinity_key=plan.affinity_key,
+        prefix=plan.prefix,
         on_queued=on_queued,
     )
     dispatcher = deps.dispatchers.get(snapshot, pool)

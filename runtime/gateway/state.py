@@ -41,6 +41,7 @@ from runtime.gateway.tokens import TokenCounter
 from runtime.gateway.unary import make_coalescer
 from runtime.metering.pricing import PriceBook
 from runtime.routing.inflight import InFlight
+from runtime.routing.prefix_placer import PrefixPlacer
 from runtime.routing.shadow import ShadowMirror
 from runtime.routing.signals import FleetSignals
 from runtime.routing.table import RoutingTable
@@ -278,6 +279,8 @@ def build_state(config: RouterConfig) -> RouterState:
     def current() -> Snapshot | None:
         return None if loader.version is None else loader.current
 
+    prefix = PrefixPlacer()  # one per process: endpoint ids are unique across pools
+
     def placement_for(pool: str) -> FleetPlacement:
         return FleetPlacement(
             pool,
@@ -288,6 +291,7 @@ def build_state(config: RouterConfig) -> RouterState:
             inflight=inflight,
             clock=_loop_time,
             on_slot=metrics.inflight_delta,
+            prefix=prefix,
         )
 
     version_stats = VersionStats(config.redis_url, namespace=config.namespace)
@@ -333,7 +337,7 @@ def build_state(config: RouterConfig) -> RouterState:
         ),
         interval_s=config.scaling_signals_s,
     )
-    admission = AdmissionDeps(limits=limits, dispatchers=dispatchers, table=table,
+    admission = AdmissionDeps(prefix=prefix, limits=limits, dispatchers=dispatchers, table=table,
                               prices=PriceHolder(), metrics=metrics,
                               default_band=config.default_band)  # fmt: skip
     planning = PlanningDeps(config=config, tokens=tokens, table=table, rng=rng,
