@@ -4,8 +4,8 @@ shared system prompts, load-only vs prefix-aware routing (issue 35, must-have 5'
 It is the shared-prefix scenario (``bench/scenarios/prefix.toml``: tenants with long system
 prompts, growing conversations, a share of unique prompts) scaled to what two vLLM CPU engines
 of the tiny demo Llama serve on a small machine, played by the harness (``bench.runner``)
-against ``direct`` (round robin), ``switchyard`` (load-only) and the prefix-aware Switchyard
-target, one after the other on the same two engines, each phase from reset prefix caches
+against ``direct`` (round robin), ``switchyard-load-only`` (pool policy ``prefix_routing =
+"off"``) and ``switchyard`` (prefix-aware by default), one after the other on the same two engines, each phase from reset prefix caches
 (``VLLM_SERVER_DEV_MODE=1`` serves ``/reset_prefix_cache``). It prints, per phase and
 target, the engines' prefix-cache hit rate (``vllm:prefix_cache_hits`` ÷ ``queries``, tokens)
 and the TTFT p50/p95, and the prefix-aware target's TTFT p50 as a ratio of load-only's::
@@ -34,8 +34,8 @@ from bench.scenario import Scenario, parse
 from bench.targets import ALL
 
 SCENARIO = Path(__file__).resolve().parent / "scenarios" / "prefix.toml"
-LOAD_ONLY = "switchyard"
-DEFAULT_PREFIX_TARGET = "switchyard-prefix"
+LOAD_ONLY = "switchyard-load-only"  # pool policy prefix_routing = "off": least_load alone
+DEFAULT_PREFIX_TARGET = "switchyard"  # the defaults: prefix-aware (approximate), sticky rule
 MODEL = "demo-llama"
 ENGINE_ENV = {"VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
 SYSTEM_PROMPT_TOKENS = {"acme": 300, "globex": 250, "initech": 200}  # x ~2.2 demo tokens

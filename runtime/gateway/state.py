@@ -41,6 +41,8 @@ from runtime.gateway.tokens import TokenCounter
 from runtime.gateway.unary import make_coalescer
 from runtime.metering.pricing import PriceBook
 from runtime.routing.inflight import InFlight
+from runtime.routing.kv_index import EventedPrefixIndex
+from runtime.routing.kv_subscriber import KvEventSubscribers, snapshot_addresses
 from runtime.routing.prefix_placer import PrefixPlacer
 from runtime.routing.shadow import ShadowMirror
 from runtime.routing.signals import FleetSignals
@@ -113,6 +115,7 @@ class RouterState:
     scaling: SignalsPublisher | None = None  # runtime/scaling: per-pool signals to Redis
     live: LiveAggregator | None = None  # per-second dashboard documents (telemetry.live)
     control: ControlPlaneClient | None = None  # the Batch API's files and batches (forwarded)
+    kv_events: KvEventSubscribers | None = None  # engines' KV events -> the prefix index
 
     @property
     def prices(self) -> PriceBook | None:
@@ -132,6 +135,8 @@ class RouterState:
         self.breakers.retain(snapshot.endpoints)
         self.dispatchers.on_snapshot(snapshot)
         self.admission.prices.book = PriceBook(snapshot)
+        if self.kv_events is not None:
+            self.kv_events.sync(snapshot_addresses(snapshot))
 
     def pool_views(self) -> list[PoolView]:
         """What the dispatchers report to ``/metrics`` (read at scrape time)."""
@@ -226,6 +231,8 @@ class RouterState:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await self.loader.stop()
+        if self.kv_events is not None:
+            await self.kv_events.close()
         if self.scaling is not None:
             await self.scaling.stop()
         if self.live is not None:
@@ -279,7 +286,10 @@ def build_state(config: RouterConfig) -> RouterState:
     def current() -> Snapshot | None:
         return None if loader.version is None else loader.current
 
-    prefix = PrefixPlacer()  # one per process: endpoint ids are unique across pools
+    # One per process (endpoint ids are unique across pools); precise where engines publish
+    # KV events (runtime/routing/kv_index.py), fed by one subscriber per endpoint.
+    evented = EventedPrefixIndex()
+    prefix = PrefixPlacer(index=evented)
 
     def placement_for(pool: str) -> FleetPlacement:
         return FleetPlacement(
@@ -393,6 +403,7 @@ def build_state(config: RouterConfig) -> RouterState:
         control=ControlPlaneClient(config.control_plane_url) if config.control_plane_url else None,
     )
     state.loop_lag = LoopLagProbe(metrics.registry)
+    state.kv_events = KvEventSubscribers(evented.tracker)
     state.loader.add_swap_callback(state.on_snapshot)
     metrics.attach_scheduling(state.pool_views)
     metrics.attach_snapshot(loader)

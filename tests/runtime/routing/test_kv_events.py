@@ -18,6 +18,7 @@ from runtime.routing.kv_events import (
     decode_payload,
     encode_frames,
 )
+from runtime.routing.kv_index import EventedPrefixIndex
 from runtime.routing.kv_subscriber import snapshot_addresses
 from runtime.routing.kv_tracker import KvEventTracker
 from runtime.routing.prefix import block_hashes
@@ -246,3 +247,15 @@ def test_the_snapshots_live_endpoints_with_an_address_are_subscribed():
         3: endpoint_snap(3, kv_events="tcp://h3:5557", state="gone"),
     }
     assert snapshot_addresses(Snapshot(version=1, created_at=0.0, endpoints=endpoints)) == {1: "tcp://h1:5557"}
+
+
+def test_the_evented_index_answers_precisely_where_events_flow_else_approximately():
+    index = EventedPrefixIndex()
+    prompt = block_hashes(SYSTEM)
+    index.record(1, prompt, 0.0)  # a dispatch: approximate, and pending for the tracker
+    index.record(2, prompt, 0.0)
+    assert index.match(prompt, 0.1) == {1: 4, 2: 4}  # no events yet: both approximate
+    index.tracker.apply(1, _batch(AllCleared()), now=0.2)  # endpoint 1's engine reports
+    assert index.match(prompt, 0.2) == {2: 4}  # 1 is precise and holds nothing
+    index.tracker.apply(1, _stored(None, range(100, 117)), now=0.3)  # it stores the prompt
+    assert index.match(prompt, 0.3, [1]) == {1: 4}
