@@ -54,7 +54,7 @@ from runtime.routing.prefix_index import PrefixIndex
 
 DEFAULT_STALE_S: Final = 10.0
 DEFAULT_MAX_PENDING: Final = 256
-DEFAULT_MAX_ENGINE_BLOCKS: Final = 65_536
+DEFAULT_MAX_ENGINE_BLOCKS: Final = 16_384
 
 
 class _Pending:
