@@ -5,10 +5,12 @@ It is the shared-prefix scenario (``bench/scenarios/prefix.toml``: tenants with 
 prompts, growing conversations, a share of unique prompts) scaled to what two vLLM CPU engines
 of the tiny demo Llama serve on a small machine, played by the harness (``bench.runner``)
 against ``direct`` (round robin), ``switchyard-load-only`` (pool policy ``prefix_routing =
-"off"``) and ``switchyard`` (prefix-aware by default), one after the other on the same two engines, each phase from reset prefix caches
-(``VLLM_SERVER_DEV_MODE=1`` serves ``/reset_prefix_cache``). It prints, per phase and
-target, the engines' prefix-cache hit rate (``vllm:prefix_cache_hits`` ÷ ``queries``, tokens)
-and the TTFT p50/p95, and the prefix-aware target's TTFT p50 as a ratio of load-only's::
+"off"``), ``switchyard`` (prefix-aware, approximate) and ``switchyard-precise`` (prefix-aware
+from the engines' KV events), one after the other on the same two engines, each phase from
+reset prefix caches (``VLLM_SERVER_DEV_MODE=1`` serves ``/reset_prefix_cache``). It prints,
+per phase and target, the engines' prefix-cache hit rate (``vllm:prefix_cache_hits`` ÷
+``queries``, tokens) and the TTFT p50/p95, and each prefix-aware target's TTFT p50 as a ratio
+of load-only's::
 
     .venv/bin/python -m bench.prefix_vllm --out /tmp/prefix-vllm            # ~15 min
     .venv/bin/python -m bench.prefix_vllm --size smoke --out /tmp/prefix-vllm-smoke
@@ -35,7 +37,7 @@ from bench.targets import ALL
 
 SCENARIO = Path(__file__).resolve().parent / "scenarios" / "prefix.toml"
 LOAD_ONLY = "switchyard-load-only"  # pool policy prefix_routing = "off": least_load alone
-DEFAULT_PREFIX_TARGET = "switchyard"  # the defaults: prefix-aware (approximate), sticky rule
+PREFIX_TARGETS = ("switchyard", "switchyard-precise")  # approximate; from the KV events
 MODEL = "demo-llama"
 ENGINE_ENV = {"VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
 SYSTEM_PROMPT_TOKENS = {"acme": 300, "globex": 250, "initech": 200}  # x ~2.2 demo tokens
@@ -56,6 +58,7 @@ def scenario_doc(model_path: Path) -> dict[str, Any]:
         "max_num_seqs": 8,
         "max_model_len": 2048,
         "extra_args": extra,
+        "kv_events": True,  # switchyard-precise subscribes; the other targets ignore them
     }
     doc["prefix"] = {"unique_share": 0.2, "conversations": 4, "max_turns": 4}
     doc["lengths"] = {
@@ -79,7 +82,7 @@ def scenario_doc(model_path: Path) -> dict[str, Any]:
     return doc
 
 
-def summary(report: dict[str, Any], prefix_target: str) -> list[str]:
+def summary(report: dict[str, Any], prefix_targets: Sequence[str]) -> list[str]:
     """One line per phase and target, then the ratios (prefix-aware ÷ load-only)."""
     lines = [f"{'phase':<10} {'target':<28} {'ok':>5} {'hit rate':>9} {'TTFT p50':>9} {'p95':>9}"]
     phases: dict[str, Any] = report.get("phases", {})
@@ -93,10 +96,9 @@ def summary(report: dict[str, Any], prefix_target: str) -> list[str]:
                 f"{'-' if hit is None else f'{hit:.1%}':>9} {_ms(ttft.get('p50')):>9} "
                 f"{_ms(ttft.get('p95')):>9}"
             )
-        load, prefix = targets.get(LOAD_ONLY), targets.get(prefix_target)
-        if load and prefix:
-            base = (load.get("ttft_ms") or {}).get("p50")
-            ours = (prefix.get("ttft_ms") or {}).get("p50")
+        base = (targets.get(LOAD_ONLY, {}).get("ttft_ms") or {}).get("p50")
+        for prefix_target in prefix_targets:
+            ours = (targets.get(prefix_target, {}).get("ttft_ms") or {}).get("p50")
             if base and ours:
                 lines.append(f"{'':<10} TTFT p50 {prefix_target} / {LOAD_ONLY}: {ours / base:.2f}")
     return lines
@@ -117,11 +119,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--model-dir", type=Path, default=None, help="the demo model (default: <out>/demo-llama)"
     )
-    parser.add_argument("--prefix-target", default=DEFAULT_PREFIX_TARGET,
-                        help="the prefix-aware target (%(default)s)")  # fmt: skip
+    parser.add_argument("--targets", default=",".join(PREFIX_TARGETS),
+                        help="the prefix-aware targets (%(default)s)")  # fmt: skip
     parser.add_argument("--no-pin", action="store_true", help="do not pin the router (taskset)")
     args = parser.parse_args(argv)
-    targets = ["direct", LOAD_ONLY, args.prefix_target]
+    prefix_targets = [t for t in args.targets.split(",") if t]
+    targets = ["direct", LOAD_ONLY, *prefix_targets]
     unknown = [t for t in targets if t not in ALL]
     if unknown:
         parser.error(f"unknown target {', '.join(unknown)} (known: {', '.join(ALL)})")
@@ -140,7 +143,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         command=["python", "-m", "bench.prefix_vllm", *(argv or sys.argv[1:])],
         flame=False,
     )
-    sys.stdout.write("\n".join(summary(report, args.prefix_target)) + "\n")
+    sys.stdout.write("\n".join(summary(report, prefix_targets)) + "\n")
 
 
 if __name__ == "__main__":
