@@ -24,7 +24,6 @@ which the sequence gap then reports); the tracker bounds the rest.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -34,6 +33,7 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
+from runtime.redis_conn import cancel_and_wait
 from runtime.routing.kv_events import KvEventDecodeError, decode_frames
 from runtime.routing.kv_tracker import KvEventTracker
 from runtime.snapshot import Snapshot
@@ -98,11 +98,7 @@ class KvEventSubscribers:
     async def close(self) -> None:
         tasks = [task for _, task in self._tasks.values()]
         self._tasks.clear()
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await asyncio.gather(*(cancel_and_wait(task) for task in tasks))
         if self._context is not None:
             self._context.term()
             self._context = None
