@@ -163,6 +163,7 @@ class EndpointSnap(msgspec.Struct, frozen=True, kw_only=True):
     base_url: str
     state: str  # "starting" | "ready" | "draining" | "gone"
     capacity: int
+    kv_events: str = ""  # tcp://host:port of its engine's KV events (runtime.routing.kv_subscriber)
 
 
 class RouteSplit(msgspec.Struct, frozen=True, kw_only=True):

@@ -305,6 +305,7 @@ def _endpoints(versions: Mapping[int, VersionSnap]) -> dict[int, EndpointSnap]:
             base_url=ep.base_url,
             state=ep.state,
             capacity=ep.capacity,
+            kv_events=ep.kv_events_url,
         )
         for ep in queryset
     }

@@ -21,6 +21,7 @@ FACTORIES: MappingProxyType[str, Callable[[], Target]] = MappingProxyType(
         "switchyard-load-only": lambda: SwitchyardTarget(
             name="switchyard-load-only", prefix_routing="off"
         ),
+        "switchyard-precise": lambda: SwitchyardTarget(name="switchyard-precise", kv_events=True),
         "switchyard-2w": lambda: SwitchyardTarget(name="switchyard-2w", workers=2),
         "switchyard-tls": lambda: SwitchyardTarget(name="switchyard-tls", tls=True),
         "switchyard-mtls": lambda: SwitchyardTarget(name="switchyard-mtls", tls=True, mtls=True),

@@ -42,6 +42,8 @@ from runtime.gateway.tokens import TokenCounter
 from runtime.gateway.unary import make_coalescer
 from runtime.metering.pricing import PriceBook
 from runtime.routing.inflight import InFlight
+from runtime.routing.kv_index import EventedPrefixIndex
+from runtime.routing.kv_subscriber import KvEventSubscribers, snapshot_addresses
 from runtime.routing.prefix_placer import PrefixPlacer
 from runtime.routing.shadow import ShadowMirror
 from runtime.routing.signals import FleetSignals
@@ -116,6 +118,7 @@ class RouterState:
     live: LiveAggregator | None = None  # per-second dashboard documents (telemetry.live)
     adapter_heartbeats: AdapterHeartbeats | None = None  # LoRA residency from heartbeats
     control: ControlPlaneClient | None = None  # the Batch API's files and batches (forwarded)
+    kv_events: KvEventSubscribers | None = None  # engines' KV events -> the prefix index
 
     @property
     def prices(self) -> PriceBook | None:
@@ -136,6 +139,8 @@ class RouterState:
         self.admission.prefix.retain(snapshot.endpoints)
         self.dispatchers.on_snapshot(snapshot)
         self.admission.prices.book = PriceBook(snapshot)
+        if self.kv_events is not None:
+            self.kv_events.sync(snapshot_addresses(snapshot))
 
     def pool_views(self) -> list[PoolView]:
         """What the dispatchers report to ``/metrics`` (read at scrape time)."""
@@ -232,6 +237,8 @@ class RouterState:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await self.loader.stop()
+        if self.kv_events is not None:
+            await self.kv_events.close()
         if self.scaling is not None:
             await self.scaling.stop()
         if self.live is not None:
@@ -288,7 +295,10 @@ def build_state(config: RouterConfig) -> RouterState:
         return None if loader.version is None else loader.current
 
     adapters = AdapterFleet()  # LoRA residency: placement reads it, the adapter stage loads
-    prefix = PrefixPlacer()  # one per process: endpoint ids are unique across pools
+    # One per process (endpoint ids are unique across pools); precise where engines publish
+    # KV events (runtime/routing/kv_index.py), fed by one subscriber per endpoint.
+    evented = EventedPrefixIndex()
+    prefix = PrefixPlacer(index=evented)
 
     def placement_for(pool: str) -> FleetPlacement:
         return FleetPlacement(
@@ -405,6 +415,7 @@ def build_state(config: RouterConfig) -> RouterState:
         control=ControlPlaneClient(config.control_plane_url) if config.control_plane_url else None,
     )
     state.loop_lag = LoopLagProbe(metrics.registry)
+    state.kv_events = KvEventSubscribers(evented.tracker)
     state.loader.add_swap_callback(state.on_snapshot)
     metrics.attach_scheduling(state.pool_views)
     metrics.attach_snapshot(loader)

@@ -55,6 +55,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="prefix cache size in blocks, 0 turns caching off "
         "(default: kv-capacity-tokens / block-size)",
     )
+    add(
+        "--kv-events-endpoint",
+        default=None,
+        metavar="URL",
+        help="publish the prefix cache's KV events (vLLM's format) on a ZeroMQ PUB socket "
+        "bound here, e.g. tcp://127.0.0.1:5557 (default: off)",
+    )
     add("--max-loras", type=int, default=0, help="LoRA adapters loadable at once, 0 = off")
     add(
         "--max-cpu-loras",
@@ -127,6 +134,7 @@ def config_from_args(args: argparse.Namespace) -> SimulatorConfig:
         max_loras=args.max_loras,
         max_cpu_loras=args.max_cpu_loras,
         lora_load_ms=args.lora_load_ms,
+        kv_events_endpoint=args.kv_events_endpoint,
         prefix_cache=PrefixCacheConfig(
             block_size=args.block_size,
             capacity_blocks=(
