@@ -27,6 +27,7 @@
 | ``SWITCHYARD_SNAPSHOT_CONFIRM_POLL_S`` | ``5`` | how often to read the freshness confirmation |
 | ``SWITCHYARD_AT_REST_KEYS`` | *var dir*``/at_rest_keys`` | cache encryption keys, newest first |
 | ``SWITCHYARD_AT_REST_KEYS_FILE`` | | a file holding them instead |
+| ``SWITCHYARD_ROUTER_HTTP`` | ``asgi`` | HTTP entry: ``asgi`` (pure) or ``channels`` (the A/B) |
 | ``SWITCHYARD_UPSTREAM_TLS_*`` | unset | https workers: CA, client cert (:mod:`runtime.tls`) |
 
 The *namespace* is the snapshot prefix without a trailing ``:snapshot`` (``switchyard`` by
@@ -51,6 +52,7 @@ DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 DEFAULT_SNAPSHOT_PREFIX = contract.SNAPSHOT_PREFIX
 KEY_USAGE_HASH = contract.KEY_USAGE_HASH
 ENV_WORKERS = "SWITCHYARD_ROUTER_WORKERS"  # set by ``python -m runtime.gateway`` for its workers
+HTTP_FLAVOURS = ("asgi", "channels")  # runtime/gateway/routes.py, runtime/gateway/channels_http.py
 
 
 class ConfigError(ValueError):
@@ -114,8 +116,14 @@ class RouterConfig:
     control_plane_url: str = ""  # the Batch API's files and batches ("" -> 503 there)
     internal_secret: str = ""  # signs the principal forwarded to the control plane
     max_upload_bytes: int = 100 << 20  # a Batch API file upload (the 1 MiB cap is not it)
+    router_http: str = "asgi"  # the HTTP entry: "asgi" (pure, the default) or "channels"
 
     def __post_init__(self) -> None:
+        if self.router_http not in HTTP_FLAVOURS:
+            raise ConfigError(
+                f"SWITCHYARD_ROUTER_HTTP must be one of {', '.join(HTTP_FLAVOURS)},"
+                f" got {self.router_http!r}"
+            )
         if self.max_body_bytes < 1:
             raise ConfigError("max_body_bytes must be >= 1")
         if self.retry_attempts < 1:
@@ -193,6 +201,7 @@ class RouterConfig:
             control_plane_url=env.get("SWITCHYARD_CONTROL_PLANE_URL") or "",
             internal_secret=env.get("SWITCHYARD_INTERNAL_SECRET") or "",
             max_upload_bytes=int(_number(env, "SWITCHYARD_MAX_UPLOAD_BYTES", 104857600, minimum=1)),
+            router_http=(env.get("SWITCHYARD_ROUTER_HTTP") or "asgi").strip().lower(),
         )
 
 

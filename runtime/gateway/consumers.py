@@ -1,8 +1,11 @@
-"""The base consumer: a Channels ``AsyncHttpConsumer`` that keeps its receive loop free.
+"""The base consumer: one request's ASGI HTTP exchange, without a framework.
 
-Channels' stock ``http_request`` awaits ``handle()`` inside ``dispatch``, so while a response
-streams nobody reads the ASGI ``receive`` channel and ``http.disconnect`` is never seen
-(DESIGN §4.1 step 7). Here, once the body is complete, the handler runs as its own task and
+A consumer is made per request by the HTTP entry (:mod:`runtime.gateway.routes`, or the
+Channels flavour of :mod:`runtime.gateway.channels_http`, which mixes Channels'
+``AsyncHttpConsumer`` in below it and changes nothing of what follows). A handler that awaited
+its answer inside the receive loop would leave the ASGI ``receive`` channel unread while a
+response streams, and ``http.disconnect`` would never be seen (DESIGN §4.1 step 7). Here,
+once the body is complete, the handler runs as its own task and
 ``http_request`` returns; the receive loop then waits on the next message, which is
 ``http.disconnect`` — either the client going away (the task is cancelled at once, which
 aborts the upstream request) or uvicorn reporting the response complete (the task is
@@ -12,9 +15,9 @@ already done). Either way the consumer then stops. When uvicorn cancels the requ
 answered gets a 503 ``router_shutdown``. A body still incomplete after the
 router's ``body_timeout_s`` is answered 408 ``request_timeout`` and its connection closed.
 
-Per request this consumer makes no channel-layer call and no database thread hop: it never
-builds a channel layer (whatever ``CHANNEL_LAYERS`` says) and it skips Channels'
-``aclose_old_connections`` in ``dispatch`` and ``http_disconnect``.
+Per request this consumer makes no channel-layer call and no database thread hop, in either
+flavour: it never builds a channel layer (whatever ``CHANNEL_LAYERS`` says) and it never
+runs Channels' ``aclose_old_connections``.
 """
 
 from __future__ import annotations
@@ -27,10 +30,6 @@ import re
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from typing import Any, ClassVar
-
-from channels.consumer import get_handler_name
-from channels.exceptions import StopConsumer
-from channels.generic.http import AsyncHttpConsumer
 
 from runtime.gateway.errors import ApiError
 from runtime.gateway.state import STATE_KEY, RouterState
@@ -65,14 +64,20 @@ def request_id_for(scope: Scope) -> str:
     return uuid.uuid4().hex
 
 
-class GatewayConsumer(AsyncHttpConsumer, metaclass=abc.ABCMeta):  # type: ignore[misc]  # untyped base
+class StopConsumer(Exception):  # noqa: N818 - Channels' name for the same thing
+    """Raised by a message handler: this request's exchange is over."""
+
+
+class GatewayConsumer(metaclass=abc.ABCMeta):
     """Base of every route. Subclasses implement :meth:`respond` (run as a task)."""
 
     methods: ClassVar[tuple[str, ...]] = ("GET",)
     reads_body: ClassVar[bool] = False
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+        super().__init__(*args, **kwargs)  # Channels' AsyncHttpConsumer in that flavour
+        self.scope: Scope = {}
+        self.body: list[bytes] = []
         self._task: asyncio.Task[None] | None = None
         self._received = 0
         self.request_id = ""
@@ -84,7 +89,7 @@ class GatewayConsumer(AsyncHttpConsumer, metaclass=abc.ABCMeta):  # type: ignore
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         self.scope = scope
-        self.channel_layer = None  # inference needs none; never touch Redis for one
+        self.channel_layer = None  # never touch Redis for one (the Channels flavour)
         self.base_send = send
         self.request_id = request_id_for(scope)
         if (early := self.early_error(scope)) is not None:
@@ -117,11 +122,14 @@ class GatewayConsumer(AsyncHttpConsumer, metaclass=abc.ABCMeta):  # type: ignore
                 await self.send_error(ApiError.of(reason, headers=_CLOSE))
 
     async def dispatch(self, message: dict[str, Any]) -> None:
-        # Channels' dispatch first runs close_old_connections in a thread; we hold no DB.
-        handler = getattr(self, get_handler_name(message), None)
-        if handler is None:
-            raise ValueError(f"No handler for message type {message['type']}")
-        await handler(message)
+        # (Channels' own dispatch first runs close_old_connections in a thread; we hold no DB.)
+        kind = message["type"]
+        if kind == "http.request":
+            await self.http_request(message)
+        elif kind == "http.disconnect":
+            await self.http_disconnect(message)
+        else:
+            raise ValueError(f"No handler for message type {kind}")
 
     @property
     def state(self) -> RouterState:
@@ -205,7 +213,7 @@ class GatewayConsumer(AsyncHttpConsumer, metaclass=abc.ABCMeta):  # type: ignore
         self.on_refused(error)
         await self.send_error(error)
 
-    def on_refused(self, error: ApiError) -> None:
+    def on_refused(self, error: ApiError) -> None:  # noqa: B027 - a hook, empty by default
         """Hook: account for a refusal decided before the handler ran."""
 
     # -- sending --------------------------------------------------------------------------
