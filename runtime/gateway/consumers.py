@@ -64,6 +64,27 @@ def request_id_for(scope: Scope) -> str:
     return uuid.uuid4().hex
 
 
+HOOK_KEY = "switchyard.connection"  # the scope key of the server's ConnectionHook
+
+
+class ConnectionHook:
+    """What a server that supports it (:mod:`runtime.gateway.http_protocol`) puts in a
+    request's scope: it calls ``on_lost`` when the connection is lost before the response
+    completed, and sets ``shutting_down`` when the server starts its shutdown. With it a
+    consumer answers in the server's task (see :meth:`GatewayConsumer._inline`)."""
+
+    __slots__ = ("on_lost", "shutting_down")
+
+    def __init__(self) -> None:
+        self.on_lost: Callable[[], None] | None = None
+        self.shutting_down = False
+
+    def lost(self) -> None:
+        on_lost, self.on_lost = self.on_lost, None
+        if on_lost is not None:
+            on_lost()
+
+
 class StopConsumer(Exception):  # noqa: N818 - Channels' name for the same thing
     """Raised by a message handler: this request's exchange is over."""
 
@@ -84,6 +105,9 @@ class GatewayConsumer(metaclass=abc.ABCMeta):
         self.response_started = False
         self.response_finished = False
         self.cut_reason: str | None = None  # set when the router itself ends the request
+        self.client_gone = False  # inline: the server reported the connection lost
+        self._timed_out = False  # inline: the body timed out
+        self._hook: ConnectionHook | None = None  # inline: the server's connection hook
 
     # -- the ASGI loop, without a channel layer -------------------------------------------
 
@@ -94,6 +118,10 @@ class GatewayConsumer(metaclass=abc.ABCMeta):
         self.request_id = request_id_for(scope)
         if (early := self.early_error(scope)) is not None:
             await self.refuse(early)
+            return
+        hook = scope.get(HOOK_KEY)
+        if isinstance(hook, ConnectionHook):
+            await self._inline(hook, receive)
             return
         timer = asyncio.get_running_loop().call_later(
             self.state.config.body_timeout_s, self._body_timed_out
@@ -107,6 +135,77 @@ class GatewayConsumer(metaclass=abc.ABCMeta):
             raise
         finally:
             timer.cancel()
+
+    # -- one task per request: the server tells us of a lost connection --------------------
+
+    async def _inline(self, hook: ConnectionHook, receive: Receive) -> None:
+        """The request in the server's own task: the body is read here, then the handler runs
+        here too (no handler task, no receive loop). A lost connection cancels this task
+        through ``hook`` (``client_gone``); a body still incomplete after ``body_timeout_s``
+        cancels it too (408); any other cancel is the server's shutdown cut."""
+        task = asyncio.current_task()
+        assert task is not None
+        self._hook = hook
+        timer = asyncio.get_running_loop().call_later(
+            self.state.config.body_timeout_s, self._inline_timed_out, task
+        )
+        try:
+            body = await self._read_body(receive)
+            timer.cancel()
+            if body is None:
+                return
+            hook.on_lost = lambda: self._inline_lost(task)
+            await self._respond_safely(body)
+        except asyncio.CancelledError:
+            if self._timed_out or self.client_gone:
+                task.uncancel()
+                if self._timed_out:
+                    await self._refuse_timed_out()
+                return
+            await self._cut(ROUTER_SHUTDOWN)
+            raise
+        finally:
+            timer.cancel()
+            hook.on_lost = None
+
+    async def _read_body(self, receive: Receive) -> bytes | None:
+        """The whole body, or None when the request ended first (gone, or refused: 413)."""
+        cap = self.body_cap()
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return None  # http.disconnect: the client went away
+            chunk: bytes = message.get("body", b"")
+            self._received += len(chunk)
+            if self._received > cap:
+                self.body.clear()
+                await self.refuse(self.too_large(cap))
+                return None
+            if chunk:
+                self.body.append(chunk)
+            if not message.get("more_body"):
+                body = b"".join(self.body)
+                self.body.clear()
+                return body
+
+    def _inline_lost(self, task: asyncio.Task[Any]) -> None:
+        self.client_gone = True
+        task.cancel()
+
+    def _inline_timed_out(self, task: asyncio.Task[Any]) -> None:
+        self._timed_out = True
+        task.cancel()
+
+    def current_cut(self) -> str | None:
+        """The reason the router is cutting this request, or None (the client went away, or
+        nothing is cut). Inline, a cancel nobody else claimed during the server's shutdown is
+        the cut, before :meth:`_cut` has set the reason."""
+        if self.cut_reason is not None or self._hook is None or self.client_gone:
+            return self.cut_reason
+        task = asyncio.current_task()
+        if self._hook.shutting_down and task is not None and task.cancelling():
+            return ROUTER_SHUTDOWN
+        return None
 
     async def _cut(self, reason: str) -> None:
         """uvicorn cancelled this request: the router's SIGTERM grace period is over. The
@@ -153,10 +252,12 @@ class GatewayConsumer(metaclass=abc.ABCMeta):
         closes (the rest of the body is never read)."""
         if self._task is not None:
             return  # the body is complete: the handler runs (or ran)
+        self._start(self._refuse_timed_out())
+
+    async def _refuse_timed_out(self) -> None:
         self.body.clear()
         seconds = f"{self.state.config.body_timeout_s:g}"
-        error = ApiError.of("request_timeout", seconds=seconds, headers=_CLOSE)
-        self._start(self.refuse(error))
+        await self.refuse(ApiError.of("request_timeout", seconds=seconds, headers=_CLOSE))
 
     def body_cap(self) -> int:
         """The most body bytes this route reads (413 above): the router's request cap."""
@@ -186,9 +287,8 @@ class GatewayConsumer(metaclass=abc.ABCMeta):
     async def http_disconnect(self, message: dict[str, Any]) -> None:
         """Client gone or response complete: cancel the handler if it still runs, stop."""
         task, self._task = self._task, None
-        if task is not None:
-            if not task.done():
-                task.cancel()
+        if task is not None and not task.done():  # done: the common case, nothing to wait for
+            task.cancel()
             await asyncio.wait([task])
         raise StopConsumer
 
