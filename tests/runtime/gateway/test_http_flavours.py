@@ -71,9 +71,9 @@ def test_the_pure_entry_imports_neither_django_nor_channels(tmp_path: Path) -> N
         "create_app(config); build_state(config)\n"
         "print(sorted({m.split('.')[0] for m in sys.modules} & {'django', 'channels'}))\n"
     )
-    done = subprocess.run(  # noqa: S603 - our own interpreter
+    done = subprocess.run(
         [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120,
-        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
