@@ -13,6 +13,10 @@ lag p99 is over 10 ms or with a failed request is marked ``saturated``: the mach
 router, set its pace. Prints one JSON document: per target and round the CPU milliseconds per
 request, and each TLS target's median over plain's median.
 
+``--targets a,b,...`` compares other harness targets the same way, the first being the
+baseline of the ratios (issue #27's A/B of the router's HTTP entry:
+``--targets switchyard-channels,switchyard-asgi,bare-proxy``).
+
 Needs Redis (``REDIS_URL``), like the harness.
 """
 
@@ -100,7 +104,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     keys = {t.name: new_key() for t in scenario.tenants}
     backends = []
     targets: list[Target] = []
-    rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in TARGETS}
+    names: tuple[str, ...] = tuple(args.targets.split(",")) if args.targets else TARGETS
+    rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
     try:
         backends = await start_backends(
             scenario.backends, session=session, log_dir=work / "logs",
@@ -112,7 +117,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             router_cpus=routers, session=session, keys=keys, pki=pki,
             backend_cpus=client_cpus(routers) if routers else (),
         )  # fmt: skip
-        for name in TARGETS:
+        for name in names:
             target = FACTORIES[name]()
             targets.append(target)
             await target.start(ctx)
@@ -136,8 +141,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "rate_rps": args.rate, "seconds": args.seconds, "rounds": rounds,
         "median_cpu_ms_per_request": medians,
-        "ratio_vs_plain": {
-            name: round(medians[name] / medians["switchyard"], 3) for name in TARGETS[1:]
+        "ratio_vs_plain": {  # over the first target's median
+            name: round(medians[name] / medians[names[0]], 3) for name in names[1:]
         },
         "router_cpus": list(routers), "load_average": os.getloadavg(),
         "when": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
@@ -149,6 +154,7 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=100.0, help="requests/s (100)")
     parser.add_argument("--seconds", type=float, default=10.0, help="per round (10)")
     parser.add_argument("--rounds", type=int, default=3, help="per target (3)")
+    parser.add_argument("--targets", default="", help="comma-separated; the first: baseline")
     print(json.dumps(asyncio.run(main_async(parser.parse_args())), indent=2))
 
 

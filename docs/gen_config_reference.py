@@ -70,6 +70,9 @@ MEANINGS: dict[str, str] = {
     "SWITCHYARD_DB_POOL_TIMEOUT_S": "how long a request waits for a pooled connection",
     "SWITCHYARD_ROUTER_WORKERS": "worker processes of this router (`--workers` sets it); each "
     "worker's share of the limits while Redis is down",
+    "SWITCHYARD_ROUTER_HTTP": "the router's HTTP entry: `asgi` (pure ASGI routes, the default) "
+    "or `channels` (Channels consumers, kept for the A/B of issue #27; see "
+    "[the performance report](../performance/2026-11-26-router-pipeline-cpu.md))",
     "SWITCHYARD_API_RATE": "REST API throttle per credential (Django's rate syntax)",
     "SWITCHYARD_ARTIFACT_SIGNATURES": "`required`: workers refuse a model version without a "
     "signature by a trusted key; `optional`: unsigned versions are served with a warning (a "

@@ -22,6 +22,10 @@ FACTORIES: MappingProxyType[str, Callable[[], Target]] = MappingProxyType(
             name="switchyard-load-only", prefix_routing="off"
         ),
         "switchyard-precise": lambda: SwitchyardTarget(name="switchyard-precise", kv_events=True),
+        "switchyard-asgi": lambda: SwitchyardTarget(name="switchyard-asgi", http="asgi"),
+        "switchyard-channels": lambda: SwitchyardTarget(
+            name="switchyard-channels", http="channels"
+        ),
         "switchyard-2w": lambda: SwitchyardTarget(name="switchyard-2w", workers=2),
         "switchyard-tls": lambda: SwitchyardTarget(name="switchyard-tls", tls=True),
         "switchyard-mtls": lambda: SwitchyardTarget(name="switchyard-mtls", tls=True, mtls=True),

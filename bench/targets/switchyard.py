@@ -11,7 +11,9 @@ router core.
 generator's session trusts it). ``mtls`` as well: the target starts backends of its own that
 require client certificates (the simulator with vLLM's ``--ssl-cert-reqs 2``, on the backends'
 cores, not counted as the router's) and the router presents its certificate to them
-(``switchyard-mtls``): what ``switchyard up --tls`` runs.
+(``switchyard-mtls``): what ``switchyard up --tls`` runs. ``http``: the router's HTTP entry
+(``SWITCHYARD_ROUTER_HTTP``): ``switchyard-asgi`` and ``switchyard-channels`` are the A/B of
+issue #27's framework question.
 """
 
 from __future__ import annotations
@@ -106,6 +108,7 @@ class SwitchyardTarget(Target):
     kv_events: bool = False  # subscribe to the backends' KV events (precise prefix scoring)
     tls: bool = False  # serve HTTPS (the run's CA)
     mtls: bool = False  # and call backends of its own over mTLS
+    http: str | None = None  # SWITCHYARD_ROUTER_HTTP (asgi | channels); None: the default
     _backends: list[Child] = field(default_factory=list)
     _prefix: str = ""
     _redis_url: str = ""
@@ -154,6 +157,7 @@ class SwitchyardTarget(Target):
                 "SWITCHYARD_FAIRNESS_PREFIX": f"{self._prefix}:fairness",
                 **ctx.scenario.switchyard.env,
                 **tls_env,
+                **({} if self.http is None else {"SWITCHYARD_ROUTER_HTTP": self.http}),
             }
         )
         cpus = worker_cpus(ctx.router_cpus, self.workers)
@@ -179,6 +183,7 @@ class SwitchyardTarget(Target):
             "kind": f"switchyard router (python -m runtime.gateway, {self.workers} worker(s)"
             f"{tls_kind})",
             "policies": policies,
+            "http": self.http or "default",
             "snapshot_prefix": f"{self._prefix}:snapshot",
             "workers": self.workers,
             "cpus": list(cpus),

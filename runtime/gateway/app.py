@@ -2,14 +2,16 @@
 
 ``create_app()`` is the uvicorn factory. The lifespan builds one :class:`RouterState` and puts
 it in the lifespan ``state`` dict, which uvicorn copies into every request scope; HTTP goes
-to a Channels ``URLRouter`` of consumers. Nothing happens at import time.
+to the consumers through the flavour ``SWITCHYARD_ROUTER_HTTP`` names: the pure ASGI routes
+(:mod:`runtime.gateway.routes`, the default) or Channels (:mod:`runtime.gateway.channels_http`,
+kept for the A/B of issue #27). Nothing happens at import time.
 """
 
 from __future__ import annotations
 
 import gc
 import logging
-from typing import Any
+from collections.abc import Awaitable, Callable
 
 from runtime.gateway.config import RouterConfig
 from runtime.gateway.consumers import Receive, Scope, Send
@@ -19,58 +21,16 @@ from runtime.gateway.state import STATE_KEY, RouterState, build_state
 logger = logging.getLogger(__name__)
 
 
-def ensure_django_settings() -> None:
-    """Minimal settings for Channels when nothing configured Django (the router process).
+def http_entry(flavour: str) -> Callable[[Scope, Receive, Send], Awaitable[None]]:
+    """The HTTP entry of ``flavour`` (``RouterConfig.router_http``): the pure ASGI routes
+    (``asgi``, the default) or the Channels consumers (``channels``, kept for the A/B)."""
+    if flavour == "channels":
+        from runtime.gateway.channels_http import ChannelsHttp  # noqa: PLC0415 - imports Django
 
-    ``CHANNEL_LAYERS = {}``: no consumer here may find a channel layer. (The consumers also
-    refuse to build one whatever the settings say.) No database, no installed apps.
-    """
-    from django.conf import settings  # noqa: PLC0415 - only the gateway knows django.conf
+        return ChannelsHttp()
+    from runtime.gateway.routes import HttpRoutes  # noqa: PLC0415
 
-    if not settings.configured:
-        settings.configure(CHANNEL_LAYERS={}, USE_TZ=True, DATABASES={}, INSTALLED_APPS=[])
-
-
-def http_routes() -> tuple[Any, dict[str, Any]]:
-    """The Channels URLRouter of every route, and the fixed paths among them (``/v1/...``,
-    no parameters) mapped straight to their consumers' ASGI apps."""
-    from channels.routing import URLRouter  # noqa: PLC0415
-    from django.urls import path, re_path  # noqa: PLC0415
-
-    from runtime.gateway.batch_proxy import BatchApiConsumer  # noqa: PLC0415
-    from runtime.gateway.classify import ClassificationsConsumer  # noqa: PLC0415
-    from runtime.gateway.inference import (  # noqa: PLC0415
-        ChatCompletionsConsumer,
-        CompletionsConsumer,
-        EmbeddingsConsumer,
-    )
-    from runtime.gateway.service import (  # noqa: PLC0415
-        HealthzConsumer,
-        MetricsConsumer,
-        ModelsConsumer,
-        NotFoundConsumer,
-        ReadyzConsumer,
-    )
-
-    fixed = {
-        "v1/chat/completions": ChatCompletionsConsumer.as_asgi(),
-        "v1/completions": CompletionsConsumer.as_asgi(),
-        "v1/embeddings": EmbeddingsConsumer.as_asgi(),
-        "v1/classifications": ClassificationsConsumer.as_asgi(),
-        "v1/models": ModelsConsumer.as_asgi(),
-        "healthz": HealthzConsumer.as_asgi(),
-        "readyz": ReadyzConsumer.as_asgi(),
-        "metrics": MetricsConsumer.as_asgi(),
-    }
-    router = URLRouter(
-        [
-            *(path(route, app) for route, app in fixed.items()),
-            path("v1/models/<path:model>", ModelsConsumer.as_asgi()),
-            re_path(r"^v1/(?:files|batches)(?:/.*)?$", BatchApiConsumer.as_asgi()),
-            re_path(r"", NotFoundConsumer.as_asgi()),
-        ]
-    )
-    return router, {f"/{route}": app for route, app in fixed.items()}
+    return HttpRoutes()
 
 
 class RouterApp:
@@ -78,7 +38,7 @@ class RouterApp:
 
     def __init__(self, config: RouterConfig) -> None:
         self.config = config
-        self.http, self._fixed = http_routes()
+        self.http = http_entry(config.router_http)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -86,12 +46,7 @@ class RouterApp:
             if STATE_KEY not in scope.get("state", {}):
                 await _not_started(send)
                 return
-            fixed = None if scope.get("root_path") else self._fixed.get(scope["path"])
-            if fixed is not None:  # what the URLRouter would do for this path, without a scan
-                scope = dict(scope, path_remaining="", url_route={"args": (), "kwargs": {}})
-                await fixed(scope, receive, send)
-            else:
-                await self.http(scope, receive, send)
+            await self.http(scope, receive, send)
         elif kind == "lifespan":
             await self._lifespan(scope, receive, send)
         else:
@@ -153,5 +108,4 @@ async def _not_started(send: Send) -> None:
 
 def create_app(config: RouterConfig | None = None) -> RouterApp:
     """The uvicorn factory: ``uvicorn --factory runtime.gateway.app:create_app``."""
-    ensure_django_settings()
     return RouterApp(config or RouterConfig.from_env())

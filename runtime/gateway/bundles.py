@@ -5,7 +5,10 @@ a stage gets only the bundle it reads: admission (limits, queues, prices, the ro
 planning (tokenizer, deadlines, version choice), upstream (client, breakers, retry knobs,
 coalescer), safety (compiled policy packs, the classifier, the intervention recorder) or
 telemetry (metrics, tracing, the live view, per-version stats, scaling, the request log).
-Each is built once in ``build_state``; none is created or replaced lazily.
+:class:`FleetWatch` holds the background components no stage reads directly (health checks,
+in-flight counts, the fleet's signals, the shared fairness counters, the shadow copies' pool):
+the state starts and stops them and ``/metrics`` reads them. Each is built once in
+``build_state``; none is created or replaced lazily.
 """
 
 from __future__ import annotations
@@ -23,12 +26,15 @@ from runtime.gateway.key_usage import KeyUsageRecorder
 from runtime.gateway.tokens import TokenCounter
 from runtime.metering.pricing import PriceBook
 from runtime.routing.prefix_placer import PrefixPlacer
+from runtime.routing.inflight import InFlight
 from runtime.routing.shadow import ShadowMirror
+from runtime.routing.signals import FleetSignals
 from runtime.routing.table import RoutingTable
 from runtime.safety.classify import Classifier
 from runtime.safety.compiled import PackCache
 from runtime.scaling.publisher import SignalsPublisher
 from runtime.scheduling.pools import Dispatchers
+from runtime.scheduling.shared import SharedCounters
 from runtime.snapshot import Snapshot
 from runtime.telemetry.live import LiveAggregator
 from runtime.telemetry.metrics import RouterMetrics
@@ -36,6 +42,8 @@ from runtime.telemetry.tracing import Tracing
 from runtime.telemetry.versions import VersionStats
 from runtime.upstream.breaker import BreakerBook
 from runtime.upstream.client import UpstreamClient
+from runtime.upstream.drain import DrainClient
+from runtime.upstream.health import HealthMonitor
 from runtime.workers.adapter_loader import AdapterFleet
 
 
@@ -113,3 +121,15 @@ class Telemetry:
     snapshot: Callable[[], Snapshot | None]
     scaling: SignalsPublisher | None = None
     live: LiveAggregator | None = None  # set once by build_state (its sources read the state)
+
+
+@dataclass(slots=True, frozen=True, kw_only=True)
+class FleetWatch:
+    """What watches the fleet in the background: health checks, in-flight counts, their
+    signals, the fairness counters shared between routers, the shadow copies' own pool."""
+
+    health: HealthMonitor
+    inflight: InFlight
+    signals: FleetSignals
+    shared: SharedCounters
+    shadow_client: DrainClient

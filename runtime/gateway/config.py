@@ -28,6 +28,7 @@
 | ``SWITCHYARD_SNAPSHOT_CONFIRM_POLL_S`` | ``5`` | how often to read the freshness confirmation |
 | ``SWITCHYARD_AT_REST_KEYS`` | *var dir*``/at_rest_keys`` | cache encryption keys, newest first |
 | ``SWITCHYARD_AT_REST_KEYS_FILE`` | | a file holding them instead |
+| ``SWITCHYARD_ROUTER_HTTP`` | ``asgi`` | HTTP entry: ``asgi`` (pure) or ``channels`` (the A/B) |
 | ``SWITCHYARD_UPSTREAM_TLS_*`` | unset | https workers: CA, client cert (:mod:`runtime.tls`) |
 
 The *namespace* is the snapshot prefix without a trailing ``:snapshot`` (``switchyard`` by
@@ -52,6 +53,7 @@ DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 DEFAULT_SNAPSHOT_PREFIX = contract.SNAPSHOT_PREFIX
 KEY_USAGE_HASH = contract.KEY_USAGE_HASH
 ENV_WORKERS = "SWITCHYARD_ROUTER_WORKERS"  # set by ``python -m runtime.gateway`` for its workers
+HTTP_FLAVOURS = ("asgi", "channels")  # runtime/gateway/routes.py, runtime/gateway/channels_http.py
 
 
 class ConfigError(ValueError):
@@ -118,8 +120,14 @@ class RouterConfig:
     # The batch allowance: a tenant's batch lines (marked by the executor, signed) in flight at
     # once, in a lane of their own, apart from its online caps (runtime/contract.batch_lane).
     batch_concurrency: int = 16
+    router_http: str = "asgi"  # the HTTP entry: "asgi" (pure, the default) or "channels"
 
     def __post_init__(self) -> None:
+        if self.router_http not in HTTP_FLAVOURS:
+            raise ConfigError(
+                f"SWITCHYARD_ROUTER_HTTP must be one of {', '.join(HTTP_FLAVOURS)},"
+                f" got {self.router_http!r}"
+            )
         if self.max_body_bytes < 1:
             raise ConfigError("max_body_bytes must be >= 1")
         if self.retry_attempts < 1:
@@ -198,6 +206,7 @@ class RouterConfig:
             internal_secret=env.get("SWITCHYARD_INTERNAL_SECRET") or "",
             max_upload_bytes=int(_number(env, "SWITCHYARD_MAX_UPLOAD_BYTES", 104857600, minimum=1)),
             batch_concurrency=int(_number(env, "SWITCHYARD_BATCH_CONCURRENCY", 16, minimum=1)),
+            router_http=(env.get("SWITCHYARD_ROUTER_HTTP") or "asgi").strip().lower(),
         )
 
 

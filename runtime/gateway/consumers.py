@@ -1,8 +1,11 @@
-"""The base consumer: a Channels ``AsyncHttpConsumer`` that keeps its receive loop free.
+"""The base consumer: one request's ASGI HTTP exchange, without a framework.
 
-Channels' stock ``http_request`` awaits ``handle()`` inside ``dispatch``, so while a response
-streams nobody reads the ASGI ``receive`` channel and ``http.disconnect`` is never seen
-(DESIGN §4.1 step 7). Here, once the body is complete, the handler runs as its own task and
+A consumer is made per request by the HTTP entry (:mod:`runtime.gateway.routes`, or the
+Channels flavour of :mod:`runtime.gateway.channels_http`, which mixes Channels'
+``AsyncHttpConsumer`` in below it and changes nothing of what follows). A handler that awaited
+its answer inside the receive loop would leave the ASGI ``receive`` channel unread while a
+response streams, and ``http.disconnect`` would never be seen (DESIGN §4.1 step 7). Here,
+once the body is complete, the handler runs as its own task and
 ``http_request`` returns; the receive loop then waits on the next message, which is
 ``http.disconnect`` — either the client going away (the task is cancelled at once, which
 aborts the upstream request) or uvicorn reporting the response complete (the task is
@@ -12,9 +15,9 @@ already done). Either way the consumer then stops. When uvicorn cancels the requ
 answered gets a 503 ``router_shutdown``. A body still incomplete after the
 router's ``body_timeout_s`` is answered 408 ``request_timeout`` and its connection closed.
 
-Per request this consumer makes no channel-layer call and no database thread hop: it never
-builds a channel layer (whatever ``CHANNEL_LAYERS`` says) and it skips Channels'
-``aclose_old_connections`` in ``dispatch`` and ``http_disconnect``.
+Per request this consumer makes no channel-layer call and no database thread hop, in either
+flavour: it never builds a channel layer (whatever ``CHANNEL_LAYERS`` says) and it never
+runs Channels' ``aclose_old_connections``.
 """
 
 from __future__ import annotations
@@ -27,10 +30,6 @@ import re
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from typing import Any, ClassVar
-
-from channels.consumer import get_handler_name
-from channels.exceptions import StopConsumer
-from channels.generic.http import AsyncHttpConsumer
 
 from runtime.gateway.errors import ApiError
 from runtime.gateway.state import STATE_KEY, RouterState
@@ -65,30 +64,64 @@ def request_id_for(scope: Scope) -> str:
     return uuid.uuid4().hex
 
 
-class GatewayConsumer(AsyncHttpConsumer, metaclass=abc.ABCMeta):  # type: ignore[misc]  # untyped base
+HOOK_KEY = "switchyard.connection"  # the scope key of the server's ConnectionHook
+
+
+class ConnectionHook:
+    """What a server that supports it (:mod:`runtime.gateway.http_protocol`) puts in a
+    request's scope: it calls ``on_lost`` when the connection is lost before the response
+    completed, and sets ``shutting_down`` when the server starts its shutdown. With it a
+    consumer answers in the server's task (see :meth:`GatewayConsumer._inline`)."""
+
+    __slots__ = ("on_lost", "shutting_down")
+
+    def __init__(self) -> None:
+        self.on_lost: Callable[[], None] | None = None
+        self.shutting_down = False
+
+    def lost(self) -> None:
+        on_lost, self.on_lost = self.on_lost, None
+        if on_lost is not None:
+            on_lost()
+
+
+class StopConsumer(Exception):  # noqa: N818 - Channels' name for the same thing
+    """Raised by a message handler: this request's exchange is over."""
+
+
+class GatewayConsumer(metaclass=abc.ABCMeta):
     """Base of every route. Subclasses implement :meth:`respond` (run as a task)."""
 
     methods: ClassVar[tuple[str, ...]] = ("GET",)
     reads_body: ClassVar[bool] = False
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+        super().__init__(*args, **kwargs)  # Channels' AsyncHttpConsumer in that flavour
+        self.scope: Scope = {}
+        self.body: list[bytes] = []
         self._task: asyncio.Task[None] | None = None
         self._received = 0
         self.request_id = ""
         self.response_started = False
         self.response_finished = False
         self.cut_reason: str | None = None  # set when the router itself ends the request
+        self.client_gone = False  # inline: the server reported the connection lost
+        self._timed_out = False  # inline: the body timed out
+        self._hook: ConnectionHook | None = None  # inline: the server's connection hook
 
     # -- the ASGI loop, without a channel layer -------------------------------------------
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         self.scope = scope
-        self.channel_layer = None  # inference needs none; never touch Redis for one
+        self.channel_layer = None  # never touch Redis for one (the Channels flavour)
         self.base_send = send
         self.request_id = request_id_for(scope)
         if (early := self.early_error(scope)) is not None:
             await self.refuse(early)
+            return
+        hook = scope.get(HOOK_KEY)
+        if isinstance(hook, ConnectionHook):
+            await self._inline(hook, receive)
             return
         timer = asyncio.get_running_loop().call_later(
             self.state.config.body_timeout_s, self._body_timed_out
@@ -102,6 +135,77 @@ class GatewayConsumer(AsyncHttpConsumer, metaclass=abc.ABCMeta):  # type: ignore
             raise
         finally:
             timer.cancel()
+
+    # -- one task per request: the server tells us of a lost connection --------------------
+
+    async def _inline(self, hook: ConnectionHook, receive: Receive) -> None:
+        """The request in the server's own task: the body is read here, then the handler runs
+        here too (no handler task, no receive loop). A lost connection cancels this task
+        through ``hook`` (``client_gone``); a body still incomplete after ``body_timeout_s``
+        cancels it too (408); any other cancel is the server's shutdown cut."""
+        task = asyncio.current_task()
+        assert task is not None
+        self._hook = hook
+        timer = asyncio.get_running_loop().call_later(
+            self.state.config.body_timeout_s, self._inline_timed_out, task
+        )
+        try:
+            body = await self._read_body(receive)
+            timer.cancel()
+            if body is None:
+                return
+            hook.on_lost = lambda: self._inline_lost(task)
+            await self._respond_safely(body)
+        except asyncio.CancelledError:
+            if self._timed_out or self.client_gone:
+                task.uncancel()
+                if self._timed_out:
+                    await self._refuse_timed_out()
+                return
+            await self._cut(ROUTER_SHUTDOWN)
+            raise
+        finally:
+            timer.cancel()
+            hook.on_lost = None
+
+    async def _read_body(self, receive: Receive) -> bytes | None:
+        """The whole body, or None when the request ended first (gone, or refused: 413)."""
+        cap = self.body_cap()
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return None  # http.disconnect: the client went away
+            chunk: bytes = message.get("body", b"")
+            self._received += len(chunk)
+            if self._received > cap:
+                self.body.clear()
+                await self.refuse(self.too_large(cap))
+                return None
+            if chunk:
+                self.body.append(chunk)
+            if not message.get("more_body"):
+                body = b"".join(self.body)
+                self.body.clear()
+                return body
+
+    def _inline_lost(self, task: asyncio.Task[Any]) -> None:
+        self.client_gone = True
+        task.cancel()
+
+    def _inline_timed_out(self, task: asyncio.Task[Any]) -> None:
+        self._timed_out = True
+        task.cancel()
+
+    def current_cut(self) -> str | None:
+        """The reason the router is cutting this request, or None (the client went away, or
+        nothing is cut). Inline, a cancel nobody else claimed during the server's shutdown is
+        the cut, before :meth:`_cut` has set the reason."""
+        if self.cut_reason is not None or self._hook is None or self.client_gone:
+            return self.cut_reason
+        task = asyncio.current_task()
+        if self._hook.shutting_down and task is not None and task.cancelling():
+            return ROUTER_SHUTDOWN
+        return None
 
     async def _cut(self, reason: str) -> None:
         """uvicorn cancelled this request: the router's SIGTERM grace period is over. The
@@ -117,11 +221,14 @@ class GatewayConsumer(AsyncHttpConsumer, metaclass=abc.ABCMeta):  # type: ignore
                 await self.send_error(ApiError.of(reason, headers=_CLOSE))
 
     async def dispatch(self, message: dict[str, Any]) -> None:
-        # Channels' dispatch first runs close_old_connections in a thread; we hold no DB.
-        handler = getattr(self, get_handler_name(message), None)
-        if handler is None:
-            raise ValueError(f"No handler for message type {message['type']}")
-        await handler(message)
+        # (Channels' own dispatch first runs close_old_connections in a thread; we hold no DB.)
+        kind = message["type"]
+        if kind == "http.request":
+            await self.http_request(message)
+        elif kind == "http.disconnect":
+            await self.http_disconnect(message)
+        else:
+            raise ValueError(f"No handler for message type {kind}")
 
     @property
     def state(self) -> RouterState:
@@ -145,10 +252,12 @@ class GatewayConsumer(AsyncHttpConsumer, metaclass=abc.ABCMeta):  # type: ignore
         closes (the rest of the body is never read)."""
         if self._task is not None:
             return  # the body is complete: the handler runs (or ran)
+        self._start(self._refuse_timed_out())
+
+    async def _refuse_timed_out(self) -> None:
         self.body.clear()
         seconds = f"{self.state.config.body_timeout_s:g}"
-        error = ApiError.of("request_timeout", seconds=seconds, headers=_CLOSE)
-        self._start(self.refuse(error))
+        await self.refuse(ApiError.of("request_timeout", seconds=seconds, headers=_CLOSE))
 
     def body_cap(self) -> int:
         """The most body bytes this route reads (413 above): the router's request cap."""
@@ -178,9 +287,8 @@ class GatewayConsumer(AsyncHttpConsumer, metaclass=abc.ABCMeta):  # type: ignore
     async def http_disconnect(self, message: dict[str, Any]) -> None:
         """Client gone or response complete: cancel the handler if it still runs, stop."""
         task, self._task = self._task, None
-        if task is not None:
-            if not task.done():
-                task.cancel()
+        if task is not None and not task.done():  # done: the common case, nothing to wait for
+            task.cancel()
             await asyncio.wait([task])
         raise StopConsumer
 
@@ -205,7 +313,7 @@ class GatewayConsumer(AsyncHttpConsumer, metaclass=abc.ABCMeta):  # type: ignore
         self.on_refused(error)
         await self.send_error(error)
 
-    def on_refused(self, error: ApiError) -> None:
+    def on_refused(self, error: ApiError) -> None:  # noqa: B027 - a hook, empty by default
         """Hook: account for a refusal decided before the handler ran."""
 
     # -- sending --------------------------------------------------------------------------

@@ -8,6 +8,11 @@ gets a 408 ``request_timeout`` and the connection closes (the body's own bound i
 consumer's). A request the parser cannot read (a malformed request line, bad chunked framing)
 gets uvicorn's 400, but as an OpenAI error document (``bad_http_request``), not plain text.
 
+Each request's scope also carries a :class:`~runtime.gateway.consumers.ConnectionHook`: the
+protocol tells it when the connection is lost before the response completed and when the
+server begins its shutdown, so a consumer answers in the request's own task, with no handler
+task and no receive loop beside it (issue #27: one task per request).
+
 Used by ``python -m runtime.gateway`` (``http=BoundedHttpToolsProtocol``).
 """
 
@@ -19,6 +24,7 @@ from typing import Any
 import httptools
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
+from runtime.gateway.consumers import HOOK_KEY, ConnectionHook
 from runtime.gateway.errors import ApiError
 from runtime.gateway.state import STATE_KEY
 
@@ -47,6 +53,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self._head_bytes = 0
         self._head_too_large = False
         self._head_timer: asyncio.TimerHandle | None = None
+        self._hooks: list[ConnectionHook] = []  # requests not yet answered, oldest first
 
     def _head_timeout_s(self) -> float:
         state = self.app_state.get(STATE_KEY)
@@ -75,6 +82,14 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm_head_timer()
         super().connection_lost(exc)
+        hooks, self._hooks = self._hooks, []
+        for hook in hooks:
+            hook.lost()
+
+    def shutdown(self) -> None:
+        for hook in self._hooks:
+            hook.shutting_down = True
+        super().shutdown()
 
     def on_message_begin(self) -> None:
         self._head_bytes = 0
@@ -84,10 +99,16 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._disarm_head_timer()
+        hook = ConnectionHook()
+        scope: dict[str, Any] = self.scope  # type: ignore[assignment]  # uvicorn: a TypedDict
+        scope[HOOK_KEY] = hook  # the cycle made below holds this same scope
+        self._hooks.append(hook)
         super().on_headers_complete()
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
+        if self._hooks:
+            self._hooks.pop(0)  # responses complete in request order
         self._disarm_head_timer()  # idle between requests: uvicorn's keep-alive timeout rules
 
     def _count(self, size: int) -> None:

@@ -57,7 +57,7 @@ class InferenceConsumer(GatewayConsumer):
             headers=lambda name: header(scope, name),
             raw_headers=scope.get("headers", ()),
             client=self,
-            cut=lambda: self.cut_reason,
+            cut=self.current_cut,
             record=RequestRecord(request_id=self.request_id, route=self.route),
         )
         state = self.state

@@ -66,7 +66,7 @@ def _endpoints(state: RouterState) -> list[dict[str, Any]]:
                 # healthy on real traffic's successes alone: its probes time out (overload)
                 "passive": status is not None and status.passive,
                 "kv_usage": None if status is None else status.kv_usage,
-                "inflight": state.inflight.get(endpoint.id),
+                "inflight": state.fleet.inflight.get(endpoint.id),
                 "capacity": endpoint.capacity,
                 "adapters": list(resident.get(endpoint.id, ())),
             }

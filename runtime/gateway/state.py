@@ -14,15 +14,15 @@ import asyncio
 import contextlib
 import logging
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from runtime.admission.redis_limits import RedisLimits
-from runtime.batching.coalescer import Coalescer
 from runtime.cache.metrics import CacheMetrics
 from runtime.contract import usage_stream
 from runtime.gateway.adapter_heartbeats import AdapterHeartbeats
 from runtime.gateway.bundles import (
     AdmissionDeps,
+    FleetWatch,
     PlanningDeps,
     PriceHolder,
     SafetyDeps,
@@ -81,44 +81,55 @@ logger = logging.getLogger(__name__)
 
 @dataclass(slots=True, kw_only=True)
 class RouterState:
+    """The router's components, held in the bundles the request path takes (no component is
+    held twice): start/stop and ``/metrics`` reach them through the bundles too."""
+
     config: RouterConfig
     loader: SnapshotLoader
-    client: UpstreamClient
-    breakers: BreakerBook
-    health: HealthMonitor
-    inflight: InFlight
-    table: RoutingTable
-    signals: FleetSignals
-    metrics: RouterMetrics
-    key_usage: KeyUsageRecorder
-    tokens: TokenCounter
-    limits: RedisLimits
-    shared: SharedCounters
-    dispatchers: Dispatchers
-    version_stats: VersionStats
-    shadow: ShadowMirror
-    shadow_client: DrainClient  # the mirror's own pool (runtime/upstream/drain), closed on stop
-    coalescer: Coalescer  # runtime/batching: unary torch requests, batched per endpoint
+    admission: AdmissionDeps  # limits, dispatchers, routing table, prices
+    planning: PlanningDeps  # tokenizer, key usage, rng
+    upstream: UpstreamDeps  # client, breakers, coalescer, shadow mirror
+    safety: SafetyDeps  # packs, classifier, the intervention recorder
+    telemetry: Telemetry  # metrics, tracing, version stats, scaling, live view, request log
+    fleet: FleetWatch  # health, in-flight counts, signals, shared counters, shadow pool
     cache: CacheFront  # the response cache and idempotency records (runtime/cache)
-    interventions: InterventionRecorder  # safety events: a metric, and batches to Redis
-    # The request path's views of the above (runtime/gateway/bundles.py) and its stages.
-    admission: AdmissionDeps
-    planning: PlanningDeps
-    upstream: UpstreamDeps
-    safety: SafetyDeps
-    telemetry: Telemetry
     pipeline: Pipeline
     account: Account
-    tracing: Tracing = field(default_factory=Tracing)  # off unless OTEL_EXPORTER_OTLP_* is set
-    rng: random.Random = field(default_factory=random.Random)
-    request_log: logging.Logger = field(default_factory=lambda: logging.getLogger(REQUEST_LOGGER))
     snapshot_task: asyncio.Task[None] | None = None
     loop_lag: LoopLagProbe | None = None  # the event loop's lag histogram (issue #14)
-    scaling: SignalsPublisher | None = None  # runtime/scaling: per-pool signals to Redis
-    live: LiveAggregator | None = None  # per-second dashboard documents (telemetry.live)
     adapter_heartbeats: AdapterHeartbeats | None = None  # LoRA residency from heartbeats
     control: ControlPlaneClient | None = None  # the Batch API's files and batches (forwarded)
     kv_events: KvEventSubscribers | None = None  # engines' KV events -> the prefix index
+
+    # Read-only views of single components (tests and the routes read these); each lives
+    # in exactly one bundle.
+    @property
+    def limits(self) -> RedisLimits:
+        return self.admission.limits
+
+    @property
+    def client(self) -> UpstreamClient:
+        return self.upstream.client
+
+    @property
+    def breakers(self) -> BreakerBook:
+        return self.upstream.breakers
+
+    @property
+    def health(self) -> HealthMonitor:
+        return self.fleet.health
+
+    @property
+    def metrics(self) -> RouterMetrics:
+        return self.telemetry.metrics
+
+    @property
+    def tracing(self) -> Tracing:
+        return self.telemetry.tracing
+
+    @property
+    def key_usage(self) -> KeyUsageRecorder:
+        return self.planning.key_usage
 
     @property
     def prices(self) -> PriceBook | None:
@@ -134,17 +145,17 @@ class RouterState:
 
     def on_snapshot(self, snapshot: Snapshot) -> None:
         """Swap callback: watch exactly the snapshot's endpoints, forget the rest."""
-        self.health.set_endpoints(snapshot.endpoints.values())
-        self.breakers.retain(snapshot.endpoints)
+        self.fleet.health.set_endpoints(snapshot.endpoints.values())
+        self.upstream.breakers.retain(snapshot.endpoints)
         self.admission.prefix.retain(snapshot.endpoints)
-        self.dispatchers.on_snapshot(snapshot)
+        self.admission.dispatchers.on_snapshot(snapshot)
         self.admission.prices.book = PriceBook(snapshot)
         if self.kv_events is not None:
             self.kv_events.sync(snapshot_addresses(snapshot))
 
     def pool_views(self) -> list[PoolView]:
         """What the dispatchers report to ``/metrics`` (read at scrape time)."""
-        dispatchers = self.dispatchers.all()
+        dispatchers = self.admission.dispatchers.all()
         if not dispatchers:
             return []
         now = asyncio.get_running_loop().time()
@@ -174,15 +185,16 @@ class RouterState:
         snapshot = self.snapshot
         if snapshot is None:
             return []
-        breakers = self.breakers.states()
+        breakers = self.upstream.breakers.states()
+        fleet = self.fleet
         views: list[EndpointView] = []
         for endpoint in snapshot.endpoints.values():
-            status = self.health.status(endpoint.id)
+            status = fleet.health.status(endpoint.id)
             views.append(
                 EndpointView(
                     endpoint=endpoint.id,
                     pool=endpoint.pool,
-                    up=self.signals.healthy(endpoint.id),
+                    up=fleet.signals.healthy(endpoint.id),
                     breaker_open=breakers.get(endpoint.id) is BreakerState.OPEN,
                     kv_usage=None if status is None else status.kv_usage,
                     waiting=None if status is None else status.waiting,
@@ -194,20 +206,21 @@ class RouterState:
         """Start the background work; a missing snapshot is retried, not fatal (not ready)."""
         if self.loop_lag is not None:
             self.loop_lag.start()
-        await self.key_usage.start()
-        await self.interventions.start()
-        await self.version_stats.start()
-        await self.shadow.start()
-        await self.limits.start()
-        await self.shared.start()
-        await self.health.start()
+        telemetry = self.telemetry
+        await self.planning.key_usage.start()
+        await self.safety.events.start()
+        await telemetry.version_stats.start()
+        await self.upstream.shadow.start()
+        await self.admission.limits.start()
+        await self.fleet.shared.start()
+        await self.fleet.health.start()
         if self.adapter_heartbeats is not None:
             self.adapter_heartbeats.start()
         self.cache.start()
-        if self.scaling is not None:
-            self.scaling.start()
-        if self.live is not None:
-            await self.live.start()
+        if telemetry.scaling is not None:
+            telemetry.scaling.start()
+        if telemetry.live is not None:
+            await telemetry.live.start()
         try:
             await self.loader.start()
         except SnapshotUnavailableError as exc:
@@ -236,31 +249,32 @@ class RouterState:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        telemetry = self.telemetry
         await self.loader.stop()
         if self.kv_events is not None:
             await self.kv_events.close()
-        if self.scaling is not None:
-            await self.scaling.stop()
-        if self.live is not None:
-            await self.live.stop()
-        await self.dispatchers.stop()
-        await self.health.stop()
+        if telemetry.scaling is not None:
+            await telemetry.scaling.stop()
+        if telemetry.live is not None:
+            await telemetry.live.stop()
+        await self.admission.dispatchers.stop()
+        await self.fleet.health.stop()
         if self.adapter_heartbeats is not None:
             await self.adapter_heartbeats.stop()
-        await self.shared.stop()
-        await self.limits.stop()
-        await self.key_usage.stop()
-        await self.interventions.stop()
-        await self.shadow.stop()
-        await self.shadow_client.close()
-        await self.version_stats.stop()
+        await self.fleet.shared.stop()
+        await self.admission.limits.stop()
+        await self.planning.key_usage.stop()
+        await self.safety.events.stop()
+        await self.upstream.shadow.stop()
+        await self.fleet.shadow_client.close()
+        await telemetry.version_stats.stop()
         await self.cache.close()
-        await self.client.close()
+        await self.upstream.client.close()
         if self.control is not None:
             await self.control.close()
         if self.loop_lag is not None:
             await self.loop_lag.stop()
-        self.tracing.shutdown()
+        telemetry.tracing.shutdown()
 
 
 def build_state(config: RouterConfig) -> RouterState:
@@ -380,38 +394,20 @@ def build_state(config: RouterConfig) -> RouterState:
         snapshot=current, planning=planning, admission=admission, upstream=upstream, cache=cache,
         safety=safety,
     )  # fmt: skip
+    fleet = FleetWatch(health=health, inflight=inflight, signals=signals, shared=shared,
+                       shadow_client=shadow_client)  # fmt: skip
     state = RouterState(
         config=config,
         loader=loader,
-        client=client,
-        breakers=breakers,
-        health=health,
-        inflight=inflight,
-        table=table,
-        signals=signals,
-        metrics=metrics,
-        limits=limits,
-        shared=shared,
-        dispatchers=dispatchers,
-        key_usage=key_usage,
-        tokens=tokens,
-        tracing=tracing,
-        rng=rng,
-        request_log=request_log,
-        version_stats=version_stats,
-        shadow=shadow,
-        shadow_client=shadow_client,
-        coalescer=coalescer,
-        cache=cache,
-        interventions=interventions,
         admission=admission,
         planning=planning,
         upstream=upstream,
         safety=safety,
         telemetry=telemetry,
+        fleet=fleet,
+        cache=cache,
         pipeline=Pipeline(stages),
         account=Account(telemetry),
-        scaling=scaling,
         control=ControlPlaneClient(config.control_plane_url) if config.control_plane_url else None,
     )
     state.loop_lag = LoopLagProbe(metrics.registry)
@@ -420,12 +416,10 @@ def build_state(config: RouterConfig) -> RouterState:
     metrics.attach_scheduling(state.pool_views)
     metrics.attach_snapshot(loader)
     metrics.attach_fleet(state.endpoint_views)
-    metrics.attach_admission(lambda: state.limits.degraded)
+    metrics.attach_admission(lambda: limits.degraded)
     metrics.attach_adapters(adapters.rows)
     state.adapter_heartbeats = AdapterHeartbeats(config.redis_url, adapters, current)
-    state.live = telemetry.live = LiveAggregator(
-        config.redis_url, config.namespace, live_sources(state)
-    )
+    telemetry.live = LiveAggregator(config.redis_url, config.namespace, live_sources(state))
     return state
 
 

@@ -1,6 +1,7 @@
 """The router in this process (uvicorn.Server on the test's event loop), with Django's
 settings configured with a Redis channel layer (pytest-django loads config.settings): the
-consumers must still build no channel layer and make no database thread hop per request.
+Channels flavour's consumers must still build no channel layer and make no database thread
+hop per request.
 """
 
 from __future__ import annotations
@@ -39,7 +40,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
 
 
 @contextlib.asynccontextmanager
-async def world_router(fleet: Fleet, tmp_path: Path, name: str) -> AsyncIterator[tuple[str, str]]:
+async def world_router(
+    fleet: Fleet, tmp_path: Path, name: str, router_http: str = "asgi"
+) -> AsyncIterator[tuple[str, str]]:
     """An in-process router over the standard world (a fresh prefix); (base URL, good key)."""
     publisher = Publisher(f"switchyard:test:{name}:{uuid.uuid4().hex[:8]}")
     world = standard_world(fleet.sims, free_port())
@@ -49,6 +52,7 @@ async def world_router(fleet: Fleet, tmp_path: Path, name: str) -> AsyncIterator
         snapshot_prefix=publisher.prefix,
         snapshot_cache_path=tmp_path / "router-snapshot.json",
         key_usage_hash=f"{publisher.prefix}:apikey:last_used",
+        router_http=router_http,
     )
     try:
         async with inprocess_router(config) as base_url:
@@ -58,15 +62,17 @@ async def world_router(fleet: Fleet, tmp_path: Path, name: str) -> AsyncIterator
 
 
 @pytest_asyncio.fixture
-async def router(fleet: Fleet, tmp_path: Path) -> AsyncIterator[tuple[str, str]]:
-    async with world_router(fleet, tmp_path, "gw-inproc") as served:
+async def channels_router(fleet: Fleet, tmp_path: Path) -> AsyncIterator[tuple[str, str]]:
+    """The Channels flavour of the HTTP entry (SWITCHYARD_ROUTER_HTTP=channels): the only one
+    with Channels' code on the request path at all."""
+    async with world_router(fleet, tmp_path, "gw-inproc-ch", router_http="channels") as served:
         yield served
 
 
 async def test_no_channel_layer_and_no_db_hop_per_request(
-    router: tuple[str, str], monkeypatch: pytest.MonkeyPatch
+    channels_router: tuple[str, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    base_url, key = router
+    base_url, key = channels_router
     assert settings.CHANNEL_LAYERS["default"]["BACKEND"] == "channels_redis.core.RedisChannelLayer"
     calls: list[str] = []
 
