@@ -25,8 +25,8 @@ from runtime.gateway.interventions import InterventionRecorder
 from runtime.gateway.key_usage import KeyUsageRecorder
 from runtime.gateway.tokens import TokenCounter
 from runtime.metering.pricing import PriceBook
-from runtime.routing.prefix_placer import PrefixPlacer
 from runtime.routing.inflight import InFlight
+from runtime.routing.prefix_placer import PrefixPlacer
 from runtime.routing.shadow import ShadowMirror
 from runtime.routing.signals import FleetSignals
 from runtime.routing.table import RoutingTable
