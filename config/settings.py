@@ -177,7 +177,10 @@ CELERY_BEAT_SCHEDULE = {
         "task": "apps.batches.tasks.batches_tick",
         "schedule": float(os.environ.get("SWITCHYARD_BATCH_TICK_S", "2")),
     },
-    "bill-batch-lines": {"task": "apps.batches.tasks.batch_lines_bill", "schedule": 30.0},
+    "bill-batch-lines": {
+        "task": "apps.batches.tasks.batch_lines_bill",
+        "schedule": float(os.environ.get("SWITCHYARD_BATCH_BILL_EVERY_S", "30")),
+    },
 }
 # Retention (apps/common/retention.py): days each table keeps its rows (0: forever), applied by
 # beat in bounded batches; the audit log is archived (gzipped JSON lines) before deletion.

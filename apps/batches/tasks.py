@@ -22,5 +22,5 @@ def batches_tick() -> dict[str, int]:
 @shared_task(ignore_result=True)
 def batch_lines_bill() -> int:
     """Charge the done lines whose usage event was lost (apps/batches/services/unbilled.py;
-    beat: every 30 s); how many."""
+    beat: every SWITCHYARD_BATCH_BILL_EVERY_S); how many."""
     return len(lines_bill_missing())

@@ -23,13 +23,13 @@ judge: a stream record arriving after the repair, or a repair racing the consume
 event id recorded and is skipped, so the line is charged once either way. The Redis balance
 follows by reconciliation (:func:`apps.billing.ledger.credit_reconcile`).
 
-Why a periodic task (beat, ``apps.batches.tasks.batch_lines_bill``, every
-:data:`EVERY_S` seconds) and not the batch's finalisation: the finalisation runs as soon as
-the last line is answered, before its event could have reached the ledger, so it cannot tell a
-late event from a lost one; a batch ends once, a lost event is only known after the grace.
-The task is idempotent (the ledger's unique event id), bounded (:data:`BATCH_ROWS` lines per
-run) and looks back :data:`HORIZON` (well inside the ledger's 32-day minimum retention, so a
-record removed by retention never looks missing).
+Why a periodic task (beat entry ``bill-batch-lines``, every
+``SWITCHYARD_BATCH_BILL_EVERY_S``) and not the batch's finalisation: the finalisation runs
+as soon as the last line is answered, before its event could have reached the ledger, so it
+cannot tell a late event from a lost one; a batch ends once, a lost event is only known
+after the grace. The task is idempotent (the ledger's unique event id), bounded
+(:data:`BATCH_ROWS` lines per run) and looks back :data:`HORIZON` (well inside the ledger's
+32-day minimum retention, so a record removed by retention never looks missing).
 """
 
 from __future__ import annotations
@@ -53,7 +53,6 @@ from runtime.metering.pricing import MICRO, Rate
 
 logger = logging.getLogger(__name__)
 
-EVERY_S = 30.0  # beat period of the task
 BATCH_ROWS = 500  # lines one run looks at, at most
 HORIZON = timedelta(days=7)
 
