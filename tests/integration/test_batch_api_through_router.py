@@ -14,6 +14,7 @@ import os
 import shutil
 import uuid
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,12 @@ import redis
 from django.conf import settings as django_settings
 from django.db import connections
 from fixtures.celery_worker import Beat, Worker, database_url
-from fixtures.control_plane import endpoint_ready, model_served_by, version_published
+from fixtures.control_plane import (
+    endpoint_ready,
+    interactive_class,
+    model_served_by,
+    version_published,
+)
 from fixtures.redis_server import private_redis
 from fixtures.router import Process, spawn, start_router, wait_ready, wait_until_up
 from fixtures.wait import eventually
@@ -294,6 +300,53 @@ def test_a_killed_worker_leaves_every_line_answered_exactly_once(stage: Stage) -
     eventually(lambda: len(_billed(batch.id)) >= 24, timeout=20, what="the ledger")
     assert len(_billed(batch.id)) == 24
 
+    _allowance(stage)
+
+
+def _chat_status(client: openai.OpenAI) -> int:
+    """One interactive chat request (about 0.8 s at the engine); its HTTP status."""
+    try:
+        client.chat.completions.create(model=MODEL, max_tokens=40,
+                                       messages=[{"role": "user", "content": "now"}])  # fmt: skip
+    except openai.APIStatusError as exc:
+        return exc.status_code
+    return 200
+
+
+def _at_the_cap(client: openai.OpenAI, cap: int, rounds: int) -> list[int]:
+    """``rounds`` bursts of ``cap`` concurrent interactive requests: the tenant at its online
+    concurrency cap; their statuses."""
+    statuses: list[int] = []
+    with ThreadPoolExecutor(max_workers=cap) as pool:
+        for _ in range(rounds):
+            statuses += pool.map(lambda _: _chat_status(client), range(cap))
+    return statuses
+
+
+def _allowance(stage: Stage) -> None:
+    """A tenant at its online concurrency cap (2) while its batch runs (up to 4 lines in flight,
+    in its batch lane) gets no 429: the batch takes nothing from the online caps."""
+    tenant = tenant_create(
+        actor=None, slug="capped", name="capped", rpm_limit=100_000, tpm_limit=100_000_000,
+        max_concurrency=2, max_context_tokens=2048, max_output_tokens=64,
+        allowed_classes=[interactive_class().name, "batch"], default_class="interactive",
+    )  # fmt: skip
+    credit_grant(actor=None, tenant=tenant, amount="1000", reason="test")
+    key = api_key_create(actor=None, tenant=tenant, name="k")[1]
+    client = openai.OpenAI(base_url=f"{stage.router.base_url}/v1", api_key=key, max_retries=0,
+                           timeout=30)  # fmt: skip
+    eventually(client.models.list, timeout=30, ignore=(openai.AuthenticationError,),
+               what="the router to know the new tenant")  # fmt: skip
+    upload = client.files.create(file=("capped.jsonl", _lines(30, tokens=40)), purpose="batch")
+    batch = client.batches.create(input_file_id=upload.id, endpoint="/v1/chat/completions",
+                                  completion_window="24h")  # fmt: skip
+    eventually(lambda: _running(batch.id), timeout=30, what="the capped tenant's batch to run")
+    statuses = _at_the_cap(client, cap=2, rounds=3)
+    still_running = _running(batch.id)
+    assert statuses == [200] * 6
+    assert still_running  # the bursts ran beside the batch's lines, to the end
+    _completed(client, batch.id, 30)
+
 
 def _ledger_per_line(batch_id: str) -> tuple[list[str], list[str]]:
     """The usage records' event ids under the batch's key, and its lines' usage event ids."""
@@ -360,16 +413,17 @@ def test_a_killed_router_or_a_lost_redis_leave_every_line_answered_and_billed_ex
 
     # Redis loses everything mid-batch, the usage stream's unread tail with it: the lines it
     # held are billed from their answers (apps/batches/services/unbilled.py), once.
-    upload = acme.files.create(file=("again.jsonl", _lines(16, tokens=40)), purpose="batch")
+    upload = acme.files.create(file=("again.jsonl", _lines(24, tokens=40)), purpose="batch")
     again = acme.batches.create(input_file_id=upload.id, endpoint="/v1/chat/completions",
                                 completion_window="24h")  # fmt: skip
     eventually(lambda: _running(again.id), timeout=30, what="lines answered and lines running")
-    stage.beats[-1].stop()  # no usage consumer now; the executor's running tick goes on
+    stage.beats[-1].stop()  # no usage consumer from now on; the executor's running tick goes on
     eventually(lambda: _waiting_in_stream(again.id) >= 2, timeout=30,
                what="answered lines whose usage events wait in the stream")  # fmt: skip
+    stage.workers[-1].kill()  # and the tick stops (SIGKILL): its lines in flight keep a lease
     _lose_redis(stage.data)
-    # A line refused 402 meanwhile (no balance in the empty Redis) paused the batch: a grant
-    # resumes it.
+    # A line refused 402 by the empty Redis (no balance yet) pauses the batch: a grant resumes it.
     credit_grant(actor=None, tenant=Tenant.objects.get(slug="acme"), amount="10", reason="t")
+    stage.workers.append(Worker("celery", stage.env))
     stage.start_beat()
-    _completed(acme, again.id, 16)
+    _completed(acme, again.id, 24)
