@@ -24,7 +24,10 @@ the router's Redis records:
   once. The line's row keeps that id (``usage_event_id``) beside its answer. (A second try's
   charge to the Redis balance, which the ledger skips, is the drift
   :func:`apps.billing.ledger.credit_reconcile` repairs.) Embeddings lines, which the router's
-  idempotency skips, are covered the same way.
+  idempotency skips, are covered the same way. The line also keeps what its answer used
+  (``usage``: version, class, tokens): if the event itself is lost (Redis lost the usage
+  stream's unread tail), :mod:`apps.batches.services.unbilled` charges the line from it,
+  under the same event id, so a late stream record and the repair still make one charge.
 - ``Idempotency-Key`` is the line's (the same on every try) and only saves work: a retry after
   its worker died gets the router's stored answer of the first try, unbilled, while the router
   still holds it (Redis, 24 h). A router killed mid-line leaves its claim on the key for 24 h;
