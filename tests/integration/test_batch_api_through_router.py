@@ -4,8 +4,13 @@ signed principal); a real Celery worker, fed by a real beat on a private broker,
 through the router to a simulator engine, in the ``batch`` class, with the batch's own key.
 
 Covered: upload, create, poll to ``completed``, the output line for line by ``custom_id``;
-another tenant's ids are 404; a malformed file is refused with its line number; cancel; a
-kill -9 of the worker mid-batch still ends with every line exactly once in the output."""
+another tenant's ids are 404; a malformed file is refused with its line number; cancel; an
+embeddings batch billed once per line; a kill -9 of the worker mid-batch still ends with
+every line exactly once in the output; a tenant at its online concurrency cap while its
+batch runs gets no 429 (the batch lane); a router killed mid-batch, and then Redis emptied
+mid-batch (usage events waiting in the stream lost with it), still end with every line
+answered once and billed once under its own event id. The stage has a Redis of its own (the
+data plane's, which a test empties) besides the broker's."""
 
 from __future__ import annotations
 
