@@ -174,7 +174,7 @@ def run_lines(owner: str, lines: list[BatchLine]) -> set[int]:
     return {line.batch_id for line in lines}
 
 
-def _settle(owner: str, line: BatchLine, answer: Answer, request_class: str | None) -> None:
+def _settle(owner: str, line: BatchLine, answer: Answer, request_class: str | None = None) -> None:
     if answer.status == PAYMENT_REQUIRED:  # out of credits or budget: pause, keep the try
         detail = answer.body.get("error", {}) if isinstance(answer.body, dict) else {}
         batch_pause(batch_id=line.batch_id, code=str(detail.get("code") or "insufficient_credits"),

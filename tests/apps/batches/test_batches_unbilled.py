@@ -13,6 +13,7 @@ import pytest
 import redis
 from batch_support import MODEL, Signed, jsonl, line
 from django.utils import timezone
+from fixtures.control_plane import endpoint_ready
 from fixtures.redis_keys import RouterNamespace
 
 from apps.batches import executor
@@ -22,8 +23,8 @@ from apps.batches.services.unbilled import lines_bill_missing
 from apps.billing import ledger
 from apps.billing.models import CreditAccount, UsageRecord
 from apps.billing.services import price_set
-from apps.models.models import Model
-from apps.models.services import model_version_create, model_version_publish
+from apps.models.models import Model, ModelVersion
+from apps.models.services import model_version_create, model_version_publish, pool_create
 from apps.tenants.models import Tenant
 from runtime.artifacts import manifest_digest
 from runtime.contract import usage_stream
@@ -132,3 +133,19 @@ def test_lines_within_the_grace_or_with_their_event_in_the_stream_are_left_to_th
     assert lines_bill_missing() == []
     assert UsageRecord.objects.filter(event_id=waiting.usage_event_id).count() == 1
     assert _balance(priced) == before - CHARGE
+
+
+def test_the_charge_is_the_price_on_the_tier_of_the_versions_pool_and_a_cached_answer_is_discounted(
+    priced: Tenant,
+) -> None:
+    version = ModelVersion.objects.get(model__name=MODEL, label="v1")
+    price_set(actor=None, version=version, hardware_tier="gpu", input_per_1k="10",
+              output_per_1k="20", cache_hit_discount="0.5")  # fmt: skip
+    gpu = pool_create(actor=None, name="gpus", hardware_tier="gpu", cost_per_replica_hour="1")
+    endpoint_ready(gpu, version, "http://127.0.0.1:9/")
+    plain, cached = _done_lines(2, finished_s_ago=GRACE_S + 5)
+    BatchLine.objects.filter(pk=cached.pk).update(usage={**(cached.usage or {}), "cached": True})
+    assert sorted(lines_bill_missing()) == sorted([plain.usage_event_id, cached.usage_event_id])
+    charged = dict(UsageRecord.objects.values_list("event_id", "credits"))
+    assert charged[plain.usage_event_id] == CHARGE * 10  # the gpu price, not the cpu one
+    assert charged[cached.usage_event_id] == CHARGE * 5  # half off: a cache hit
