@@ -177,6 +177,10 @@ CELERY_BEAT_SCHEDULE = {
         "task": "apps.batches.tasks.batches_tick",
         "schedule": float(os.environ.get("SWITCHYARD_BATCH_TICK_S", "2")),
     },
+    "bill-batch-lines": {
+        "task": "apps.batches.tasks.batch_lines_bill",
+        "schedule": float(os.environ.get("SWITCHYARD_BATCH_BILL_EVERY_S", "30")),
+    },
 }
 # Retention (apps/common/retention.py): days each table keeps its rows (0: forever), applied by
 # beat in bounded batches; the audit log is archived (gzipped JSON lines) before deletion.
@@ -257,6 +261,9 @@ BATCH_MAX_LINES = int(os.environ.get("SWITCHYARD_BATCH_MAX_LINES", "50000"))
 BATCH_LEASE_S = float(os.environ.get("SWITCHYARD_BATCH_LEASE_S", "120"))
 BATCH_CLAIM_SIZE = int(os.environ.get("SWITCHYARD_BATCH_CLAIM_SIZE", "32"))
 BATCH_CLASS = os.environ.get("SWITCHYARD_BATCH_CLASS", "batch")
+# A done batch line whose usage event has not reached the ledger this many seconds after it
+# finished (and is not waiting in the usage stream) is charged from its recorded usage.
+BATCH_BILL_GRACE_S = float(os.environ.get("SWITCHYARD_BATCH_BILL_GRACE_S", "120"))
 # A zero_retention tenant's batch output and error files are deleted once downloaded, or this
 # many seconds after the batch ends when nobody downloads them.
 BATCH_ZERO_RETENTION_OUTPUT_S = float(

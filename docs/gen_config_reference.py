@@ -81,6 +81,10 @@ MEANINGS: dict[str, str] = {
     "lends a tenant 1/(this x workers) of its limits and of the balance Redis last reported",
     "SWITCHYARD_BEAT_LEASE_S": "how long the scheduling Celery beat's Redis lease outlives its "
     "last renewal: a standby beat takes over within this + 1 s",
+    "SWITCHYARD_BATCH_BILL_GRACE_S": "Batch API: seconds after a done line before a usage event "
+    "the ledger lacks counts as lost (the line is then charged from its recorded usage)",
+    "SWITCHYARD_BATCH_BILL_EVERY_S": "Batch API: how often beat looks for done lines whose usage "
+    "event the ledger lacks",
     "SWITCHYARD_BATCH_CLAIM_SIZE": "Batch API: lines one executor tick sends at once",
     "SWITCHYARD_BATCH_CLASS": "Batch API: batch lines' request class (if the tenant has it)",
     "SWITCHYARD_BATCH_LEASE_S": "Batch API: a claimed line's lease (renewed while it runs)",

@@ -24,7 +24,10 @@ the router's Redis records:
   once. The line's row keeps that id (``usage_event_id``) beside its answer. (A second try's
   charge to the Redis balance, which the ledger skips, is the drift
   :func:`apps.billing.ledger.credit_reconcile` repairs.) Embeddings lines, which the router's
-  idempotency skips, are covered the same way.
+  idempotency skips, are covered the same way. The line also keeps what its answer used
+  (``usage``: version, class, tokens): if the event itself is lost (Redis lost the usage
+  stream's unread tail), :mod:`apps.batches.services.unbilled` charges the line from it,
+  under the same event id, so a late stream record and the repair still make one charge.
 - ``Idempotency-Key`` is the line's (the same on every try) and only saves work: a retry after
   its worker died gets the router's stored answer of the first try, unbilled, while the router
   still holds it (Redis, 24 h). A router killed mid-line leaves its claim on the key for 24 h;
@@ -53,7 +56,7 @@ import time
 import urllib.error
 import urllib.request
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from django.conf import settings
@@ -86,6 +89,10 @@ TICK_BUDGET_S = 20.0  # a tick claims again while it has lines and this much tim
 class Answer:
     status: int  # 0: no HTTP answer
     body: Any
+    served: dict[str, str] = field(default_factory=dict)  # the router's x-switchyard-* headers
+
+
+_SERVED_HEADERS = ("x-switchyard-version", "x-switchyard-model", "x-switchyard-cache")
 
 
 def send(url: str, key: str, line: BatchLine, request_class: str | None) -> Answer:
@@ -110,7 +117,8 @@ def send(url: str, key: str, line: BatchLine, request_class: str | None) -> Answ
     )
     try:
         with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S) as resp:  # noqa: S310
-            return Answer(resp.status, _decode(resp.read()))
+            served = {h: resp.headers[h] for h in _SERVED_HEADERS if resp.headers.get(h)}
+            return Answer(resp.status, _decode(resp.read()), served)
     except urllib.error.HTTPError as exc:
         return Answer(exc.code, _decode(exc.read()))
     except (OSError, TimeoutError) as exc:
@@ -161,11 +169,12 @@ def run_lines(owner: str, lines: list[BatchLine]) -> set[int]:
                 lines_renew(owner=owner, ids=ids, lease_s=lease_s)
                 continue
             for future in finished:
-                _settle(owner, running.pop(future), future.result())
+                line = running.pop(future)
+                _settle(owner, line, future.result(), classes[line.batch_id])
     return {line.batch_id for line in lines}
 
 
-def _settle(owner: str, line: BatchLine, answer: Answer) -> None:
+def _settle(owner: str, line: BatchLine, answer: Answer, request_class: str | None = None) -> None:
     if answer.status == PAYMENT_REQUIRED:  # out of credits or budget: pause, keep the try
         detail = answer.body.get("error", {}) if isinstance(answer.body, dict) else {}
         batch_pause(batch_id=line.batch_id, code=str(detail.get("code") or "insufficient_credits"),
@@ -182,8 +191,30 @@ def _settle(owner: str, line: BatchLine, answer: Answer) -> None:
     request_id = f"batch-{line.pk}-{line.attempts}"
     if not line_record(line_id=line.pk, owner=owner, status_code=answer.status or 502,
                        body=answer.body, request_id=request_id,
-                       usage_event_id=line_event_id(str(line.pk))):  # fmt: skip
+                       usage_event_id=line_event_id(str(line.pk)),
+                       usage=answer_usage(line, answer, request_class)):  # fmt: skip
         logger.warning("batch line %s: lease lost before its answer was recorded", line.pk)
+
+
+def answer_usage(
+    line: BatchLine, answer: Answer, request_class: str | None
+) -> dict[str, Any] | None:
+    """What a 2xx answer used, as the router bills it (the version that served it, its class,
+    its tokens): kept with the line, so a charge the usage stream lost can be made again
+    (:mod:`apps.batches.services.unbilled`). None for an answer without ``usage``."""
+    usage = answer.body.get("usage") if isinstance(answer.body, dict) else None
+    if not 200 <= answer.status < 300 or not isinstance(usage, dict):
+        return None
+    tokens_in = int(usage.get("prompt_tokens") or 0)
+    total = int(usage.get("total_tokens") or 0)
+    tokens_out = int(usage.get("completion_tokens") or max(0, total - tokens_in))
+    return {
+        "model": answer.served.get("x-switchyard-model") or str(line.body.get("model", "")),
+        "version": answer.served.get("x-switchyard-version", ""),
+        "request_class": request_class or "default",
+        "tokens_in": tokens_in, "tokens_out": tokens_out,
+        "cached": answer.served.get("x-switchyard-cache", "").lower() == "hit",
+    }  # fmt: skip
 
 
 def _code(answer: Answer) -> str:

@@ -123,6 +123,11 @@ class BatchLine(models.Model):
     # The usage event id every try of the line is billed under (the ledger's unique
     # ``UsageRecord.event_id``), recorded with the answer: the line's charge in the ledger.
     usage_event_id = models.CharField(max_length=64, blank=True)
+    # What the answer used, recorded with it (kept when zero retention clears the answer):
+    # {"model", "version" (label), "request_class", "tokens_in", "tokens_out", "cached"}. If
+    # the usage stream lost the line's event, the ledger is charged from it
+    # (apps/batches/services/unbilled.py), under the same usage_event_id.
+    usage = models.JSONField(null=True, blank=True)
     # Bumped when the router answers 409 ``idempotency_key_in_progress`` (a router killed while
     # it ran the line left its claim in Redis): the next try sends a fresh Idempotency-Key.
     idempotency_epoch = models.PositiveSmallIntegerField(default=0)

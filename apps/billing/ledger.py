@@ -176,6 +176,12 @@ def usage_consume(
     return len(ids)
 
 
+def usage_stream_ids(client: redis.Redis[bytes]) -> set[str]:
+    """The ids of the usage events in the stream now (unread, or read and not yet written)."""
+    raw = client.xrange(usage_stream(namespace()), "-", "+")
+    return {e.event.id for e in _entries(raw) if e.event is not None}
+
+
 def usage_write(*, events: list[tuple[UsageEvent, int]]) -> set[int]:
     """Write the events not yet in the ledger and debit their charges, in one transaction.
 

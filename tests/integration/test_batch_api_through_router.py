@@ -4,16 +4,23 @@ signed principal); a real Celery worker, fed by a real beat on a private broker,
 through the router to a simulator engine, in the ``batch`` class, with the batch's own key.
 
 Covered: upload, create, poll to ``completed``, the output line for line by ``custom_id``;
-another tenant's ids are 404; a malformed file is refused with its line number; cancel; a
-kill -9 of the worker mid-batch still ends with every line exactly once in the output."""
+another tenant's ids are 404; a malformed file is refused with its line number; cancel; an
+embeddings batch billed once per line; a kill -9 of the worker mid-batch still ends with
+every line exactly once in the output; a tenant at its online concurrency cap while its
+batch runs gets no 429 (the batch lane); a router killed mid-batch, and then Redis emptied
+mid-batch (usage events waiting in the stream lost with it), still end with every line
+answered once and billed once under its own event id. The stage has a Redis of its own (the
+data plane's, which a test empties) besides the broker's."""
 
 from __future__ import annotations
 
 import json
 import math
 import os
+import shutil
 import uuid
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
@@ -25,21 +32,32 @@ import redis
 from django.conf import settings as django_settings
 from django.db import connections
 from fixtures.celery_worker import Beat, Worker, database_url
-from fixtures.control_plane import model_served_by
+from fixtures.control_plane import (
+    endpoint_ready,
+    interactive_class,
+    model_served_by,
+    version_published,
+)
 from fixtures.redis_server import private_redis
-from fixtures.router import Process, redis_url, spawn, start_router, wait_ready, wait_until_up
+from fixtures.router import Process, spawn, start_router, wait_ready, wait_until_up
 from fixtures.wait import eventually
 
 from apps.batches.models import Batch
+from apps.billing import ledger
 from apps.billing.models import UsageRecord
 from apps.billing.services import credit_grant, price_set
+from apps.models.models import Pool
+from apps.models.services import model_create, route_set
+from apps.tenants.models import Tenant
 from apps.tenants.services import api_key_create, request_class_create, tenant_create
+from config.embedded import EmbeddedRedis
 from runtime import contract, snapshot_store
-from tests.apps.rollouts.support import start_simulator
+from tests.apps.rollouts.support import artifact, start_simulator
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
 MODEL = "tiny-llama"
+EMBED = "tiny-embed"
 SECRET = "integration-internal-secret"
 
 
@@ -50,6 +68,10 @@ class Stage:
     env: dict[str, str]
     workers: list[Worker]
     restart_router: Callable[[], Process]
+    data: EmbeddedRedis  # the routers' and the control plane's Redis (the broker is another)
+    beats: list[Beat]
+    start_beat: Callable[[], Beat]
+    started: list[Any]  # processes stopped at the end
 
     def client(self, tenant: str) -> openai.OpenAI:
         return openai.OpenAI(base_url=f"{self.router.base_url}/v1", api_key=self.keys[tenant],
@@ -80,61 +102,68 @@ def stage(settings: Any, tmp_path: Path) -> Iterator[Stage]:
     namespace = f"switchyard:test:batches:{uuid.uuid4().hex[:10]}"
     prefix = f"{namespace}:snapshot"
     settings.SNAPSHOT_REDIS_PREFIX = prefix
-    settings.REDIS_URL = redis_url()
     var_dir = tmp_path / "var"
     var_dir.mkdir()
-    client: redis.Redis[bytes] = redis.Redis.from_url(redis_url())
     started: list[Any] = []
-    try:
-        with private_redis(tmp_path) as broker:
-            engine = start_simulator("--decode-a-ms", "20")
-            started.append(engine)
-            keys = _world(tmp_path, engine)
-            env = {
-                **os.environ, "DATABASE_URL": database_url(), "REDIS_URL": redis_url(),
-                "CELERY_BROKER_URL": broker.url, "CELERY_RESULT_BACKEND": broker.url,
-                contract.ENV_SNAPSHOT_PREFIX: prefix, "SWITCHYARD_VAR_DIR": str(var_dir),
-                "SECRET_KEY": django_settings.SECRET_KEY, "SWITCHYARD_INTERNAL_SECRET": SECRET,
-                "SWITCHYARD_BATCH_TICK_S": "0.3", "SWITCHYARD_BATCH_LEASE_S": "3",
-                "SWITCHYARD_BATCH_CLAIM_SIZE": "4",
-                "SWITCHYARD_BEAT_ONLY": "run-batches,drain-snapshot-outbox,usage-stream-to-ledger",
-            }  # fmt: skip
-            web, _ = spawn(["uvicorn", "config.asgi:application"], env=env)
-            started.append(wait_until_up(web, "/v1/batches", ok=(401,)))
-            def router_on(port: int | None = None) -> Process:
-                process = start_router(
-                    prefix, var_dir / "router", port=port,
-                    SWITCHYARD_CONTROL_PLANE_URL=web.base_url, SWITCHYARD_INTERNAL_SECRET=SECRET,
-                )  # fmt: skip
-                started.append(process)
-                return process
+    # A Redis of its own (a test empties it), and another one as Celery's broker.
+    with private_redis(tmp_path / "data") as data, private_redis(tmp_path) as broker:
+        settings.REDIS_URL = data.url
+        client: redis.Redis[bytes] = redis.Redis.from_url(data.url)
+        engine = start_simulator("--decode-a-ms", "20")
+        started.append(engine)
+        keys = _world(tmp_path, engine)
+        env = {
+            **os.environ, "DATABASE_URL": database_url(), "REDIS_URL": data.url,
+            "CELERY_BROKER_URL": broker.url, "CELERY_RESULT_BACKEND": broker.url,
+            contract.ENV_SNAPSHOT_PREFIX: prefix, "SWITCHYARD_VAR_DIR": str(var_dir),
+            "SECRET_KEY": django_settings.SECRET_KEY, "SWITCHYARD_INTERNAL_SECRET": SECRET,
+            "SWITCHYARD_BATCH_TICK_S": "0.3", "SWITCHYARD_BATCH_LEASE_S": "3",
+            "SWITCHYARD_BATCH_CLAIM_SIZE": "4",
+            "SWITCHYARD_BATCH_BILL_EVERY_S": "1", "SWITCHYARD_BATCH_BILL_GRACE_S": "3",
+            "SWITCHYARD_BEAT_ONLY": "run-batches,drain-snapshot-outbox,usage-stream-to-ledger,"
+                                    "bill-batch-lines",
+        }  # fmt: skip
+        web, _ = spawn(["uvicorn", "config.asgi:application"], env=env)
+        started.append(wait_until_up(web, "/v1/batches", ok=(401,)))
 
-            router = router_on()
-            env["SWITCHYARD_BATCH_ROUTER_URL"] = router.base_url
-            workers = [Worker("celery", env)]
-            started.append(Beat(env, tmp_path / "beat", max_interval_s=1))
-            wait_ready(router, snapshot_store.latest_version(client, prefix=prefix) or 0)
-            try:
-                def restart() -> Process:  # a new router on the killed one's port
-                    again = router_on(router.port)
-                    wait_ready(again, snapshot_store.latest_version(client, prefix=prefix) or 0)
-                    return again
+        def router_on(port: int | None = None) -> Process:
+            process = start_router(
+                prefix, var_dir / "router", port=port, REDIS_URL=data.url,
+                SWITCHYARD_CONTROL_PLANE_URL=web.base_url, SWITCHYARD_INTERNAL_SECRET=SECRET,
+            )  # fmt: skip
+            started.append(process)
+            return process
 
-                yield Stage(router, keys, env, workers, restart)
-            finally:
-                for worker in workers:
-                    print(worker.output()[-3000:])
-                    worker.stop()
-                connections.close_all()
-                for process in reversed(started):
-                    if isinstance(process, Beat):
-                        print(process.output()[-2000:])
-                    process.stop()
-    finally:
-        left = list(client.scan_iter(match=f"{namespace}:*", count=1000))
-        if left:
-            client.delete(*left)
-        client.close()
+        router = router_on()
+        env["SWITCHYARD_BATCH_ROUTER_URL"] = router.base_url
+        workers = [Worker("celery", env)]
+        beats: list[Beat] = []
+
+        def beat() -> Beat:
+            beats.append(Beat(env, tmp_path / f"beat-{len(beats)}", max_interval_s=1))
+            return beats[-1]
+
+        beat()
+        wait_ready(router, snapshot_store.latest_version(client, prefix=prefix) or 0)
+        try:
+
+            def restart() -> Process:  # a new router on the killed one's port
+                again = router_on(router.port)
+                wait_ready(again, snapshot_store.latest_version(client, prefix=prefix) or 0)
+                return again
+
+            yield Stage(router, keys, env, workers, restart, data, beats, beat, started)
+        finally:
+            for worker in workers:
+                print(worker.output()[-3000:])
+                worker.stop()
+            connections.close_all()
+            for running in beats:
+                print(running.output()[-2000:])
+                running.stop()
+            for process in reversed(started):
+                process.stop()
+            client.close()
 
 
 def _lines(n: int, *, tokens: int = 4) -> bytes:
@@ -144,6 +173,28 @@ def _lines(n: int, *, tokens: int = 4) -> bytes:
                              "messages": [{"role": "user", "content": f"line {i}"}]}}).encode()
         + b"\n" for i in range(n)
     )  # fmt: skip
+
+
+def _embedding_lines(n: int) -> bytes:
+    return b"".join(
+        json.dumps({"custom_id": f"emb-{i}", "method": "POST", "url": "/v1/embeddings",
+                    "body": {"model": EMBED, "input": [f"text {i}", "and more"]}}).encode()
+        + b"\n" for i in range(n)
+    )  # fmt: skip
+
+
+def _embeddings_served(tmp_path: Path) -> Process:
+    """An embedding model on a simulator of its own (in the pool of the chat model), priced:
+    published to the routers by the beat's outbox drain."""
+    engine = start_simulator(model=EMBED)
+    model = model_create(actor=None, name=EMBED, task="embedding")
+    version = version_published(model, "v1", runtime="vllm",
+                                **artifact(tmp_path / "artifacts" / "embed"))  # fmt: skip
+    endpoint_ready(Pool.objects.get(name="sim"), version, engine.base_url)
+    route_set(actor=None, model=model, splits=[(version, 100)])
+    price_set(actor=None, version=version, hardware_tier="cpu", input_per_1k="1",
+              output_per_1k="2")  # fmt: skip
+    return engine
 
 
 def _status(client: openai.OpenAI, batch_id: str, wanted: set[str]) -> Any:
@@ -189,7 +240,9 @@ def _running(batch_id: str) -> bool:
         connections.close_all()
 
 
-def test_openai_client_runs_a_batch_isolation_malformed_and_cancel(stage: Stage) -> None:
+def test_openai_client_runs_a_batch_isolation_malformed_and_cancel(
+    stage: Stage, tmp_path: Path
+) -> None:
     acme, other = stage.client("acme"), stage.client("other")
     upload = acme.files.create(file=("input.jsonl", _lines(6)), purpose="batch")
     assert (upload.purpose, upload.bytes) == ("batch", len(_lines(6)))
@@ -246,6 +299,17 @@ def test_openai_client_runs_a_batch_isolation_malformed_and_cancel(stage: Stage)
     answered = _output(acme, cancelled.output_file_id)
     assert len({e["custom_id"] for e in answered} | {e["custom_id"] for e in errors}) == 30
 
+    # Embeddings lines (which the router's Idempotency-Key skips) are billed once per line
+    # too, under the line's event id.
+    stage.started.append(_embeddings_served(tmp_path))
+    eventually(lambda: acme.embeddings.create(model=EMBED, input="warm"), timeout=30,
+               ignore=(openai.NotFoundError,), what="the router to serve " + EMBED)  # fmt: skip
+    upload = acme.files.create(file=("embed.jsonl", _embedding_lines(6)), purpose="batch")
+    embedded = acme.batches.create(input_file_id=upload.id, endpoint="/v1/embeddings",
+                                   completion_window="24h")  # fmt: skip
+    for entry in _completed(acme, embedded.id, 6, custom="emb"):
+        assert len(entry["response"]["body"]["data"]) == 2  # an embedding per input
+
 
 def test_a_killed_worker_leaves_every_line_answered_exactly_once(stage: Stage) -> None:
     acme = stage.client("acme")
@@ -268,6 +332,53 @@ def test_a_killed_worker_leaves_every_line_answered_exactly_once(stage: Stage) -
     eventually(lambda: len(_billed(batch.id)) >= 24, timeout=20, what="the ledger")
     assert len(_billed(batch.id)) == 24
 
+    _allowance(stage)
+
+
+def _chat_status(client: openai.OpenAI) -> int:
+    """One interactive chat request (about 0.8 s at the engine); its HTTP status."""
+    try:
+        client.chat.completions.create(model=MODEL, max_tokens=40,
+                                       messages=[{"role": "user", "content": "now"}])  # fmt: skip
+    except openai.APIStatusError as exc:
+        return exc.status_code
+    return 200
+
+
+def _at_the_cap(client: openai.OpenAI, cap: int, rounds: int) -> list[int]:
+    """``rounds`` bursts of ``cap`` concurrent interactive requests: the tenant at its online
+    concurrency cap; their statuses."""
+    statuses: list[int] = []
+    with ThreadPoolExecutor(max_workers=cap) as pool:
+        for _ in range(rounds):
+            statuses += pool.map(lambda _: _chat_status(client), range(cap))
+    return statuses
+
+
+def _allowance(stage: Stage) -> None:
+    """A tenant at its online concurrency cap (2) while its batch runs (up to 4 lines in flight,
+    in its batch lane) gets no 429: the batch takes nothing from the online caps."""
+    tenant = tenant_create(
+        actor=None, slug="capped", name="capped", rpm_limit=100_000, tpm_limit=100_000_000,
+        max_concurrency=2, max_context_tokens=2048, max_output_tokens=64,
+        allowed_classes=[interactive_class().name, "batch"], default_class="interactive",
+    )  # fmt: skip
+    credit_grant(actor=None, tenant=tenant, amount="1000", reason="test")
+    key = api_key_create(actor=None, tenant=tenant, name="k")[1]
+    client = openai.OpenAI(base_url=f"{stage.router.base_url}/v1", api_key=key, max_retries=0,
+                           timeout=30)  # fmt: skip
+    eventually(client.models.list, timeout=30, ignore=(openai.AuthenticationError,),
+               what="the router to know the new tenant")  # fmt: skip
+    upload = client.files.create(file=("capped.jsonl", _lines(30, tokens=40)), purpose="batch")
+    batch = client.batches.create(input_file_id=upload.id, endpoint="/v1/chat/completions",
+                                  completion_window="24h")  # fmt: skip
+    eventually(lambda: _running(batch.id), timeout=30, what="the capped tenant's batch to run")
+    statuses = _at_the_cap(client, cap=2, rounds=3)
+    still_running = _running(batch.id)
+    assert statuses == [200] * 6
+    assert still_running  # the bursts ran beside the batch's lines, to the end
+    _completed(client, batch.id, 30)
+
 
 def _ledger_per_line(batch_id: str) -> tuple[list[str], list[str]]:
     """The usage records' event ids under the batch's key, and its lines' usage event ids."""
@@ -281,7 +392,45 @@ def _ledger_per_line(batch_id: str) -> tuple[list[str], list[str]]:
         connections.close_all()
 
 
-def test_a_killed_router_leaves_every_line_answered_and_billed_exactly_once(
+def _waiting_in_stream(batch_id: str) -> int:
+    """The batch's answered lines whose usage event waits in the stream, not in the ledger."""
+    try:
+        waiting = ledger.usage_stream_ids(ledger.redis_client())
+        batch = Batch.objects.get(public_id=batch_id)
+        done = set(batch.lines.filter(state="done").values_list("usage_event_id", flat=True))
+        return len(done & waiting)
+    finally:
+        connections.close_all()
+
+
+def _lose_redis(data: EmbeddedRedis) -> None:
+    """A Redis restart that keeps nothing (as without persistence): killed, emptied, started
+    again on its port; then what the control plane's beat does after it: the balances seeded
+    again from the ledger (``credit_reconcile``)."""
+    data.kill()
+    shutil.rmtree(data.data_dir)
+    data.start()
+    ledger.credit_reconcile()
+
+
+def _completed(client: openai.OpenAI, batch_id: str, n: int, custom: str = "req") -> list[Any]:
+    """The batch completes with every line answered once, and each is billed once, under its
+    own event id (the ledger's unique key)."""
+    done = eventually(lambda: _status(client, batch_id, {"completed", "failed", "expired"}),
+                      timeout=120, what="the batch to complete")  # fmt: skip
+    assert done.status == "completed"
+    assert (done.request_counts.completed, done.request_counts.failed) == (n, 0)
+    ids = [e["custom_id"] for e in _output(client, done.output_file_id)]
+    assert sorted(ids) == sorted(f"{custom}-{i}" for i in range(n))  # each once, none lost
+    records, lines = eventually(lambda: (r := _ledger_per_line(batch_id))[0] and
+                                len(r[0]) >= n and r, timeout=20, what="the ledger")  # fmt: skip
+    assert records == lines
+    assert len(set(records)) == n
+    assert all(r.startswith("batch-line-") for r in records)
+    return _output(client, done.output_file_id)
+
+
+def test_a_killed_router_or_a_lost_redis_leave_every_line_answered_and_billed_exactly_once(
     stage: Stage,
 ) -> None:
     acme = stage.client("acme")
@@ -291,16 +440,22 @@ def test_a_killed_router_leaves_every_line_answered_and_billed_exactly_once(
     eventually(lambda: _running(batch.id), timeout=30, what="lines answered and lines running")
     stage.router.kill()  # SIGKILL mid-batch: its lines in flight die with it
     stage.restart_router()
-    done = eventually(lambda: _status(acme, batch.id, {"completed", "failed", "expired"}),
-                      timeout=120, what="the batch to complete after the router kill")  # fmt: skip
-    assert done.status == "completed"
-    assert (done.request_counts.completed, done.request_counts.failed) == (16, 0)
-    ids = [e["custom_id"] for e in _output(acme, done.output_file_id)]
-    assert sorted(ids) == sorted(f"req-{i}" for i in range(16))  # each once, none lost
+    _completed(acme, batch.id, 16)
     assert Batch.objects.get(public_id=batch.id).lines.filter(attempts__gt=1).exists()
-    # Billed once per line, under the line's own event id (the ledger's unique key).
-    records, lines = eventually(lambda: (r := _ledger_per_line(batch.id))[0] and
-                                len(r[0]) >= 16 and r, timeout=20, what="the ledger")  # fmt: skip
-    assert records == lines
-    assert len(set(records)) == 16
-    assert all(r.startswith("batch-line-") for r in records)
+
+    # Redis loses everything mid-batch, the usage stream's unread tail with it: the lines it
+    # held are billed from their answers (apps/batches/services/unbilled.py), once.
+    upload = acme.files.create(file=("again.jsonl", _lines(24, tokens=40)), purpose="batch")
+    again = acme.batches.create(input_file_id=upload.id, endpoint="/v1/chat/completions",
+                                completion_window="24h")  # fmt: skip
+    eventually(lambda: _running(again.id), timeout=30, what="lines answered and lines running")
+    stage.beats[-1].stop()  # no usage consumer from now on; the executor's running tick goes on
+    eventually(lambda: _waiting_in_stream(again.id) >= 2, timeout=30,
+               what="answered lines whose usage events wait in the stream")  # fmt: skip
+    stage.workers[-1].kill()  # and the tick stops (SIGKILL): its lines in flight keep a lease
+    _lose_redis(stage.data)
+    # A line refused 402 by the empty Redis (no balance yet) pauses the batch: a grant resumes it.
+    credit_grant(actor=None, tenant=Tenant.objects.get(slug="acme"), amount="10", reason="t")
+    stage.workers.append(Worker("celery", stage.env))
+    stage.start_beat()
+    _completed(acme, again.id, 24)

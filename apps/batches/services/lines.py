@@ -121,9 +121,11 @@ def line_record(
     body: Any,
     request_id: str,
     usage_event_id: str = "",
+    usage: dict[str, Any] | None = None,
 ) -> bool:
     """Record the answer of a line ``owner`` holds: done (2xx) or failed, counted in the
-    batch, in one transaction, with the usage event id the line is billed under (every try's).
+    batch, in one transaction, with the usage event id the line is billed under (every try's)
+    and what the answer used (``usage``: the charge's basis, :mod:`.unbilled`).
     False (nothing written) when the lease was lost meanwhile."""
     ok = 200 <= status_code < 300
     with transaction.atomic():
@@ -139,6 +141,7 @@ def line_record(
         line.response = body
         line.request_id = request_id
         line.usage_event_id = usage_event_id
+        line.usage = usage
         line.lease_owner = ""
         line.lease_expires_at = None
         line.finished_at = timezone.now()
