@@ -13,6 +13,10 @@ lag p99 is over 10 ms or with a failed request is marked ``saturated``: the mach
 router, set its pace. Prints one JSON document: per target and round the CPU milliseconds per
 request, and each TLS target's median over plain's median.
 
+``--baseline DIR`` runs each target twice in the same rounds: from this checkout and from the
+checkout at ``DIR`` (``<target>@baseline``, e.g. ``git archive main | tar -x -C DIR``), so a
+change's effect is measured side by side with the code before it, under the same load.
+
 Needs Redis (``REDIS_URL``), like the harness.
 """
 
@@ -36,10 +40,12 @@ from bench.procs import CpuSampler, router_cpus
 from bench.runner import DEFAULT_REDIS_URL, client_cpus, new_key
 from bench.scenario import load
 from bench.targets import FACTORIES, Target, TargetContext
+from bench.targets.switchyard import SwitchyardTarget
 from config.tls import ensure_local_pki
 from runtime.tls import ClientTLS
 
 TARGETS = ("switchyard", "switchyard-tls", "switchyard-mtls")
+BASELINE = "@baseline"
 SCENARIO = Path(__file__).resolve().parent / "scenarios" / "latency.toml"
 LAG_BUDGET_MS = 10.0
 
@@ -100,7 +106,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     keys = {t.name: new_key() for t in scenario.tenants}
     backends = []
     targets: list[Target] = []
-    rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in TARGETS}
+    names = [*TARGETS, *(f"{n}{BASELINE}" for n in TARGETS if args.baseline is not None)]
+    rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
     try:
         backends = await start_backends(
             scenario.backends, session=session, log_dir=work / "logs",
@@ -112,8 +119,11 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             router_cpus=routers, session=session, keys=keys, pki=pki,
             backend_cpus=client_cpus(routers) if routers else (),
         )  # fmt: skip
-        for name in TARGETS:
-            target = FACTORIES[name]()
+        for name in names:
+            target = FACTORIES[name.removesuffix(BASELINE)]()
+            if name.endswith(BASELINE):
+                assert isinstance(target, SwitchyardTarget)
+                target.name, target.source = name, args.baseline
             targets.append(target)
             await target.start(ctx)
         key = next(iter(keys.values()))
@@ -137,7 +147,15 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         "rate_rps": args.rate, "seconds": args.seconds, "rounds": rounds,
         "median_cpu_ms_per_request": medians,
         "ratio_vs_plain": {
-            name: round(medians[name] / medians["switchyard"], 3) for name in TARGETS[1:]
+            name: round(medians[name] / medians[plain], 3)
+            for name in names
+            for plain in [TARGETS[0] + BASELINE if name.endswith(BASELINE) else TARGETS[0]]
+            if name != plain
+        },
+        "ratio_vs_baseline": {
+            name: round(medians[name] / medians[name + BASELINE], 3)
+            for name in TARGETS
+            if name + BASELINE in medians
         },
         "router_cpus": list(routers), "load_average": os.getloadavg(),
         "when": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
@@ -149,6 +167,9 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=100.0, help="requests/s (100)")
     parser.add_argument("--seconds", type=float, default=10.0, help="per round (10)")
     parser.add_argument("--rounds", type=int, default=3, help="per target (3)")
+    parser.add_argument(
+        "--baseline", type=Path, default=None, help="also run each target from this checkout"
+    )
     print(json.dumps(asyncio.run(main_async(parser.parse_args())), indent=2))
 
 

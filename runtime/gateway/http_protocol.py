@@ -8,6 +8,9 @@ gets a 408 ``request_timeout`` and the connection closes (the body's own bound i
 consumer's). A request the parser cannot read (a malformed request line, bad chunked framing)
 gets uvicorn's 400, but as an OpenAI error document (``bad_http_request``), not plain text.
 
+Every connection's writes go through :class:`~runtime.gateway.coalesce.CoalescingTransport`
+(what one event-loop turn writes is one write: one TLS record under HTTPS).
+
 Used by ``python -m runtime.gateway`` (``http=BoundedHttpToolsProtocol``).
 """
 
@@ -19,6 +22,7 @@ from typing import Any
 import httptools
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
+from runtime.gateway.coalesce import CoalescingTransport
 from runtime.gateway.errors import ApiError
 from runtime.gateway.state import STATE_KEY
 
@@ -70,7 +74,14 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        self.transport = CoalescingTransport(transport, self.loop)  # one write per loop turn
         self._arm_head_timer()
+
+    def handle_websocket_upgrade(self) -> None:
+        if isinstance(self.transport, CoalescingTransport):  # the websocket gets the socket's
+            self.transport.flush()
+            self.transport = self.transport.wrapped
+        super().handle_websocket_upgrade()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm_head_timer()
