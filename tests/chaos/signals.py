@@ -2,7 +2,9 @@
 signal (the metric an alert is built on) and a key revoked during the failure.
 
 - :class:`FallbackWatch` samples the router's ``switchyard_admission_redis_fallback`` (1 while
-  it admits on its local fallback limits) every 0.1 s, from before the kill until stopped.
+  it admits on its local fallback limits) every 0.1 s, from before the kill until stopped. Each
+  of the router's workers exports its own gauge, so a sample is the view of whichever worker
+  answered the scrape (as Prometheus would see it).
 - :class:`Revoker` is a ``manage.py shell`` against ``up``'s database and Redis: it issues a key
   for acme at once (published to routers like any change), revokes it when told, and exits.
 - :func:`alert_for_s` reads an alert's ``for:`` from the shipped Prometheus rules.
@@ -85,7 +87,7 @@ class FallbackWatch:
         return self.samples[-1][1] if self.samples else None
 
     def raised_s(self) -> float:
-        """How long the gauge read 1: from its first 1 to the first 0 after it (or the end)."""
+        """From the first sample reading 1 to the first reading 0 after it (or the last)."""
         ones = [t for t, v in self.samples if v == 1]
         if not ones:
             return 0.0

@@ -360,8 +360,9 @@ def test_kill_9_under_traffic(up: PlatformUp, sentinel: SentinelRedis, victim: V
         billed_once(up, ledger_before, billed=len(results))  # all of them ok (check_results)
     if victim.outside:
         fallback_s = fallback_signal(watch)
-        print(f"\nchaos: {victim.name}: router on its fallback {fallback_s:.2f} s; revoked key "
-              f"refused {revoked_s:.2f} s after the failure's end")  # fmt: skip
+        print(f"\nchaos: {victim.name}: the fallback gauge read 1 for {fallback_s:.2f} s "
+              f"(first 1 to first 0 sampled); revoked key refused {revoked_s:.2f} s after the "
+              f"failure's end")  # fmt: skip
     if victim.engine:  # the old engine's processes are gone: one engine per model replica
         replicas = len(leaders(up.find(REPLICA)))
         assert replicas >= 1, up.find(REPLICA)
