@@ -27,6 +27,7 @@ import asyncio
 import json
 import os
 import statistics
+import sys
 import tempfile
 import time
 import uuid
@@ -133,6 +134,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                     await paced(target, session, key=key, model=scenario.backends.model,
                                 rate=args.rate, seconds=args.seconds)
                 )  # fmt: skip
+                print(target.name, json.dumps(rounds[target.name][-1]), file=sys.stderr,
+                      flush=True)  # progress: a killed run keeps its finished rounds  # fmt: skip
                 await asyncio.sleep(1.0)  # the backends drain
     finally:
         for target in targets:
