@@ -107,7 +107,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     keys = {t.name: new_key() for t in scenario.tenants}
     backends = []
     targets: list[Target] = []
-    names = [*TARGETS, *(f"{n}{BASELINE}" for n in TARGETS if args.baseline is not None)]
+    chosen = [n for n in TARGETS if n in args.targets.split(",")]
+    names = [*chosen, *(f"{n}{BASELINE}" for n in chosen if args.baseline is not None)]
     rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
     try:
         backends = await start_backends(
@@ -153,7 +154,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             name: round(medians[name] / medians[plain], 3)
             for name in names
             for plain in [TARGETS[0] + BASELINE if name.endswith(BASELINE) else TARGETS[0]]
-            if name != plain
+            if name != plain and plain in medians
         },
         "ratio_vs_baseline": {
             name: round(medians[name] / medians[name + BASELINE], 3)
@@ -170,6 +171,9 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=100.0, help="requests/s (100)")
     parser.add_argument("--seconds", type=float, default=10.0, help="per round (10)")
     parser.add_argument("--rounds", type=int, default=3, help="per target (3)")
+    parser.add_argument(
+        "--targets", default=",".join(TARGETS), help=f"of {','.join(TARGETS)} (all)"
+    )
     parser.add_argument(
         "--baseline", type=Path, default=None, help="also run each target from this checkout"
     )

@@ -8,8 +8,9 @@ gets a 408 ``request_timeout`` and the connection closes (the body's own bound i
 consumer's). A request the parser cannot read (a malformed request line, bad chunked framing)
 gets uvicorn's 400, but as an OpenAI error document (``bad_http_request``), not plain text.
 
-Every connection's writes go through :class:`~runtime.gateway.coalesce.CoalescingTransport`
-(what one event-loop turn writes is one write: one TLS record under HTTPS).
+Under HTTPS a connection's writes go through
+:class:`~runtime.gateway.coalesce.CoalescingTransport` (what one event-loop turn writes is one
+write: one TLS record); plain HTTP connections write as uvicorn does.
 
 Used by ``python -m runtime.gateway`` (``http=BoundedHttpToolsProtocol``).
 """
@@ -74,7 +75,8 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        self.transport = CoalescingTransport(transport, self.loop)  # one write per loop turn
+        if transport.get_extra_info("ssl_object") is not None:  # one TLS record per loop turn
+            self.transport = CoalescingTransport(transport, self.loop)
         self._arm_head_timer()
 
     def handle_websocket_upgrade(self) -> None:
