@@ -102,6 +102,7 @@ class SwitchyardTarget(Target):
     fairness: str | None = None  # overrides the scenario's pool policy "fairness"
     workers: int = 1  # router processes (--workers); each gets a core of its own if it can
     scorers: str | None = None  # overrides the scenario's pool policy "scorers"
+    prefix_routing: str | None = None  # overrides the pool policy "prefix_routing" (on|off)
     tls: bool = False  # serve HTTPS (the run's CA)
     mtls: bool = False  # and call backends of its own over mTLS
     source: Path | None = None  # run the router from this checkout (a baseline), not ours
@@ -116,6 +117,8 @@ class SwitchyardTarget(Target):
             policies["fairness"] = self.fairness
         if self.scorers is not None:
             policies["scorers"] = self.scorers
+        if self.prefix_routing is not None:
+            policies["prefix_routing"] = self.prefix_routing
         return policies
 
     async def start(self, ctx: TargetContext) -> None:

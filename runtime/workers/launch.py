@@ -78,6 +78,7 @@ class WorkerSpec:
     # once, of rank up to ``max_lora_rank``, loaded at run time (/v1/load_lora_adapter).
     max_loras: int = 0
     max_lora_rank: int = 8
+    max_cpu_loras: int = 0  # adapters kept loaded (--max-cpu-loras); 0: the engine's default
     extra_args: tuple[str, ...] = ()
     env: Mapping[str, str] = field(default_factory=dict)
     python: str = sys.executable
@@ -111,6 +112,8 @@ def build_command(spec: WorkerSpec) -> list[str]:
         argv = [spec.python, "-m", SIMULATOR_MODULE, "--model", spec.served_model_name, *common]
         if spec.max_loras > 0:
             argv += ["--max-loras", str(spec.max_loras)]
+            if spec.max_cpu_loras > 0:
+                argv += ["--max-cpu-loras", str(spec.max_cpu_loras)]
         return [*argv, *spec.extra_args]
     argv = [
         spec.python, "-m", VLLM_MODULE,
@@ -128,6 +131,8 @@ def build_command(spec: WorkerSpec) -> list[str]:
     if spec.max_loras > 0:
         argv += ["--enable-lora", "--max-loras", str(spec.max_loras)]
         argv += ["--max-lora-rank", str(spec.max_lora_rank)]
+        if spec.max_cpu_loras > 0:
+            argv += ["--max-cpu-loras", str(spec.max_cpu_loras)]
     return [*argv, *spec.extra_args]
 
 

@@ -56,6 +56,12 @@ def build_parser() -> argparse.ArgumentParser:
         "(default: kv-capacity-tokens / block-size)",
     )
     add("--max-loras", type=int, default=0, help="LoRA adapters loadable at once, 0 = off")
+    add(
+        "--max-cpu-loras",
+        type=int,
+        default=0,
+        help="LoRA adapters kept loaded (default: --max-loras, as vLLM)",
+    )
     add("--lora-load-ms", type=float, default=50.0, help="one adapter load (default: 50)")
     add("--embedding-dim", type=int, default=384, help="embedding size (default: 384)")
     add("--seed", type=int, default=0, help="seed of the generated text (default: 0)")
@@ -119,6 +125,7 @@ def config_from_args(args: argparse.Namespace) -> SimulatorConfig:
         error_rate=args.error_rate,
         embedding_dim=args.embedding_dim,
         max_loras=args.max_loras,
+        max_cpu_loras=args.max_cpu_loras,
         lora_load_ms=args.lora_load_ms,
         prefix_cache=PrefixCacheConfig(
             block_size=args.block_size,

@@ -22,6 +22,7 @@ class SimulatorConfig:
     embedding_dim: int = 384
     prefix_cache: PrefixCacheConfig = field(default_factory=PrefixCacheConfig)
     max_loras: int = 0  # LoRA adapters loadable at run time (simulator/lora.py); 0 = off
+    max_cpu_loras: int = 0  # adapters kept loaded at once; 0: max_loras (vLLM's default)
     lora_load_ms: float = 50.0  # one adapter load's cost (vLLM CPU, demo adapter: ~60 ms)
 
     def __post_init__(self) -> None:
@@ -39,7 +40,7 @@ class SimulatorConfig:
             raise ValueError("fail_after_tokens must be >= 0")
         if not 0.0 <= self.error_rate <= 1.0:
             raise ValueError(f"error_rate must be in [0, 1], got {self.error_rate}")
-        if self.max_loras < 0 or self.lora_load_ms < 0:
-            raise ValueError("max_loras and lora_load_ms must be >= 0")
+        if min(self.max_loras, self.max_cpu_loras, self.lora_load_ms) < 0:
+            raise ValueError("max_loras, max_cpu_loras and lora_load_ms must be >= 0")
         if self.embedding_dim < 1:
             raise ValueError("embedding_dim must be >= 1")

@@ -60,7 +60,11 @@ def create_app(config: SimulatorConfig) -> web.Application:
     app[ENGINE] = engine
     app[METRICS] = metrics
     app[FAULTS] = random.Random(config.seed)  # noqa: S311 (fault injection, not security)
-    app[LORAS] = SimLoras(max_loras=config.max_loras, load_s=config.lora_load_ms / 1000)
+    app[LORAS] = SimLoras(
+        max_loras=config.max_loras,
+        resident=max(config.max_loras, config.max_cpu_loras),
+        load_s=config.lora_load_ms / 1000,
+    )
     app.cleanup_ctx.append(_engine_lifecycle)
     app.router.add_get("/health", _health)
     app.router.add_get("/metrics", _metrics)

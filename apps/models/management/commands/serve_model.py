@@ -68,7 +68,11 @@ class Command(BaseCommand):
             raise CommandError("--grace must be >= 0; --start-timeout, --heartbeat-ttl > 0")
         manifest = version.manifest if isinstance(version.manifest, dict) else {}
         max_context = manifest.get("max_context")
-        max_loras, max_lora_rank = lora_settings(version)  # LoRA on when it has adapters
+        # LoRA on when it has adapters; slots from the pool's policies (max_loras, max_cpu_loras)
+        try:
+            max_loras, max_cpu_loras, max_lora_rank = lora_settings(version, pool.policies or {})
+        except ValueError as exc:
+            raise CommandError(f"pool {pool.name!r}: {exc}") from None
         spec = WorkerSpec(
             **artifact_check(version),
             signature=signature_check(version),
@@ -86,6 +90,7 @@ class Command(BaseCommand):
             tls=(tls := worker_tls_from_env()),
             max_loras=max_loras,
             max_lora_rank=max_lora_rank,
+            max_cpu_loras=max_cpu_loras,
         )
         hooks = registry_hooks(version, pool, options, tls=tls)
         supervisor = Supervisor(
