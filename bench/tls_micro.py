@@ -16,6 +16,9 @@ request, and each TLS target's median over plain's median.
 ``--targets a,b,...`` compares other harness targets the same way, the first being the
 baseline of the ratios (issue #27's A/B of the router's HTTP entry:
 ``--targets switchyard-channels,switchyard-asgi,bare-proxy``).
+``--baseline DIR`` runs each Switchyard target twice in the same rounds: from this checkout and
+from the checkout at ``DIR`` (``<target>@baseline``, e.g. ``git archive main | tar -x -C DIR``),
+so a change's effect is measured side by side with the code before it, under the same load.
 
 Needs Redis (``REDIS_URL``), like the harness.
 """
@@ -27,6 +30,7 @@ import asyncio
 import json
 import os
 import statistics
+import sys
 import tempfile
 import time
 import uuid
@@ -40,10 +44,12 @@ from bench.procs import CpuSampler, router_cpus
 from bench.runner import DEFAULT_REDIS_URL, client_cpus, new_key
 from bench.scenario import load
 from bench.targets import FACTORIES, Target, TargetContext
+from bench.targets.switchyard import SwitchyardTarget
 from config.tls import ensure_local_pki
 from runtime.tls import ClientTLS
 
 TARGETS = ("switchyard", "switchyard-tls", "switchyard-mtls")
+BASELINE = "@baseline"
 SCENARIO = Path(__file__).resolve().parent / "scenarios" / "latency.toml"
 LAG_BUDGET_MS = 10.0
 
@@ -104,7 +110,9 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     keys = {t.name: new_key() for t in scenario.tenants}
     backends = []
     targets: list[Target] = []
-    names: tuple[str, ...] = tuple(args.targets.split(",")) if args.targets else TARGETS
+    chosen = [n for n in args.targets.split(",") if n] or list(TARGETS)
+    names = [*chosen, *(f"{n}{BASELINE}" for n in chosen
+                        if args.baseline is not None and n.startswith("switchyard"))]  # fmt: skip
     rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
     try:
         backends = await start_backends(
@@ -118,7 +126,10 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             backend_cpus=client_cpus(routers) if routers else (),
         )  # fmt: skip
         for name in names:
-            target = FACTORIES[name]()
+            target = FACTORIES[name.removesuffix(BASELINE)]()
+            if name.endswith(BASELINE):
+                assert isinstance(target, SwitchyardTarget)
+                target.name, target.source = name, args.baseline
             targets.append(target)
             await target.start(ctx)
         key = next(iter(keys.values()))
@@ -128,6 +139,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                     await paced(target, session, key=key, model=scenario.backends.model,
                                 rate=args.rate, seconds=args.seconds)
                 )  # fmt: skip
+                print(target.name, json.dumps(rounds[target.name][-1]), file=sys.stderr,
+                      flush=True)  # progress: a killed run keeps its finished rounds  # fmt: skip
                 await asyncio.sleep(1.0)  # the backends drain
     finally:
         for target in targets:
@@ -141,8 +154,16 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "rate_rps": args.rate, "seconds": args.seconds, "rounds": rounds,
         "median_cpu_ms_per_request": medians,
-        "ratio_vs_plain": {  # over the first target's median
-            name: round(medians[name] / medians[names[0]], 3) for name in names[1:]
+        "ratio_vs_plain": {  # over the first target's median (its baseline's for a baseline)
+            name: round(medians[name] / medians[plain], 3)
+            for name in names
+            for plain in [chosen[0] + BASELINE if name.endswith(BASELINE) else chosen[0]]
+            if name != plain and plain in medians
+        },
+        "ratio_vs_baseline": {
+            name: round(medians[name] / medians[name + BASELINE], 3)
+            for name in chosen
+            if name + BASELINE in medians
         },
         "router_cpus": list(routers), "load_average": os.getloadavg(),
         "when": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
@@ -154,7 +175,13 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=100.0, help="requests/s (100)")
     parser.add_argument("--seconds", type=float, default=10.0, help="per round (10)")
     parser.add_argument("--rounds", type=int, default=3, help="per target (3)")
-    parser.add_argument("--targets", default="", help="comma-separated; the first: baseline")
+    parser.add_argument(
+        "--targets", default=",".join(TARGETS),
+        help=f"comma-separated harness targets, the first the ratios' base ({','.join(TARGETS)})",
+    )  # fmt: skip
+    parser.add_argument(
+        "--baseline", type=Path, default=None, help="also run each target from this checkout"
+    )
     print(json.dumps(asyncio.run(main_async(parser.parse_args())), indent=2))
 
 

@@ -20,9 +20,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import aiohttp
 import redis
@@ -109,6 +111,7 @@ class SwitchyardTarget(Target):
     tls: bool = False  # serve HTTPS (the run's CA)
     mtls: bool = False  # and call backends of its own over mTLS
     http: str | None = None  # SWITCHYARD_ROUTER_HTTP (asgi | channels); None: the default
+    source: Path | None = None  # run the router from this checkout (a baseline), not ours
     _backends: list[Child] = field(default_factory=list)
     _prefix: str = ""
     _redis_url: str = ""
@@ -160,6 +163,8 @@ class SwitchyardTarget(Target):
                 **({} if self.http is None else {"SWITCHYARD_ROUTER_HTTP": self.http}),
             }
         )
+        if self.source is not None:  # its code first on the path, and `-m` from there
+            env["PYTHONPATH"] = os.pathsep.join([str(self.source), env["PYTHONPATH"]])
         cpus = worker_cpus(ctx.router_cpus, self.workers)
         argv = python_argv(
             "runtime.gateway", "--host", "127.0.0.1", "--port", str(port),
@@ -167,7 +172,7 @@ class SwitchyardTarget(Target):
             "--log-level", ctx.scenario.switchyard.log_level, "--graceful-shutdown-s", "2",
         )  # fmt: skip
         child = spawn(self.name, pinned(argv, cpus), port=port,
-                      log_dir=ctx.work_dir, env=env, cwd=REPO_ROOT)  # fmt: skip
+                      log_dir=ctx.work_dir, env=env, cwd=self.source or REPO_ROOT)  # fmt: skip
         self.children.append(child)
         url = f"https://127.0.0.1:{port}" if self.tls else child.base_url
         if not self.tls:  # over HTTPS the warm-up below is the wait
@@ -179,6 +184,7 @@ class SwitchyardTarget(Target):
         self.base_urls = [url]
         tls_kind = ", HTTPS" if self.tls else ""
         tls_kind += " + mTLS to its own backends" if self.mtls else ""
+        tls_kind += f", code from {self.source}" if self.source is not None else ""
         self.info = {
             "kind": f"switchyard router (python -m runtime.gateway, {self.workers} worker(s)"
             f"{tls_kind})",

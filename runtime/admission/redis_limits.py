@@ -32,14 +32,9 @@ together stay within the one router's share — logs once, and tries Redis again
 ``retry_s``; a recovery is logged once too. The same count sizes the allowance grants (each <=
 1/(4 x replicas) of the free headroom).
 
-**The rule for entering the fallback (hysteresis).** One slow call is not an outage:
-
-- a *connection* error (the client already retried it once on a fresh connection: nothing
-  listens, Redis is stopped) enters the fallback at once;
-- a *timeout* (or any other failure) enters it only after ``fail_after`` (3) failures in a row,
-  or when failures have gone on for ``fail_for_s`` (1 s) with no call answering in between.
-  A failure counts towards the run only if its call started after the run's previous counted
-  failure, so the calls that one stall times out together count once.
+**The rule for entering the fallback (hysteresis)** is :mod:`.hysteresis`'s: one slow call is
+not an outage (a connection error enters the fallback at once; a timeout only after
+``fail_after`` (3) failures in a row or ``fail_for_s`` (1 s) of failures).
 
 Until then, only the request whose call failed is decided by the local fallback; every other
 request (and the background task) still asks Redis. Any answer from Redis ends the run and
@@ -69,7 +64,6 @@ from typing import Any
 
 import msgspec
 import redis.asyncio as aioredis
-from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, RedisError
 
 from runtime.admission.allowance import (
@@ -84,6 +78,7 @@ from runtime.admission.credits import (
     CreditRefusedError,
     LocalCredits,
 )
+from runtime.admission.hysteresis import Hysteresis, refused
 from runtime.admission.limits import (
     WINDOW_S,
     Lease,
@@ -140,11 +135,6 @@ def _text(value: Any) -> bytes:
     return value if isinstance(value, bytes) else str(value).encode()
 
 
-def _refused(exc: BaseException) -> bool:
-    """A connection error: nothing was sent, or nothing listens (see the module docstring)."""
-    return isinstance(exc, RedisConnectionError | ConnectionError)
-
-
 class RedisLimits:
     """See the module docstring. ``start()`` in the lifespan, ``stop()`` at shutdown."""
 
@@ -168,8 +158,6 @@ class RedisLimits:
     ) -> None:
         if not lease_ttl_s > 0:
             raise ValueError("lease_ttl_s must be > 0")
-        if fail_after < 1:
-            raise ValueError("fail_after must be >= 1")
         if settle_linger_s < 0:
             raise ValueError("settle_linger_s must be >= 0")
         self._linger_s = settle_linger_s
@@ -180,11 +168,8 @@ class RedisLimits:
         self._lease_ms = int(lease_ttl_s * 1000)
         self._timeout_s = timeout_s
         self._retry_s = retry_s
-        self._fail_after = fail_after
-        self._fail_for_s = fail_for_s
-        self._failures = 0  # the current run of failures (see the module docstring)
-        self._failing_since = math.inf  # when the run's first failure came
-        self._last_failure = -math.inf  # when its last counted failure came
+        self._health = Hysteresis(fail_after=fail_after, fail_for_s=fail_for_s, retry_s=retry_s,
+                                  replicas=replicas, clock=clock)  # fmt: skip
         self._clock = clock
         self.local = LocalLimits(replicas=replicas, clock=clock)
         self.local_credits = LocalCredits(replicas=replicas)
@@ -201,8 +186,6 @@ class RedisLimits:
             None if allowance_ttl_s is None else Allowances(ttl_s=allowance_ttl_s, clock=clock)
         )
         self._share = 4 * replicas
-        self._down_until = 0.0
-        self._down = False
         self._active: dict[str, Lease] = {}
         self._settles: list[Settlement] = []
         self._settles_due = math.inf  # when the queued batch must be sent
@@ -215,7 +198,7 @@ class RedisLimits:
     @property
     def degraded(self) -> bool:
         """True while admission uses the local fallback."""
-        return self._down
+        return self._health.down
 
     def keys(self, tenant: str) -> list[str]:
         return [
@@ -291,7 +274,7 @@ class RedisLimits:
                 return taken
         if self._admit is None:
             return self._acquire_local(uuid.uuid4().hex, tenant, quota, tokens, ask)
-        if self._clock() >= self._down_until:
+        if self._health.may_ask():
             lease = await self._acquire_redis(tenant, quota, tokens, ask)
             if lease is not None:
                 return lease
@@ -330,11 +313,11 @@ class RedisLimits:
         try:
             answer = await self._admit(keys=self.keys(tenant), args=args)
         except (RedisError, OSError) as exc:
-            self._went_down(exc, started)
-            if not _refused(exc):
+            self._health.failed(exc, started)
+            if not refused(exc):
                 self._queue(Settlement(tenant, lease_id, 0, True, 0, "", "", ""), urgent=True)
             return None
-        self._came_back()
+        self._health.answered()
         status, retry_ms, detail, available, room, hold, used, tokens_left, reset_ms = answer
         status = _text(status)
         rates = RateState.of(quota, used=int(used), tokens=float(tokens_left),
@@ -428,7 +411,7 @@ class RedisLimits:
         gateway awaits this before a response's last byte, so a client that sees its response
         end finds its slot free (issue #27)."""
         urgent = self._settles and self._settles_due == -math.inf
-        if not urgent or self._task is None or self._down or self._stopping:
+        if not urgent or self._task is None or self._health.down or self._stopping:
             return
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._flushed.append(waiter)
@@ -451,13 +434,13 @@ class RedisLimits:
         while not self._stopping:
             wake_at = min(next_renew, next_tick, next_adopt)
             if self._settles:  # the batch's linger; while Redis is down, the retry interval
-                due = self._clock() + self._retry_s if self._down else self._settles_due
+                due = self._clock() + self._retry_s if self._health.down else self._settles_due
                 wake_at = min(wake_at, due)
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(max(0.0, wake_at - self._clock())):
                     await self._wake.wait()
             self._wake.clear()
-            if self._settles and (self._down or self._clock() >= self._settles_due):
+            if self._settles and (self._health.down or self._clock() >= self._settles_due):
                 await self.flush()
             if self.allowances is not None and (
                 self.allowances.wants or self._clock() >= next_tick
@@ -476,7 +459,7 @@ class RedisLimits:
 
     async def flush(self) -> int:
         """Write the queued settlements in one pipeline; returns how many were written."""
-        if self._clock() < self._down_until:
+        if not self._health.may_ask():
             self._wake_flushed(self._flushed)
             self._flushed = []
             return 0
@@ -504,7 +487,7 @@ class RedisLimits:
             await self._pipelined(self._settle, SETTLE_LUA, calls)
             written = True
         except (RedisError, OSError) as exc:
-            self._went_down(exc, started)
+            self._health.failed(exc, started)
             self._settles = batch + self._settles
             self._settles_due = -math.inf  # retried once Redis answers again
             return -1
@@ -512,7 +495,7 @@ class RedisLimits:
             self._writing = None
             writing.set_result(written)
             self._wake_flushed(waiters)
-        self._came_back()
+        self._health.answered()
         if self._spool is not None:
             for segment in self._segments:  # every settlement they hold is applied now
                 self._spool.discard(segment)
@@ -548,9 +531,9 @@ class RedisLimits:
         try:
             await self._pipelined(self._renew, RENEW_LUA, calls)
         except (RedisError, OSError) as exc:
-            self._went_down(exc, started)
+            self._health.failed(exc, started)
             return 0
-        self._came_back()
+        self._health.answered()
         return len(self._active)
 
     async def _pipelined(
@@ -578,7 +561,7 @@ class RedisLimits:
         assert self.allowances is not None
         asks = [] if everything else self.allowances.asks()
         gives = self.allowances.expire(everything=everything)
-        if (not asks and not gives) or self._client is None or self._clock() < self._down_until:
+        if (not asks and not gives) or self._client is None or not self._health.may_ask():
             for ask in asks:
                 self.allowances.failed(ask)
             return
@@ -595,11 +578,11 @@ class RedisLimits:
         try:
             answers = await self._evaluate(calls)
         except (RedisError, OSError) as exc:
-            self._went_down(exc, started)
+            self._health.failed(exc, started)
             for ask in asks:  # what was granted meanwhile, if anything, expires on its own
                 self.allowances.failed(ask)
             return
-        self._came_back()
+        self._health.answered()
         for ask, answer in zip(asks, answers, strict=False):
             requests, tokens, slots, used, bucket = (int(x) for x in answer)
             self.allowances.granted(ask, requests, tokens, slots, used=used, bucket=bucket)
@@ -631,46 +614,3 @@ class RedisLimits:
                 await self._client.script_load(source)  # type: ignore[no-untyped-call]
             todo = missing
         return answers
-
-    def _went_down(self, exc: BaseException, started: float | None = None) -> None:
-        """A call that started at ``started`` (None: now) failed with ``exc``: count it
-        towards the run and enter the fallback when the rule (module docstring) says so."""
-        now = self._clock()
-        if self._down:  # already on the fallback: Redis is asked again after retry_s
-            self._down_until = now + self._retry_s
-            return
-        if started is None:
-            started = now
-        if self._failures == 0:
-            self._failing_since = now
-        if self._failures == 0 or started >= self._last_failure:
-            self._failures += 1
-            self._last_failure = now
-        if not (
-            _refused(exc)
-            or self._failures >= self._fail_after
-            or now - self._failing_since >= self._fail_for_s
-        ):
-            logger.info(
-                "limits: a Redis call failed (%r): failure %d of %d before the fallback",
-                exc, self._failures, self._fail_after,
-            )  # fmt: skip
-            return
-        self._down_until = now + self._retry_s
-        self._down = True
-        logger.warning(
-            "limits: Redis unreachable (%r, %d failure(s) in a row); using per-process limits "
-            "(each limit / %d assumed replicas: routers x workers) until it answers again",
-            exc,
-            self._failures,
-            self.local.replicas,
-        )
-
-    def _came_back(self) -> None:
-        self._failures = 0
-        self._failing_since = math.inf
-        self._last_failure = -math.inf
-        if self._down:
-            self._down = False
-            self._down_until = 0.0
-            logger.warning("limits: Redis answers again; limits are global once more")

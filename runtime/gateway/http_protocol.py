@@ -12,6 +12,9 @@ Each request's scope also carries a :class:`~runtime.gateway.consumers.Connectio
 protocol tells it when the connection is lost before the response completed and when the
 server begins its shutdown, so a consumer answers in the request's own task, with no handler
 task and no receive loop beside it (issue #27: one task per request).
+Under HTTPS a connection's writes go through
+:class:`~runtime.gateway.coalesce.CoalescingTransport` (what one event-loop turn writes is one
+write: one TLS record); plain HTTP connections write as uvicorn does.
 
 Used by ``python -m runtime.gateway`` (``http=BoundedHttpToolsProtocol``).
 """
@@ -25,6 +28,7 @@ import httptools
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from runtime.gateway.consumers import HOOK_KEY, ConnectionHook
+from runtime.gateway.coalesce import CoalescingTransport
 from runtime.gateway.errors import ApiError
 from runtime.gateway.state import STATE_KEY
 
@@ -77,7 +81,15 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        if transport.get_extra_info("ssl_object") is not None:  # one TLS record per loop turn
+            self.transport = CoalescingTransport(transport, self.loop)
         self._arm_head_timer()
+
+    def handle_websocket_upgrade(self) -> None:
+        if isinstance(self.transport, CoalescingTransport):  # the websocket gets the socket's
+            self.transport.flush()
+            self.transport = self.transport.wrapped
+        super().handle_websocket_upgrade()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm_head_timer()

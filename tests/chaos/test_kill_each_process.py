@@ -1,16 +1,23 @@
 """Chaos: kill -9 each process of a running ``switchyard up`` under steady traffic.
 
-ONE real ``up`` for the module (embedded PostgreSQL and Redis, the real vLLM CPU engine serving
-the demo model, free ports, a private var directory). For each victim, in order — the web
-process, the Celery worker, the Celery beat holding the schedule's lease, the embedded Redis,
-the router, then the vLLM engine's API server and its engine core (last: each costs an engine
-restart) — three clients stream short chat
-completions through the router (deadline 20 s each) while the victim gets SIGKILL. Asserted:
+ONE real ``up`` for the module (embedded PostgreSQL; Redis through Sentinel: a primary, a replica
+and 3 Sentinels of the test's own, given to ``up`` as ``REDIS_URL=redis+sentinel://...``; the
+real vLLM CPU engine serving the demo model, free ports, a private var directory). For each
+victim, in order — the web process, the Celery worker, the Celery beat holding the schedule's
+lease, the Sentinel-managed Redis primary, the router, then the vLLM engine's API server and its
+engine core (last: each costs an engine restart) — three clients stream short chat completions
+through the router (deadline 20 s each) while the victim gets SIGKILL. Asserted:
 
 - no client hangs past its deadline; no request ends with an error that is not ours (vLLM's raw
   error event or document);
 - killing the web process, the Celery worker (which started the model's replicas: they outlive
-  it), the beat or Redis fails no request at all;
+  it), the beat or the Redis primary fails no request at all;
+- the Redis primary: the Sentinels promote the replica and the router leaves its fallback
+  (``switchyard_admission_redis_fallback``, sampled every 0.1 s: 1 during the failure, 0 after;
+  the failover ends well within ``SwitchyardRouterRedisFallback``'s ``for``, so that page stays
+  quiet: promtool's cases show it firing past it); a key revoked during the failure is refused by
+  the router within REVOKED_WITHIN_S of its end (goal 5 s); every request of the window is in
+  the ledger once;
 - the beat: a beat process (``up`` restarts the killed one) holds the lease again and sends the
   schedule within the lease + its standby poll (``config/beat_lock.py``), and every request of
   the window is in the ledger once: 0 usage records lost, none twice;
@@ -46,12 +53,14 @@ from pathlib import Path
 
 import psycopg
 import pytest
-import redis
 from fixtures.platform_up import PlatformUp, http_status
+from fixtures.redis_sentinel import SentinelRedis, sentinel_redis
 from fixtures.wait import eventually
+from signals import FALLBACK_ALERT, FallbackWatch, Revoker, alert_for_s, key_status
 from traffic import CLIENT_SLACK_S, DEADLINE_S, Result, Traffic
 
 from config import beat_lock
+from runtime import redis_conn
 from runtime.procs import cmdline, pid_alive
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timing]
@@ -60,6 +69,9 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timing]
 # machine shared by other test runs, hence the margin
 ENGINE_BOUND_S = 180.0
 OTHER_BOUND_S = 15.0  # goal 5 s
+# a key revoked during a failure is refused this soon after its end: goal 5 s (issue #30); the
+# margin is the loaded 2-core machine's, as for the other bounds (the measured time is printed)
+REVOKED_WITHIN_S = 10.0
 SETTLE_S = 3.0  # traffic kept running once everything is back
 HANG_SLACK_S = 2.0  # a request may end this much after its deadline
 
@@ -109,7 +121,7 @@ def redis_pings(port: int) -> bool:
 
 def beat_holder(up: PlatformUp) -> int:
     """The pid of the beat holding the lease, from its heartbeat (0 when none)."""
-    client = redis.Redis(host="127.0.0.1", port=up.redis_port, socket_timeout=1.0)
+    client = redis_conn.from_url(up.redis_url, socket_timeout=1.0, socket_connect_timeout=1.0)
     try:
         raw = client.get(beat_lock.heartbeat_key(beat_lock.beat_namespace()))
     finally:
@@ -142,17 +154,22 @@ class Victim:
     name: str
     pattern: str  # its command line (a regex), among the platform's processes
     engine: bool = False  # killing it costs an engine restart
+    outside: bool = False  # not one of up's processes (the Sentinel-managed primary)
 
-    def back(self, up: PlatformUp, killed: int, before: str) -> Callable[[], bool]:
-        """Whether the victim is back, its own check (``before``: up's output at the kill)."""
+    def back(
+        self, up: PlatformUp, killed: int, before: str, group: SentinelRedis, watch: FallbackWatch
+    ) -> Callable[[], bool]:
+        """Whether the victim is back, its own check (``before``: up's output at the kill;
+        ``group``/``watch``: the Sentinel group and the router's fallback gauge)."""
         replaced = lambda: any(p != killed for p in leaders(up.find(self.pattern)))  # noqa: E731
         if self.name == "web":
             return lambda: replaced() and http_status(f"{up.web}/admin/login/") == 200
         if self.name == "celery-worker":
             ready = lambda: up.output[len(before) :].count(" ready.") >= 1  # noqa: E731
             return lambda: replaced() and ready()
-        if self.name == "redis":
-            return lambda: replaced() and redis_pings(up.redis_port)
+        if self.name == "redis-primary":  # a replica promoted, the router on Redis again
+            new = lambda: group.master_port() != group.primary.port  # noqa: E731
+            return lambda: new() and redis_pings(group.master_port()) and watch.latest() == 0
         if self.name == "router":
             return lambda: replaced() and http_status(f"{up.router}/readyz") == 200
         if self.name == "beat":  # another beat took the lease (after it expired)
@@ -166,7 +183,7 @@ VICTIMS = [
     Victim("celery-worker", r"celeryd: \S+:MainProcess|celery -A config worker"),
     # celery renames it "[celery beat] -A config beat ..."
     Victim("beat", r"\[celery beat\]|celery -A config beat"),
-    Victim("redis", r"redis-server"),
+    Victim("redis-primary", r"redis-server", outside=True),
     Victim("router", r"-m runtime\.gateway"),
     Victim("engine-api-server", API_SERVER, engine=True),
     Victim("engine-core", ENGINE_CORE, engine=True),
@@ -174,11 +191,22 @@ VICTIMS = [
 
 
 @pytest.fixture(scope="module")
-def up(request: pytest.FixtureRequest) -> Iterator[PlatformUp]:
+def sentinel() -> Iterator[SentinelRedis]:
+    """The Redis ``up`` uses: a primary, a replica and 3 Sentinels (stopped after ``up``)."""
+    directory = Path(tempfile.mkdtemp(prefix="switchyard-chaos-redis-"))
+    try:
+        with sentinel_redis(directory) as group:
+            yield group
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def up(request: pytest.FixtureRequest, sentinel: SentinelRedis) -> Iterator[PlatformUp]:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per request otherwise
     # outside pytest's basetemp: the embedded PostgreSQL runs as another user
     var = Path(tempfile.mkdtemp(prefix="switchyard-chaos-"))
-    platform = PlatformUp(var)
+    platform = PlatformUp(var, env={"REDIS_URL": sentinel.url})
     try:
         ready_s = platform.wait_model_ready()
         print(f"\nchaos: up's model ready after {ready_s:.0f} s")
@@ -233,15 +261,58 @@ def check_results(victim: Victim, results: list[Result], killed_at: float) -> Co
     return outcomes
 
 
+LEDGER_CHECKED = ("beat", "redis-primary")
+
+
+def billed_once(up: PlatformUp, before: int, billed: int) -> None:
+    """The ledger gains exactly ``billed`` usage records, and no more arrive."""
+    ledger = eventually(
+        lambda: (n := usage_records(up)) >= before + billed and n,
+        timeout=30.0, interval=0.5, what=f"{billed} usage records in the ledger",
+    )  # fmt: skip
+    assert ledger == before + billed, (before, billed, ledger)
+    assert settled_usage_records(up) == ledger  # and no more arrive
+
+
+def revocation_after(up: PlatformUp, revoker: Revoker, ended: float) -> float:
+    """Seconds from the failure's end (``ended``) until the router refuses the revoked key;
+    at most REVOKED_WITHIN_S."""
+    up.wait_for("the revoked key refused", lambda: key_status(up.router, revoker.key) == 401,
+                OTHER_BOUND_S + REVOKED_WITHIN_S)  # fmt: skip
+    took = max(0.0, time.monotonic() - ended)
+    revoker.revoked()
+    assert took <= REVOKED_WITHIN_S, f"revocation reached the router {took:.2f} s after the end"
+    return took
+
+
+def fallback_signal(watch: FallbackWatch) -> float:
+    """The router showed the failure (its fallback gauge 1) and cleared it, within the
+    Redis-fallback alert's ``for`` (a failover is not a page); how long it showed it."""
+    raised = watch.raised_s()
+    assert raised > 0, watch.samples[-20:]
+    assert watch.latest() == 0, watch.samples[-20:]
+    assert raised < alert_for_s(FALLBACK_ALERT), raised
+    return raised
+
+
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("victim", VICTIMS, ids=[v.name for v in VICTIMS])
-def test_kill_9_under_traffic(up: PlatformUp, victim: Victim) -> None:
-    ledger_before = settled_usage_records(up) if victim.name == "beat" else 0
+def test_kill_9_under_traffic(up: PlatformUp, sentinel: SentinelRedis, victim: Victim) -> None:
+    ledger_before = settled_usage_records(up) if victim.name in LEDGER_CHECKED else 0
+    stack = contextlib.ExitStack()
+    watch = FallbackWatch(up.router)
+    revoker: Revoker | None = None
+    if victim.outside:  # the Redis primary: the router's fallback gauge, a key to revoke
+        revoker = stack.enter_context(contextlib.closing(Revoker(up.command_env())))
+        key = revoker.key
+        up.wait_for("the new key valid at the router", lambda: key_status(up.router, key) == 200,
+                    30.0)  # fmt: skip
+        stack.enter_context(watch)
     traffic = Traffic(router=up.router, api_key=up.api_key()).start()
     try:
         up.wait_for("traffic flowing", lambda: first_ok_after(traffic.snapshot(), 0) is not None,
                     60.0)  # fmt: skip
-        targets = leaders(up.find(victim.pattern))
+        targets = [sentinel.primary.pid] if victim.outside else leaders(up.find(victim.pattern))
         # one of each, but the autoscaler may run a second model replica (pool max 2)
         assert len(targets) == 1 or (victim.engine and targets), (
             victim.pattern, [cmdline(p) for p in targets])  # fmt: skip
@@ -259,8 +330,13 @@ def test_kill_9_under_traffic(up: PlatformUp, victim: Victim) -> None:
                 killed = next((p for p in busy if engine_generating(engine_port(p))), killed)
         killed_at = time.monotonic()
         os.kill(killed, signal.SIGKILL)
+        if revoker is not None:  # revoked while the primary is down
+            revoker.revoke()
         bound = ENGINE_BOUND_S if victim.engine else OTHER_BOUND_S
-        back_s = up.wait_for(f"{victim.name} back", victim.back(up, killed, before), bound)
+        back = victim.back(up, killed, before, sentinel, watch)
+        back_s = up.wait_for(f"{victim.name} back", back, bound)
+        if revoker is not None:
+            revoked_s = revocation_after(up, revoker, killed_at + back_s)
         serving_s = up.wait_for(
             "serving again",
             lambda: first_ok_after(traffic.snapshot(), killed_at) is not None,
@@ -270,6 +346,7 @@ def test_kill_9_under_traffic(up: PlatformUp, victim: Victim) -> None:
         time.sleep(SETTLE_S)  # scenario: traffic on the recovered platform, not a sync
     finally:
         results = traffic.stop()
+        stack.close()
     outcomes = check_results(victim, results, killed_at)
     terminal = sum(n for outcome, n in outcomes.items() if outcome.startswith("terminal:"))
     # The stream the engine was serving ended with our event. (The long stream can finish in
@@ -279,14 +356,13 @@ def test_kill_9_under_traffic(up: PlatformUp, victim: Victim) -> None:
     if victim.engine and mid_stream and around:
         assert terminal >= 1, (outcomes, around)
     assert not pid_alive(killed)
-    if victim.name == "beat":  # each request billed once: none lost while no beat sent
-        billed = len(results)  # all of them ok (check_results)
-        ledger = eventually(
-            lambda: (n := usage_records(up)) >= ledger_before + billed and n,
-            timeout=30.0, interval=0.5, what=f"{billed} usage records in the ledger",
-        )  # fmt: skip
-        assert ledger == ledger_before + billed, (ledger_before, billed, ledger)
-        assert settled_usage_records(up) == ledger  # and no more arrive
+    if victim.name in LEDGER_CHECKED:  # each request billed once: none lost, none twice
+        billed_once(up, ledger_before, billed=len(results))  # all of them ok (check_results)
+    if victim.outside:
+        fallback_s = fallback_signal(watch)
+        print(f"\nchaos: {victim.name}: the fallback gauge read 1 for {fallback_s:.2f} s "
+              f"(first 1 to first 0 sampled); revoked key refused {revoked_s:.2f} s after the "
+              f"failure's end")  # fmt: skip
     if victim.engine:  # the old engine's processes are gone: one engine per model replica
         replicas = len(leaders(up.find(REPLICA)))
         assert replicas >= 1, up.find(REPLICA)

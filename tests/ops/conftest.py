@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from private_redis import PrivateRedis
+from fixtures.private_redis import PrivateRedis
 
 
 @pytest.fixture

@@ -5,8 +5,8 @@ once Redis answers again; the SwitchyardRouterRedisFallback alert reads it."""
 from __future__ import annotations
 
 import pytest
+from fixtures.private_redis import PrivateRedis
 from fixtures.wait import async_eventually
-from private_redis import PrivateRedis
 from prometheus_client.parser import text_string_to_metric_families
 
 from runtime.admission.limits import Quota

@@ -12,7 +12,7 @@ import hashlib
 import logging
 
 import pytest
-from private_redis import PrivateRedis
+from fixtures.private_redis import PrivateRedis
 
 from runtime.admission.limits import LimitExceededError, Quota
 from runtime.admission.redis_limits import RedisLimits

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from django.db import transaction
 from fixtures.control_plane import TIGHT_LIMITS as LIMITS
-from private_redis import PrivateRedis
+from fixtures.private_redis import PrivateRedis
 
 from apps.common.models import SnapshotOutbox
 from apps.core import services, tasks

@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 from fixtures.control_plane import interactive_class
+from fixtures.private_redis import PrivateRedis
 from fixtures.router import Process, http_get, metric_value, start_router, wait_ready
 from fixtures.wait import eventually
-from private_redis import PrivateRedis
 
 from apps.common.models import SnapshotOutbox
 from apps.core import tasks

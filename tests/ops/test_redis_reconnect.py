@@ -11,7 +11,7 @@ import asyncio
 
 import pytest
 import redis.asyncio as aioredis
-from private_redis import PrivateRedis
+from fixtures.private_redis import PrivateRedis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError

@@ -30,9 +30,9 @@ import httpx
 import msgspec
 import pytest
 import redis
+from fixtures.private_redis import PrivateRedis
 from fixtures.router import Process, Publisher, World, start_router, start_simulator, wait_ready
 from fixtures.wait import eventually
-from private_redis import PrivateRedis
 from prometheus_client import CollectorRegistry
 from prometheus_client.multiprocess import MultiProcessCollector
 
