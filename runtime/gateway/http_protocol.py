@@ -27,8 +27,8 @@ from typing import Any
 import httptools
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
-from runtime.gateway.consumers import HOOK_KEY, ConnectionHook
 from runtime.gateway.coalesce import CoalescingTransport
+from runtime.gateway.consumers import HOOK_KEY, ConnectionHook
 from runtime.gateway.errors import ApiError
 from runtime.gateway.state import STATE_KEY
 
