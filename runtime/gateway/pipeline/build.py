@@ -6,7 +6,8 @@ one line here.
 relay and replays apply) -> ``idempotency`` (replay, or detach) -> ``admit`` (registers
 ``settle``) -> ``mirror`` -> ``cache`` (a hit answers) -> ``queue`` (registers the grant's
 release) -> ``adapter`` (a LoRA adapter made resident on the granted replica) ->
-``dispatch`` (a coalesced unary request answers) -> ``relay``; then the context's
+``dispatch`` (a coalesced unary request answers) -> ``migrate`` (a stream that breaks goes
+on elsewhere) -> ``relay``; then the context's
 exit stack runs the releases, and the consumer runs ``account``.
 """
 
@@ -23,6 +24,7 @@ from runtime.gateway.pipeline.stages.authenticate import Authenticate
 from runtime.gateway.pipeline.stages.cache import CacheBegin, CacheLookup
 from runtime.gateway.pipeline.stages.degrade import Degrade
 from runtime.gateway.pipeline.stages.dispatch import Dispatch
+from runtime.gateway.pipeline.stages.migrate import Migrate
 from runtime.gateway.pipeline.stages.mirror import Mirror
 from runtime.gateway.pipeline.stages.plan import PlanStage
 from runtime.gateway.pipeline.stages.postfilter import Postfilter
@@ -54,5 +56,6 @@ def inference_stages(
         Queue(admission),
         AdapterResidency(upstream),
         Dispatch(upstream),
+        Migrate(upstream),
         Relay(upstream.metrics),
     ]
