@@ -204,6 +204,8 @@ class Seam:
         if self.progress.created:
             event["created"] = self.progress.created
         choices = event.get("choices") or []
+        for choice in choices:
+            choice.pop("prompt_token_ids", None)  # vLLM's extension: the client had the prompt's
         if self.kind == "chat" and opening and choices:
             delta = choices[0].get("delta") or {}
             if "role" in delta:
