@@ -39,7 +39,7 @@ from runtime.workers.supervisor import SupervisorSettings
 
 pytestmark = pytest.mark.e2e
 
-PROMPT = "The router sends quick tokens to the station. The scheduler"
+PROMPT = "user: hello, what is"  # the demo model's greedy answer to it round-trips (see below)
 N_TOKENS = 24
 CHAOS_STREAMS = 8
 CHAOS_TOKENS = 160
@@ -145,11 +145,11 @@ def test_a_greedy_completion_cut_after_k_tokens_and_resumed_equals_the_uninterru
     # the bound's condition: cut where the prompt + text so far tokenizes back to the same ids
     round_trips = [
         k
-        for k in range(4, N_TOKENS - 4)
+        for k in range(1, N_TOKENS - 1)
         if tokenizer(PROMPT + "".join(pieces[:k])).input_ids == base + ids[:k]
     ]
-    assert round_trips, "no cut point round-trips: pick another prompt"
-    k = round_trips[0]
+    assert round_trips, f"no cut point round-trips: pick another prompt ({pieces!r}, {ids})"
+    k = max([k for k in round_trips if k <= N_TOKENS // 2] or round_trips[:1])
     before = cut_routed.resumed()
     proxies.arm(k)
     resumed = cut_routed.stream("/v1/completions", body)
@@ -202,6 +202,7 @@ def second_engine(vllm_demo_engine: VllmEngine) -> Iterator[SupervisorThread]:
         runner.stop()
 
 
+@pytest.mark.timeout(900)  # a second vLLM CPU engine starts in it (~1 min quiet, more loaded)
 def test_kill_9_of_one_engine_under_8_streams_every_stream_completes_on_the_survivor(
     vllm_demo_engine: VllmEngine, second_engine: SupervisorThread,
     tmp_path_factory: pytest.TempPathFactory,
