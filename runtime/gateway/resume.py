@@ -24,10 +24,11 @@ round-trip, the text so far is kept verbatim and the rest is a correct continuat
 from slightly different tokens, which can diverge from what the engine would have
 generated. With sampling (``temperature > 0``) the continuation is another sample of the
 same distribution, never a replay; a ``seed`` restarts at the continuation. One streamed
-chunk counts as one token: exact for completions (vLLM sends a chunk per decode step, with
-empty text while the step's bytes are not a character yet); vLLM's chat stream skips such a
-step, so there the count is a lower bound (billing never counts a token twice, and the
-shrunken ``max_tokens`` may allow the skipped steps again).
+chunk counts as one token: exact while vLLM keeps up (a completions chunk per decode step,
+with empty text while the step's bytes are not a character yet); a lower bound when vLLM's
+chat stream skips such a step or a loaded vLLM merges unsent deltas into one chunk (billing
+never counts a token twice, and the shrunken ``max_tokens`` may allow the uncounted tokens
+again).
 
 Not resumable (the stream ends with today's terminal error event): ``n`` > 1, ``best_of``,
 ``echo``, ``logprobs``, a ``suffix``, structured output (``response_format`` other than

@@ -141,7 +141,7 @@ def test_a_greedy_completion_cut_after_k_tokens_and_resumed_equals_the_uninterru
     body = {"model": DEMO_SERVED_NAME, "prompt": PROMPT, "max_tokens": N_TOKENS,
             "temperature": 0, "ignore_eos": True, "stream": True,
             "stream_options": {"include_usage": True}}  # fmt: skip
-    whole = cut_routed.stream("/v1/completions", {**body, "return_token_ids": True})
+    whole = cut_routed.stream("/v1/completions", {**body, "return_token_ids": True})  # not cached
     ids = [i for c in whole for choice in c["choices"] for i in choice.get("token_ids") or []]
     pieces = texts(whole, "completion")
     assert len(pieces) == len(ids) == N_TOKENS  # one chunk per token
@@ -171,12 +171,12 @@ def test_a_cut_chat_stream_goes_on_as_one_stream(cut_routed: Routed, proxies: Cu
     body = {"model": DEMO_SERVED_NAME, "max_tokens": N_TOKENS, "temperature": 0,
             "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True},
             "messages": [{"role": "user", "content": "Tell me about the trains."}]}  # fmt: skip
-    whole = cut_routed.stream("/v1/chat/completions", body)
+    whole = cut_routed.stream("/v1/chat/completions", {**body, "seed": 1})  # not a cache hit
     # vLLM's chat stream skips a step whose bytes are not text yet: fewer chunks than tokens
     assert len(texts(whole, "chat")) >= 3, whole
     before = cut_routed.resumed()
     proxies.arm(3)  # the role chunk and two token chunks, then the cut
-    resumed = cut_routed.stream("/v1/chat/completions", body)
+    resumed = cut_routed.stream("/v1/chat/completions", {**body, "seed": 2})
     assert cut_routed.resumed() == before + 1, (proxies.cuts, cut_routed.resume_lines(), resumed)
     assert all("error" not in c for c in resumed)
     assert len({c["id"] for c in resumed}) == 1
@@ -255,11 +255,11 @@ def _chaos(target: Routed, victim: SupervisorThread) -> None:
     for chunks in streams:
         assert all("error" not in c for c in chunks), chunks[-2:]
         assert len({c["id"] for c in chunks}) == 1
-        assert len(texts(chunks, "completion")) == CHAOS_TOKENS, (
-            target.resume_lines(),
-            chunks[-3:],
-        )
-        assert chunks[-1]["usage"]["completion_tokens"] == CHAOS_TOKENS  # billed once
+        # a loaded vLLM merges the deltas its API server has not sent yet: a chunk can carry
+        # several tokens, so the chunks are at most the tokens
+        assert 0 < len(texts(chunks, "completion")) <= CHAOS_TOKENS
+        assert chunks[-1]["choices"] == []
+        assert chunks[-1]["usage"]["completion_tokens"] == CHAOS_TOKENS, target.resume_lines()
     assert target.resumed() >= on_victim, target.resume_lines()
     print(f"{on_victim} of {CHAOS_STREAMS} streams moved; all done "
           f"{time.monotonic() - killed_at:.1f} s after the kill")  # fmt: skip
