@@ -89,6 +89,7 @@ class UpstreamDeps:
     adapters: AdapterFleet = field(default_factory=AdapterFleet)  # LoRA residency per replica
     stream_migrations: int = 0  # a broken stream resumes elsewhere at most this often
     resume_metrics: ResumeMetrics | None = None  # None: streams are never migrated
+    tokens: TokenCounter | None = None  # a resumed stream's tokens so far (the model's tokenizer)
 
 
 @dataclass(slots=True, frozen=True, kw_only=True)

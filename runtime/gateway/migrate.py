@@ -38,6 +38,9 @@ from runtime.upstream.response import UpstreamResponse
 
 # Opens ``body`` on an endpoint not in the set; raises UpstreamError when none answers.
 Opener = Callable[[bytes, frozenset[int]], Awaitable[UpstreamResponse]]
+# The model's token count of a text (None: no tokenizer): the tokens so far when a loaded
+# engine merged several into one chunk (exact when the tokenization round-trips).
+Counter = Callable[[str], Awaitable[int | None]]
 CAUSE = "migration"
 
 
@@ -48,8 +51,8 @@ class _LengthEnd(Exception):  # noqa: N818 - control flow inside this module
 class MigratingStream:
     """The relay's view of an upstream stream that may move to another endpoint."""
 
-    __slots__ = ("_body", "_current", "_kind", "_limit", "_metrics", "_open", "_prompt_tokens",
-                 "migrations")  # fmt: skip
+    __slots__ = ("_body", "_count", "_current", "_kind", "_limit", "_metrics", "_open",
+                 "_prompt_tokens", "migrations")  # fmt: skip
 
     def __init__(
         self,
@@ -61,6 +64,7 @@ class MigratingStream:
         limit: int,
         metrics: ResumeMetrics,
         prompt_tokens: int = 0,
+        count_tokens: Counter | None = None,
     ) -> None:
         self._current = first
         self._kind = kind
@@ -69,6 +73,7 @@ class MigratingStream:
         self._limit = limit
         self._metrics = metrics
         self._prompt_tokens = prompt_tokens  # planning's count: the usage of a length end
+        self._count = count_tokens
         self.migrations = 0
 
     async def events(self) -> AsyncGenerator[bytes, None]:
@@ -133,6 +138,9 @@ class MigratingStream:
         except NotResumable:
             self._metrics.outcome(cause=CAUSE, reason=reason, outcome="not_resumable")
             raise broken from None
+        if self._count is not None:  # chunks are at most the tokens (merged deltas)
+            counted = await self._count(progress.text)
+            progress.tokens = max(progress.tokens, counted or 0)
         body = continuation(self._kind, document, progress)
         if body is None:
             self._metrics.outcome(cause=CAUSE, reason=reason, outcome="length")

@@ -344,7 +344,7 @@ def build_state(config: RouterConfig) -> RouterState:
         backoff_base_s=config.retry_backoff_base_s, backoff_cap_s=config.retry_backoff_cap_s,
         coalescer=coalescer, coalesce_window_s=config.coalesce_window_s, tracing=tracing,
         metrics=metrics, shadow=shadow, stream_migrations=config.stream_migrations,
-        resume_metrics=ResumeMetrics(metrics.registry),
+        resume_metrics=ResumeMetrics(metrics.registry), tokens=tokens,
     )  # fmt: skip
     telemetry = Telemetry(metrics=metrics, tracing=tracing, version_stats=version_stats,
                           request_log=request_log, snapshot=current, scaling=scaling)  # fmt: skip

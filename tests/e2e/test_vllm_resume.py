@@ -143,26 +143,25 @@ def test_a_greedy_completion_cut_after_k_tokens_and_resumed_equals_the_uninterru
             "stream_options": {"include_usage": True}}  # fmt: skip
     whole = cut_routed.stream("/v1/completions", {**body, "return_token_ids": True})  # not cached
     ids = [i for c in whole for choice in c["choices"] for i in choice.get("token_ids") or []]
-    pieces = texts(whole, "completion")
-    assert len(pieces) == len(ids) == N_TOKENS  # one chunk per token
+    pieces = texts(whole, "completion")  # a loaded engine may merge tokens into a chunk
+    assert len(ids) == N_TOKENS
     tokenizer = AutoTokenizer.from_pretrained(str(vllm_demo_engine.artifact.path))
     base = tokenizer(PROMPT).input_ids
-    # the bound's condition: cut where the prompt + text so far tokenizes back to the same ids
-    round_trips = [
+    # the bound's condition, at every token: prompt + text so far tokenizes back to the same
+    # ids (the cut's chunk boundaries depend on the engine's load)
+    misses = [
         k
-        for k in range(1, N_TOKENS - 1)
-        if tokenizer(PROMPT + "".join(pieces[:k])).input_ids == base + ids[:k]
+        for k in range(1, N_TOKENS)
+        if tokenizer(PROMPT + tokenizer.decode(ids[:k])).input_ids != base + ids[:k]
     ]
-    assert round_trips, f"no cut point round-trips: pick another prompt ({pieces!r}, {ids})"
-    k = max([k for k in round_trips if k <= N_TOKENS // 2] or round_trips[:1])
+    assert not misses, f"the answer does not round-trip at {misses}: pick another prompt"
     before = cut_routed.resumed()
-    proxies.arm(k)
+    proxies.arm(min(6, len(pieces) - 1))
     resumed = cut_routed.stream("/v1/completions", body)
     assert proxies.cuts >= 1
     assert cut_routed.resumed() == before + 1
     assert all("error" not in c for c in resumed)
     assert "".join(texts(resumed, "completion")) == "".join(pieces)
-    assert len(texts(resumed, "completion")) == N_TOKENS
     assert len({c["id"] for c in resumed}) == 1
     assert resumed[-1]["usage"] == whole[-1]["usage"]  # prompt once, every token once
 

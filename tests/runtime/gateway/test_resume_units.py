@@ -284,3 +284,24 @@ def test_a_request_that_cannot_resume_keeps_todays_terminal_error() -> None:
     with pytest.raises(StreamBroken):
         drain(stream)
     assert outcomes(metrics) == {"not_resumable": 1.0}
+
+
+def test_the_model_token_count_corrects_merged_chunks() -> None:
+    """A loaded engine merges deltas: two chunks carried three tokens; the tokenizer's count
+    of the text so far shrinks the budget and bills them once."""
+    first = Scripted(1, [chat_chunk("", role=True), chat_chunk("AB"), chat_chunk("C")], "truncated")
+    then = Scripted(2, [chat_chunk("D", chunk_id="c2"), usage_chunk(9, 3, chunk_id="c2")], None)
+    opener = Opener(then)
+    metrics = ResumeMetrics(CollectorRegistry())
+
+    async def count(text: str) -> int | None:
+        return len(text)  # one token per letter here
+
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 6}
+    stream = MigratingStream(
+        first, kind="chat", body=json.dumps(body).encode(),  # type: ignore[arg-type]
+        open_next=opener, limit=2, metrics=metrics, count_tokens=count,
+    )  # fmt: skip
+    out = [json.loads(p) for p in drain(stream)]
+    assert opener.bodies[0]["max_tokens"] == 3
+    assert out[-1]["usage"] == {"prompt_tokens": 6, "completion_tokens": 6, "total_tokens": 12}

@@ -7,6 +7,8 @@ Off when ``SWITCHYARD_STREAM_MIGRATIONS`` is 0, for unary answers and coalesced 
 
 from __future__ import annotations
 
+import asyncio
+
 from runtime.gateway.bundles import UpstreamDeps
 from runtime.gateway.migrate import MigratingStream
 from runtime.gateway.pipeline.context import Attempts, RequestContext
@@ -40,10 +42,19 @@ class Migrate:
             ctx.record.endpoint = str(endpoint.id)
             return response
 
+        tokens, version = deps.tokens, plan.version
+
+        async def count(text: str) -> int | None:
+            tokenizer = await tokens.tokenizer(version) if tokens is not None else None
+            if tokenizer is None:
+                return None
+            encoding = await asyncio.to_thread(tokenizer.encode, text, add_special_tokens=False)
+            return len(encoding.ids)
+
         stream = MigratingStream(
             upstream, kind=ctx.spec.kind, body=plan.body, open_next=open_next,
             limit=deps.stream_migrations, metrics=deps.resume_metrics,
-            prompt_tokens=plan.prompt_tokens,
+            prompt_tokens=plan.prompt_tokens, count_tokens=count,
         )  # fmt: skip
         ctx.events = stream
         ctx.hold_async(stream.aclose)
