@@ -28,7 +28,9 @@ chunk counts as one token: exact while vLLM keeps up (a completions chunk per de
 with empty text while the step's bytes are not a character yet); a lower bound when vLLM's
 chat stream skips such a step or a loaded vLLM merges unsent deltas into one chunk (billing
 never counts a token twice, and the shrunken ``max_tokens`` may allow the uncounted tokens
-again).
+again). :mod:`runtime.gateway.migrate` therefore also counts the text so far with the
+model's tokenizer, when the version has one, and keeps the larger count (exact when the
+tokenization round-trips).
 
 Not resumable (the stream ends with today's terminal error event): ``n`` > 1, ``best_of``,
 ``echo``, ``logprobs``, a ``suffix``, structured output (``response_format`` other than
