@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import aiohttp
@@ -22,8 +24,21 @@ RUNNING = "vllm:num_requests_running"
 WAITING = "vllm:num_requests_waiting"
 
 
-def backend_argv(spec: BackendSpec, port: int, index: int) -> list[str]:
-    common = ["--host", "127.0.0.1", "--port", str(port)]
+def kv_events_args(spec: BackendSpec, events_port: int | None) -> list[str]:
+    """The flags that make a backend publish its KV events on ``events_port`` (none: off)."""
+    if events_port is None:
+        return []
+    if spec.kind == "simulator":
+        return ["--kv-events-endpoint", f"tcp://127.0.0.1:{events_port}"]
+    config = {"enable_kv_cache_events": True, "publisher": "zmq",
+              "endpoint": f"tcp://*:{events_port}"}  # fmt: skip  # vLLM binds only wildcards
+    return ["--kv-events-config", json.dumps(config)]
+
+
+def backend_argv(
+    spec: BackendSpec, port: int, index: int, events_port: int | None = None
+) -> list[str]:
+    common = ["--host", "127.0.0.1", "--port", str(port), *kv_events_args(spec, events_port)]
     if spec.kind == "vllm":
         return python_argv(
             "vllm.entrypoints.openai.api_server",
@@ -74,13 +89,16 @@ async def start_backends(
     log_dir: Path,
     cpus: tuple[int, ...],
     timeout_s: float,
+    events_ports: Sequence[int] = (),
 ) -> list[Child]:
-    """Start ``spec.count`` backends and wait for their /health; all or none."""
+    """Start ``spec.count`` backends and wait for their /health; all or none. With
+    ``events_ports`` (one per backend), backend ``i`` publishes KV events on port ``i``."""
     children: list[Child] = []
     try:
         for i in range(spec.count):
             port = free_port()
-            argv = pinned(backend_argv(spec, port, i), cpus)
+            events = events_ports[i] if events_ports else None
+            argv = pinned(backend_argv(spec, port, i, events), cpus)
             children.append(
                 spawn(f"backend-{i}", argv, port=port, log_dir=log_dir, env=python_env(),
                       cwd=REPO_ROOT)

@@ -1,7 +1,7 @@
 """Prefix-aware placement for ``bench.dispatch_sim``: the router's index and rule, offline.
 
 :class:`PrefixFleet` is a :class:`~runtime.testing.fleet.HandFleet` whose ``choose`` does what
-the router will do once the request path computes a prompt's blocks (issue #35's wiring):
+the router does (:class:`runtime.routing.prefix_placer.PrefixPlacer`, the same object):
 
 1. match the request's router-side block hashes (:mod:`runtime.routing.prefix`, 256-character
    blocks of the rendered chat) against the :class:`~runtime.routing.prefix_index.PrefixIndex`;
@@ -12,10 +12,10 @@ the router will do once the request path computes a prompt's blocks (issue #35's
    ``HandFleet``);
 4. record the request's blocks for the chosen endpoint and its estimated uncached prefill.
 
-The dispatcher only passes ``affinity_key`` to ``choose``, so the simulation sets each
-ticket's key to the request's index and registers its hashes with :meth:`expect` before the
-ticket is queued. ``mode="load"`` keeps ``HandFleet``'s choice (load only) while still
-recording, so both runs see the same bookkeeping.
+The simulation sets each ticket's key to the request's index and registers its hashes with
+:meth:`expect` before the ticket is queued (a ticket's own ``prefix`` is used when it has
+one). ``mode="load"`` keeps ``HandFleet``'s choice (load only) while still recording, so both
+runs see the same bookkeeping.
 """
 
 from __future__ import annotations
@@ -23,14 +23,14 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Literal
 
-from runtime.routing.prefix import CHARS_PER_TOKEN, DEFAULT_BLOCK_CHARS
+from runtime.routing.prefix import PromptPrefix
 from runtime.routing.prefix_index import PrefixIndex
-from runtime.routing.sticky import Candidate, StickyRule, sticky_choice
+from runtime.routing.prefix_placer import PrefixPlacer
+from runtime.routing.sticky import StickyRule
 from runtime.snapshot import EndpointSnap
 from runtime.testing.fleet import HandFleet
 
 Mode = Literal["load", "prefix"]
-BLOCK_TOKENS = DEFAULT_BLOCK_CHARS // CHARS_PER_TOKEN
 
 
 class PrefixFleet(HandFleet):
@@ -46,50 +46,65 @@ class PrefixFleet(HandFleet):
     ) -> None:
         super().__init__()
         self.mode = mode
-        self.rule = rule or StickyRule()
-        self.index = index or PrefixIndex()
-        self._now = now  # a zero-argument callable: the simulation's clock
-        self._expected: dict[str, tuple[tuple[int, ...], int]] = {}
-        self.queued: dict[int, dict[str, int]] = {}  # endpoint -> key -> uncached tokens
-        self.sticky = 0
-        self.by_load = 0
+        self.placer = PrefixPlacer(index=index, rule=rule, clock=now)
+        self._expected: dict[str, PromptPrefix] = {}
+        self._sent: dict[str, PromptPrefix] = {}
+
+    @property
+    def index(self) -> PrefixIndex:
+        return self.placer.index
+
+    @index.setter
+    def index(self, index: PrefixIndex) -> None:
+        self.placer.index = index
+
+    @property
+    def sticky(self) -> int:
+        return self.placer.sticky_count
+
+    @sticky.setter
+    def sticky(self, count: int) -> None:
+        self.placer.sticky_count = count
+
+    @property
+    def by_load(self) -> int:
+        return self.placer.by_load
+
+    @by_load.setter
+    def by_load(self, count: int) -> None:
+        self.placer.by_load = count
 
     def expect(self, key: str, hashes: tuple[int, ...], prompt_tokens: int) -> None:
         """The request with affinity key ``key`` has these router-side block hashes."""
-        self._expected[key] = (hashes, prompt_tokens)
+        self._expected[key] = PromptPrefix(hashes=hashes, prompt_tokens=prompt_tokens)
 
     def started(self, endpoint_id: int, key: str) -> None:
         """Its first token came: its prefill is no longer queued."""
-        self.queued.get(endpoint_id, {}).pop(key, None)
+        prefix = self._sent.pop(key, None)
+        if prefix is not None:
+            self.placer.started(prefix)
 
-    def choose(self, endpoints: Sequence[EndpointSnap], affinity_key: str | None) -> EndpointSnap:
-        expected = self._expected.pop(affinity_key, None) if affinity_key else None
-        if expected is None:
-            return super().choose(endpoints, affinity_key)
-        hashes, prompt_tokens = expected
-        now = self._now()
-        matched = self.index.match(hashes, now, [e.id for e in endpoints])
+    def choose(
+        self,
+        endpoints: Sequence[EndpointSnap],
+        affinity_key: str | None,
+        *,
+        adapter: str | None = None,
+        prefix: PromptPrefix | None = None,
+    ) -> EndpointSnap:
+        if prefix is None and affinity_key:
+            prefix = self._expected.pop(affinity_key, None)
+        if prefix is None:
+            return super().choose(endpoints, affinity_key, adapter=adapter)
+        match = self.placer.match(prefix, endpoints)
         chosen: EndpointSnap | None = None
         if self.mode == "prefix":
-            candidates = [
-                Candidate(
-                    endpoint_id=e.id,
-                    cached_tokens=matched.get(e.id, 0) * BLOCK_TOKENS,
-                    queued_prefill_tokens=sum(self.queued.get(e.id, {}).values()),
-                    in_flight=self.inflight.get(e.id, 0),
-                    capacity=e.capacity,
-                )
-                for e in endpoints
-            ]
-            sticky = sticky_choice(candidates, self.rule)
-            chosen = next((e for e in endpoints if e.id == sticky), None)
+            chosen = self.placer.sticky(endpoints, match, lambda e: self.inflight.get(e, 0))
+        else:
+            self.placer.by_load += 1
         if chosen is None:
             chosen = super().choose(endpoints, affinity_key)
-            self.by_load += 1
-        else:
-            self.sticky += 1
-        uncached = max(0, prompt_tokens - matched.get(chosen.id, 0) * BLOCK_TOKENS)
+        self.placer.sent(chosen.id, prefix, match)
         if affinity_key is not None:
-            self.queued.setdefault(chosen.id, {})[affinity_key] = uncached
-        self.index.record(chosen.id, hashes, now)
+            self._sent[affinity_key] = prefix
         return chosen

@@ -25,7 +25,14 @@ from bench.backends import start_backends, wait_idle
 from bench.loadgen import HeadersFor, run_phase
 from bench.metrics import phase_figures
 from bench.prefix_stats import prefix_counters, prefix_figures, reset_prefix_caches
-from bench.procs import Child, CpuSampler, StartError, extra_router_cpus, router_cpus
+from bench.procs import (
+    Child,
+    CpuSampler,
+    StartError,
+    extra_router_cpus,
+    free_port,
+    router_cpus,
+)
 from bench.profile import FlameGraph, lag_figures, scrape_lag
 from bench.scenario import Scenario, SizeSpec
 from bench.targets import FACTORIES, Target, TargetContext, TargetUnavailableError
@@ -217,12 +224,18 @@ async def execute(
     status: dict[str, Any] = {}
     phases: dict[str, Any] = {}
     try:
+        events_ports = (
+            [free_port() for _ in range(scenario.backends.count)]
+            if scenario.backends.kv_events else []
+        )  # fmt: skip
         backends = await start_backends(
             scenario.backends, session=session, log_dir=out_dir / "logs",
             cpus=client_cpus(routers) if routers else (), timeout_s=60.0,
+            events_ports=events_ports,
         )  # fmt: skip
         ctx = TargetContext(
             scenario=scenario, backend_urls=[b.base_url for b in backends],
+            backend_kv_events=[f"tcp://127.0.0.1:{p}" for p in events_ports],
             work_dir=out_dir / "logs", redis_url=redis_url, run_id=uuid.uuid4().hex[:12],
             router_cpus=routers, session=session, keys=keys, pki=pki,
             backend_cpus=client_cpus(routers) if routers else (),

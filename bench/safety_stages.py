@@ -28,31 +28,19 @@ from typing import Any
 import msgspec
 
 from bench.safety_micro import TURNS, chat_request, twenty_rule_pack
-from runtime.gateway.auth import Principal
+from bench.stage_context import chat_context
 from runtime.gateway.bundles import SafetyDeps
-from runtime.gateway.inference import ChatCompletionsConsumer
 from runtime.gateway.interventions import InterventionRecorder
 from runtime.gateway.pipeline.context import RequestContext
 from runtime.gateway.pipeline.stages.postfilter import Postfilter
 from runtime.gateway.pipeline.stages.prefilter import Prefilter
-from runtime.gateway.plan import Plan
 from runtime.gateway.safety_classifier import UpstreamClassifier
-from runtime.gateway.schema import decode_request
 from runtime.safety.compiled import PackCache
 from runtime.snapshot import SafetySnap, Snapshot
-from runtime.telemetry.logging import RequestRecord
 from runtime.testing.snapshots import SnapshotBuilder
 from runtime.upstream.client import UpstreamClient
 
 MODEL = "tiny"
-
-
-class _Sink:
-    async def start_response(self, status: int, headers: object) -> None:
-        return None
-
-    async def send_chunk(self, data: bytes, *, last: bool = False) -> None:
-        return None
 
 
 def _snapshot(safety: SafetySnap) -> Snapshot:
@@ -64,20 +52,7 @@ def _snapshot(safety: SafetySnap) -> Snapshot:
 
 
 def _context(snapshot: Snapshot, body: bytes, packs: tuple[Any, ...] = ()) -> RequestContext:
-    spec = ChatCompletionsConsumer.spec
-    ctx = RequestContext(spec=spec, request_id="r", body=body, headers=lambda _name: None,
-                         raw_headers=(), client=_Sink(), cut=lambda: None,
-                         record=RequestRecord(request_id="r", route=spec.route))  # fmt: skip
-    ctx.snapshot = snapshot
-    key = next(iter(snapshot.api_keys.values()))
-    ctx.principal = Principal(key, snapshot.tenants[key.tenant])
-    request = decode_request(body, spec.decoder)
-    ctx.request = request
-    model = snapshot.models[MODEL]
-    ctx.plan = Plan(model=model, version=snapshot.versions[model.versions[-1]], klass=None,
-                    deadline=0.0, streaming=True, include_usage=False, body=body,
-                    prompt_tokens=400)  # fmt: skip
-    ctx.record.model = MODEL
+    ctx = chat_context(snapshot, body, model=MODEL, prompt_tokens=400)
     ctx.packs = packs  # what the prefilter found (the postfilter reads it)
     return ctx
 

@@ -75,6 +75,7 @@ class BackendSpec:
     extra_args: tuple[str, ...] = ()
     block_size: int = 16  # simulator: tokens per KV block (its prefix cache's unit)
     prefix_cache_blocks: int | None = None  # simulator: None = kv_capacity_tokens / block_size
+    kv_events: bool = False  # backends publish KV events (ZeroMQ) for switchyard-precise
 
     def cache_blocks(self) -> int:
         """The simulator's prefix-cache capacity in blocks (0: caching off)."""
@@ -320,8 +321,10 @@ def parse(doc: Mapping[str, Any]) -> Scenario:
         model_path=str(_opt(b, "model_path", "", "backends")),
         extra_args=tuple(_opt(b, "extra_args", [], "backends")),
         block_size=int(_opt(b, "block_size", 16, "backends")),
+        kv_events=bool(_opt(b, "kv_events", False, "backends")),
         prefix_cache_blocks=(
-            None if b.get("prefix_cache_blocks") is None
+            None
+            if b.get("prefix_cache_blocks") is None
             else int(_get(b, "prefix_cache_blocks", int, "backends"))
         ),
     )

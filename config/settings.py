@@ -235,6 +235,12 @@ STORAGES = {
     },
 }
 
+# Encryption at rest of the Batch API's files (apps/batches/sealing.py): the router's keyring
+# (SWITCHYARD_AT_REST_KEYS, else the file SWITCHYARD_AT_REST_KEYS_FILE names, else
+# VAR_DIR/at_rest_keys), so one rotation covers the router's cache and the stored files.
+AT_REST_KEYS = os.environ.get("SWITCHYARD_AT_REST_KEYS", "")
+AT_REST_KEYS_FILE = os.environ.get("SWITCHYARD_AT_REST_KEYS_FILE", "")
+
 # Model artifact signatures (runtime/signing.py): "required" (workers refuse an unsigned
 # version) or "optional" (unsigned versions are served with a warning). Either way a present
 # signature must verify against a key the registry trusts.

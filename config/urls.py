@@ -5,6 +5,7 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
+from apps.batches import api_rest as batches_api
 from apps.billing import api as billing_api
 from apps.billing import api_ops as billing_ops
 from apps.core import api as core_api
@@ -34,6 +35,7 @@ tenant_urls = [
     path("balance/", billing_api.BalanceApi.as_view()),
     path("grants/", billing_api.GrantListApi.as_view()),
     path("budgets/<str:period>/", billing_api.BudgetApi.as_view()),
+    path("batches/", batches_api.TenantBatchListApi.as_view()),
 ]
 
 ops_urls = [
@@ -63,6 +65,7 @@ ops_urls = [
     path("routes/", models_api.OpsRouteListApi.as_view()),
     path("routes/<int:pk>/", models_api.OpsRouteDetailApi.as_view()),
     path("prices/", billing_ops.OpsPriceListApi.as_view()),
+    path("batches/", batches_api.OpsBatchListApi.as_view()),
     path("rollouts/", rollouts_api.OpsRolloutListApi.as_view()),
     path("rollouts/<int:pk>/", rollouts_api.OpsRolloutDetailApi.as_view()),
     path("rollouts/<int:pk>/cancel/", rollouts_api.OpsRolloutCancelApi.as_view()),

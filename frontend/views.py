@@ -18,6 +18,7 @@ from django.http import FileResponse, Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
+from apps.batches.selectors import batches_listed
 from apps.rollouts.models import Rollout
 from apps.safety.selectors import interventions_of_tenant
 from apps.tenants.models import Tenant
@@ -31,9 +32,10 @@ from frontend.access import may_watch, visible_tenants
 from frontend.rollout_actions import action_perform, action_queue, rollout_actions
 from frontend.rollout_panels import rollout_view, rollouts_recent
 from frontend.scaling_panels import scaling_view
-from frontend.tenant_panels import balance, budget_rows, may_manage_keys
+from frontend.tenant_panels import balance, batch_rows, budget_rows, may_manage_keys
 
 INTERVENTIONS_SHOWN = 20  # the tenant page's safety table: the newest ones
+BATCHES_SHOWN = 20  # the tenant page's batches: the newest ones (all of them: the REST list)
 
 OPERATOR_PAGES = ("fleet", "traffic", "stages", "tenants")
 
@@ -79,6 +81,7 @@ def tenant_page_render(request: HttpRequest, tenant: Tenant, new_secret: str = "
         "balance": balance(tenant),
         "budgets": budget_rows(tenant),
         "interventions": interventions_of_tenant(tenant)[:INTERVENTIONS_SHOWN],
+        "batches": batch_rows(batches_listed(tenant=tenant)[:BATCHES_SHOWN]),
     }
     return render(request, "frontend/tenant.html", context)
 

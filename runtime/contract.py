@@ -136,9 +136,26 @@ def fairness_prefix(namespace: str) -> str:
     return f"{namespace}:fairness"
 
 
+BATCH_LANE: Final = "#batch"
+"""A limits subject ``<tenant>#batch``: the tenant's batch lines, admitted under limits of their
+own (the batch allowance), never counted against its online RPM/TPM/concurrency."""
+
+
+def batch_lane(tenant: str) -> str:
+    """The limits subject of ``tenant``'s batch lines (a slug never holds ``#``)."""
+    return f"{tenant}{BATCH_LANE}"
+
+
+def lane_tenant(subject: str) -> str:
+    """The tenant of a limits subject (itself, or the owner of a batch lane): whose credits."""
+    return subject.removesuffix(BATCH_LANE)
+
+
 def limits_keys(prefix: str, tenant: str) -> tuple[str, str, str]:
-    """A tenant's RPM, TPM and concurrency keys (``{tenant}`` is a cluster hash tag)."""
-    base = f"{prefix}:{{{tenant}}}"
+    """A limits subject's RPM, TPM and concurrency keys (``{tenant}`` is a cluster hash tag):
+    a tenant's, or its batch lane's (``:batch:`` keys in the same slot)."""
+    owner = lane_tenant(tenant)
+    base = f"{prefix}:{{{owner}}}" + (":batch" if owner != tenant else "")
     return f"{base}:rpm", f"{base}:tpm", f"{base}:conc"
 
 

@@ -68,3 +68,48 @@ def verify(
     if abs(now - signed_at) > MAX_AGE_S:
         raise PrincipalRefusedError("the signed principal has expired")
     return SignedPrincipal(tenant=tenant, key_prefix=key, signed_at=signed_at)
+
+
+# -- a batch line's mark ------------------------------------------------------------------------
+# The control plane's batch executor sends each line through the router's public endpoint with
+# the batch's own API key, plus this header: the line's ledger reference, signed with the same
+# secret for the tenant of the key. The router then admits the line in the tenant's batch lane
+# (limits of its own, not the online RPM/TPM/concurrency) and bills it under the usage event id
+# ``batch-line-<ref>``, the same on every try of the line (apps/batches/executor.py).
+
+LINE_HEADER: Final = "X-Switchyard-Batch-Line"
+_LINE_FORMAT = re.compile(r"v1:(\d{1,12}):([A-Za-z0-9_-]{1,64}):([a-z0-9]{1,32}):([0-9a-f]{64})")
+LINE_EVENT_PREFIX: Final = "batch-line-"
+
+
+def line_event_id(ref: str) -> str:
+    """The usage event id (the ledger's unique ``event_id``) of every try of line ``ref``."""
+    return f"{LINE_EVENT_PREFIX}{ref}"
+
+
+def sign_line(secret: str, *, tenant: str, ref: str, now: float) -> str:
+    """The header value marking a request as batch line ``ref`` of ``tenant``."""
+    if not secret:
+        raise PrincipalRefusedError("no internal secret is configured")
+    signed_at = int(now)
+    digest = _digest(secret, "batch-line", str(signed_at), tenant, ref)
+    return f"{VERSION}:{signed_at}:{tenant}:{ref}:{digest}"
+
+
+def verify_line(secret: str, value: str, *, tenant: str, now: float) -> str:
+    """The line reference of a header value signed for ``tenant``, or
+    :class:`PrincipalRefusedError`."""
+    if not secret:
+        raise PrincipalRefusedError("no internal secret is configured")
+    match = _LINE_FORMAT.fullmatch(value.strip())
+    if match is None:
+        raise PrincipalRefusedError("the batch line mark is malformed")
+    signed_at, signed_tenant, ref, digest = int(match[1]), match[2], match[3], match[4]
+    expected = _digest(secret, "batch-line", str(signed_at), signed_tenant, ref)
+    if not hmac.compare_digest(expected, digest):
+        raise PrincipalRefusedError("the batch line mark does not verify")
+    if signed_tenant != tenant:
+        raise PrincipalRefusedError("the batch line mark is for another tenant")
+    if abs(now - signed_at) > MAX_AGE_S:
+        raise PrincipalRefusedError("the batch line mark has expired")
+    return ref

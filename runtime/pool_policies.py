@@ -3,9 +3,11 @@
 A pool's ``policies`` (``PoolSnap.policies``) is a string → string map read by three owners:
 scheduling (:mod:`runtime.scheduling.settings`: ``fairness``, ``ordering``, ``saturation``,
 ``headroom``, ``max_queue``, ``band_shares``) and routing (:mod:`runtime.routing.endpoints`:
-``filters``, ``scorers``, ``picker``; :mod:`runtime.gateway.plan`: ``upstream_priority``) and
+``filters``, ``scorers``, ``picker``; :mod:`runtime.gateway.plan`: ``upstream_priority``;
+:mod:`runtime.gateway.pipeline.stages.prefix`: ``prefix_routing``, on unless ``off``) and
 degradation (:mod:`runtime.degradation`: ``degrade``, ``degrade_wait_ms``,
-``degrade_max_tokens``).
+``degrade_max_tokens``) and LoRA adapter slots (:mod:`runtime.workers.adapters`:
+``max_loras``, ``max_cpu_loras``, read by the launcher and the routers).
 The router falls back to the defaults on a bad value (a typo must not take a pool down), so
 the control plane calls :func:`pool_policy_errors` before it stores one. A key of a new policy
 is one entry in :data:`POOL_POLICY_KEYS`. No Django here.
@@ -20,12 +22,16 @@ from runtime.degradation import DEGRADE_KEYS, degrade_policy_errors
 from runtime.policy_names import UnknownPolicyError
 from runtime.routing.endpoints import EndpointSelector
 from runtime.scheduling.settings import PoolSettings, SettingsError
+from runtime.workers.adapters import LORA_POLICY_KEYS, LoraSettings
 
 SCHEDULING_KEYS: Final = ("fairness", "ordering", "saturation", "headroom", "max_queue",
                           "band_shares")  # fmt: skip
 ROUTING_KEYS: Final = ("filters", "scorers", "picker")
 UPSTREAM_PRIORITY_VALUES: Final = ("on", "off")
-POOL_POLICY_KEYS: Final = (*SCHEDULING_KEYS, *ROUTING_KEYS, "upstream_priority", *DEGRADE_KEYS)
+PREFIX_ROUTING_KEY: Final = "prefix_routing"  # on (default) | off
+PREFIX_ROUTING_VALUES: Final = ("on", "off")
+POOL_POLICY_KEYS: Final = (*SCHEDULING_KEYS, *ROUTING_KEYS, "upstream_priority",
+                           PREFIX_ROUTING_KEY, *DEGRADE_KEYS, *LORA_POLICY_KEYS)  # fmt: skip
 
 
 def pool_policy_errors(policies: Mapping[str, str]) -> list[str]:
@@ -50,5 +56,12 @@ def pool_policy_errors(policies: Mapping[str, str]) -> list[str]:
     priority = policies.get("upstream_priority")
     if priority is not None and priority not in UPSTREAM_PRIORITY_VALUES:
         errors.append(f"upstream_priority must be 'on' or 'off', got {priority!r}.")
+    prefix = policies.get(PREFIX_ROUTING_KEY)
+    if prefix is not None and prefix not in PREFIX_ROUTING_VALUES:
+        errors.append(f"prefix_routing must be 'on' or 'off', got {prefix!r}.")
     errors.extend(degrade_policy_errors(policies))
+    try:
+        LoraSettings.from_policies(policies)
+    except ValueError as exc:
+        errors.append(f"LoRA: {exc}.")
     return errors

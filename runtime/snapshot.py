@@ -65,6 +65,7 @@ class ApiKeySnap(msgspec.Struct, frozen=True, kw_only=True):
     name: str = ""
     scopes: tuple[str, ...] = ("inference",)
     expires_at: float | None = None  # unix seconds; None = never
+    batch: bool = False  # a Batch API executor's key (minted per batch): its lines are batch
 
 
 class RequestClassSnap(msgspec.Struct, frozen=True, kw_only=True):
@@ -105,6 +106,10 @@ class VersionSnap(msgspec.Struct, frozen=True, kw_only=True):
     # name the engine knows it by (:func:`adapter_name`); it has no endpoints of its own.
     base_version: int | None = None
     lora_rank: int = 0
+    # An adapter's signature over its digest and the name of the key that made it ("":
+    # unsigned); the router checks it before a load it triggers (:class:`SigningSnap`).
+    signature: str = ""
+    signing_key: str = ""
 
 
 def adapter_name(version: VersionSnap) -> str:
@@ -158,6 +163,7 @@ class EndpointSnap(msgspec.Struct, frozen=True, kw_only=True):
     base_url: str
     state: str  # "starting" | "ready" | "draining" | "gone"
     capacity: int
+    kv_events: str = ""  # tcp://host:port of its engine's KV events (runtime.routing.kv_subscriber)
 
 
 class RouteSplit(msgspec.Struct, frozen=True, kw_only=True):
@@ -183,6 +189,7 @@ class PriceSnap(msgspec.Struct, frozen=True, kw_only=True):
     input_per_1k: float
     output_per_1k: float
     cache_hit_discount: float = 0.0  # fraction off, 0..1
+    batch_discount: float = 0.0  # fraction off a Batch API line (its key is ``batch``), 0..1
 
 
 class CreditSnap(msgspec.Struct, frozen=True, kw_only=True):
@@ -231,6 +238,15 @@ class SafetySnap(msgspec.Struct, frozen=True, kw_only=True):
     models: dict[str, tuple[str, ...]] = {}  # model name -> pack names
 
 
+class SigningSnap(msgspec.Struct, frozen=True, kw_only=True):
+    """What a router checks an adapter's signature with before loading it on a replica
+    (:mod:`runtime.signing`, the same rule as a worker's): whether unsigned adapters are
+    refused, and the registry's active public keys by name. Empty without adapters."""
+
+    required: bool = False
+    trusted: dict[str, str] = {}
+
+
 class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
     version: int
     created_at: float
@@ -247,6 +263,7 @@ class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
     credits: dict[str, CreditSnap] = {}  # tenant slug -> credit settings; absent = defaults
     safety: SafetySnap = SafetySnap()  # policy packs; absent (older documents) = none
     aliases: dict[str, AliasSnap] = {}  # alias name -> its members; never a model's name
+    signing: SigningSnap = SigningSnap()  # adapter signatures (absent: no adapters)
 
 
 _ENCODER = msgspec.json.Encoder()

@@ -5,10 +5,37 @@ with the batch's own API key (:mod:`apps.batches.exec_keys`) and the ``batch`` r
 when the tenant has it (the lowest band: the router's fairness and dispatch give it what the
 interactive classes leave), so a line is admitted, limited, metered and billed like any
 request. ``X-Request-Id`` is ``batch-<line id>-<attempt>``: the router's request log and usage
-event carry it. ``Idempotency-Key`` is the line's (the same on every try): a line retried
-after its worker died mid-request gets the router's stored answer of the first try, unbilled,
-where the router still holds it (Redis, 24 h; not for embeddings; 409 while the first runs,
-retried). Lines run concurrently (one thread each, up to ``BATCH_CLAIM_SIZE``); the
+event carry it.
+
+**Exactly once, billed once** (issue #32, item 4). The guarantee lives in PostgreSQL, not in
+the router's Redis records:
+
+- *Answered once*: a line's state is its row (``pending`` -> ``claimed`` under a renewable
+  lease -> ``done``/``failed`` with its answer); the answer is recorded only by the holder of
+  a live lease, in the transaction that counts it (:mod:`apps.batches.services.lines`), and
+  the output file is written from the rows. A worker or router killed mid-line leaves the
+  line ``claimed``; its lease expires and another tick runs it again.
+- *Billed once*: each request carries ``X-Switchyard-Batch-Line``, the line's reference
+  signed with ``SWITCHYARD_INTERNAL_SECRET`` (:func:`runtime.internal_principal.sign_line`).
+  The router bills a marked request under the usage event id ``batch-line-<line id>``, the
+  same for every try of the line, and the ledger's ``UsageRecord.event_id`` is unique: however
+  many tries reached an engine (a retry after a worker kill, after a router killed after its
+  settlement, after a Redis restart lost the idempotency records), the ledger debits the line
+  once. The line's row keeps that id (``usage_event_id``) beside its answer. (A second try's
+  charge to the Redis balance, which the ledger skips, is the drift
+  :func:`apps.billing.ledger.credit_reconcile` repairs.) Embeddings lines, which the router's
+  idempotency skips, are covered the same way.
+- ``Idempotency-Key`` is the line's (the same on every try) and only saves work: a retry after
+  its worker died gets the router's stored answer of the first try, unbilled, while the router
+  still holds it (Redis, 24 h). A router killed mid-line leaves its claim on the key for 24 h;
+  the retry's 409 ``idempotency_key_in_progress`` bumps the line's ``idempotency_epoch``, and
+  the next try sends a fresh key.
+
+The mark also admits the line in the tenant's *batch lane* (``SWITCHYARD_BATCH_CONCURRENCY``
+on the router), not under its online RPM/TPM/concurrency caps. Without an internal secret no
+mark is sent: lines run under the online caps and a retried line may be billed per try.
+
+Lines run concurrently (one thread each, up to ``BATCH_CLAIM_SIZE``); the
 database writes stay on the calling thread; leases are renewed while requests run.
 
 A line whose request could not be answered for a passing reason (the router unreachable, 429,
@@ -43,6 +70,7 @@ from apps.batches.services import (
 )
 from apps.batches.services.lines import line_release, lines_renew
 from apps.batches.services.pause import batch_pause, batches_resume_due
+from runtime.internal_principal import LINE_HEADER, line_event_id, sign_line
 
 logger = logging.getLogger(__name__)
 
@@ -67,10 +95,14 @@ def send(url: str, key: str, line: BatchLine, request_class: str | None) -> Answ
         "Authorization": f"Bearer {key}",
         "Content-Type": "application/json",
         "X-Request-Id": f"batch-{line.pk}-{line.attempts}",
-        # The same on every try of the line: a retry after a crash gets the router's stored
-        # answer of the first try (served unbilled) while the router still holds it.
-        "Idempotency-Key": f"{line.batch.public_id}-line-{line.number}",
+        # The same on every try of the line (until a stuck claim bumps the epoch): a retry
+        # after a crash gets the router's stored answer of the first try (served unbilled).
+        "Idempotency-Key": idempotency_key(line),
     }
+    secret = settings.INTERNAL_SECRET
+    if secret:  # the batch lane, and one ledger charge for every try (see the module)
+        headers[LINE_HEADER] = sign_line(secret, tenant=line.batch.tenant.slug,
+                                         ref=str(line.pk), now=time.time())  # fmt: skip
     if request_class:
         headers["X-Switchyard-Class"] = request_class
     request = urllib.request.Request(  # noqa: S310 - the configured router's URL
@@ -83,6 +115,11 @@ def send(url: str, key: str, line: BatchLine, request_class: str | None) -> Answ
         return Answer(exc.code, _decode(exc.read()))
     except (OSError, TimeoutError) as exc:
         return Answer(0, {"error": {"code": "router_unreachable", "message": str(exc)}})
+
+
+def idempotency_key(line: BatchLine) -> str:
+    key = f"{line.batch.public_id}-line-{line.number}"
+    return f"{key}-e{line.idempotency_epoch}" if line.idempotency_epoch else key
 
 
 def _decode(raw: bytes) -> Any:
@@ -138,12 +175,20 @@ def _settle(owner: str, line: BatchLine, answer: Answer) -> None:
     if answer.status in RETRYABLE and line.attempts < MAX_ATTEMPTS:
         logger.info("batch line %s: HTTP %s, retried later", line.pk, answer.status)
         retry_in_s = min(RETRY_CAP_S, 2.0**line.attempts)
-        line_release(line_id=line.pk, owner=owner, retry_in_s=retry_in_s)
+        stuck = _code(answer) == "idempotency_key_in_progress"
+        line_release(line_id=line.pk, owner=owner, retry_in_s=retry_in_s,
+                     new_idempotency_key=stuck)  # fmt: skip
         return
     request_id = f"batch-{line.pk}-{line.attempts}"
     if not line_record(line_id=line.pk, owner=owner, status_code=answer.status or 502,
-                       body=answer.body, request_id=request_id):  # fmt: skip
+                       body=answer.body, request_id=request_id,
+                       usage_event_id=line_event_id(str(line.pk))):  # fmt: skip
         logger.warning("batch line %s: lease lost before its answer was recorded", line.pk)
+
+
+def _code(answer: Answer) -> str:
+    error = answer.body.get("error") if isinstance(answer.body, dict) else None
+    return str(error.get("code") or "") if isinstance(error, dict) else ""
 
 
 def finalize_ready(batch_ids: set[int] | None = None) -> int:

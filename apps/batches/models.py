@@ -120,6 +120,12 @@ class BatchLine(models.Model):
     response = models.JSONField(null=True, blank=True)
     error = models.JSONField(null=True, blank=True)
     request_id = models.CharField(max_length=64, blank=True)  # the X-Request-Id sent
+    # The usage event id every try of the line is billed under (the ledger's unique
+    # ``UsageRecord.event_id``), recorded with the answer: the line's charge in the ledger.
+    usage_event_id = models.CharField(max_length=64, blank=True)
+    # Bumped when the router answers 409 ``idempotency_key_in_progress`` (a router killed while
+    # it ran the line left its claim in Redis): the next try sends a fresh Idempotency-Key.
+    idempotency_epoch = models.PositiveSmallIntegerField(default=0)
     finished_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:

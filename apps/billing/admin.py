@@ -29,8 +29,8 @@ from apps.common.admin_support import (
     run_validator,
 )
 
-PRICE_FIELDS = ("version", "hardware_tier", "input_per_1k", "output_per_1k", "cache_hit_discount")
-PRICE_VALUES = ("input_per_1k", "output_per_1k", "cache_hit_discount")
+PRICE_VALUES = ("input_per_1k", "output_per_1k", "cache_hit_discount", "batch_discount")
+PRICE_FIELDS = ("version", "hardware_tier", *PRICE_VALUES)
 BUDGET_FIELDS = ("tenant", "period", "soft_alert_pct", "hard_cap", "webhook_url")
 
 

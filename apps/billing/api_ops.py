@@ -94,6 +94,7 @@ class PriceSerializer(serializers.ModelSerializer[Price]):
             "input_per_1k",
             "output_per_1k",
             "cache_hit_discount",
+            "batch_discount",
             "updated_at",
         )
         read_only_fields = fields
@@ -107,6 +108,10 @@ class PriceSetSerializer(serializers.Serializer[Any]):
     cache_hit_discount = serializers.DecimalField(
         max_digits=6, decimal_places=3, required=False, default=Decimal("0.5")
     )
+    batch_discount = serializers.DecimalField(
+        max_digits=6, decimal_places=3, required=False, default=Decimal(0),
+        help_text="Fraction off (0..1) for the lines of Batch API batches.",
+    )  # fmt: skip
 
 
 @extend_schema_view(get=extend_schema(operation_id="ops_prices_list", tags=["ops: billing"]))

@@ -44,6 +44,12 @@ class Price(models.Model):
     cache_hit_discount = models.DecimalField(
         max_digits=4, decimal_places=3, default=Decimal("0.5"), help_text="Fraction off, 0..1."
     )
+    batch_discount = models.DecimalField(
+        max_digits=4,
+        decimal_places=3,
+        default=Decimal(0),
+        help_text="Fraction off for Batch API lines, 0..1.",
+    )
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
@@ -53,7 +59,9 @@ class Price(models.Model):
                 condition=models.Q(input_per_1k__gte=0)
                 & models.Q(output_per_1k__gte=0)
                 & models.Q(cache_hit_discount__gte=0)
-                & models.Q(cache_hit_discount__lte=1),
+                & models.Q(cache_hit_discount__lte=1)
+                & models.Q(batch_discount__gte=0)
+                & models.Q(batch_discount__lte=1),
                 name="price_values_valid",
             ),
         ]

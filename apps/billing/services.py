@@ -37,6 +37,7 @@ PRICE_FIELDS = (
     "input_per_1k",
     "output_per_1k",
     "cache_hit_discount",
+    "batch_discount",
 )
 _CREDIT_DIGITS: Mapping[str, int] = MappingProxyType(
     {"max_digits": int(CREDITS["max_digits"]), "decimal_places": int(CREDITS["decimal_places"])}
@@ -50,19 +51,21 @@ def _credits_error(value: object) -> str | None:
 # --- prices ---------------------------------------------------------------------------------
 
 
+def _fraction_error(value: Decimal | int | str, what: str) -> str | None:
+    fraction = to_decimal(value)
+    if fraction is None or not 0 <= fraction <= 1:
+        return f"{what} must be a fraction from 0 to 1."
+    return fits_error(fraction, max_digits=4, decimal_places=3)
+
+
 def price_validate(
     *,
     hardware_tier: str,
     input_per_1k: Decimal | int | str,
     output_per_1k: Decimal | int | str,
     cache_hit_discount: Decimal | int | str,
+    batch_discount: Decimal | int | str = 0,
 ) -> None:
-    discount = to_decimal(cache_hit_discount)
-    discount_error = (
-        "Cache-hit discount must be a fraction from 0 to 1."
-        if discount is None or not 0 <= discount <= 1
-        else fits_error(discount, max_digits=4, decimal_places=3)
-    )
     tier_ok = isinstance(hardware_tier, str) and TIER_RE.fullmatch(hardware_tier)
     raise_if(
         {
@@ -71,7 +74,8 @@ def price_validate(
             else "Hardware tier must be 1-32 lowercase characters, e.g. h100, cpu.",
             "input_per_1k": _credits_error(input_per_1k),
             "output_per_1k": _credits_error(output_per_1k),
-            "cache_hit_discount": discount_error,
+            "cache_hit_discount": _fraction_error(cache_hit_discount, "Cache-hit discount"),
+            "batch_discount": _fraction_error(batch_discount, "Batch discount"),
         }
     )
 
@@ -84,18 +88,22 @@ def price_set(
     input_per_1k: Decimal | int | str,
     output_per_1k: Decimal | int | str,
     cache_hit_discount: Decimal | int | str = Decimal("0.5"),
+    batch_discount: Decimal | int | str = Decimal(0),
 ) -> Price:
-    """Set the credits per 1k tokens of ``version`` on ``hardware_tier`` (create or replace)."""
+    """Set the credits per 1k tokens of ``version`` on ``hardware_tier`` (create or replace).
+    ``batch_discount`` is the fraction taken off the lines of Batch API batches."""
     price_validate(
         hardware_tier=hardware_tier,
         input_per_1k=input_per_1k,
         output_per_1k=output_per_1k,
         cache_hit_discount=cache_hit_discount,
+        batch_discount=batch_discount,
     )
     values = {
         "input_per_1k": to_decimal(input_per_1k),
         "output_per_1k": to_decimal(output_per_1k),
         "cache_hit_discount": to_decimal(cache_hit_discount),
+        "batch_discount": to_decimal(batch_discount),
     }
     with transaction.atomic():
         return audited_upsert(

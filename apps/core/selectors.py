@@ -32,11 +32,14 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Prefetch, Q
 
+from apps.batches.models import Batch
 from apps.billing.models import Price
 from apps.models.models import Endpoint, Model, ModelVersion, Pool, Route, RouteSplit
+from apps.models.selectors import trusted_keys_active
 from apps.rollouts.models import TRAFFIC_STATES, Rollout
 from apps.safety.selectors import safety_snapshot
 from apps.scaling.selectors import scale_from_zero_versions
@@ -53,6 +56,7 @@ from runtime.snapshot import (
     RequestClassSnap,
     RouteSnap,
     SamplingValue,
+    SigningSnap,
     Snapshot,
     TenantLimits,
     TenantSnap,
@@ -91,6 +95,7 @@ def snapshot_build() -> Snapshot:
         prices = _prices(versions)
         credits = _credits()
         safety = safety_snapshot()
+        signing = _signing(versions)
     return Snapshot(
         version=0,
         created_at=time.time(),
@@ -106,6 +111,17 @@ def snapshot_build() -> Snapshot:
         credits=credits,
         aliases=aliases,
         safety=safety,
+        signing=signing,
+    )
+
+
+def _signing(versions: Mapping[int, VersionSnap]) -> SigningSnap:
+    """What routers check adapters' signatures with (empty without adapters): the mode of
+    ``settings.ARTIFACT_SIGNATURES`` and the active trusted keys, as a worker reads them."""
+    if not any(v.base_version is not None for v in versions.values()):
+        return SigningSnap()
+    return SigningSnap(
+        required=settings.ARTIFACT_SIGNATURES == "required", trusted=trusted_keys_active()
     )
 
 
@@ -162,8 +178,14 @@ def _tenants() -> dict[str, TenantSnap]:
 
 
 def _api_keys() -> dict[str, ApiKeySnap]:
-    queryset = (
+    queryset = list(
         ApiKey.objects.filter(revoked_at__isnull=True).select_related("tenant").order_by("prefix")
+    )
+    # The keys the Batch API minted for its executor: their requests are batch lines.
+    batch_keys = set(
+        Batch.objects.filter(exec_key_prefix__in=[key.prefix for key in queryset]).values_list(
+            "exec_key_prefix", flat=True
+        )
     )
     return {
         key.prefix: ApiKeySnap(
@@ -173,6 +195,7 @@ def _api_keys() -> dict[str, ApiKeySnap]:
             name=key.name,
             scopes=_strings(key.scopes, where=f"API key {key.prefix} scopes"),
             expires_at=key.expires_at.timestamp() if key.expires_at is not None else None,
+            batch=key.prefix in batch_keys,
         )
         for key in queryset
     }
@@ -181,7 +204,7 @@ def _api_keys() -> dict[str, ApiKeySnap]:
 def _models_and_versions() -> tuple[dict[str, ModelSnap], dict[int, VersionSnap]]:
     queryset = (
         ModelVersion.objects.filter(published_at__isnull=False)
-        .select_related("model", "model__fallback")
+        .select_related("model", "model__fallback", "signing_key")
         .order_by("model__name", "published_at", "id")
     )
     versions: dict[int, VersionSnap] = {}
@@ -213,6 +236,10 @@ def _models_and_versions() -> tuple[dict[str, ModelSnap], dict[int, VersionSnap]
             lora_rank=_positive_int(manifest.get("lora_rank"), where=f"{where} lora_rank")
             if mv.base_version_id is not None
             else 0,
+            signature=mv.signature if mv.base_version_id is not None else "",
+            signing_key=mv.signing_key.name
+            if mv.base_version_id is not None and mv.signing_key is not None
+            else "",
         )
         per_model.setdefault(mv.model.name, []).append(mv.pk)
         tasks[mv.model.name] = mv.model.task
@@ -278,6 +305,7 @@ def _endpoints(versions: Mapping[int, VersionSnap]) -> dict[int, EndpointSnap]:
             base_url=ep.base_url,
             state=ep.state,
             capacity=ep.capacity,
+            kv_events=ep.kv_events_url,
         )
         for ep in queryset
     }
@@ -337,6 +365,7 @@ def _prices(versions: Mapping[int, VersionSnap]) -> tuple[PriceSnap, ...]:
             input_per_1k=float(price.input_per_1k),
             output_per_1k=float(price.output_per_1k),
             cache_hit_discount=float(price.cache_hit_discount),
+            batch_discount=float(price.batch_discount),
         )
         for price in queryset
     )

@@ -214,6 +214,13 @@ class Endpoint(models.Model):
     capacity = models.PositiveIntegerField(
         default=8, validators=[MinValueValidator(1)], help_text="Concurrent sequences."
     )
+    kv_events_url = models.CharField(
+        max_length=300,
+        blank=True,
+        default="",
+        help_text="Where the engine publishes its KV cache events (tcp://host:port); empty: "
+        "none (routers score its prefixes approximately).",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

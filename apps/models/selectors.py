@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from django.db.models import Prefetch, QuerySet
 
 from apps.models.models import Endpoint, Model, ModelVersion, Pool, Route, TrustedKey
-from runtime.workers.adapters import DEFAULT_MAX_LORAS
+from runtime.workers.adapters import LoraSettings
 
 
 def models_all() -> QuerySet[Model]:
@@ -59,15 +61,17 @@ def trusted_keys_active() -> dict[str, str]:
     return dict(TrustedKey.objects.filter(active=True).values_list("name", "public_key"))
 
 
-def lora_settings(version: ModelVersion) -> tuple[int, int]:
-    """``(max_loras, max_lora_rank)`` for a replica of ``version``: ``(0, 8)`` (LoRA off)
-    without published adapters; else the default slots and the largest adapter rank (at least
-    8, vLLM's smallest supported maximum): ``WorkerSpec.max_loras`` / ``max_lora_rank``."""
+def lora_settings(version: ModelVersion, policies: Mapping[str, str]) -> tuple[int, int, int]:
+    """``(max_loras, max_cpu_loras, max_lora_rank)`` for a replica of ``version`` in a pool
+    with ``policies``: ``(0, 0, 8)`` (LoRA off) without published adapters; else the pool's
+    slots (:class:`runtime.workers.adapters.LoraSettings`, what the routers assume too) and
+    the largest adapter rank (at least 8, vLLM's smallest supported maximum)."""
     manifests = version.adapters.filter(published_at__isnull=False).values_list(
         "manifest", flat=True
     )
     ranks = [m.get("lora_rank") for m in manifests if isinstance(m, dict)]
     if not manifests.exists():
-        return 0, 8
+        return 0, 0, 8
     rank = max([8, *(r for r in ranks if isinstance(r, int) and not isinstance(r, bool))])
-    return DEFAULT_MAX_LORAS, rank
+    slots = LoraSettings.from_policies(policies)
+    return slots.max_loras, slots.max_cpu_loras, rank

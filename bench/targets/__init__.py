@@ -18,6 +18,10 @@ FACTORIES: MappingProxyType[str, Callable[[], Target]] = MappingProxyType(
         "bare-proxy": lambda: BareProxyTarget(name="bare-proxy"),
         "switchyard-fcfs": lambda: SwitchyardTarget(name="switchyard-fcfs", fairness="fcfs"),
         "switchyard": lambda: SwitchyardTarget(name="switchyard"),
+        "switchyard-load-only": lambda: SwitchyardTarget(
+            name="switchyard-load-only", prefix_routing="off"
+        ),
+        "switchyard-precise": lambda: SwitchyardTarget(name="switchyard-precise", kv_events=True),
         "switchyard-2w": lambda: SwitchyardTarget(name="switchyard-2w", workers=2),
         "switchyard-tls": lambda: SwitchyardTarget(name="switchyard-tls", tls=True),
         "switchyard-mtls": lambda: SwitchyardTarget(name="switchyard-mtls", tls=True, mtls=True),

@@ -45,6 +45,7 @@ class TargetContext:
     start_timeout_s: float = 60.0
     pki: LocalPKI | None = None  # the run's local CA (``session`` trusts it): HTTPS targets
     backend_cpus: tuple[int, ...] = ()  # where backends run (a target's own, mTLS ones)
+    backend_kv_events: Sequence[str] = ()  # per backend, its KV events address (kv_events on)
 
 
 @dataclass

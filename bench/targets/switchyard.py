@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -51,6 +51,7 @@ def build_snapshot(
     backend_urls: list[str],
     keys: Mapping[str, str],
     policies: Mapping[str, str],
+    kv_events: Sequence[str] = (),
 ) -> Snapshot:
     """The router's whole configuration for this scenario, as the control plane would."""
     world = SnapshotBuilder()
@@ -80,8 +81,9 @@ def build_snapshot(
     )
     for i, url in enumerate(backend_urls):
         world.add_endpoint(
-            i + 1, VERSION_ID, url, pool=POOL, capacity=scenario.backends.max_num_seqs
-        )
+            i + 1, VERSION_ID, url, pool=POOL, capacity=scenario.backends.max_num_seqs,
+            kv_events=kv_events[i] if kv_events else "",
+        )  # fmt: skip
     return world.snapshot()
 
 
@@ -100,6 +102,8 @@ class SwitchyardTarget(Target):
     fairness: str | None = None  # overrides the scenario's pool policy "fairness"
     workers: int = 1  # router processes (--workers); each gets a core of its own if it can
     scorers: str | None = None  # overrides the scenario's pool policy "scorers"
+    prefix_routing: str | None = None  # overrides the pool policy "prefix_routing" (on|off)
+    kv_events: bool = False  # subscribe to the backends' KV events (precise prefix scoring)
     tls: bool = False  # serve HTTPS (the run's CA)
     mtls: bool = False  # and call backends of its own over mTLS
     _backends: list[Child] = field(default_factory=list)
@@ -113,6 +117,8 @@ class SwitchyardTarget(Target):
             policies["fairness"] = self.fairness
         if self.scorers is not None:
             policies["scorers"] = self.scorers
+        if self.prefix_routing is not None:
+            policies["prefix_routing"] = self.prefix_routing
         return policies
 
     async def start(self, ctx: TargetContext) -> None:
@@ -127,7 +133,8 @@ class SwitchyardTarget(Target):
         backend_urls = list(ctx.backend_urls)
         if self.mtls:
             backend_urls = await self._start_mtls_backends(ctx)
-        snapshot = build_snapshot(ctx.scenario, backend_urls, ctx.keys, policies)
+        events = ctx.backend_kv_events if self.kv_events and not self.mtls else ()
+        snapshot = build_snapshot(ctx.scenario, backend_urls, ctx.keys, policies, events)
         try:
             await asyncio.to_thread(self._publish, snapshot)
         except redis.RedisError as exc:

@@ -102,6 +102,7 @@ from runtime.contract import (
     credit_key,
     done_key,
     escrow_key,
+    lane_tenant,
     limits_keys,
     period_fields,
     usage_stream,
@@ -219,8 +220,8 @@ class RedisLimits:
     def keys(self, tenant: str) -> list[str]:
         return [
             *limits_keys(self._prefix, tenant),
-            credit_key(self._prefix, tenant),
-            escrow_key(self._prefix, tenant),
+            credit_key(self._prefix, lane_tenant(tenant)),  # a batch lane spends its tenant's
+            escrow_key(self._prefix, lane_tenant(tenant)),
         ]
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -281,7 +282,8 @@ class RedisLimits:
         """Admit one request of ``tokens`` (prompt + max_tokens) whose worst case costs
         ``ask.need_uc``, or raise :class:`~.limits.LimitExceededError` /
         :class:`~.credits.CreditRefusedError`."""
-        if self.allowances is not None and ask.need_uc <= 0:  # escrow is not leased
+        if self.allowances is not None and ask.need_uc <= 0 and tenant == lane_tenant(tenant):
+            # escrow is not leased; a batch lane is always asked of Redis
             taken = self.allowances.take(tenant, quota, tokens)
             if self.allowances.wants:
                 self._wake.set()
@@ -338,7 +340,7 @@ class RedisLimits:
         rates = RateState.of(quota, used=int(used), tokens=float(tokens_left),
                              requests_reset_s=int(reset_ms) / 1000.0)  # fmt: skip
         if ask.need_uc > 0:
-            self.local_credits.learn(tenant, int(available), int(room))
+            self.local_credits.learn(lane_tenant(tenant), int(available), int(room))
         kind = _KINDS.get(status)
         if kind is not None:
             raise refusal(kind, int(retry_ms) / 1000.0, quota, float(detail), rates)
@@ -355,11 +357,12 @@ class RedisLimits:
     def _acquire_local(
         self, lease_id: str, tenant: str, quota: Quota, tokens: int, ask: CreditAsk
     ) -> Lease:
-        hold, overdraft = self.local_credits.hold(tenant, ask)  # may refuse: before limits
+        owner = lane_tenant(tenant)
+        hold, overdraft = self.local_credits.hold(owner, ask)  # may refuse: before limits
         try:
             lease = self.local.acquire(lease_id, tenant, quota, tokens=tokens)
         except LimitExceededError:
-            self.local_credits.unhold(tenant, hold)
+            self.local_credits.unhold(owner, hold)
             raise
         lease.ask, lease.hold_uc, lease.overdraft = ask, hold, overdraft
         return lease

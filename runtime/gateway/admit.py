@@ -33,7 +33,7 @@ import msgspec
 
 from runtime.admission.credits import NO_ASK, CreditAsk, CreditRefusedError
 from runtime.admission.limits import Lease, LimitExceededError, LimitKind, Quota
-from runtime.contract import period_fields
+from runtime.contract import batch_lane, period_fields
 from runtime.gateway.bundles import AdmissionDeps
 from runtime.gateway.errors import ApiError, retry_after
 from runtime.gateway.plan import Plan
@@ -48,13 +48,16 @@ from runtime.scheduling.grant import (
     Ticket,
 )
 from runtime.scheduling.interfaces import DropReason
-from runtime.snapshot import Snapshot, TenantSnap
+from runtime.snapshot import Snapshot, TenantSnap, adapter_name
 
 _LIMIT_CODES = {
     LimitKind.RPM: "rate_limit_exceeded",
     LimitKind.TPM: "tokens_per_minute_exceeded",
     LimitKind.CONCURRENCY: "concurrency_limit_exceeded",
 }
+
+
+_UNBOUNDED = 1 << 40  # a limit the batch lane does not apply
 
 
 @dataclass(slots=True)
@@ -96,16 +99,32 @@ def _rate_of(deps: AdmissionDeps, snapshot: Snapshot, plan: Plan) -> tuple[Rate 
     return deps.prices.book.rate(plan.version.id, pool.hardware_tier), pool.hardware_tier
 
 
+def batch_quota(deps: AdmissionDeps) -> Quota:
+    """The batch lane's limits: its concurrency allowance; RPM and TPM unbounded (the lane is
+    paced by its concurrency and the ``batch`` band, not by the tenant's online rates)."""
+    return Quota(rpm=_UNBOUNDED, tpm=_UNBOUNDED, concurrency=deps.batch_concurrency)
+
+
 async def admit_limits(
-    deps: AdmissionDeps, snapshot: Snapshot, tenant: TenantSnap, plan: Plan
+    deps: AdmissionDeps, snapshot: Snapshot, tenant: TenantSnap, plan: Plan, *,
+    batch_line: bool = False, batch: bool = False,
 ) -> Admission:
+    """Take the request's hold on ``tenant``'s limits and credits: under its online limits, or
+    (``batch_line``: the executor's signed mark) under its batch lane's (:func:`batch_quota`);
+    the credits are the tenant's. A Batch API line (``batch``: sent with its batch's key) is
+    priced at the batch rate."""
     limits = tenant.limits
     quota = Quota(rpm=limits.rpm, tpm=limits.tpm, concurrency=limits.max_concurrency)
+    subject = tenant.slug
+    if batch_line:
+        quota, subject = batch_quota(deps), batch_lane(tenant.slug)
     rate, tier = _rate_of(deps, snapshot, plan)
+    if batch and rate is not None:
+        rate = rate.for_batch()
     ask = credit_ask(snapshot, tenant, plan, rate, now=time.time())
     try:
         lease = await deps.limits.acquire(
-            tenant.slug, quota, tokens=plan.prompt_tokens + plan.max_tokens, ask=ask
+            subject, quota, tokens=plan.prompt_tokens + plan.max_tokens, ask=ask
         )
     except LimitExceededError as exc:
         code = _LIMIT_CODES[exc.kind]
@@ -239,6 +258,8 @@ async def acquire_slot(
         weight=fair_weight(tenant, admission),
         deadline=plan.deadline,
         affinity_key=plan.affinity_key,
+        adapter=adapter_name(plan.version) if plan.version.base_version is not None else None,
+        prefix=plan.prefix,
         on_queued=on_queued,
     )
     dispatcher = deps.dispatchers.get(snapshot, pool)

@@ -22,6 +22,7 @@ from runtime.gateway.interventions import InterventionRecorder
 from runtime.gateway.key_usage import KeyUsageRecorder
 from runtime.gateway.tokens import TokenCounter
 from runtime.metering.pricing import PriceBook
+from runtime.routing.prefix_placer import PrefixPlacer
 from runtime.routing.shadow import ShadowMirror
 from runtime.routing.table import RoutingTable
 from runtime.safety.classify import Classifier
@@ -50,7 +51,8 @@ class PriceHolder:
 
 @dataclass(slots=True, frozen=True, kw_only=True)
 class AdmissionDeps:
-    """Tenant limits and credits in Redis, the pool queues, prices, the routing table."""
+    """Tenant limits and credits in Redis, the pool queues, prices, the routing table, the
+    prefix placer (prefix-aware routing's index)."""
 
     limits: RedisLimits
     dispatchers: Dispatchers
@@ -58,6 +60,9 @@ class AdmissionDeps:
     prices: PriceHolder
     metrics: RouterMetrics
     default_band: int
+    batch_concurrency: int = 16  # a tenant's batch lane: its lines in flight (the allowance)
+    internal_secret: str = ""  # verifies the executor's batch line mark
+    prefix: PrefixPlacer = field(default_factory=PrefixPlacer)  # shared with the placements
 
 
 @dataclass(slots=True, frozen=True, kw_only=True)

@@ -25,6 +25,7 @@
 | ``SWITCHYARD_CONTROL_PLANE_URL`` | *(none)* | Batch API: files and batches go there |
 | ``SWITCHYARD_INTERNAL_SECRET`` | *(none)* | Batch API: signs the forwarded principal |
 | ``SWITCHYARD_MAX_UPLOAD_BYTES`` | ``104857600`` | Batch API: a file upload's cap (413) |
+| ``SWITCHYARD_BATCH_CONCURRENCY`` | ``16`` | Batch API: a tenant's batch lines in flight |
 | ``SWITCHYARD_SNAPSHOT_CONFIRM_POLL_S`` | ``5`` | how often to read the freshness confirmation |
 | ``SWITCHYARD_AT_REST_KEYS`` | *var dir*``/at_rest_keys`` | cache encryption keys, newest first |
 | ``SWITCHYARD_AT_REST_KEYS_FILE`` | | a file holding them instead |
@@ -116,6 +117,9 @@ class RouterConfig:
     control_plane_url: str = ""  # the Batch API's files and batches ("" -> 503 there)
     internal_secret: str = ""  # signs the principal forwarded to the control plane
     max_upload_bytes: int = 100 << 20  # a Batch API file upload (the 1 MiB cap is not it)
+    # The batch allowance: a tenant's batch lines (marked by the executor, signed) in flight at
+    # once, in a lane of their own, apart from its online caps (runtime/contract.batch_lane).
+    batch_concurrency: int = 16
 
     def __post_init__(self) -> None:
         if self.max_body_bytes < 1:
@@ -196,6 +200,7 @@ class RouterConfig:
             control_plane_url=env.get("SWITCHYARD_CONTROL_PLANE_URL") or "",
             internal_secret=env.get("SWITCHYARD_INTERNAL_SECRET") or "",
             max_upload_bytes=int(_number(env, "SWITCHYARD_MAX_UPLOAD_BYTES", 104857600, minimum=1)),
+            batch_concurrency=int(_number(env, "SWITCHYARD_BATCH_CONCURRENCY", 16, minimum=1)),
         )
 
 

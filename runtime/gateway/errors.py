@@ -94,6 +94,9 @@ ERROR_KINDS: Final[Mapping[str, ErrorKind]] = MappingProxyType(
         "missing_api_key": ErrorKind(401, AUTHENTICATION, "{reason}"),
         "invalid_api_key": ErrorKind(401, AUTHENTICATION, "Incorrect API key provided."),
         "expired_api_key": ErrorKind(401, AUTHENTICATION, "This API key has expired."),
+        "invalid_batch_line": ErrorKind(
+            401, AUTHENTICATION, "The X-Switchyard-Batch-Line mark is refused: {reason}."
+        ),
         # 403: known caller, not allowed.
         "tenant_suspended": ErrorKind(403, PERMISSION, "The tenant of this API key is {state}."),
         "insufficient_scope": ErrorKind(403, PERMISSION, "This API key lacks the '{scope}' scope."),

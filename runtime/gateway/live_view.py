@@ -2,8 +2,9 @@
 
 Plain dicts built from the snapshot in force and the router's own counters: the pools' queue
 depth per band, tenant shares and Jain's index; each endpoint's state, health, KV use and
-in-flight requests against its capacity; the request classes' TTFT SLOs; the routes this router
-follows (model -> version label -> weight) and its snapshot's version.
+in-flight requests against its capacity and its resident LoRA adapters (the router's
+residency book: its own loads and the replica's heartbeat); the request classes' TTFT SLOs;
+the routes this router follows (model -> version label -> weight) and its snapshot's version.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ def _endpoints(state: RouterState) -> list[dict[str, Any]]:
     if snapshot is None:
         return []
     rows: list[dict[str, Any]] = []
+    resident = state.upstream.adapters.resident()
     for endpoint in snapshot.endpoints.values():
         version = snapshot.versions.get(endpoint.version)
         status = state.health.status(endpoint.id)
@@ -66,6 +68,7 @@ def _endpoints(state: RouterState) -> list[dict[str, Any]]:
                 "kv_usage": None if status is None else status.kv_usage,
                 "inflight": state.inflight.get(endpoint.id),
                 "capacity": endpoint.capacity,
+                "adapters": list(resident.get(endpoint.id, ())),
             }
         )
     return rows

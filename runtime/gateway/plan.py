@@ -37,6 +37,7 @@ from runtime.gateway.schema import (
     InferenceRequest,
 )
 from runtime.gateway.tokens import text_overheads
+from runtime.routing.prefix import PromptPrefix
 from runtime.routing.versions import Headers, NoVersionError, choose_version
 from runtime.snapshot import (
     ModelSnap,
@@ -70,6 +71,7 @@ class Plan(msgspec.Struct, kw_only=True):
     prompt_tokens: int = 0  # counted (or estimated) before dispatch
     max_tokens: int = 0  # the whole output budget: per-choice max_tokens x n x prompts
     affinity_key: str | None = None  # hash of the prompt's first characters
+    prefix: PromptPrefix | None = None  # the prompt's block hashes (stage ``prefix``)
 
 
 async def plan_request(

@@ -20,6 +20,7 @@ from runtime.admission.redis_limits import RedisLimits
 from runtime.batching.coalescer import Coalescer
 from runtime.cache.metrics import CacheMetrics
 from runtime.contract import usage_stream
+from runtime.gateway.adapter_heartbeats import AdapterHeartbeats
 from runtime.gateway.bundles import (
     AdmissionDeps,
     PlanningDeps,
@@ -41,6 +42,9 @@ from runtime.gateway.tokens import TokenCounter
 from runtime.gateway.unary import make_coalescer
 from runtime.metering.pricing import PriceBook
 from runtime.routing.inflight import InFlight
+from runtime.routing.kv_index import EventedPrefixIndex
+from runtime.routing.kv_subscriber import KvEventSubscribers, snapshot_addresses
+from runtime.routing.prefix_placer import PrefixPlacer
 from runtime.routing.shadow import ShadowMirror
 from runtime.routing.signals import FleetSignals
 from runtime.routing.table import RoutingTable
@@ -67,6 +71,7 @@ from runtime.upstream.control import ControlPlaneClient
 from runtime.upstream.drain import DrainClient
 from runtime.upstream.health import HealthConfig, HealthMonitor
 from runtime.upstream.timeouts import TimeoutPolicy
+from runtime.workers.adapter_loader import AdapterFleet
 
 STATE_KEY = "switchyard"
 SHADOW_INFLIGHT = 4  # shadow copies in flight at once (more are dropped)
@@ -112,7 +117,9 @@ class RouterState:
     loop_lag: LoopLagProbe | None = None  # the event loop's lag histogram (issue #14)
     scaling: SignalsPublisher | None = None  # runtime/scaling: per-pool signals to Redis
     live: LiveAggregator | None = None  # per-second dashboard documents (telemetry.live)
+    adapter_heartbeats: AdapterHeartbeats | None = None  # LoRA residency from heartbeats
     control: ControlPlaneClient | None = None  # the Batch API's files and batches (forwarded)
+    kv_events: KvEventSubscribers | None = None  # engines' KV events -> the prefix index
 
     @property
     def prices(self) -> PriceBook | None:
@@ -130,8 +137,11 @@ class RouterState:
         """Swap callback: watch exactly the snapshot's endpoints, forget the rest."""
         self.health.set_endpoints(snapshot.endpoints.values())
         self.breakers.retain(snapshot.endpoints)
+        self.admission.prefix.retain(snapshot.endpoints)
         self.dispatchers.on_snapshot(snapshot)
         self.admission.prices.book = PriceBook(snapshot)
+        if self.kv_events is not None:
+            self.kv_events.sync(snapshot_addresses(snapshot))
 
     def pool_views(self) -> list[PoolView]:
         """What the dispatchers report to ``/metrics`` (read at scrape time)."""
@@ -192,6 +202,8 @@ class RouterState:
         await self.limits.start()
         await self.shared.start()
         await self.health.start()
+        if self.adapter_heartbeats is not None:
+            self.adapter_heartbeats.start()
         self.cache.start()
         if self.scaling is not None:
             self.scaling.start()
@@ -226,12 +238,16 @@ class RouterState:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await self.loader.stop()
+        if self.kv_events is not None:
+            await self.kv_events.close()
         if self.scaling is not None:
             await self.scaling.stop()
         if self.live is not None:
             await self.live.stop()
         await self.dispatchers.stop()
         await self.health.stop()
+        if self.adapter_heartbeats is not None:
+            await self.adapter_heartbeats.stop()
         await self.shared.stop()
         await self.limits.stop()
         await self.key_usage.stop()
@@ -279,6 +295,12 @@ def build_state(config: RouterConfig) -> RouterState:
     def current() -> Snapshot | None:
         return None if loader.version is None else loader.current
 
+    adapters = AdapterFleet()  # LoRA residency: placement reads it, the adapter stage loads
+    # One per process (endpoint ids are unique across pools); precise where engines publish
+    # KV events (runtime/routing/kv_index.py), fed by one subscriber per endpoint.
+    evented = EventedPrefixIndex()
+    prefix = PrefixPlacer(index=evented)
+
     def placement_for(pool: str) -> FleetPlacement:
         return FleetPlacement(
             pool,
@@ -289,6 +311,8 @@ def build_state(config: RouterConfig) -> RouterState:
             inflight=inflight,
             clock=_loop_time,
             on_slot=metrics.inflight_delta,
+            residency=adapters,
+            prefix=prefix,
         )
 
     version_stats = VersionStats(config.redis_url, namespace=config.namespace)
@@ -334,17 +358,20 @@ def build_state(config: RouterConfig) -> RouterState:
         ),
         interval_s=config.scaling_signals_s,
     )
-    admission = AdmissionDeps(limits=limits, dispatchers=dispatchers, table=table,
+    admission = AdmissionDeps(prefix=prefix, limits=limits, dispatchers=dispatchers, table=table,
                               prices=PriceHolder(), metrics=metrics,
-                              default_band=config.default_band)  # fmt: skip
+                              default_band=config.default_band,
+                              batch_concurrency=config.batch_concurrency,
+                              internal_secret=config.internal_secret)  # fmt: skip
     planning = PlanningDeps(config=config, tokens=tokens, table=table, rng=rng,
                             key_usage=key_usage)  # fmt: skip
     upstream = UpstreamDeps(
         client=client, breakers=breakers, rng=rng, retry_attempts=config.retry_attempts,
         backoff_base_s=config.retry_backoff_base_s, backoff_cap_s=config.retry_backoff_cap_s,
         coalescer=coalescer, coalesce_window_s=config.coalesce_window_s, tracing=tracing,
-        metrics=metrics, shadow=shadow, stream_migrations=config.stream_migrations,
-        resume_metrics=ResumeMetrics(metrics.registry), tokens=tokens,
+        metrics=metrics, shadow=shadow, adapters=adapters,
+        stream_migrations=config.stream_migrations, resume_metrics=ResumeMetrics(metrics.registry),
+        tokens=tokens,
     )  # fmt: skip
     telemetry = Telemetry(metrics=metrics, tracing=tracing, version_stats=version_stats,
                           request_log=request_log, snapshot=current, scaling=scaling)  # fmt: skip
@@ -391,11 +418,14 @@ def build_state(config: RouterConfig) -> RouterState:
         control=ControlPlaneClient(config.control_plane_url) if config.control_plane_url else None,
     )
     state.loop_lag = LoopLagProbe(metrics.registry)
+    state.kv_events = KvEventSubscribers(evented.tracker)
     state.loader.add_swap_callback(state.on_snapshot)
     metrics.attach_scheduling(state.pool_views)
     metrics.attach_snapshot(loader)
     metrics.attach_fleet(state.endpoint_views)
     metrics.attach_admission(lambda: state.limits.degraded)
+    metrics.attach_adapters(adapters.rows)
+    state.adapter_heartbeats = AdapterHeartbeats(config.redis_url, adapters, current)
     state.live = telemetry.live = LiveAggregator(
         config.redis_url, config.namespace, live_sources(state)
     )

@@ -3,7 +3,8 @@
 A request's cost is ``input * input price + output * output price`` (credits per 1k tokens
 in the snapshot), with the cache-hit discount taken off for a cached answer, rounded up to
 whole micro-credits. The worst case reserved at admission is the same formula with the
-estimated prompt and ``max_tokens`` of output.
+estimated prompt and ``max_tokens`` of output. A Batch API line (sent with its batch's key)
+is priced at :meth:`Rate.for_batch`: both token prices less the price's batch discount.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ class Rate:
     input_uc: float
     output_uc: float
     cache_hit_discount: float = 0.0
+    batch_discount: float = 0.0
 
     @classmethod
     def of(cls, price: PriceSnap) -> Rate:
@@ -32,7 +34,18 @@ class Rate:
             input_uc=price.input_per_1k * (MICRO / 1000),
             output_uc=price.output_per_1k * (MICRO / 1000),
             cache_hit_discount=min(1.0, max(0.0, price.cache_hit_discount)),
+            batch_discount=min(1.0, max(0.0, price.batch_discount)),
         )
+
+    def for_batch(self) -> Rate:
+        """The rate of a Batch API line: the token prices less the batch discount."""
+        if self.batch_discount <= 0.0:
+            return self
+        keep = 1.0 - self.batch_discount
+        return Rate(
+            input_uc=self.input_uc * keep, output_uc=self.output_uc * keep,
+            cache_hit_discount=self.cache_hit_discount,
+        )  # fmt: skip
 
     @property
     def free(self) -> bool:

@@ -1,18 +1,31 @@
 """Where a request for a LoRA adapter goes, and one load per adapter at a time.
 
-:func:`adapter_choice` is the placement rule, a pure function over what the router knows of
-each replica of the adapter's base version (whether the adapter is resident there, its
-in-flight count and capacity, its measured adapter load time, whether its slots are all pinned
-by minimum residency, :mod:`runtime.workers.adapters`):
+:class:`AdapterResidencyScorer` (``adapter_residency``) is the placement rule as an endpoint
+scorer of the pool's selector (:mod:`runtime.routing.endpoints`). The dispatcher chooses only
+among endpoints with room (its saturation detector), so the pool's scorers rank those. For a
+request that names an adapter, this scorer puts each replica in a tier, from what the router
+knows of it (:class:`AdapterSignal`, kept by
+:class:`runtime.workers.adapter_loader.AdapterFleet`):
 
-1. a replica where the adapter is resident and that is not saturated (the prefix rule's
-   "sticky until saturated", :class:`runtime.routing.sticky.StickyRule`'s ``max_load``): the
-   least loaded of them;
-2. else the replica that can load it (a free or evictable slot) whose queueing estimate plus
-   load time is least: ``in_flight / capacity * service_s + load_s``; it loads the adapter;
-3. else a saturated replica where it is resident (queueing there beats refusing);
-4. else every replica's slots are pinned: :class:`AllPinned` with the soonest Retry-After
-   (the caller answers 429).
+====  =============================================================================
+1.0   the adapter is *active* there (requests for it in flight: it is in the running batch)
+0.8   resident (or loading) there, and the batch has a free adapter slot (``max_loras``)
+0.6   not resident, a free batch slot: it loads there (``- 0.1 * load_s``, the load time)
+0.3   resident, but the batch's ``max_loras`` slots hold other adapters (it waits for one)
+0.2   not resident and the batch is full
+0.05  resident but saturated (``in_flight >= capacity * max_load``, the prefix rule's
+      "sticky until saturated", :class:`runtime.routing.sticky.StickyRule`'s ``max_load``)
+0.0   not resident and every resident slot is pinned by minimum residency (a load there
+      would be refused 429), or saturated and not resident
+====  =============================================================================
+
+That is "resident unless saturated, else least load plus load time" with the batch's adapter
+slots counted: vLLM runs at most ``max_loras`` distinct adapters in one batch and holds back a
+request whose adapter would be one too many, so the replica already running the adapter is the
+stickiest (and the adapters of a pool settle on replicas instead of every replica running
+every adapter). Tiers are 0.2 apart; the default scorers weigh this one 10 against
+``least_load``'s 1, so the tier decides and the load breaks ties within it. A request without
+an adapter scores 0.5 everywhere, which changes no ranking.
 
 :class:`SingleFlight` makes concurrent first requests for one adapter on one replica share one
 load, and remembers a failed load for a cool-down so a broken adapter is answered 503 with
@@ -22,63 +35,58 @@ Retry-After rather than reloaded on every request.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Hashable, Sequence
+from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Final, Protocol
 
 from runtime.routing.sticky import StickyRule
 
-DEFAULT_MAX_LOAD = StickyRule().max_load
+if TYPE_CHECKING:
+    from runtime.routing.endpoints import EndpointSignals
+    from runtime.snapshot import EndpointSnap
+
+DEFAULT_MAX_LOAD: Final = StickyRule().max_load
+NOMINAL_SERVICE_S: Final = 1.0  # a request's service time, to weigh a load against queueing
 
 
 @dataclass(frozen=True, slots=True)
-class ReplicaView:
-    """What the router knows of one replica of the base version, for one adapter."""
+class AdapterSignal:
+    """What the router knows of one replica for the adapter a request names."""
 
-    endpoint: int
-    resident: bool
-    in_flight: int
-    capacity: int
-    load_s: float = 0.0  # measured adapter load time on this replica
-    pinned_for_s: float | None = None  # all slots pinned: seconds until one frees; None: free
-
-    def saturated(self, max_load: float) -> bool:
-        return self.in_flight >= self.capacity * max_load
-
-    def load(self) -> float:
-        return self.in_flight / max(self.capacity, 1)
+    resident: bool  # resident there, or a load of it is in flight there
+    load_s: float = 0.0  # measured adapter load time on this replica (0: none measured yet)
+    pinned: bool = False  # not resident and every resident slot is younger than min residency
+    active: int = 0  # the router's requests in flight there for this adapter
+    batch_full: bool = False  # other adapters in flight there fill its max_loras batch slots
 
 
-@dataclass(frozen=True, slots=True)
-class Choice:
-    endpoint: int
-    needs_load: bool
+class ResidencyBook(Protocol):
+    """Where the router believes each adapter is resident
+    (:class:`runtime.workers.adapter_loader.AdapterFleet`: its own loads, the loads in flight,
+    and what the replicas' heartbeats report)."""
+
+    def adapter_signal(self, endpoint_id: int, name: str) -> AdapterSignal: ...
 
 
-@dataclass(frozen=True, slots=True)
-class AllPinned:
-    retry_after_s: float
+class AdapterResidencyScorer:
+    """Active, then resident, then loadable, unless saturated (see the module's tiers)."""
 
+    name = "adapter_residency"
 
-def adapter_choice(
-    replicas: Sequence[ReplicaView], *, service_s: float, max_load: float = DEFAULT_MAX_LOAD
-) -> Choice | AllPinned | None:
-    """The replica for the next request of an adapter (None: no replica at all)."""
-    if not replicas:
-        return None
-    resident = [r for r in replicas if r.resident]
-    light = [r for r in resident if not r.saturated(max_load)]
-    if light:
-        best = min(light, key=lambda r: (r.load(), r.endpoint))
-        return Choice(best.endpoint, needs_load=False)
-    loadable = [r for r in replicas if not r.resident and r.pinned_for_s is None]
-    if loadable:
-        best = min(loadable, key=lambda r: (r.load() * service_s + r.load_s, r.endpoint))
-        return Choice(best.endpoint, needs_load=True)
-    if resident:
-        best = min(resident, key=lambda r: (r.load(), r.endpoint))
-        return Choice(best.endpoint, needs_load=False)
-    waits = [r.pinned_for_s for r in replicas if r.pinned_for_s is not None]
-    return AllPinned(retry_after_s=min(waits) if waits else 1.0)
+    def score(self, endpoint: EndpointSnap, signals: EndpointSignals) -> float:
+        signal = signals.adapter(endpoint.id)
+        if signal is None:
+            return 0.5
+        saturated = signals.inflight(endpoint.id) >= max(endpoint.capacity, 1) * DEFAULT_MAX_LOAD
+        if saturated:
+            return 0.05 if signal.resident else 0.0
+        if signal.active > 0:
+            return 1.0
+        if signal.resident:
+            return 0.3 if signal.batch_full else 0.8
+        if signal.pinned or signal.batch_full:
+            return 0.0 if signal.pinned else 0.2
+        return 0.6 - 0.1 * min(1.0, signal.load_s / NOMINAL_SERVICE_S)
 
 
 class LoadFailedError(Exception):
@@ -102,6 +110,10 @@ class SingleFlight:
         self._clock = clock
         self._flights: dict[Hashable, asyncio.Future[None]] = {}
         self._failed: dict[Hashable, tuple[float, str]] = {}
+
+    def running(self, key: Hashable) -> bool:
+        """True while a load for ``key`` is in flight."""
+        return key in self._flights
 
     def _now(self) -> float:
         return self._clock() if self._clock is not None else asyncio.get_running_loop().time()

@@ -8,7 +8,9 @@ A pool's ``policies`` (from the snapshot) may name them:
   (in-flight over capacity), ``kv_use`` (scraped KV-cache use), ``prefix_affinity``
   (rendezvous hash of the prompt prefix), ``prefix_cache`` (the share of the prompt's blocks
   the endpoint is believed to hold, :mod:`runtime.routing.prefix_index`), ``cost_tier`` (the
-  pool's replica cost);
+  pool's replica cost), ``adapter_residency`` (a LoRA adapter resident unless saturated, else
+  least load plus load time, :mod:`runtime.routing.adapters`; 0.5 for a request without an
+  adapter, so the default ``least_load,adapter_residency:10`` ranks full models by load);
 - ``"picker"``: one picker name (default ``max_score``).
 
 Unknown names raise :class:`UnknownPolicyError` (the one scheduling uses too) when the selector
@@ -28,6 +30,7 @@ from types import MappingProxyType
 from typing import Any, Final, Literal, Protocol
 
 from runtime.policy_names import UnknownPolicyError, by_name, lookup
+from runtime.routing.adapters import AdapterResidencyScorer, AdapterSignal
 from runtime.snapshot import EndpointSnap
 
 
@@ -55,6 +58,11 @@ class EndpointSignals(Protocol):
     def cached_prefix(self, endpoint_id: int) -> float | None:
         """The share (0..1) of the request's prompt blocks the endpoint is believed to hold
         in its prefix cache; None when the request carries no prefix match."""
+        ...
+
+    def adapter(self, endpoint_id: int) -> AdapterSignal | None:
+        """The LoRA adapter the request names, as the endpoint holds it; None when the
+        request names no adapter."""
         ...
 
 
@@ -189,10 +197,11 @@ SCORERS: Final = (
     PrefixAffinityScorer,
     PrefixCacheScorer,
     CostTierScorer,
+    AdapterResidencyScorer,
 )
 PICKERS: Final = (MaxScorePicker,)
 DEFAULT_FILTERS: Final = "ready,circuit,health"
-DEFAULT_SCORERS: Final = "least_load"
+DEFAULT_SCORERS: Final = "least_load,adapter_residency:10"
 DEFAULT_PICKER: Final = "max_score"
 
 Interface = Literal["filters", "scorers", "picker"]

@@ -79,6 +79,22 @@ class PrefixMatch:
         return self.matched.get(endpoint_id, 0) * self.block_chars // CHARS_PER_TOKEN
 
 
+@dataclass(frozen=True, slots=True, eq=False)
+class PromptPrefix:
+    """What a request carries to placement: its prompt's block hashes and its estimated
+    prompt tokens. Compared and hashed by identity: one object per request, so the placer
+    can key the request's queued prefill by it."""
+
+    hashes: tuple[int, ...]
+    prompt_tokens: int
+    block_chars: int = DEFAULT_BLOCK_CHARS
+
+    def uncached_tokens(self, matched_blocks: int) -> int:
+        """The prompt tokens an engine holding ``matched_blocks`` leading blocks must prefill."""
+        cached = matched_blocks * self.block_chars // CHARS_PER_TOKEN
+        return max(0, self.prompt_tokens - cached)
+
+
 def main() -> None:  # pragma: no cover - a measurement, run by hand
     """Print the cost of hashing a 4,000-character, three-message chat prompt (µs/request)."""
     import sys  # noqa: PLC0415 - only for this measurement

@@ -142,3 +142,13 @@ class PrefixIndex:
             if seen >= oldest:
                 return
             del blocks[block_hash]
+
+    def discard(self, endpoint_id: int, hashes: Iterable[int]) -> None:
+        """The endpoint no longer holds these blocks (its engine evicted them: KV events,
+        :mod:`runtime.routing.kv_tracker`). The engine evicts a chain from its tail, so the
+        blocks' descendants are already gone and the held blocks stay prefix-closed."""
+        blocks = self._endpoints.get(endpoint_id)
+        if blocks is None:
+            return
+        for block_hash in hashes:
+            blocks.pop(block_hash, None)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from runtime.routing.adapters import AdapterSignal, ResidencyBook
 from runtime.routing.endpoints import EndpointSignals
 from runtime.routing.inflight import InFlight
 from runtime.routing.prefix import PrefixMatch
@@ -56,13 +57,16 @@ class FleetSignals:
     def cached_prefix(self, endpoint_id: int) -> float | None:
         return None  # a request's: see RequestSignals
 
+    def adapter(self, endpoint_id: int) -> AdapterSignal | None:
+        return None  # a request's: see RequestSignals
+
 
 class RequestSignals:
     """The fleet's signals plus what one request adds: its prompt-prefix key, its prefix
-    match against the router's prefix index, and the pool costs of the snapshot it is routed
-    with."""
+    match against the router's prefix index, the LoRA adapter it names (with the router's
+    residency book), and the pool costs of the snapshot it is routed with."""
 
-    __slots__ = ("_affinity_key", "_fleet", "_prefix", "_snapshot")
+    __slots__ = ("_adapter", "_affinity_key", "_fleet", "_prefix", "_residency", "_snapshot")
 
     def __init__(
         self,
@@ -70,11 +74,16 @@ class RequestSignals:
         snapshot: Snapshot,
         affinity_key: str | None = None,
         prefix: PrefixMatch | None = None,
+        *,
+        adapter: str | None = None,
+        residency: ResidencyBook | None = None,
     ) -> None:
         self._fleet = fleet
         self._snapshot = snapshot
         self._affinity_key = affinity_key
         self._prefix = prefix
+        self._adapter = adapter
+        self._residency = residency
 
     def breaker_available(self, endpoint_id: int) -> bool:
         return self._fleet.breaker_available(endpoint_id)
@@ -99,3 +108,8 @@ class RequestSignals:
         if self._prefix is None or self._prefix.blocks <= 0:
             return None
         return self._prefix.fraction(endpoint_id)
+
+    def adapter(self, endpoint_id: int) -> AdapterSignal | None:
+        if self._adapter is None or self._residency is None:
+            return None
+        return self._residency.adapter_signal(endpoint_id, self._adapter)

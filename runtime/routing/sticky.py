@@ -1,4 +1,4 @@
-""""Sticky until saturated": when the longest cached prefix wins over load, as a pure function.
+""" "Sticky until saturated": when the longest cached prefix wins over load, as a pure function.
 
 Given, per eligible endpoint, the request's cached prefix there (tokens, from the
 :class:`~runtime.routing.prefix.PrefixMatch`), the uncached prefill already queued there

@@ -279,7 +279,9 @@ class PoolDispatcher:
         self._queue.pass_through(req)
         self._drain.observe(now=now, queued=0)
         self._charged(req, input_tokens=req.input_tokens, output_tokens=0, now=now)
-        endpoint = self.placement.choose(roomy, ticket.affinity_key)
+        endpoint = self.placement.choose(
+            roomy, ticket.affinity_key, adapter=ticket.adapter, prefix=ticket.prefix
+        )
         self.placement.acquire(endpoint.id)
         self._inflight[req.tenant] += 1
         self._note_dispatched(req.band, 0.0)
@@ -341,9 +343,13 @@ class PoolDispatcher:
         ticket = grant.ticket
         roomy = self._roomy(ticket.version, exclude)
         if roomy:
-            endpoint: EndpointSnap | None = self.placement.choose(roomy, ticket.affinity_key)
+            endpoint: EndpointSnap | None = self.placement.choose(
+                roomy, ticket.affinity_key, adapter=ticket.adapter, prefix=ticket.prefix
+            )
         else:
-            endpoint = self.placement.fallback(ticket.version, exclude, ticket.affinity_key)
+            endpoint = self.placement.fallback(
+                ticket.version, exclude, ticket.affinity_key, prefix=ticket.prefix
+            )
         if endpoint is not None:
             self.placement.acquire(endpoint.id)
             grant.endpoint = endpoint
@@ -457,7 +463,10 @@ class PoolDispatcher:
             if waiter.future.done():
                 continue  # cancelled while we were about to release it
             ticket = waiter.ticket
-            endpoint = self.placement.choose(rooms[ticket.version], ticket.affinity_key)
+            endpoint = self.placement.choose(
+                rooms[ticket.version], ticket.affinity_key,
+                adapter=ticket.adapter, prefix=ticket.prefix,
+            )
             self.placement.acquire(endpoint.id)
             self._inflight[req.tenant] += 1
             waited = max(now - req.arrived_at, 0.0)

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from runtime.routing.prefix import PromptPrefix
 from runtime.scheduling.admission import Rejected
 from runtime.scheduling.interfaces import DropReason, QueuedRequest
 from runtime.snapshot import EndpointSnap
@@ -34,6 +35,8 @@ class Ticket:
     weight: float = 1.0
     deadline: float = math.inf
     affinity_key: str | None = None
+    adapter: str | None = None  # the engine name of the LoRA adapter it needs (placement)
+    prefix: PromptPrefix | None = field(default=None, compare=False)  # prompt block hashes
     is_shadow: bool = False
     on_queued: Callable[[Callable[[], int | None]], None] | None = field(
         default=None, compare=False

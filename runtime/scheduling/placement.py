@@ -3,10 +3,15 @@
 :class:`FleetPlacement` implements :class:`~runtime.scheduling.dispatcher.Placement` for one
 pool: candidate endpoints are those of the version that pass the pool's routing filters
 (ready, circuit closed, healthy, ...); the choice among those with room uses the pool's
-scorers and picker with the request's prompt-prefix key; the load is the router's own
+scorers and picker with the request's prompt-prefix key, unless the request carries its
+prompt's block hashes and the prefix placer's sticky rule keeps it on the endpoint holding its
+longest cached prefix (:mod:`runtime.routing.prefix_placer`; the placer then learns where the
+prefix went); the load is the router's own
 in-flight count (the immediate signal) and the health monitor's last scrape of
 ``vllm:kv_cache_usage_perc`` and ``vllm:num_requests_waiting`` with its age. Taking and
-freeing a slot moves the shared in-flight count and its Prometheus gauge.
+freeing a slot moves the shared in-flight count and its Prometheus gauge. A request that
+names a LoRA adapter is scored with the router's residency book (``residency``), so the
+``adapter_residency`` scorer sees where the adapter is resident before the grant.
 
 The scraped waiting count is read against the router's own dispatches: a request sent less
 than ``fresh_s`` before the scrape may simply not have reached the engine's next step yet
@@ -19,8 +24,11 @@ from __future__ import annotations
 import collections
 from collections.abc import Callable, Sequence
 
+from runtime.routing.adapters import ResidencyBook
 from runtime.routing.endpoints import EndpointSignals
 from runtime.routing.inflight import InFlight
+from runtime.routing.prefix import PromptPrefix
+from runtime.routing.prefix_placer import PrefixPlacer
 from runtime.routing.signals import RequestSignals
 from runtime.routing.table import RoutingTable
 from runtime.scheduling.interfaces import EndpointLoad
@@ -32,8 +40,9 @@ SlotListener = Callable[[int, int], None]
 
 
 class FleetPlacement:
-    __slots__ = ("_clock", "_fresh_s", "_health", "_inflight", "_on_slot", "_sent", "_signals",
-                 "_snapshot", "_table", "pool")  # fmt: skip
+    __slots__ = ("_clock", "_fresh_s", "_health", "_inflight", "_on_slot", "_prefix", "_residency",
+                 "_sent",
+                 "_signals", "_snapshot", "_table", "pool")  # fmt: skip
 
     def __init__(
         self,
@@ -47,6 +56,8 @@ class FleetPlacement:
         clock: Callable[[], float],
         on_slot: SlotListener | None = None,
         fresh_s: float = 0.25,
+        residency: ResidencyBook | None = None,
+        prefix: PrefixPlacer | None = None,
     ) -> None:
         self.pool = pool
         self._snapshot = snapshot
@@ -57,6 +68,8 @@ class FleetPlacement:
         self._clock = clock
         self._on_slot = on_slot
         self._fresh_s = fresh_s
+        self._residency = residency
+        self._prefix = prefix
         self._sent: dict[int, collections.deque[float]] = {}  # endpoint -> recent dispatches
 
     def candidates(self, version: int, exclude: frozenset[int]) -> Sequence[EndpointSnap]:
@@ -83,13 +96,34 @@ class FleetPlacement:
             age_s=max(self._clock() - status.last_scrape, 0.0),
         )
 
-    def choose(self, endpoints: Sequence[EndpointSnap], affinity_key: str | None) -> EndpointSnap:
+    def choose(
+        self,
+        endpoints: Sequence[EndpointSnap],
+        affinity_key: str | None,
+        *,
+        adapter: str | None = None,
+        prefix: PromptPrefix | None = None,
+    ) -> EndpointSnap:
         snapshot = self._snapshot()
-        if snapshot is None or len(endpoints) == 1:
+        if snapshot is None:
             return endpoints[0]
-        selector = self._table.selector(snapshot, endpoints[0].version)
-        signals = RequestSignals(self._signals, snapshot, affinity_key)
-        return selector.picker.pick([(e, selector.score(e, signals)) for e in endpoints])
+        placer = self._prefix if prefix is not None else None
+        match = None if placer is None or prefix is None else placer.match(prefix, endpoints)
+        chosen: EndpointSnap | None = None
+        if len(endpoints) == 1:
+            chosen = endpoints[0]
+        elif placer is not None and match is not None:
+            chosen = placer.sticky(endpoints, match, self._inflight.get)
+        if chosen is None:
+            selector = self._table.selector(snapshot, endpoints[0].version)
+            signals = RequestSignals(
+                self._signals, snapshot, affinity_key, match,
+                adapter=adapter, residency=self._residency,
+            )  # fmt: skip
+            chosen = selector.picker.pick([(e, selector.score(e, signals)) for e in endpoints])
+        if placer is not None and prefix is not None and match is not None:
+            placer.sent(chosen.id, prefix, match)
+        return chosen
 
     def _sent_before(self, endpoint_id: int, scraped: float) -> int:
         """Requests dispatched to the endpoint within ``fresh_s`` before ``scraped``."""
@@ -103,13 +137,21 @@ class FleetPlacement:
         return count
 
     def fallback(
-        self, version: int, exclude: frozenset[int], affinity_key: str | None
+        self,
+        version: int,
+        exclude: frozenset[int],
+        affinity_key: str | None,
+        *,
+        prefix: PromptPrefix | None = None,
     ) -> EndpointSnap | None:
         snapshot = self._snapshot()
         if snapshot is None:
             return None
         signals = RequestSignals(self._signals, snapshot, affinity_key)
-        return self._table.pick(snapshot, version, signals, exclude)
+        chosen = self._table.pick(snapshot, version, signals, exclude)
+        if chosen is not None and prefix is not None and self._prefix is not None:
+            self._prefix.sent(chosen.id, prefix, self._prefix.match(prefix, (chosen,)))
+        return chosen
 
     def capacity(self) -> int:
         snapshot = self._snapshot()

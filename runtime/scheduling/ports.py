@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
+from runtime.routing.prefix import PromptPrefix
 from runtime.scheduling.interfaces import EndpointLoad
 from runtime.snapshot import EndpointSnap
 
@@ -28,12 +29,27 @@ class Placement(Protocol):
         """The router's in-flight count on the endpoint, and its scraped engine gauges."""
         ...
 
-    def choose(self, endpoints: Sequence[EndpointSnap], affinity_key: str | None) -> EndpointSnap:
-        """One of ``endpoints`` (non-empty) by the pool's scorers and picker."""
+    def choose(
+        self,
+        endpoints: Sequence[EndpointSnap],
+        affinity_key: str | None,
+        *,
+        adapter: str | None = None,
+        prefix: PromptPrefix | None = None,
+    ) -> EndpointSnap:
+        """One of ``endpoints`` (non-empty) by the pool's scorers and picker, or by the
+        request's cached prefix (``prefix``: its prompt's block hashes, when it has them);
+        ``adapter``: the engine name of the LoRA adapter the request needs
+        (``adapter_residency`` scorer)."""
         ...
 
     def fallback(
-        self, version: int, exclude: frozenset[int], affinity_key: str | None
+        self,
+        version: int,
+        exclude: frozenset[int],
+        affinity_key: str | None,
+        *,
+        prefix: PromptPrefix | None = None,
     ) -> EndpointSnap | None:
         """The routing choice ignoring room (a retry when nothing has room)."""
         ...

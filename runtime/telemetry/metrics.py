@@ -34,7 +34,10 @@
   pool}``, ``switchyard_endpoint_kv_cache_usage{endpoint, pool}`` (0..1) and
   ``switchyard_endpoint_requests_waiting{endpoint, pool}`` (the engine's own queue);
 - ``switchyard_sli_events_total`` / ``switchyard_sli_good_total{sli, class, model}``: the
-  SLI counters (:mod:`runtime.telemetry.slis`).
+  SLI counters (:mod:`runtime.telemetry.slis`);
+- read from the LoRA residency book at scrape time (:meth:`RouterMetrics.attach_adapters`):
+  ``switchyard_adapter_*{endpoint}``, loads, evictions, waits, load time, resident and active
+  adapters (:mod:`runtime.telemetry.adapter_metrics`).
 
 Several worker processes (``python -m runtime.gateway --workers N``): with
 ``PROMETHEUS_MULTIPROC_DIR`` set (the launcher sets and cleans one per router), the counters,
@@ -61,6 +64,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 from runtime.snapshot import Snapshot
+from runtime.telemetry.adapter_metrics import AdapterCollector, AdapterRows
 from runtime.telemetry.children import Children
 from runtime.telemetry.collectors import (
     AdmissionCollector,
@@ -320,6 +324,10 @@ class RouterMetrics:
     def attach_fleet(self, views: EndpointViews) -> None:
         """Export each endpoint's health, breaker and engine gauges, read at every scrape."""
         self._register_view(FleetCollector(views))
+
+    def attach_adapters(self, rows: AdapterRows) -> None:
+        """Export the LoRA residency book's counters (:mod:`.adapter_metrics`) at every scrape."""
+        self._register_view(AdapterCollector(rows))
 
     def attach_admission(self, degraded: Callable[[], bool]) -> None:
         """Export whether admission runs on its Redis-down fallback, read at every scrape."""

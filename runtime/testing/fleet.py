@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from runtime.routing.prefix import PromptPrefix
 from runtime.scheduling.interfaces import EndpointLoad
 from runtime.snapshot import EndpointSnap
 from runtime.testing.snapshots import endpoint_snap
@@ -41,11 +42,23 @@ class HandFleet:
     def load(self, endpoint: EndpointSnap) -> tuple[int, EndpointLoad]:
         return self.inflight.get(endpoint.id, 0), self.loads.get(endpoint.id, EndpointLoad())
 
-    def choose(self, endpoints: Sequence[EndpointSnap], affinity_key: str | None) -> EndpointSnap:
+    def choose(
+        self,
+        endpoints: Sequence[EndpointSnap],
+        affinity_key: str | None,
+        *,
+        adapter: str | None = None,
+        prefix: PromptPrefix | None = None,
+    ) -> EndpointSnap:
         return min(endpoints, key=lambda e: (self.inflight.get(e.id, 0) / e.capacity, e.id))
 
     def fallback(
-        self, version: int, exclude: frozenset[int], affinity_key: str | None
+        self,
+        version: int,
+        exclude: frozenset[int],
+        affinity_key: str | None,
+        *,
+        prefix: PromptPrefix | None = None,
     ) -> EndpointSnap | None:
         found = self.candidates(version, exclude)
         return found[0] if found else None

@@ -98,6 +98,7 @@ class SnapshotBuilder:
     routes: dict[str, s.RouteSnap] = field(default_factory=dict)
     prices: list[s.PriceSnap] = field(default_factory=list)
     aliases: dict[str, s.AliasSnap] = field(default_factory=dict)
+    signing: s.SigningSnap = field(default_factory=s.SigningSnap)  # adapter signatures
 
     def add_class(self, name: str, *, band: int, deadline_ms: int = 60_000, **fields: Any) -> Self:
         values: dict[str, Any] = {
@@ -219,4 +220,5 @@ class SnapshotBuilder:
             routes=dict(self.routes),
             prices=tuple(self.prices),
             aliases=dict(self.aliases),
+            signing=self.signing,
         )

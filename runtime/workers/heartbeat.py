@@ -4,7 +4,9 @@ The key is ``switchyard:endpoint:<id>:heartbeat`` (:func:`runtime.contract.endpo
 re-exported here); its value is
 a small JSON object (endpoint id, state, base URL, pid, unix time). The worker rewrites it every
 third of the TTL and at each state change, and deletes it when it has stopped the engine; if the
-worker dies, the key expires within one TTL. A Redis outage is logged, never fatal: the engine
+worker dies, the key expires within one TTL. ``extra``, when given, adds fields read at each
+beat (a LoRA engine's resident adapters, ``adapters``: a list of engine names; a failed read
+keeps the last value). A Redis outage is logged, never fatal: the engine
 keeps serving and the next beat retries.
 """
 
@@ -15,7 +17,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
@@ -34,7 +36,13 @@ class Heartbeat:
     """Keeps ``key`` alive in Redis (``SET key value PX ttl``) until :meth:`stop`."""
 
     def __init__(
-        self, redis_url: str, key: str, *, ttl_s: float, fields: Mapping[str, object]
+        self,
+        redis_url: str,
+        key: str,
+        *,
+        ttl_s: float,
+        fields: Mapping[str, object],
+        extra: Callable[[], Awaitable[Mapping[str, object]]] | None = None,
     ) -> None:
         if ttl_s <= 0:
             raise ValueError("the heartbeat TTL must be positive")
@@ -42,6 +50,8 @@ class Heartbeat:
         self._ttl_ms = max(1, round(ttl_s * 1000))
         self._interval_s = ttl_s / 3
         self._fields = dict(fields)
+        self._extra = extra
+        self._extra_fields: Mapping[str, object] = {}
         self._state = "starting"
         self._client: aioredis.Redis[bytes] = async_client(
             redis_url, name="switchyard-heartbeat", timeout_s=_REDIS_TIMEOUT_S
@@ -59,7 +69,13 @@ class Heartbeat:
         await self.beat()
 
     async def beat(self) -> None:
-        value = json.dumps({**self._fields, "state": self._state, "ts": round(time.time(), 3)})
+        if self._extra is not None:
+            try:
+                self._extra_fields = await asyncio.wait_for(self._extra(), _REDIS_TIMEOUT_S)
+            except Exception as exc:  # any failure keeps the last value
+                log.debug("heartbeat %s: extra fields not read (%s)", self.key, exc)
+        fields = {**self._fields, **self._extra_fields}
+        value = json.dumps({**fields, "state": self._state, "ts": round(time.time(), 3)})
         try:
             await self._client.set(self.key, value, px=self._ttl_ms)
         except (RedisError, OSError) as exc:

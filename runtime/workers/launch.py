@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import signal
@@ -78,6 +79,10 @@ class WorkerSpec:
     # once, of rank up to ``max_lora_rank``, loaded at run time (/v1/load_lora_adapter).
     max_loras: int = 0
     max_lora_rank: int = 8
+    max_cpu_loras: int = 0  # adapters kept loaded (--max-cpu-loras); 0: the engine's default
+    # KV cache events (precise prefix routing, runtime.routing.kv_subscriber): the engine
+    # publishes them on a ZeroMQ PUB socket bound to this port on ``host``; None: off.
+    kv_events_port: int | None = None
     extra_args: tuple[str, ...] = ()
     env: Mapping[str, str] = field(default_factory=dict)
     python: str = sys.executable
@@ -89,6 +94,29 @@ class WorkerSpec:
         if self.host in ("0.0.0.0", "::"):  # noqa: S104 - probing locally, not binding
             host = "127.0.0.1"
         return f"{'https' if self.tls else 'http'}://{host}:{self.port}"
+
+    @property
+    def kv_events_bind(self) -> str | None:
+        """Where the engine binds its KV events socket (``tcp://host:port``), or None."""
+        if self.kv_events_port is None:
+            return None
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"tcp://{host}:{self.kv_events_port}"
+
+
+def kv_events_args(spec: WorkerSpec) -> list[str]:
+    """The engine's flags that publish its KV events (vLLM: ``--kv-events-config`` with prefix
+    caching on; the simulator: ``--kv-events-endpoint``); none when the spec has no port."""
+    bind = spec.kv_events_bind
+    if bind is None:
+        return []
+    if spec.backend == "simulator":
+        return ["--kv-events-endpoint", bind]
+    # vLLM 0.32 binds its PUB socket only for a wildcard address (tcp://*:PORT) and *connects*
+    # to any other, so it binds every interface, as its HTTP port does for --host 0.0.0.0.
+    wildcard = f"tcp://*:{spec.kv_events_port}"
+    config = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": wildcard}
+    return ["--enable-prefix-caching", "--kv-events-config", json.dumps(config)]
 
 
 def tls_args(tls: ServerTLS | None) -> list[str]:
@@ -107,10 +135,13 @@ def build_command(spec: WorkerSpec) -> list[str]:
     common += ["--max-model-len", str(spec.max_model_len)]
     if spec.max_num_seqs is not None:
         common += ["--max-num-seqs", str(spec.max_num_seqs)]
+    common += kv_events_args(spec)
     if spec.backend == "simulator":
         argv = [spec.python, "-m", SIMULATOR_MODULE, "--model", spec.served_model_name, *common]
         if spec.max_loras > 0:
             argv += ["--max-loras", str(spec.max_loras)]
+            if spec.max_cpu_loras > 0:
+                argv += ["--max-cpu-loras", str(spec.max_cpu_loras)]
         return [*argv, *spec.extra_args]
     argv = [
         spec.python, "-m", VLLM_MODULE,
@@ -128,6 +159,8 @@ def build_command(spec: WorkerSpec) -> list[str]:
     if spec.max_loras > 0:
         argv += ["--enable-lora", "--max-loras", str(spec.max_loras)]
         argv += ["--max-lora-rank", str(spec.max_lora_rank)]
+        if spec.max_cpu_loras > 0:
+            argv += ["--max-cpu-loras", str(spec.max_cpu_loras)]
     return [*argv, *spec.extra_args]
 
 

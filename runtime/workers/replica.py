@@ -34,12 +34,14 @@ import os
 import signal
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Protocol
 
 from runtime.artifacts import ArtifactError, ArtifactMismatchError, verify_artifact
 from runtime.procs import port_is_free
 from runtime.signing import SignatureCheck, SignatureError, check_signature
+from runtime.workers.adapter_loader import engine_adapters
 from runtime.workers.heartbeat import Heartbeat, endpoint_heartbeat_key
 
 log = logging.getLogger("switchyard.worker")
@@ -121,6 +123,7 @@ class ReplicaSpec:
     signature: SignatureCheck | None = None  # None: not checked (no registry: bench, tests)
     heartbeat_ttl_s: float = 15.0
     handle_signals: bool = True  # False when run() is not on the main thread
+    lora: bool = False  # the engine loads LoRA adapters: its heartbeat lists the resident ones
 
 
 class ReplicaEngine(Protocol):
@@ -209,6 +212,7 @@ class ReplicaLife:
                     endpoint_heartbeat_key(endpoint_id),
                     ttl_s=spec.heartbeat_ttl_s,
                     fields={"endpoint": endpoint_id, "base_url": spec.base_url, "pid": os.getpid()},
+                    extra=partial(engine_adapters, spec.base_url) if spec.lora else None,
                 )
                 await self._heartbeat.start("starting")
             await engine.serve(self)

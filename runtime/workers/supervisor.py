@@ -122,6 +122,7 @@ class Supervisor:
                 signature=spec.signature,
                 heartbeat_ttl_s=settings.heartbeat_ttl_s,
                 handle_signals=settings.handle_signals,
+                lora=spec.max_loras > 0,
             ),
             hooks=hooks,
             redis_url=redis_url,

@@ -246,6 +246,17 @@ def test_pools_endpoints_routes_prices(world: World, staff_client: APIClient) ->
     )
     assert price.status_code == 200, price.content
     assert price.json()["cache_hit_discount"] == "0.500"
+    assert price.json()["batch_discount"] == "0.000"
+    h100 = {"version": world.version.pk, "hardware_tier": "h100", "input_per_1k": "0.5",
+            "output_per_1k": "1.5"}  # fmt: skip
+    for discount, status, found in (("0.5", 200, "0.500"), ("1.5", 400, None)):
+        answer = staff_client.post(f"{OPS}/prices/", {**h100, "batch_discount": discount},
+                                   format="json")  # fmt: skip
+        assert answer.status_code == status
+        if found is None:
+            assert "batch_discount" in answer.json()["error"]["fields"]
+        else:
+            assert answer.json()["batch_discount"] == found
     bad_price = staff_client.post(
         f"{OPS}/prices/",
         {

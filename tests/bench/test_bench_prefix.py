@@ -125,6 +125,9 @@ def test_prefix_targets_are_configured_as_named():
     affinity = FACTORIES["switchyard-prefix-affinity"]()
     scenario = load(SCENARIOS / "prefix.toml")
     assert affinity.policies(scenario)["scorers"] == "least_load,prefix_affinity"  # type: ignore[attr-defined]
+    load_only = FACTORIES["switchyard-load-only"]()
+    assert load_only.policies(scenario)["prefix_routing"] == "off"  # type: ignore[attr-defined]
+    assert "prefix_routing" not in FACTORIES["switchyard"]().policies(scenario)  # type: ignore[attr-defined]
     assert FACTORIES["vllm-router-cache-aware"]().policy == "cache_aware"  # type: ignore[attr-defined]
     assert FACTORIES["vllm-router"]().policy == "round_robin"  # type: ignore[attr-defined]
 
@@ -219,17 +222,19 @@ def test_prefix_routing_beats_load_only_in_virtual_time():
 
 
 def test_the_prefix_fleet_sticks_then_falls_back_to_load():
-    from bench.prefix_placement import BLOCK_TOKENS, PrefixFleet  # noqa: PLC0415
+    from bench.prefix_placement import PrefixFleet  # noqa: PLC0415
+    from runtime.routing.prefix import CHARS_PER_TOKEN, DEFAULT_BLOCK_CHARS  # noqa: PLC0415
     from runtime.routing.sticky import StickyRule  # noqa: PLC0415
 
     fleet = PrefixFleet(mode="prefix", now=lambda: 0.0, rule=StickyRule(stickiness=1.0))
     eps = [fleet.add(i, capacity=4) for i in (1, 2)]
     hashes = tuple(range(100, 120))  # 20 blocks
-    tokens = 20 * BLOCK_TOKENS + 10
+    block_tokens = DEFAULT_BLOCK_CHARS // CHARS_PER_TOKEN
+    tokens = 20 * block_tokens + 10
     fleet.expect("a", hashes, tokens)
     first = fleet.choose(eps, "a")  # nothing cached: by load (the lower id on a tie)
     assert first.id == 1
-    assert fleet.queued[1] == {"a": tokens}
+    assert fleet.placer.queued_prefill(1) == tokens
     fleet.acquire(1)
     fleet.expect("b", hashes, tokens)
     # "a"'s whole prefill is still queued at 1: waiting for it costs more than the cache saves.
@@ -237,7 +242,7 @@ def test_the_prefix_fleet_sticks_then_falls_back_to_load():
     fleet.started(1, "a")
     fleet.expect("b2", hashes, tokens)
     assert fleet.choose(eps, "b2").id == 1  # sticks although endpoint 1 is busier
-    assert fleet.queued[1]["b2"] == 10  # only the partial block is uncached
+    assert fleet.placer.queued_prefill(1) == 10  # only the partial block is uncached
     # Endpoint 1's batch is full: load decides.
     for _ in range(3):
         fleet.acquire(1)

@@ -226,6 +226,27 @@ def test_the_switchyard_target_snapshot_is_what_the_router_accepts() -> None:
     assert set(snap.classes) == set(scenario.classes)
 
 
+def test_kv_events_backends_publish_and_only_the_precise_snapshot_announces_them() -> None:
+    import json  # noqa: PLC0415
+
+    from bench.backends import backend_argv  # noqa: PLC0415
+    from bench.targets.switchyard import build_snapshot  # noqa: PLC0415
+
+    scenario = load(SCENARIOS / "prefix.toml")
+    assert scenario.backends.kv_events
+    argv = backend_argv(scenario.backends, 8001, 0, 9001)
+    assert argv[argv.index("--kv-events-endpoint") + 1] == "tcp://127.0.0.1:9001"
+    assert "--kv-events-endpoint" not in backend_argv(scenario.backends, 8001, 0)
+    vllm = parse({**_doc("prefix"), "backends": {"kind": "vllm", "count": 1, "model": "m",
+                                                "model_path": "/m"}}).backends  # fmt: skip
+    config = backend_argv(vllm, 8001, 0, 9001)
+    assert json.loads(config[config.index("--kv-events-config") + 1])["endpoint"] == "tcp://*:9001"
+    urls, events = ["http://127.0.0.1:1"], ["tcp://127.0.0.1:9001"]
+    precise = build_snapshot(scenario, urls, {}, {}, events)
+    assert [e.kv_events for e in precise.endpoints.values()] == events
+    assert [e.kv_events for e in build_snapshot(scenario, urls, {}, {}).endpoints.values()] == [""]
+
+
 def test_a_second_router_worker_gets_the_core_below_and_clients_keep_off_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -13,6 +13,7 @@ from django.db import connection
 from fixtures.router import REPO_ROOT, Process, World, redis_url, spawn, wait_until_up
 
 MODEL = "sim-chat"
+ADAPTER = "sim-chat-support"  # a LoRA adapter on MODEL (the fleet page shows where it is resident)
 
 
 @dataclass

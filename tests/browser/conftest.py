@@ -9,8 +9,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from browser_platform import MODEL, Platform, start_web
+from browser_platform import ADAPTER, MODEL, Platform, start_web
 from fixtures.router import Process, World, routers, start_simulator
+
+from runtime.artifacts import write_manifest
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
@@ -25,8 +27,8 @@ CHROMIUM_ARGS = [
 
 @pytest.fixture(scope="module")
 def data_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Process, World, str]]:
-    """A simulator and a router serving tenants acme and globex."""
-    sim = start_simulator(MODEL, "--decode-a-ms", "5")
+    """A simulator and a router serving tenants acme and globex, and a LoRA adapter."""
+    sim = start_simulator(MODEL, "--decode-a-ms", "5", "--max-loras", "2")
     try:
         world = World()
         world.add_class("interactive", band=0, deadline_ms=30_000)
@@ -34,6 +36,11 @@ def data_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Proce
             world.add_tenant(slug, classes=("interactive",), default_class="interactive")
             world.add_key(slug, slug)
         world.add_model(MODEL, 1)
+        adapter = tmp_path_factory.mktemp("adapter")
+        (adapter / "adapter_config.json").write_text("{}", encoding="utf-8")
+        digest, _ = write_manifest(adapter)
+        world.add_adapter(ADAPTER, 2, base_version=1, artifact_uri=adapter.as_uri(),
+                          digest=digest, label="v1")  # fmt: skip
         world.add_endpoint(1, 1, sim.base_url)
         with routers(world, tmp_path_factory.mktemp("router-var")) as ([router], publisher):
             yield router, world, publisher.prefix

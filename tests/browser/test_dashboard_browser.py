@@ -2,7 +2,8 @@
 
 Log in, send traffic through the router, watch the traffic chart gain points within 2 s; a
 tenant user sees only their tenant, and the browser's own forged websocket subscription to
-another tenant is refused. Screenshots go to the test's tmp dir.
+another tenant is refused; the tenant page lists the tenant's batches with a progress bar.
+Screenshots go to the test's tmp dir.
 """
 
 from __future__ import annotations
@@ -12,14 +13,17 @@ import threading
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
-from browser_platform import MODEL, Platform
+from browser_platform import ADAPTER, MODEL, Platform
 from django.contrib.auth.models import User
+from django.utils import timezone
 from fixtures.wait import eventually
 
+from apps.batches.models import Batch
 from apps.models.services import model_create, model_version_create, model_version_publish
 from apps.rollouts.models import Rollout
 from apps.rollouts.services import rollout_create
@@ -163,6 +167,30 @@ def test_operator_watches_traffic_chart_move(
     page.close()
 
 
+def test_fleet_page_shows_resident_adapters(
+    browser: Any, platform: Platform, users: dict[str, User], tmp_path: Path
+) -> None:
+    page = _login(browser, platform, "operator", "op-pass-1")
+    body = json.dumps({"model": ADAPTER, "max_tokens": 2, "messages": [{"role": "user",
+                       "content": "hi"}]})  # fmt: skip
+    request = urllib.request.Request(
+        f"{platform.router.base_url}/v1/chat/completions",
+        data=body.encode(),
+        headers={"Authorization": f"Bearer {platform.world.secrets['acme']}",
+                 "Content-Type": "application/json"},
+    )  # fmt: skip
+    with urllib.request.urlopen(request, timeout=10) as response:  # loads it on endpoint 1
+        assert json.loads(response.read())["model"] == f"{ADAPTER}@v1"
+    page.goto(f"{platform.web_url}/dashboard/fleet/")
+    page.wait_for_function(  # the endpoint's row names the adapter resident there
+        "() => [...document.querySelectorAll('#table-endpoints tbody tr')].some((tr) =>"
+        f" tr.cells[0].textContent === '1' && tr.cells[8].textContent === '{ADAPTER}@v1')",
+        timeout=5_000,
+    )
+    page.screenshot(path=str(tmp_path / "fleet-adapters.png"), full_page=True)
+    page.close()
+
+
 def test_tenant_sees_only_their_tenant(
     browser: Any, platform: Platform, users: dict[str, User], tmp_path: Path
 ) -> None:
@@ -245,4 +273,26 @@ def test_operator_cancels_a_rollout(
     assert rollout.state == Rollout.State.CANCELLED
     assert rollout.events.last().reason == "bad canary"  # type: ignore[union-attr]
     page.screenshot(path=str(tmp_path / "rollouts.png"), full_page=True)
+    page.close()
+
+
+def test_tenant_page_lists_its_batches_with_progress(
+    browser: Any, platform: Platform, users: dict[str, User], tmp_path: Path
+) -> None:
+    acme, globex = Tenant.objects.get(slug="acme"), Tenant.objects.get(slug="globex")
+    expires = timezone.now() + timedelta(hours=24)
+    for tenant, name, status, done in ((acme, "batch_acme1", "in_progress", 30),
+                                       (globex, "batch_globex1", "in_progress", 10)):
+        Batch.objects.create(public_id=name, tenant=tenant, endpoint="/v1/chat/completions",
+                             status=status, total=120, completed=done, failed=6,
+                             expires_at=expires)  # fmt: skip
+    page = _login(browser, platform, "alice", "alice-pass-1")
+    assert page.url.endswith("/dashboard/t/acme/")
+    rows = page.locator("#table-batches tbody tr")
+    assert rows.count() == 1  # acme's only: globex's batch is not shown
+    row = page.locator("#table-batches tr[data-batch=batch_acme1]")
+    assert row.locator("progress").get_attribute("value") == "30"  # (30 + 6) of 120
+    assert "30 / 6 / 120" in row.inner_text()
+    assert "in_progress" in row.inner_text()
+    page.screenshot(path=str(tmp_path / "tenant-batches.png"), full_page=True)
     page.close()

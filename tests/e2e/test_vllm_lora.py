@@ -65,7 +65,7 @@ def test_adapter_loads_once_and_changes_the_output(vllm_demo_engine, tmp_path):
     async def scenario() -> AdapterLoader:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
             loader = AdapterLoader(vllm_demo_engine.base_url, session,
-                                   AdapterSlots(max_loras=2, min_residency_s=0))  # fmt: skip
+                                   AdapterSlots(capacity=2, min_residency_s=0))  # fmt: skip
             assert await loader.ensure(one) is True
             assert await loader.ensure(one) is False  # resident: not loaded again
             ran = await asyncio.gather(*(loader.ensure(two) for _ in range(3)))

@@ -10,10 +10,12 @@ kill -9 of the worker mid-batch still ends with every line exactly once in the o
 from __future__ import annotations
 
 import json
+import math
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +49,7 @@ class Stage:
     keys: dict[str, str]
     env: dict[str, str]
     workers: list[Worker]
+    restart_router: Callable[[], Process]
 
     def client(self, tenant: str) -> openai.OpenAI:
         return openai.OpenAI(base_url=f"{self.router.base_url}/v1", api_key=self.keys[tenant],
@@ -56,9 +59,10 @@ class Stage:
 def _world(tmp_path: Path, engine: Process) -> dict[str, str]:
     model = model_served_by(engine.base_url, tmp_path / "artifacts" / "v1", name=MODEL)
     price_set(actor=None, version=model.versions.get(), hardware_tier="cpu",
-              input_per_1k="1", output_per_1k="2")  # fmt: skip
-    request_class_create(actor=None, name="batch", priority_band=3, ttft_slo_ms=60_000,
-                         deadline_ms=120_000, max_queue_length=1000, shed_order=0)  # fmt: skip
+              input_per_1k="1", output_per_1k="2", batch_discount="0.5")  # fmt: skip
+    # A 20 s deadline: a retry waits at most that long on a killed router's idempotency claim.
+    request_class_create(actor=None, name="batch", priority_band=3, ttft_slo_ms=20_000,
+                         deadline_ms=20_000, max_queue_length=1000, shed_order=0)  # fmt: skip
     keys = {}
     for slug in ("acme", "other"):
         tenant = tenant_create(
@@ -97,17 +101,26 @@ def stage(settings: Any, tmp_path: Path) -> Iterator[Stage]:
             }  # fmt: skip
             web, _ = spawn(["uvicorn", "config.asgi:application"], env=env)
             started.append(wait_until_up(web, "/v1/batches", ok=(401,)))
-            router = start_router(
-                prefix, var_dir / "router", SWITCHYARD_CONTROL_PLANE_URL=web.base_url,
-                SWITCHYARD_INTERNAL_SECRET=SECRET,
-            )  # fmt: skip
-            started.append(router)
+            def router_on(port: int | None = None) -> Process:
+                process = start_router(
+                    prefix, var_dir / "router", port=port,
+                    SWITCHYARD_CONTROL_PLANE_URL=web.base_url, SWITCHYARD_INTERNAL_SECRET=SECRET,
+                )  # fmt: skip
+                started.append(process)
+                return process
+
+            router = router_on()
             env["SWITCHYARD_BATCH_ROUTER_URL"] = router.base_url
             workers = [Worker("celery", env)]
             started.append(Beat(env, tmp_path / "beat", max_interval_s=1))
             wait_ready(router, snapshot_store.latest_version(client, prefix=prefix) or 0)
             try:
-                yield Stage(router, keys, env, workers)
+                def restart() -> Process:  # a new router on the killed one's port
+                    again = router_on(router.port)
+                    wait_ready(again, snapshot_store.latest_version(client, prefix=prefix) or 0)
+                    return again
+
+                yield Stage(router, keys, env, workers, restart)
             finally:
                 for worker in workers:
                     print(worker.output()[-3000:])
@@ -152,6 +165,21 @@ def _billed(batch_id: str) -> list[tuple[str, str]]:
         connections.close_all()
 
 
+def _charges(tenant: str) -> list[tuple[str | None, int, int, Decimal]]:
+    """The tenant's usage records: (key prefix, tokens in, tokens out, credits)."""
+    try:
+        rows = UsageRecord.objects.filter(tenant__slug=tenant).order_by("occurred_at")
+        return list(rows.values_list("api_key__prefix", "tokens_in", "tokens_out", "credits"))
+    finally:
+        connections.close_all()
+
+
+def _price(tokens_in: int, tokens_out: int, keep: Decimal) -> Decimal:
+    """1 credit per 1k input tokens, 2 per 1k output, times ``keep`` (micro-credits up)."""
+    micro = (tokens_in * 1000 + tokens_out * 2000) * keep
+    return Decimal(math.ceil(micro)) / 1_000_000
+
+
 def _running(batch_id: str) -> bool:
     """Some lines answered and some claimed (in flight) right now."""
     try:
@@ -190,6 +218,16 @@ def test_openai_client_runs_a_batch_isolation_malformed_and_cancel(stage: Stage)
     # Billed once per line, in the batch class, under the batch's own key.
     assert eventually(lambda: _billed(batch.id) == [("batch", "ok")] * 6, timeout=20,
                       what="the ledger's usage records")  # fmt: skip
+    # The price's batch discount (half) on the lines; the full price on an online request.
+    acme.chat.completions.create(model=MODEL, max_tokens=4,
+                                 messages=[{"role": "user", "content": "line 0"}])  # fmt: skip
+    charges = eventually(lambda: (rows := _charges("acme")) and len(rows) == 7 and rows,
+                         timeout=20, what="the online request's usage record")  # fmt: skip
+    exec_prefix = Batch.objects.get(public_id=batch.id).exec_key_prefix
+    for prefix, tokens_in, tokens_out, credits in charges:
+        keep = Decimal("0.5") if prefix == exec_prefix else Decimal(1)
+        assert credits == _price(tokens_in, tokens_out, keep) > 0, (prefix, credits)
+    assert sum(1 for row in charges if row[0] != exec_prefix) == 1
 
     slow = acme.files.create(file=("slow.jsonl", _lines(30, tokens=40)), purpose="batch")
     running = acme.batches.create(input_file_id=slow.id, endpoint="/v1/chat/completions",
@@ -229,3 +267,40 @@ def test_a_killed_worker_leaves_every_line_answered_exactly_once(stage: Stage) -
     # the router (alive, with Redis) served them its stored answer, unbilled.
     eventually(lambda: len(_billed(batch.id)) >= 24, timeout=20, what="the ledger")
     assert len(_billed(batch.id)) == 24
+
+
+def _ledger_per_line(batch_id: str) -> tuple[list[str], list[str]]:
+    """The usage records' event ids under the batch's key, and its lines' usage event ids."""
+    try:
+        batch = Batch.objects.get(public_id=batch_id)
+        rows = UsageRecord.objects.filter(api_key__prefix=batch.exec_key_prefix)
+        records = sorted(rows.values_list("event_id", flat=True))
+        lines = sorted(batch.lines.values_list("usage_event_id", flat=True))
+        return records, lines
+    finally:
+        connections.close_all()
+
+
+def test_a_killed_router_leaves_every_line_answered_and_billed_exactly_once(
+    stage: Stage,
+) -> None:
+    acme = stage.client("acme")
+    upload = acme.files.create(file=("input.jsonl", _lines(16, tokens=40)), purpose="batch")
+    batch = acme.batches.create(input_file_id=upload.id, endpoint="/v1/chat/completions",
+                                completion_window="24h")  # fmt: skip
+    eventually(lambda: _running(batch.id), timeout=30, what="lines answered and lines running")
+    stage.router.kill()  # SIGKILL mid-batch: its lines in flight die with it
+    stage.restart_router()
+    done = eventually(lambda: _status(acme, batch.id, {"completed", "failed", "expired"}),
+                      timeout=120, what="the batch to complete after the router kill")  # fmt: skip
+    assert done.status == "completed"
+    assert (done.request_counts.completed, done.request_counts.failed) == (16, 0)
+    ids = [e["custom_id"] for e in _output(acme, done.output_file_id)]
+    assert sorted(ids) == sorted(f"req-{i}" for i in range(16))  # each once, none lost
+    assert Batch.objects.get(public_id=batch.id).lines.filter(attempts__gt=1).exists()
+    # Billed once per line, under the line's own event id (the ledger's unique key).
+    records, lines = eventually(lambda: (r := _ledger_per_line(batch.id))[0] and
+                                len(r[0]) >= 16 and r, timeout=20, what="the ledger")  # fmt: skip
+    assert records == lines
+    assert len(set(records)) == 16
+    assert all(r.startswith("batch-line-") for r in records)

@@ -58,7 +58,7 @@ def exported_metric_names() -> set[str]:
     metrics.reject("shed")
     metrics.retries_total.labels("m").inc()
     metrics.inflight.labels("1").inc()
-    resumes = ResumeMetrics(metrics.registry)  # created with the router's (runtime/gateway/state.py)
+    resumes = ResumeMetrics(metrics.registry)  # as runtime/gateway/state.py creates it
     resumes.outcome(cause="migration", reason="disconnected", outcome="resumed")
     resumes.resumed(cause="migration", reprefilled=3, seconds=0.2)
     record = RequestRecord(request_id="r", route="/v1/chat/completions", status=200, outcome="ok")

@@ -49,3 +49,22 @@ def test_another_tenant_in_a_signed_header_does_not_verify() -> None:
     forged = _signed().replace(":acme:", ":evil:")
     with pytest.raises(PrincipalRefusedError, match="does not verify"):
         verify(SECRET, forged, method="POST", path="/v1/batches", now=NOW)
+
+
+def test_a_batch_line_mark_verifies_for_its_tenant_only() -> None:
+    from runtime.internal_principal import line_event_id, sign_line, verify_line  # noqa: PLC0415
+
+    mark = sign_line(SECRET, tenant="acme", ref="123", now=NOW)
+    assert verify_line(SECRET, mark, tenant="acme", now=NOW + 5) == "123"
+    assert line_event_id("123") == "batch-line-123"
+    refusals = [
+        (SECRET, mark, "other", NOW, "another tenant"),
+        ("other-secret", mark, "acme", NOW, "does not verify"),
+        (SECRET, mark.replace(":123:", ":124:"), "acme", NOW, "does not verify"),
+        (SECRET, mark, "acme", NOW + MAX_AGE_S + 1, "expired"),
+        (SECRET, "v1:garbage", "acme", NOW, "malformed"),
+        ("", mark, "acme", NOW, "no internal secret"),
+    ]
+    for secret, value, tenant, now, reason in refusals:
+        with pytest.raises(PrincipalRefusedError, match=reason):
+            verify_line(secret, value, tenant=tenant, now=now)

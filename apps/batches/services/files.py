@@ -1,6 +1,7 @@
 """Batch API files: upload (checked line by line), read, delete. Stored through Django's
 storage API (the ``batches`` entry of ``STORAGES``: local files under the var directory by
-default, any other backend, e.g. S3 through django-storages, by configuration)."""
+default, any other backend, e.g. S3 through django-storages, by configuration), encrypted
+per tenant (:mod:`apps.batches.sealing`): the storage never holds a file's plaintext."""
 
 from __future__ import annotations
 
@@ -13,9 +14,11 @@ from django.core.files.base import ContentFile
 from django.core.files.storage import storages
 from django.db import transaction
 
+from apps.batches import sealing
 from apps.batches.errors import BatchApiError
 from apps.batches.models import File
 from apps.tenants.models import Tenant
+from runtime.crypto import KeyringError, SealError
 
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
 STORAGE = "batches"
@@ -82,18 +85,33 @@ def file_create(*, tenant: Tenant, purpose: str, filename: str, content: bytes) 
 
 
 def store(*, tenant: Tenant, purpose: str, filename: str, content: bytes, lines: int) -> File:
+    """Save ``content`` sealed for the tenant; ``bytes`` is the plaintext's size."""
     public_id = new_id("file-")
-    name = storages[STORAGE].save(f"{tenant.slug}/{public_id}.jsonl", ContentFile(content))
+    sealed = sealing.seal(content, tenant=tenant.slug, file_id=public_id)
+    name = storages[STORAGE].save(f"{tenant.slug}/{public_id}.jsonl", ContentFile(sealed))
     return File.objects.create(
         public_id=public_id, tenant=tenant, purpose=purpose, filename=filename,
         bytes=len(content), lines=lines, storage_name=name,
     )  # fmt: skip
 
 
-def file_read(file: File) -> bytes:
+def file_raw(file: File) -> bytes:
+    """The stored bytes as they are (sealed)."""
     with storages[STORAGE].open(file.storage_name, "rb") as handle:
         data: bytes = handle.read()
     return data
+
+
+def file_read(file: File) -> bytes:
+    """The file's plaintext; a 500 ``file_unreadable`` when its key left the keyring or the
+    stored bytes were altered."""
+    try:
+        return sealing.unseal(file_raw(file), tenant=file.tenant.slug, file_id=file.public_id)
+    except (SealError, KeyringError) as exc:
+        raise BatchApiError(
+            500, "file_unreadable",
+            f"The file '{file.public_id}' cannot be decrypted ({exc}); ask the operator.",
+        ) from None  # fmt: skip
 
 
 def file_delete(file: File) -> None:
@@ -101,3 +119,24 @@ def file_delete(file: File) -> None:
     with transaction.atomic():
         file.delete()
         transaction.on_commit(lambda: storages[STORAGE].delete(name))
+
+
+def files_reseal() -> int:
+    """Re-seal with the primary key every stored file sealed with an older one (or stored
+    before encryption), so the old key can leave the keyring; how many were rewritten."""
+    ring = sealing.keyring()
+    done = 0
+    for file in File.objects.filter(deleted_at__isnull=True).select_related("tenant"):
+        stored = file_raw(file)
+        if not sealing.stale(stored, ring):
+            continue
+        tenant, file_id = file.tenant.slug, file.public_id
+        plain = sealing.unseal(stored, tenant=tenant, file_id=file_id, ring=ring)
+        sealed = sealing.seal(plain, tenant=tenant, file_id=file_id, ring=ring)
+        old = file.storage_name
+        file.storage_name = storages[STORAGE].save(f"{tenant}/{file_id}.jsonl", ContentFile(sealed))
+        file.save(update_fields=["storage_name"])
+        if old != file.storage_name:
+            storages[STORAGE].delete(old)
+        done += 1
+    return done

@@ -14,7 +14,7 @@ from datetime import timedelta
 from typing import Any
 
 from django.db import transaction
-from django.db.models import F, Q
+from django.db.models import Count, F, Q
 from django.utils import timezone
 
 from apps.batches import exec_keys
@@ -32,20 +32,37 @@ _ENDED = {
 
 def lines_claim(*, owner: str, limit: int, lease_s: float) -> list[BatchLine]:
     """Up to ``limit`` lines of running batches, pending or with an expired lease, claimed for
-    ``owner`` (``SELECT ... FOR UPDATE SKIP LOCKED``: concurrent claimers never share one);
-    oldest batch first, lines sharing a prompt prefix together."""
+    ``owner`` (``SELECT ... FOR UPDATE SKIP LOCKED``: concurrent claimers never share one).
+
+    Fair share: the claim is dealt round-robin, one line at a time, across the tenants with
+    runnable lines, and within a tenant across its batches (oldest first), so one tenant's
+    50,000-line batch never starves another's 10 lines (:func:`fair_shares`). Within a batch,
+    lines sharing a prompt prefix go together."""
     now = timezone.now()
     # Pending (not held back by a retry delay), or claimed with an expired lease.
-    runnable = Q(state__in=(BatchLine.State.PENDING, BatchLine.State.CLAIMED)) & (
-        Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now)
+    runnable = (
+        Q(state__in=(BatchLine.State.PENDING, BatchLine.State.CLAIMED))
+        & (Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now))
+        & Q(batch__status=Batch.Status.IN_PROGRESS, batch__expires_at__gt=now,
+            batch__paused_at__isnull=True)
+    )  # fmt: skip
+    counts = (
+        BatchLine.objects.filter(runnable)
+        .values_list("batch__tenant_id", "batch_id")
+        .annotate(n=Count("id"))
+        .order_by("batch__tenant_id", "batch_id")
     )
+    shares = fair_shares([(tenant, batch, n) for tenant, batch, n in counts], limit)
+    if not shares:
+        return []
     with transaction.atomic():
-        lines = list(
-            BatchLine.objects.select_for_update(skip_locked=True, of=("self",))
-            .filter(runnable, batch__status=Batch.Status.IN_PROGRESS, batch__expires_at__gt=now)
-            .filter(batch__paused_at__isnull=True)
-            .order_by("batch_id", "prefix_key", "number")[:limit]
-        )
+        lines: list[BatchLine] = []
+        for batch_id, share in shares.items():
+            lines += list(
+                BatchLine.objects.select_for_update(skip_locked=True, of=("self",))
+                .filter(runnable, batch_id=batch_id)
+                .order_by("prefix_key", "number")[:share]
+            )
         if not lines:
             return []
         BatchLine.objects.filter(pk__in=[line.pk for line in lines]).update(
@@ -56,6 +73,37 @@ def lines_claim(*, owner: str, limit: int, lease_s: float) -> list[BatchLine]:
         )
     claimed = BatchLine.objects.filter(pk__in=[line.pk for line in lines], lease_owner=owner)
     return list(claimed.select_related("batch", "batch__tenant"))
+
+
+def fair_shares(runnable: list[tuple[int, int, int]], limit: int) -> dict[int, int]:
+    """How many lines of each batch a claim of ``limit`` takes: ``runnable`` is (tenant,
+    batch, runnable lines) sorted by tenant then batch; the lines are dealt one at a time to
+    each tenant in turn, and within a tenant to each of its batches in turn."""
+    by_tenant: dict[int, list[list[int]]] = {}
+    for tenant, batch_id, n in runnable:
+        by_tenant.setdefault(tenant, []).append([batch_id, n])
+    turn = dict.fromkeys(by_tenant, 0)  # the next batch of each tenant
+    shares: dict[int, int] = {}
+    left = limit
+    while left > 0 and by_tenant:
+        for tenant in list(by_tenant):
+            if left == 0:
+                break
+            batches = by_tenant[tenant]
+            i = turn[tenant] % len(batches)
+            batch = batches[i]
+            shares[batch[0]] = shares.get(batch[0], 0) + 1
+            left -= 1
+            batch[1] -= 1
+            if batch[1] == 0:
+                batches.pop(i)
+                if not batches:
+                    del by_tenant[tenant]
+                    continue
+                turn[tenant] = i  # the batch after it is at i now
+            else:
+                turn[tenant] = i + 1
+    return shares
 
 
 def lines_renew(*, owner: str, ids: list[int], lease_s: float) -> int:
@@ -72,9 +120,11 @@ def line_record(
     status_code: int,
     body: Any,
     request_id: str,
+    usage_event_id: str = "",
 ) -> bool:
     """Record the answer of a line ``owner`` holds: done (2xx) or failed, counted in the
-    batch, in one transaction. False (nothing written) when the lease was lost meanwhile."""
+    batch, in one transaction, with the usage event id the line is billed under (every try's).
+    False (nothing written) when the lease was lost meanwhile."""
     ok = 200 <= status_code < 300
     with transaction.atomic():
         line = (
@@ -88,6 +138,7 @@ def line_record(
         line.status_code = status_code
         line.response = body
         line.request_id = request_id
+        line.usage_event_id = usage_event_id
         line.lease_owner = ""
         line.lease_expires_at = None
         line.finished_at = timezone.now()
@@ -97,15 +148,20 @@ def line_record(
     return True
 
 
-def line_release(*, line_id: int, owner: str, retry_in_s: float, spend_try: bool = True) -> None:
+def line_release(
+    *, line_id: int, owner: str, retry_in_s: float, spend_try: bool = True,
+    new_idempotency_key: bool = False,
+) -> None:  # fmt: skip
     """Give a claimed line back (a passing failure: the router unreachable, a 429, ...):
     pending again, claimable once ``retry_in_s`` has passed. ``spend_try=False``: the try
-    does not count (a 402 pauses the batch instead)."""
+    does not count (a 402 pauses the batch instead). ``new_idempotency_key``: the next try
+    sends a fresh key (the router holds a dead try's claim on this one)."""
     BatchLine.objects.filter(pk=line_id, state=BatchLine.State.CLAIMED, lease_owner=owner).update(
         state=BatchLine.State.PENDING,
         lease_owner="",
         lease_expires_at=timezone.now() + timedelta(seconds=retry_in_s),
         attempts=F("attempts") - (0 if spend_try else 1),
+        idempotency_epoch=F("idempotency_epoch") + (1 if new_idempotency_key else 0),
     )
 
 

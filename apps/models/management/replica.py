@@ -76,6 +76,16 @@ def advertised_url(
     return base_url
 
 
+def advertised_kv_events(host: str, port: int | None) -> str:
+    """The KV events address routers subscribe to ("" without events): this host's name for
+    a wildcard bind, as :func:`advertised_url`."""
+    if port is None:
+        return ""
+    if host in ("0.0.0.0", "::"):  # noqa: S104
+        host = socket.gethostname()
+    return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
+
+
 def worker_tls_from_env() -> ServerTLS | None:
     """The replica's HTTPS settings (SWITCHYARD_WORKER_TLS_*, :mod:`runtime.tls`), checked now:
     a missing, expired or mismatched certificate is a CommandError naming it."""
@@ -126,13 +136,22 @@ def artifact_check(version: ModelVersion) -> dict[str, Any]:
 
 
 def registry_hooks(
-    version: ModelVersion, pool: Pool, options: dict[str, Any], *, tls: ServerTLS | None = None
+    version: ModelVersion,
+    pool: Pool,
+    options: dict[str, Any],
+    *,
+    tls: ServerTLS | None = None,
+    kv_events_url: str = "",
 ) -> RegistryHooks:
     """The hooks that register the replica's endpoint (at the URL routers should use: https
-    when it serves TLS)."""
+    when it serves TLS; with the address of its KV events, if it publishes them)."""
     advertised = advertised_url(options["host"], options["port"], options["base_url"], tls=tls)
     return RegistryHooks(
-        pool=pool, version=version, capacity=options["capacity"], base_url=advertised
+        pool=pool,
+        version=version,
+        capacity=options["capacity"],
+        base_url=advertised,
+        kv_events_url=kv_events_url,
     )
 
 
@@ -229,12 +248,19 @@ class RegistryHooks:
     """Supervisor hooks that move the endpoint through the registry services."""
 
     def __init__(
-        self, *, pool: Pool, version: ModelVersion, capacity: int, base_url: str | None
+        self,
+        *,
+        pool: Pool,
+        version: ModelVersion,
+        capacity: int,
+        base_url: str | None,
+        kv_events_url: str = "",
     ) -> None:
         self.pool = pool
         self.version = version
         self.capacity = capacity
         self.base_url = base_url
+        self.kv_events_url = kv_events_url
         self.endpoint: Endpoint | None = None
 
     async def on_starting(self, base_url: str) -> int | None:
@@ -249,6 +275,7 @@ class RegistryHooks:
             version=self.version,
             base_url=base_url,
             capacity=self.capacity,
+            kv_events_url=self.kv_events_url,
         )
 
     async def on_ready(self) -> None:

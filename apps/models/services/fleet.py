@@ -187,14 +187,22 @@ def endpoint_register(
     version: ModelVersion,
     base_url: str,
     capacity: int,
+    kv_events_url: str = "",
 ) -> Endpoint:
-    """Register a replica of a published version in a pool; it starts in state ``starting``."""
+    """Register a replica of a published version in a pool; it starts in state ``starting``.
+    ``kv_events_url`` (``tcp://host:port``) is where its engine publishes KV cache events."""
     endpoint_validate(pool=pool, version=version, base_url=base_url, capacity=capacity)
+    if kv_events_url and not kv_events_url.startswith("tcp://"):
+        raise ValidationError({"kv_events_url": "KV events are published on tcp://host:port."})
     with transaction.atomic():
         try:
             with transaction.atomic():
                 endpoint = Endpoint.objects.create(
-                    pool=pool, version=version, base_url=base_url.rstrip("/"), capacity=capacity
+                    pool=pool,
+                    version=version,
+                    base_url=base_url.rstrip("/"),
+                    capacity=capacity,
+                    kv_events_url=kv_events_url,
                 )
         except IntegrityError as exc:
             raise ValidationError({"base_url": "A live endpoint already serves this URL."}) from exc

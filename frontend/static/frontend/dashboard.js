@@ -220,11 +220,13 @@
     const endpoints = new Map();
     for (const doc of latestPerRouter()) for (const e of doc.endpoints) {
       const seen = endpoints.get(e.id);
-      endpoints.set(e.id, seen ? Object.assign({}, e, { inflight: seen.inflight + e.inflight }) : e);
+      const adapters = [...new Set([...((seen && seen.adapters) || []), ...(e.adapters || [])])].sort();
+      endpoints.set(e.id, seen ? Object.assign({}, e, { inflight: seen.inflight + e.inflight, adapters }) : e);
     }
     fillTable("table-endpoints", [...endpoints.values()].sort((a, b) => a.id - b.id).map((e) => [
       e.id, e.pool, e.model, e.version, e.state, e.healthy ? "yes" : "no",
-      e.kv_usage === null ? "—" : pct(e.kv_usage), e.inflight + " / " + e.capacity]), 8,
+      e.kv_usage === null ? "—" : pct(e.kv_usage), e.inflight + " / " + e.capacity,
+      (e.adapters || []).length ? e.adapters.join(", ") : "—"]), 9,
     docs.size ? "no endpoints in the routers' snapshot" : "waiting for the routers…");
   }
 

@@ -113,6 +113,7 @@ class RequestContext:
     exits: contextlib.AsyncExitStack = field(default_factory=contextlib.AsyncExitStack)
     snapshot: Snapshot | None = None
     principal: Principal | None = None
+    batch_line: str = ""  # a batch line's ledger reference (the executor's signed mark)
     request: Decoded[Any] | None = None
     plan: Plan | None = None
     job: CacheJob | None = None

@@ -55,7 +55,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="prefix cache size in blocks, 0 turns caching off "
         "(default: kv-capacity-tokens / block-size)",
     )
+    add(
+        "--kv-events-endpoint",
+        default=None,
+        metavar="URL",
+        help="publish the prefix cache's KV events (vLLM's format) on a ZeroMQ PUB socket "
+        "bound here, e.g. tcp://127.0.0.1:5557 (default: off)",
+    )
     add("--max-loras", type=int, default=0, help="LoRA adapters loadable at once, 0 = off")
+    add(
+        "--max-cpu-loras",
+        type=int,
+        default=0,
+        help="LoRA adapters kept loaded (default: --max-loras, as vLLM)",
+    )
     add("--lora-load-ms", type=float, default=50.0, help="one adapter load (default: 50)")
     add("--embedding-dim", type=int, default=384, help="embedding size (default: 384)")
     add("--seed", type=int, default=0, help="seed of the generated text (default: 0)")
@@ -119,7 +132,9 @@ def config_from_args(args: argparse.Namespace) -> SimulatorConfig:
         error_rate=args.error_rate,
         embedding_dim=args.embedding_dim,
         max_loras=args.max_loras,
+        max_cpu_loras=args.max_cpu_loras,
         lora_load_ms=args.lora_load_ms,
+        kv_events_endpoint=args.kv_events_endpoint,
         prefix_cache=PrefixCacheConfig(
             block_size=args.block_size,
             capacity_blocks=(

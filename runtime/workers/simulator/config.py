@@ -22,7 +22,9 @@ class SimulatorConfig:
     embedding_dim: int = 384
     prefix_cache: PrefixCacheConfig = field(default_factory=PrefixCacheConfig)
     max_loras: int = 0  # LoRA adapters loadable at run time (simulator/lora.py); 0 = off
+    max_cpu_loras: int = 0  # adapters kept loaded at once; 0: max_loras (vLLM's default)
     lora_load_ms: float = 50.0  # one adapter load's cost (vLLM CPU, demo adapter: ~60 ms)
+    kv_events_endpoint: str | None = None  # publish KV events (vLLM's format) on this ZMQ PUB
 
     def __post_init__(self) -> None:
         if not self.model:
@@ -39,7 +41,9 @@ class SimulatorConfig:
             raise ValueError("fail_after_tokens must be >= 0")
         if not 0.0 <= self.error_rate <= 1.0:
             raise ValueError(f"error_rate must be in [0, 1], got {self.error_rate}")
-        if self.max_loras < 0 or self.lora_load_ms < 0:
-            raise ValueError("max_loras and lora_load_ms must be >= 0")
+        if min(self.max_loras, self.max_cpu_loras, self.lora_load_ms) < 0:
+            raise ValueError("max_loras, max_cpu_loras and lora_load_ms must be >= 0")
+        if self.kv_events_endpoint is not None and not self.prefix_cache.enabled:
+            raise ValueError("KV events need the prefix cache (--prefix-cache-blocks > 0)")
         if self.embedding_dim < 1:
             raise ValueError("embedding_dim must be >= 1")

@@ -4,8 +4,9 @@ With ``--max-loras N`` (0: off, the routes answer 404 as vLLM without ``--enable
 simulator serves ``POST /v1/load_lora_adapter`` (``lora_name``, ``lora_path``: the folder must
 exist, as vLLM checks; loading takes ``--lora-load-ms``) and ``POST /v1/unload_lora_adapter``;
 a request may then name a loaded adapter as its ``model``, and ``/v1/models`` lists each with
-``parent`` = the base model, as vLLM does. At most N adapters are loaded at once: one more is
-refused with 400 (the worker's LRU evicts first, :mod:`runtime.workers.adapters`).
+``parent`` = the base model, as vLLM does. At most ``--max-cpu-loras`` adapters (default N,
+as vLLM) are loaded at once: one more is refused with 400 (the router's LRU evicts first,
+:mod:`runtime.workers.adapters`). The per-batch limit N is not modelled (every request runs).
 Loads are counted (``loads``) for tests and benches.
 """
 
@@ -26,6 +27,7 @@ class LoraError(Exception):
 @dataclass
 class SimLoras:
     max_loras: int = 0
+    resident: int = 0  # adapters kept loaded at once (--max-cpu-loras; at least max_loras)
     load_s: float = 0.0
     loaded: dict[str, str] = field(default_factory=dict)  # name -> path
     loads: int = 0
@@ -39,8 +41,9 @@ class SimLoras:
             raise LoraError(f"The lora adapter '{name}' has already been loaded.", 400)
         if not await asyncio.to_thread(Path(path).is_dir):
             raise LoraError(f"Loading lora {name} failed: No adapter found for {path}", 404)
-        if len(self.loaded) >= self.max_loras:
-            raise LoraError(f"All {self.max_loras} LoRA slots are in use; unload one first.", 400)
+        if len(self.loaded) >= max(self.resident, self.max_loras):
+            slots = max(self.resident, self.max_loras)
+            raise LoraError(f"All {slots} LoRA slots are in use; unload one first.", 400)
         await asyncio.sleep(self.load_s)
         self.loaded[name] = path
         self.loads += 1

@@ -35,6 +35,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 CHARS_PER_TOKEN = 4
 _PAD = "\x00"
@@ -106,15 +107,26 @@ class PrefixCacheConfig:
         return self.capacity_blocks > 0
 
 
+class CacheListener(Protocol):
+    """Told what the cache stores and evicts, as vLLM's KV events say it (``kv_publisher``)."""
+
+    def stored(self, parent: int | None, hashes: Sequence[int], block_size: int) -> None: ...
+
+    def removed(self, hashes: Sequence[int]) -> None: ...
+
+    def cleared(self) -> None: ...
+
+
 class PrefixCache:
     """An LRU set of block hashes with vLLM's hit rule; one per simulated engine."""
 
-    __slots__ = ("_blocks", "config", "evictions")
+    __slots__ = ("_blocks", "config", "evictions", "listener")
 
-    def __init__(self, config: PrefixCacheConfig) -> None:
+    def __init__(self, config: PrefixCacheConfig, listener: CacheListener | None = None) -> None:
         self.config = config
         self._blocks: OrderedDict[int, None] = OrderedDict()  # LRU first
         self.evictions = 0
+        self.listener = listener
 
     def __len__(self) -> int:
         return len(self._blocks)
@@ -125,6 +137,8 @@ class PrefixCache:
     def reset(self) -> None:
         """Drop every cached block (vLLM's ``POST /reset_prefix_cache``)."""
         self._blocks.clear()
+        if self.listener is not None:
+            self.listener.cleared()
 
     def hit_tokens(self, block_hashes: Sequence[int], prompt_tokens: int) -> int:
         """Tokens of the prompt already cached (read only: the LRU order is not changed)."""
@@ -141,12 +155,21 @@ class PrefixCache:
             return 0
         hit = self.hit_tokens(block_hashes, prompt_tokens)
         blocks = self._blocks
+        listener = self.listener
+        if listener is not None:  # the chain's new blocks, after its longest cached run
+            held = next((i for i, h in enumerate(block_hashes) if h not in blocks), None)
+            if held is not None:
+                parent = block_hashes[held - 1] if held else None
+                listener.stored(parent, block_hashes[held:], self.config.block_size)
         for block_hash in reversed(block_hashes):  # tail first: the root ends most recent
             if block_hash in blocks:
                 blocks.move_to_end(block_hash)
             else:
                 blocks[block_hash] = None
+        evicted: list[int] = []
         while len(blocks) > self.config.capacity_blocks:
-            blocks.popitem(last=False)
+            evicted.append(blocks.popitem(last=False)[0])
             self.evictions += 1
+        if evicted and listener is not None:
+            listener.removed(evicted)
         return hit

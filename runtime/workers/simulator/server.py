@@ -3,9 +3,10 @@
 Routes: ``GET /v1/models``, ``POST /v1/completions``, ``POST /v1/chat/completions``,
 ``POST /v1/embeddings``, ``GET /health``, ``GET /metrics``, and ``POST /reset_prefix_cache``
 (vLLM serves it in dev mode, ``VLLM_SERVER_DEV_MODE=1``; the simulator always does, so a
-benchmark can start every target from cold caches). Run it with handler cancellation
-on (``run()`` and aiohttp's test server do): a client that disconnects cancels its handler,
-which aborts its sequence, so the slot and its KV reservation are freed at once.
+benchmark can start every target from cold caches). With ``kv_events_endpoint`` the prefix
+cache's changes are published as vLLM's KV events (``kv_publisher``). Run it with handler
+cancellation on (``run()`` and aiohttp's test server do): a client that disconnects cancels its
+handler, which aborts its sequence, so the slot and its KV reservation are freed at once.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from aiohttp.typedefs import Handler
 from runtime.workers.simulator import wire
 from runtime.workers.simulator.config import SimulatorConfig
 from runtime.workers.simulator.engine import Engine, Sequence
+from runtime.workers.simulator.kv_publisher import KvEventPublisher
 from runtime.workers.simulator.lora import LoraError, SimLoras
 from runtime.workers.simulator.metrics import CONTENT_TYPE, SimulatorMetrics
 from runtime.workers.simulator.prefix_cache import PrefixCache
@@ -60,7 +62,11 @@ def create_app(config: SimulatorConfig) -> web.Application:
     app[ENGINE] = engine
     app[METRICS] = metrics
     app[FAULTS] = random.Random(config.seed)  # noqa: S311 (fault injection, not security)
-    app[LORAS] = SimLoras(max_loras=config.max_loras, load_s=config.lora_load_ms / 1000)
+    app[LORAS] = SimLoras(
+        max_loras=config.max_loras,
+        resident=max(config.max_loras, config.max_cpu_loras),
+        load_s=config.lora_load_ms / 1000,
+    )
     app.cleanup_ctx.append(_engine_lifecycle)
     app.router.add_get("/health", _health)
     app.router.add_get("/metrics", _metrics)
@@ -75,9 +81,17 @@ def create_app(config: SimulatorConfig) -> web.Application:
 
 
 async def _engine_lifecycle(app: web.Application) -> AsyncIterator[None]:
-    app[ENGINE].start()
-    yield
-    await app[ENGINE].stop()
+    engine, endpoint = app[ENGINE], app[CONFIG].kv_events_endpoint
+    publisher = None
+    if endpoint is not None and engine.prefix_cache is not None:
+        publisher = engine.prefix_cache.listener = KvEventPublisher(endpoint)
+    engine.start()
+    try:
+        yield
+    finally:
+        await engine.stop()
+        if publisher is not None:
+            publisher.close()
 
 
 @web.middleware

@@ -3,6 +3,7 @@ pytest imports every ``conftest`` under one name, so helpers there cannot be imp
 
 from __future__ import annotations
 
+import base64
 import json
 import time
 from typing import Any
@@ -14,6 +15,9 @@ from apps.tenants.services import tenant_create
 from runtime.internal_principal import HEADER, sign
 
 SECRET = "test-internal-secret"
+KEY_1 = "k1:" + base64.b64encode(b"1" * 32).decode()
+KEY_2 = "k2:" + base64.b64encode(b"2" * 32).decode()
+KEYRING = KEY_1  # the at-rest keyring the batch files are sealed with
 MODEL = "batch-chat"
 
 

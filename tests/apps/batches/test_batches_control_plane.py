@@ -21,6 +21,7 @@ from apps.batches.services import (
     line_record,
     lines_claim,
 )
+from apps.batches.services.lines import fair_shares
 from apps.batches.services.pause import PROBE_AFTER_S, batches_resume_due
 from apps.billing.services import credit_grant
 from apps.tenants.models import ApiKey, Tenant
@@ -353,3 +354,38 @@ def test_more_refusals(tenant: Tenant) -> None:
     Tenant.objects.filter(pk=tenant.pk).update(status="suspended")
     resp = acme.get(f"/v1/batches/{created['id']}")
     assert (resp.status_code, _error(resp)["code"]) == (401, "invalid_principal")
+
+
+def test_the_claim_deals_lines_round_robin_across_tenants_then_batches(tenant: Tenant) -> None:
+    make_tenant("small")
+    acme, small = Signed("acme"), Signed("small")
+    big_one = _create(acme, jsonl(*(line(f"a{i}") for i in range(20)))).json()["id"]
+    big_two = _create(acme, jsonl(*(line(f"b{i}") for i in range(20)))).json()["id"]
+    tiny = _create(small, jsonl(line("s0"), line("s1"))).json()["id"]
+
+    def batches(claimed: list[BatchLine]) -> list[str]:
+        return sorted(line.batch.public_id for line in claimed)
+
+    # 4 lines: 2 to each tenant; acme's 2 split across its two batches (not oldest first).
+    assert batches(lines_claim(owner="w1", limit=4, lease_s=60)) == sorted(
+        [big_one, big_two, tiny, tiny]
+    )
+    # The small tenant has nothing left: acme gets the whole claim, still alternating.
+    assert batches(lines_claim(owner="w1", limit=4, lease_s=60)) == sorted([big_one, big_two] * 2)
+
+
+@pytest.mark.parametrize(
+    ("runnable", "limit", "shares"),
+    [
+        ([(1, 10, 50_000), (2, 20, 10)], 4, {10: 2, 20: 2}),
+        ([(1, 10, 50_000), (2, 20, 1)], 4, {10: 3, 20: 1}),
+        ([(1, 10, 5), (1, 11, 5), (2, 20, 5)], 6, {10: 2, 11: 1, 20: 3}),
+        ([(1, 10, 1), (1, 11, 5)], 4, {10: 1, 11: 3}),
+        ([(1, 10, 2)], 8, {10: 2}),
+        ([], 8, {}),
+    ],
+)
+def test_fair_shares(
+    runnable: list[tuple[int, int, int]], limit: int, shares: dict[int, int]
+) -> None:
+    assert fair_shares(runnable, limit) == shares

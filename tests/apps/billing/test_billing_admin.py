@@ -27,6 +27,7 @@ def test_negative_price_is_a_form_error(admin_client, version):
         "input_per_1k": "-1",
         "output_per_1k": "2",
         "cache_hit_discount": "0.5",
+        "batch_discount": "0",
     }
     response = admin_client.post(reverse("admin:billing_price_add"), form)
     assert response.status_code == 200
@@ -46,23 +47,30 @@ def test_price_edit_goes_through_the_service(admin_client, version):
         "input_per_1k": "1",
         "output_per_1k": "2",
         "cache_hit_discount": "0.5",
+        "batch_discount": "0",
     }
     admin_client.post(reverse("admin:billing_price_add"), form)
     price = Price.objects.get()
     url = reverse("admin:billing_price_change", args=[price.pk])
 
-    response = admin_client.post(
-        url, {"input_per_1k": "3", "output_per_1k": "4", "cache_hit_discount": "2"}
-    )
+    values = {"input_per_1k": "3", "output_per_1k": "4", "batch_discount": "0"}
+    response = admin_client.post(url, {**values, "cache_hit_discount": "2"})
     assert response.status_code == 200
     assert "Cache-hit discount must be a fraction from 0 to 1." in response.content.decode()
+    response = admin_client.post(
+        url, {**values, "cache_hit_discount": "0.25", "batch_discount": "1.5"}
+    )
+    assert response.status_code == 200
+    assert "Batch discount must be a fraction from 0 to 1." in response.content.decode()
 
     response = admin_client.post(
-        url, {"input_per_1k": "3", "output_per_1k": "4", "cache_hit_discount": "0.25"}
+        url, {**values, "cache_hit_discount": "0.25", "batch_discount": "0.5"}
     )
     assert response.status_code == 302
     price.refresh_from_db()
-    assert (price.input_per_1k, price.cache_hit_discount) == (Decimal(3), Decimal("0.25"))
+    assert (price.input_per_1k, price.cache_hit_discount, price.batch_discount) == (
+        Decimal(3), Decimal("0.25"), Decimal("0.5"),
+    )  # fmt: skip
 
 
 def test_credit_grant_through_the_admin(admin_client, admin_user, tenant):

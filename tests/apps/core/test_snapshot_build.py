@@ -10,6 +10,7 @@ import pytest
 from django.utils import timezone
 from fixtures.control_plane import TIGHT_LIMITS as LIMITS
 
+from apps.batches.models import Batch
 from apps.billing.models import Price
 from apps.core.selectors import snapshot_build
 from apps.models.models import Endpoint, Model, ModelVersion, Pool, Route, RouteSplit
@@ -114,7 +115,8 @@ def world() -> dict[str, Any]:
     RouteSplit.objects.create(route=route, version=v2, weight=90)
     RouteSplit.objects.create(route=route, version=v1, weight=10)
     Price.objects.create(
-        version=v1, hardware_tier="cpu", input_per_1k=Decimal("0.1"), output_per_1k=Decimal("0.3")
+        version=v1, hardware_tier="cpu", input_per_1k=Decimal("0.1"), output_per_1k=Decimal("0.3"),
+        batch_discount=Decimal("0.4"),
     )
     Price.objects.create(
         version=v3, hardware_tier="cpu", input_per_1k=Decimal("1"), output_per_1k=Decimal("1")
@@ -158,6 +160,16 @@ def test_tenants_classes_and_keys(world: dict[str, Any]) -> None:
     assert snapshot.api_keys["expd0001"].expires_at == expired.expires_at.timestamp()
 
 
+def test_a_batch_executor_key_is_marked_batch(world: dict[str, Any]) -> None:
+    live = world["keys"]["live"]
+    assert not snapshot_build().api_keys["live0001"].batch
+    Batch.objects.create(public_id="batch_x", tenant=live.tenant, endpoint="/v1/completions",
+                         expires_at=timezone.now(), exec_key_prefix=live.prefix)  # fmt: skip
+    snapshot = snapshot_build()
+    assert snapshot.api_keys["live0001"].batch  # its requests are priced as batch lines
+    assert not snapshot.api_keys["expd0001"].batch
+
+
 def test_models_versions_routes_endpoints_prices(world: dict[str, Any]) -> None:
     snapshot = snapshot_build()
     v = {label: mv.pk for label, mv in world["versions"].items()}
@@ -195,6 +207,7 @@ def test_models_versions_routes_endpoints_prices(world: dict[str, Any]) -> None:
     assert [(p.version, p.hardware_tier) for p in snapshot.prices] == [(v["v1"], "cpu")]
     assert snapshot.prices[0].output_per_1k == pytest.approx(0.3)
     assert snapshot.prices[0].cache_hit_discount == 0.5
+    assert snapshot.prices[0].batch_discount == pytest.approx(0.4)
 
 
 def test_route_left_with_no_published_split_is_omitted(world: dict[str, Any]) -> None:
@@ -226,8 +239,8 @@ def test_query_count_does_not_grow_with_rows(
         Pool.objects.create(name=f"pool-{i}", hardware_tier="cpu")
     # 17 queries: + credit settings (#11), + running rollouts' route exclusions (#15),
     # + scale-from-zero versions (#16), + model aliases (#33), + safety packs and their
-    # attachments (#31).
-    with django_assert_max_num_queries(17):
+    # attachments (#31); 18: + the Batch API's executor keys (#32).
+    with django_assert_max_num_queries(18):
         snapshot = snapshot_build()
     assert len(snapshot.tenants) == 17
     assert len(snapshot.models["tiny"].versions) == 17

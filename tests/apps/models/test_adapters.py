@@ -60,11 +60,12 @@ def test_adapter_is_published_on_a_published_base_and_snapshotted(
     assert entry["parent"] == "tiny-llama"
     assert "parent" not in model_entry(snapshot, "tiny-llama", 0)
     # the base's replicas start with LoRA on, sized for the published adapters
-    assert lora_settings(base) == (2, 8)
+    assert lora_settings(base, {}) == (2, 8, 8)
+    assert lora_settings(base, {"max_loras": "4", "max_cpu_loras": "12"}) == (4, 12, 8)
 
 
 def test_no_published_adapter_no_lora(make_version: Callable[..., ModelVersion]) -> None:
-    assert lora_settings(make_version("v1", publish=True)) == (0, 8)
+    assert lora_settings(make_version("v1", publish=True), {}) == (0, 0, 8)
 
 
 def test_base_version_errors(

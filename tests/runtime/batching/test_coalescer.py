@@ -19,6 +19,7 @@ from runtime.batching.coalescer import (
     Reply,
     split_batch_reply,
 )
+from runtime.routing.prefix import PromptPrefix
 from runtime.scheduling.dispatcher import PoolDispatcher
 from runtime.scheduling.grant import Ticket
 from runtime.scheduling.interfaces import EndpointLoad
@@ -160,11 +161,23 @@ class OneEndpoint:
     def load(self, endpoint: EndpointSnap) -> tuple[int, EndpointLoad]:
         return self.inflight, EndpointLoad()
 
-    def choose(self, endpoints: Sequence[EndpointSnap], affinity_key: str | None) -> EndpointSnap:
+    def choose(
+        self,
+        endpoints: Sequence[EndpointSnap],
+        affinity_key: str | None,
+        *,
+        adapter: str | None = None,
+        prefix: PromptPrefix | None = None,
+    ) -> EndpointSnap:
         return endpoints[0]
 
     def fallback(
-        self, version: int, exclude: frozenset[int], affinity_key: str | None
+        self,
+        version: int,
+        exclude: frozenset[int],
+        affinity_key: str | None,
+        *,
+        prefix: PromptPrefix | None = None,
     ) -> EndpointSnap | None:
         return None if 1 in exclude else self.endpoint
 

@@ -7,6 +7,7 @@ tests import everything from ``gateway_fleet``.
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import Iterator
@@ -30,6 +31,8 @@ from fixtures.router import (
     wait_ready,
 )
 
+from runtime.artifacts import write_manifest
+
 __all__ = [
     "CHAT_MODEL",
     "EMBED_MODEL",
@@ -40,6 +43,7 @@ __all__ = [
     "Process",
     "Publisher",
     "World",
+    "adapter_folder",
     "fleet",
     "free_port",
     "http_get",
@@ -55,6 +59,16 @@ __all__ = [
     "var_dir",
     "wait_ready",
 ]
+
+
+def adapter_folder(root: Path, name: str) -> tuple[str, str]:
+    """A stand-in LoRA adapter folder (the simulator checks only that it exists): its file
+    URI and manifest digest."""
+    folder = root / name
+    folder.mkdir()
+    (folder / "adapter_config.json").write_text(json.dumps({"name": name}), encoding="utf-8")
+    digest, _ = write_manifest(folder)
+    return folder.as_uri(), digest
 
 
 @pytest.fixture(scope="module")

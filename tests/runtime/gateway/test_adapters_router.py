@@ -10,27 +10,24 @@ import json
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import openai
 import pytest
-from gateway_fleet import Process, Publisher, World, http_get, start_router, start_simulator
+from gateway_fleet import (
+    Process,
+    Publisher,
+    World,
+    adapter_folder,
+    http_get,
+    start_router,
+    start_simulator,
+)
 from gateway_fleet import wait_ready as router_ready
-
-from runtime.artifacts import write_manifest
 
 pytestmark = pytest.mark.integration
 
 BASE = "lora-base"
 HI = [{"role": "user", "content": "hi"}]
-
-
-def adapter_folder(root: Path, name: str) -> tuple[str, str]:
-    folder = root / name
-    folder.mkdir()
-    (folder / "adapter_config.json").write_text(json.dumps({"name": name}), encoding="utf-8")
-    digest, _ = write_manifest(folder)
-    return folder.as_uri(), digest
 
 
 @pytest.fixture(scope="module")
@@ -45,6 +42,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Process, P
         world.add_tenant("acme")
         world.add_key("good", "acme")
         world.add_model(BASE, 1)
+        world.add_pool("cpu", policies={"max_loras": "2", "max_cpu_loras": "2"})
         for vid, name in enumerate(("a", "b", "c", "broken"), start=2):
             uri, digest = adapter_folder(root, name)
             digest = "0" * 64 if name == "broken" else digest

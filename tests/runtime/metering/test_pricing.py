@@ -37,6 +37,20 @@ def test_cost_is_tokens_times_the_tier_price_rounded_up() -> None:
     assert Rate(input_uc=0.0, output_uc=0.0).free
 
 
+def test_a_batch_line_costs_the_price_less_the_batch_discount() -> None:
+    half_off = PriceSnap(version=1, hardware_tier="h100", input_per_1k=3.0, output_per_1k=6.0,
+                         cache_hit_discount=0.5, batch_discount=0.5)  # fmt: skip
+    online = Rate.of(half_off)
+    batch = online.for_batch()
+    assert online.cost(1000, 100) == 3_600_000  # online: the full price
+    assert batch.cost(1000, 100) == 1_800_000  # a batch line: half
+    assert batch.cost(1000, 100, cached=True) == 900_000  # a cached batch line: both discounts
+    assert Rate.of(H100).for_batch() == Rate.of(H100)  # no batch discount: the same rate
+    free = PriceSnap(version=1, hardware_tier="cpu", input_per_1k=1.0, output_per_1k=1.0,
+                     batch_discount=7.0)  # out of range (the control plane refuses it)
+    assert Rate.of(free).for_batch().cost(1000, 1000) == 0  # clamped to 100 %
+
+
 def test_price_book_looks_up_version_and_tier() -> None:
     book = PriceBook(Snapshot(version=3, created_at=0.0, prices=(H100, CPU)))
     assert book.rate(1, "cpu") == Rate.of(CPU)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from runtime.routing.adapters import AdapterSignal
 from runtime.snapshot import EndpointSnap, PoolSnap, Snapshot, VersionSnap
 from runtime.testing.snapshots import SnapshotBuilder, endpoint_snap, pool_snap, version_snap
 
@@ -53,6 +54,7 @@ class Signals:
         costs: dict[str, float] | None = None,
         key: str | None = None,
         cached: dict[int, float] | None = None,
+        adapters: dict[int, AdapterSignal] | None = None,
     ) -> None:
         self.open_breakers = open_breakers or set()
         self.unhealthy = unhealthy or set()
@@ -61,6 +63,7 @@ class Signals:
         self.costs = costs or {}
         self.key = key
         self.cached = cached
+        self.adapters = adapters
 
     def breaker_available(self, endpoint_id: int) -> bool:
         return endpoint_id not in self.open_breakers
@@ -82,3 +85,6 @@ class Signals:
 
     def cached_prefix(self, endpoint_id: int) -> float | None:
         return None if self.cached is None else self.cached.get(endpoint_id, 0.0)
+
+    def adapter(self, endpoint_id: int) -> AdapterSignal | None:
+        return None if self.adapters is None else self.adapters.get(endpoint_id)

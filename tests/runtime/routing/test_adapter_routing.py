@@ -1,4 +1,5 @@
-"""LoRA adapter routing: placement rule, single flight, base endpoints, upstream name, flags."""
+"""LoRA adapter routing: the adapter_residency scorer's tiers in the pool's default selector,
+single flight, base endpoints, upstream name, flags."""
 
 from __future__ import annotations
 
@@ -6,48 +7,68 @@ import asyncio
 from pathlib import Path
 
 import pytest
+from routing_support import Signals, endpoint
 
 from runtime.routing.adapters import (
-    AllPinned,
-    Choice,
+    AdapterResidencyScorer,
+    AdapterSignal,
     LoadFailedError,
-    ReplicaView,
     SingleFlight,
-    adapter_choice,
 )
+from runtime.routing.endpoints import EndpointSelector, names
 from runtime.routing.table import RoutingTable
 from runtime.testing.snapshots import SnapshotBuilder
 from runtime.workers.launch import LORA_RUNTIME_ENV, WorkerSpec, build_command, build_env
 
 pytestmark = pytest.mark.unit
 
-
-def view(endpoint: int, *, resident: bool = False, in_flight: int = 0, **kw: float) -> ReplicaView:
-    return ReplicaView(endpoint=endpoint, resident=resident, in_flight=in_flight, capacity=4, **kw)  # type: ignore[arg-type]
+EPS = (endpoint(1, capacity=4), endpoint(2, capacity=4))
 
 
-def test_resident_wins_until_saturated() -> None:
-    replicas = [view(1, resident=True, in_flight=3), view(2)]
-    assert adapter_choice(replicas, service_s=1.0) == Choice(1, needs_load=False)
-    replicas = [view(1, resident=True, in_flight=4), view(2, in_flight=1)]
-    assert adapter_choice(replicas, service_s=1.0) == Choice(2, needs_load=True)
+def pick(adapters: dict[int, AdapterSignal], inflight: dict[int, int] | None = None) -> int:
+    """The endpoint the default selector picks (least_load,adapter_residency:10)."""
+    selector = EndpointSelector.from_policies({})
+    chosen = selector.select(EPS, Signals(inflight=inflight or {}, adapters=adapters))
+    assert chosen is not None
+    return chosen.id
 
 
-def test_cold_goes_to_least_load_plus_load_time() -> None:
-    replicas = [view(1, in_flight=0, load_s=2.0), view(2, in_flight=2, load_s=0.1)]
-    # 0 + 2.0 against 0.5 * 1.0 + 0.1
-    assert adapter_choice(replicas, service_s=1.0) == Choice(2, needs_load=True)
-    assert adapter_choice(replicas, service_s=10.0) == Choice(1, needs_load=True)
+def test_the_scorer_is_registered_and_on_by_default() -> None:
+    assert "adapter_residency" in names("scorers")
+    scorers = EndpointSelector.from_policies({}).scorers
+    assert [(s.name, w) for s, w in scorers] == [("least_load", 1.0), ("adapter_residency", 10.0)]
 
 
-def test_pinned_replicas_are_skipped_and_all_pinned_is_refused() -> None:
-    replicas = [view(1, pinned_for_s=3.0), view(2, in_flight=3)]
-    assert adapter_choice(replicas, service_s=1.0) == Choice(2, needs_load=True)
-    replicas = [view(1, pinned_for_s=3.0), view(2, pinned_for_s=1.5)]
-    assert adapter_choice(replicas, service_s=1.0) == AllPinned(retry_after_s=1.5)
-    busy = [view(1, resident=True, in_flight=9), view(2, pinned_for_s=1.0)]
-    assert adapter_choice(busy, service_s=1.0) == Choice(1, needs_load=False)
-    assert adapter_choice([], service_s=1.0) is None
+def test_resident_wins_over_a_lighter_replica_until_saturated() -> None:
+    resident, cold = AdapterSignal(resident=True), AdapterSignal(resident=False)
+    assert pick({1: resident, 2: cold}, {1: 3, 2: 0}) == 1  # sticky though busier
+    assert pick({1: resident, 2: cold}, {1: 4, 2: 1}) == 2  # saturated: loads on 2
+
+
+def test_active_beats_resident_and_a_full_batch_is_avoided() -> None:
+    active = AdapterSignal(resident=True, active=2)
+    assert pick({1: AdapterSignal(resident=True), 2: active}, {1: 0, 2: 3}) == 2
+    full = AdapterSignal(resident=True, batch_full=True)
+    assert pick({1: full, 2: AdapterSignal(resident=False)}, {1: 0, 2: 2}) == 2  # loads on 2
+    assert pick({1: full, 2: AdapterSignal(resident=False, batch_full=True)}) == 1
+
+
+def test_cold_goes_to_least_load_plus_load_time_and_pinned_is_last() -> None:
+    slow, fast = (
+        AdapterSignal(resident=False, load_s=2.0),
+        AdapterSignal(resident=False, load_s=0.1),
+    )
+    assert pick({1: slow, 2: fast}, {1: 0, 2: 1}) == 2
+    assert pick({1: fast, 2: fast}, {1: 2, 2: 1}) == 2
+    pinned = AdapterSignal(resident=False, pinned=True)
+    assert pick({1: pinned, 2: fast}, {1: 0, 2: 3}) == 2
+
+
+def test_requests_without_an_adapter_rank_by_load_alone() -> None:
+    scorer = AdapterResidencyScorer()
+    assert scorer.score(EPS[0], Signals()) == 0.5
+    assert pick({}, {1: 2, 2: 1}) == 2
+    assert pick({}, {1: 0, 2: 1}) == 1
 
 
 @pytest.mark.asyncio

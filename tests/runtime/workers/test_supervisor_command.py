@@ -21,7 +21,7 @@ import pytest
 import redis
 from django.core.management import CommandError, call_command
 from django.db import connection
-from fixtures.net import free_port
+from fixtures.net import free_port, port_accepts
 from fixtures.wait import eventually
 
 from apps.common.models import AuditEvent
@@ -139,6 +139,7 @@ def test_digest_mismatch_refuses_to_start(damage, make_version, pool, artifact):
         ("torch", [], f"{MODEL}:v1 runs on the torch runtime"),
         ("v1", ["--capacity", "0"], "--capacity must be a positive integer"),
         ("v1", ["--grace", "-1"], "--grace must be >= 0"),
+        ("v1", ["--kv-events-port", "-1"], "--kv-events-port must be >= 0"),
     ],
 )
 def test_bad_arguments_are_command_errors(setup, args, message, make_version, pool):
@@ -306,6 +307,10 @@ def test_sigterm_drains_in_flight_request_then_marks_gone(make_version, pool, tm
         key = endpoint_heartbeat_key(endpoint.pk)
         assert json.loads(client.get(key))["state"] == "ready"
         assert 0 < client.pttl(key) <= 6000
+        # The engine publishes KV events where the endpoint says (a free port by default).
+        events_host, events_port = endpoint.kv_events_url.removeprefix("tcp://").split(":")
+        assert events_host == "127.0.0.1"
+        assert port_accepts(int(events_port))
 
         result: dict = {"first": threading.Event()}
         stream = stream_in_thread(base_url, port, result)

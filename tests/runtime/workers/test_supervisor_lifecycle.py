@@ -327,3 +327,29 @@ async def test_stop_while_starting_never_marks_it_ready(spec, tmp_path, redis_cl
     assert hooks.calls == ["starting", "gone"]
     assert not pid_alive(supervisor.engine.pid)
     assert heartbeat(redis_client) is None
+
+
+async def test_a_lora_engine_lists_its_resident_adapters_in_its_heartbeat(
+    spec, tmp_path, redis_client
+):
+    """Whoever loads an adapter (a router, another router), the worker's heartbeat says so."""
+    spec = dataclasses.replace(spec, max_loras=2)
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    hooks = Recorder()
+    supervisor = make_supervisor(spec, hooks, tmp_path, grace_s=1.0)
+    run = asyncio.create_task(supervisor.run())
+    try:
+        await wait_event(hooks.events["ready"])
+        assert heartbeat(redis_client)["adapters"] == []
+        body = {"lora_name": "support@v1", "lora_path": str(adapter)}
+        url = f"{spec.base_url}/v1/load_lora_adapter"
+        async with aiohttp.ClientSession() as session, session.post(url, json=body) as resp:
+            assert resp.status == 200
+        await async_eventually(
+            lambda: (heartbeat(redis_client) or {}).get("adapters") == ["support@v1"],
+            timeout=10, what="the adapter in the heartbeat",
+        )  # fmt: skip
+    finally:
+        supervisor.request_stop()
+        await asyncio.wait_for(run, 30)

@@ -6,6 +6,7 @@ spec would run is a script that leaves a marker file, and the hooks record every
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -192,6 +193,21 @@ def test_simulator_command_line():
         sys.executable, "-m", "runtime.workers.simulator", "--model", "demo-llama",
         "--host", "127.0.0.1", "--port", "8101", "--max-model-len", "4096",
     ]  # fmt: skip
+
+
+@pytest.mark.unit
+def test_kv_events_turn_on_prefix_caching_and_a_zmq_publisher():
+    vllm = build_command(_spec(kv_events_port=5557))
+    at = vllm.index("--kv-events-config")
+    assert vllm[at - 1] == "--enable-prefix-caching"
+    # vLLM binds only a wildcard address (it connects to any other): every interface.
+    assert json.loads(vllm[at + 1]) == {
+        "enable_kv_cache_events": True, "publisher": "zmq", "endpoint": "tcp://*:5557",
+    }  # fmt: skip
+    simulator = build_command(_spec(backend="simulator", kv_events_port=5557))
+    assert simulator[-2:] == ["--kv-events-endpoint", "tcp://127.0.0.1:5557"]
+    assert "--kv-events-config" not in build_command(_spec())
+    assert _spec(host="::1", kv_events_port=9).kv_events_bind == "tcp://[::1]:9"
 
 
 @pytest.mark.unit

@@ -17,6 +17,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from apps.models.management.replica import (
+    advertised_kv_events,
     artifact_check,
     pool_named,
     published_version,
@@ -28,6 +29,7 @@ from apps.models.management.replica import (
 )
 from apps.models.models import ModelVersion
 from apps.models.selectors import lora_settings
+from runtime.procs import free_port
 from runtime.workers.launch import Backend, WorkerSpec
 from runtime.workers.supervisor import Supervisor, SupervisorSettings
 
@@ -56,6 +58,13 @@ class Command(BaseCommand):
         add("--start-timeout", type=float, default=900.0, help="Seconds to wait for /health.")
         add("--engine-log", type=Path, default=None, help="Engine output file (default stderr).")
         add("--engine-args", default="", help='Extra engine flags, e.g. "--seed 1" (shlex).')
+        add(
+            "--kv-events-port",
+            type=int,
+            default=None,
+            help="Port of the engine's KV cache events (ZeroMQ, on --host), announced to the "
+            "routers for precise prefix routing (default: a free port; 0: off).",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         version = published_version(options["model"], options["label"])
@@ -68,7 +77,11 @@ class Command(BaseCommand):
             raise CommandError("--grace must be >= 0; --start-timeout, --heartbeat-ttl > 0")
         manifest = version.manifest if isinstance(version.manifest, dict) else {}
         max_context = manifest.get("max_context")
-        max_loras, max_lora_rank = lora_settings(version)  # LoRA on when it has adapters
+        # LoRA on when it has adapters; slots from the pool's policies (max_loras, max_cpu_loras)
+        try:
+            max_loras, max_cpu_loras, max_lora_rank = lora_settings(version, pool.policies or {})
+        except ValueError as exc:
+            raise CommandError(f"pool {pool.name!r}: {exc}") from None
         spec = WorkerSpec(
             **artifact_check(version),
             signature=signature_check(version),
@@ -86,8 +99,11 @@ class Command(BaseCommand):
             tls=(tls := worker_tls_from_env()),
             max_loras=max_loras,
             max_lora_rank=max_lora_rank,
+            max_cpu_loras=max_cpu_loras,
+            kv_events_port=self._kv_events_port(options),
         )
-        hooks = registry_hooks(version, pool, options, tls=tls)
+        kv_events = advertised_kv_events(spec.host, spec.kv_events_port)
+        hooks = registry_hooks(version, pool, options, tls=tls, kv_events_url=kv_events)
         supervisor = Supervisor(
             spec,
             hooks=hooks,
@@ -101,6 +117,15 @@ class Command(BaseCommand):
         )
         self.stdout.write(f"serving {version} ({backend}, {options['device']}) in pool {pool}")
         self.stdout.write(serve(supervisor.run(), hooks))
+
+    @staticmethod
+    def _kv_events_port(options: dict[str, Any]) -> int | None:
+        port = options["kv_events_port"]
+        if port is None:
+            return free_port(options["host"])
+        if port < 0:
+            raise CommandError("--kv-events-port must be >= 0 (0: no KV events)")
+        return port or None
 
     @staticmethod
     def _backend(version: ModelVersion, requested: str | None) -> Backend:

@@ -4,9 +4,13 @@ A plan whose version is an adapter (``VersionSnap.base_version``) was queued for
 version's endpoints (:mod:`runtime.routing.table`) with its upstream ``model`` set to the
 adapter's engine name (:func:`runtime.snapshot.adapter_name`). Here the granted endpoint's
 adapter manager (:class:`runtime.workers.adapter_loader.AdapterFleet`: digest check, LRU with
-minimum residency, one load per adapter at a time) makes it resident before dispatch. A failed
+minimum residency, one load per adapter at a time; slots from the pool's ``max_cpu_loras``)
+makes it resident before dispatch, after checking its digest and its signature (the snapshot's
+``signing``: required or not, and the trusted keys, as a worker checks a model's). A failed
 load is 503 ``adapter_load_failed`` with the reason and Retry-After; every slot pinned by
-minimum residency is 429 ``adapter_slots_pinned`` with Retry-After. Any other request passes.
+minimum residency is 429 ``adapter_slots_pinned`` with Retry-After. The request then counts as
+*active* on that replica until it ends (the ``adapter_residency`` scorer's stickiest tier, and
+the batch's ``max_loras``). Any other request passes.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from runtime.gateway.bundles import UpstreamDeps
 from runtime.gateway.errors import ApiError, retry_after
 from runtime.gateway.pipeline.context import RequestContext
 from runtime.routing.adapters import LoadFailedError
+from runtime.snapshot import adapter_name
 from runtime.workers.adapter_loader import AllSlotsPinnedError
 
 
@@ -31,8 +36,12 @@ class AdapterResidency:
         endpoint = ctx.ready_attempts.grant.endpoint
         if plan.version.base_version is None or endpoint is None:
             return
+        snapshot = ctx.ready_snapshot
+        settings = self._fleet.settings(snapshot, endpoint.pool)
         try:
-            await self._fleet.ensure(endpoint, plan.version)
+            await self._fleet.ensure(
+                endpoint, plan.version, settings=settings, signing=snapshot.signing
+            )
         except AllSlotsPinnedError as exc:
             wait = retry_after(math.ceil(exc.retry_after_s))
             raise ApiError.of("adapter_slots_pinned", model=plan.model.name, headers=wait) from None
@@ -41,3 +50,7 @@ class AdapterResidency:
             raise ApiError.of(
                 "adapter_load_failed", model=plan.model.name, reason=exc.reason, headers=wait
             ) from None
+        # In the engine's batch until the request ends: placement's "active" tier.
+        loader, name = self._fleet.loader(endpoint, settings), adapter_name(plan.version)
+        loader.begin(name)
+        ctx.hold("adapter", lambda: loader.end(name))

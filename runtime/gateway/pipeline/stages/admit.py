@@ -1,5 +1,6 @@
 """Stage ``admit``: the tenant's RPM, TPM, concurrency, budget caps and credit escrow in Redis
-(:func:`runtime.gateway.admit.admit_limits`); registers the settlement (:mod:`.settle`).
+(:func:`runtime.gateway.admit.admit_limits`; a batch line, marked by ``batch_line``, in the
+tenant's batch lane instead); registers the settlement (:mod:`.settle`).
 The ``x-ratelimit-*`` headers of what it read (:mod:`runtime.gateway.ratelimit_headers`) go
 on every answer from here on: the response's (through the context's sink) and an error's."""
 
@@ -21,9 +22,11 @@ class Admit:
 
     async def __call__(self, ctx: RequestContext) -> None:
         deps = self._deps
+        principal = ctx.ready_principal
         ctx.admission = await admit_limits(
-            deps, ctx.ready_snapshot, ctx.ready_principal.tenant, ctx.ready_plan
-        )
+            deps, ctx.ready_snapshot, principal.tenant, ctx.ready_plan,
+            batch_line=bool(ctx.batch_line), batch=principal.key.batch,
+        )  # fmt: skip
         ctx.hold("settle", lambda: settle(deps, ctx), early=True)
         rates = ctx.ready_admission.lease.rates
         if rates is not None:

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import time
 
+from runtime.contract import lane_tenant
 from runtime.gateway.admit import settle_limits
 from runtime.gateway.bundles import AdmissionDeps
 from runtime.gateway.pipeline.context import RequestContext
 from runtime.gateway.relay import Usage
+from runtime.internal_principal import line_event_id
 from runtime.metering.events import UsageEvent
 
 
@@ -42,7 +44,9 @@ def settle(deps: AdmissionDeps, ctx: RequestContext) -> None:
     if opened:
         timings = record.timings_ms
         event = UsageEvent(
-            id=admission.lease.id, tenant=admission.lease.tenant, api_key=record.api_key,
+            # a batch line: one id for every try of the line, so the ledger charges it once
+            id=line_event_id(ctx.batch_line) if ctx.batch_line else admission.lease.id,
+            tenant=lane_tenant(admission.lease.tenant), api_key=record.api_key,
             version=plan.version.id,
             endpoint=int(record.endpoint) if record.endpoint.isdigit() else None,
             tier=admission.tier, request_class=plan.klass.name if plan.klass else "default",

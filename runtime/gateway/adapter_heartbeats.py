@@ -1,0 +1,116 @@
+"""The router learns adapter residency from the workers' heartbeats.
+
+A worker whose engine serves LoRA adapters lists the adapters its engine has loaded in its
+heartbeat (``adapters``, read from the engine's ``/v1/models``: :mod:`runtime.workers.heartbeat`,
+:func:`runtime.workers.adapter_loader.engine_adapters`), whoever loaded them: this router,
+another router, or an operator. Every ``interval_s`` :class:`AdapterHeartbeats` reads the
+heartbeat keys of the snapshot's endpoints that serve adapters (one ``MGET``) and tells the
+router's residency book (:meth:`runtime.workers.adapter_loader.AdapterFleet.observe`), so
+placement sends an adapter's requests to a replica that holds it even when this router never
+loaded it there, and forgets endpoints that left the snapshot. A Redis error is logged once
+and retried at the next tick; the residency the router made itself stays.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Callable
+from typing import Final
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from runtime.contract import endpoint_heartbeat_key
+from runtime.redis_conn import async_client, cancel_and_wait
+from runtime.snapshot import Snapshot
+from runtime.workers.adapter_loader import AdapterFleet
+
+logger = logging.getLogger(__name__)
+
+POLL_S: Final = 2.0  # a worker beats every third of its 15 s TTL; reading more often is moot
+
+
+def lora_endpoints(snapshot: Snapshot) -> list[int]:
+    """The endpoints whose version has adapters (their replicas load them), sorted."""
+    bases = {v.base_version for v in snapshot.versions.values() if v.base_version is not None}
+    return sorted(e.id for e in snapshot.endpoints.values() if e.version in bases)
+
+
+def heartbeat_adapters(raw: bytes | str | None) -> frozenset[str] | None:
+    """The ``adapters`` of one heartbeat value; None when absent or not a list of names."""
+    if raw is None:
+        return None
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return None
+    names = value.get("adapters") if isinstance(value, dict) else None
+    if not isinstance(names, list):
+        return None
+    return frozenset(n for n in names if isinstance(n, str))
+
+
+class AdapterHeartbeats:
+    """Polls the heartbeats of LoRA endpoints into the router's residency book."""
+
+    def __init__(
+        self,
+        redis_url: str,
+        fleet: AdapterFleet,
+        snapshot: Callable[[], Snapshot | None],
+        *,
+        interval_s: float = POLL_S,
+    ) -> None:
+        self._redis_url = redis_url
+        self._fleet = fleet
+        self._snapshot = snapshot
+        self._interval_s = interval_s
+        self._task: asyncio.Task[None] | None = None
+        self._client: aioredis.Redis[bytes] | None = None
+        self._failing = False
+
+    async def poll(self) -> int:
+        """One read; the number of endpoints whose heartbeat listed adapters."""
+        snapshot = self._snapshot()
+        if snapshot is None:
+            return 0
+        self._fleet.forget(frozenset(snapshot.endpoints))
+        ids = lora_endpoints(snapshot)
+        if not ids:
+            return 0
+        if self._client is None:
+            self._client = async_client(self._redis_url, name="adapter-heartbeats", timeout_s=2.0)
+        values = await self._client.mget([endpoint_heartbeat_key(eid) for eid in ids])
+        seen = 0
+        for eid, raw in zip(ids, values, strict=True):
+            names = heartbeat_adapters(raw)
+            if names is not None:
+                self._fleet.observe(eid, names)
+                seen += 1
+        return seen
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await self.poll()
+            except (RedisError, OSError) as exc:
+                if not self._failing:
+                    logger.warning("adapter heartbeats: Redis read failed (%s); retrying", exc)
+                self._failing = True
+            else:
+                self._failing = False
+            await asyncio.sleep(self._interval_s)
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="adapter-heartbeats")
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            await cancel_and_wait(task)
+        client, self._client = self._client, None
+        if client is not None:
+            await client.aclose()  # type: ignore[attr-defined]  # types-redis predates it

@@ -1,0 +1,93 @@
+"""Stages ``prefix`` and ``prefix_started``: prefix-aware routing on the request path.
+
+``prefix`` (before ``queue``): for a chat or completion request to an LLM pool (a version
+not served by the torch runtime) whose pool does not turn it off (pool policy
+``prefix_routing: off``; on by default), the plan gets the rendered prompt's block hashes
+(:class:`~runtime.routing.prefix.PromptPrefix`: chat messages in order, or the completion's
+single text prompt; an adapter's name first, since an engine caches a LoRA's blocks apart).
+The pool's placement then keeps the request on the endpoint holding its longest cached prefix
+until that endpoint is saturated, and learns where the prefix went
+(:mod:`runtime.routing.prefix_placer`). A request without full blocks (a prompt shorter than
+one block), an embedding or a batch of completion prompts carries none.
+
+``prefix_started`` (after ``dispatch``): the upstream answered (its first byte), so the
+request's prefill no longer counts as queued at its endpoint; the request's end does the
+same if it never gets there (a refusal, a failure).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Final
+
+from runtime.gateway.bundles import AdmissionDeps
+from runtime.gateway.pipeline.context import RequestContext
+from runtime.gateway.schema import ChatRequest, CompletionRequest
+from runtime.pool_policies import PREFIX_ROUTING_KEY
+from runtime.routing.prefix import PromptPrefix, block_hashes, render_chat
+from runtime.snapshot import VersionSnap, adapter_name
+
+LLM_KINDS: Final = frozenset({"chat", "completion"})
+
+
+def prefix_routing_on(policies: Mapping[str, str]) -> bool:
+    """Prefix-aware routing is on unless the pool's ``prefix_routing`` policy is ``off``."""
+    return policies.get(PREFIX_ROUTING_KEY, "on").strip() != "off"
+
+
+def rendered_prompt(request: object, version: VersionSnap) -> str | None:
+    """The prompt as the router hashes it, or None when it has no single prompt."""
+    if isinstance(request, ChatRequest):
+        messages = [(m.role, m.text()) for m in request.messages]
+    elif isinstance(request, CompletionRequest) and isinstance(request.prompt, str):
+        messages = [("prompt", request.prompt)]
+    else:
+        return None
+    if version.base_version is not None:
+        messages.insert(0, ("adapter", adapter_name(version)))
+    return render_chat(messages)
+
+
+def prompt_prefix(request: object, version: VersionSnap, prompt_tokens: int) -> PromptPrefix | None:
+    """The request's :class:`PromptPrefix`, or None when it has no full block."""
+    rendered = rendered_prompt(request, version)
+    if rendered is None:
+        return None
+    hashes = block_hashes(rendered)
+    if not hashes:
+        return None
+    return PromptPrefix(hashes=hashes, prompt_tokens=prompt_tokens)
+
+
+class PrefixBlocks:
+    name = "prefix"
+
+    def __init__(self, deps: AdmissionDeps) -> None:
+        self._deps = deps
+
+    async def __call__(self, ctx: RequestContext) -> None:
+        plan = ctx.ready_plan
+        version = plan.version
+        if ctx.spec.kind not in LLM_KINDS or version.runtime == "torch" or ctx.request is None:
+            return
+        if not prefix_routing_on(self._deps.table.policies(ctx.ready_snapshot, version.id)):
+            return
+        view: Any = ctx.request.request
+        prefix = prompt_prefix(view, version, plan.prompt_tokens)
+        if prefix is None:
+            return
+        plan.prefix = prefix
+        placer = self._deps.prefix
+        ctx.hold("prefix", lambda: placer.started(prefix))
+
+
+class PrefixStarted:
+    name = "prefix_started"
+
+    def __init__(self, deps: AdmissionDeps) -> None:
+        self._placer = deps.prefix
+
+    async def __call__(self, ctx: RequestContext) -> None:
+        plan = ctx.plan
+        if plan is not None and plan.prefix is not None:
+            self._placer.started(plan.prefix)

@@ -1,0 +1,56 @@
+"""The router's prefix index with the engines' KV events behind it: precise where they flow.
+
+:class:`EventedPrefixIndex` *is* the approximate :class:`~runtime.routing.prefix_index.
+PrefixIndex` (it learns from every dispatch, so falling back is warm) and owns a
+:class:`~runtime.routing.kv_tracker.KvEventTracker` that the KV event subscribers
+(:mod:`runtime.routing.kv_subscriber`) feed. Whoever holds a ``PrefixIndex`` (the router's
+``PrefixPlacer``) gets precise scoring without knowing it:
+
+- :meth:`record` (a dispatch) records approximately and tells the tracker, which maps the
+  engine's coming ``BlockStored`` events onto these blocks;
+- :meth:`match` answers each endpoint whose events are live from the tracker's precise index,
+  and every other endpoint (no events announced, or events stopped) from the approximate one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from runtime.routing.kv_tracker import KvEventTracker
+from runtime.routing.prefix_index import (
+    DEFAULT_MAX_BLOCKS_PER_ENDPOINT,
+    DEFAULT_TTL_SECONDS,
+    PrefixIndex,
+)
+
+
+class EventedPrefixIndex(PrefixIndex):
+    """A :class:`PrefixIndex` answering precisely where KV events flow (module docstring)."""
+
+    __slots__ = ("tracker",)
+
+    def __init__(
+        self,
+        *,
+        max_blocks_per_endpoint: int = DEFAULT_MAX_BLOCKS_PER_ENDPOINT,
+        ttl_seconds: float = DEFAULT_TTL_SECONDS,
+        tracker: KvEventTracker | None = None,
+    ) -> None:
+        super().__init__(max_blocks_per_endpoint=max_blocks_per_endpoint, ttl_seconds=ttl_seconds)
+        self.tracker = tracker if tracker is not None else KvEventTracker()
+        self.tracker.approximate = self  # removals and clears reach the approximate view too
+
+    def record(self, endpoint_id: int, hashes: Sequence[int], now: float) -> None:
+        super().record(endpoint_id, hashes, now)
+        self.tracker.note_dispatch(endpoint_id, hashes, now)
+
+    def match(
+        self, hashes: Sequence[int], now: float, endpoint_ids: Iterable[int] | None = None
+    ) -> dict[int, int]:
+        ids = list(self.sizes()) if endpoint_ids is None else list(endpoint_ids)
+        precise = [e for e in ids if self.tracker.precise(e, now)]
+        found = self.tracker.precise_index.match(hashes, now, precise) if precise else {}
+        fallback = [e for e in ids if e not in found and e not in precise]
+        if fallback:
+            found.update(super().match(hashes, now, fallback))
+        return found

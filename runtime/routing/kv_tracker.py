@@ -1,0 +1,279 @@
+"""Precise prefix scoring: the engines' KV events, mapped onto the router's block hashes.
+
+An engine's KV events (:mod:`runtime.routing.kv_events`) name *its* blocks: hashes of token ids,
+``block_size`` tokens each. The router has no tokenizer; its blocks
+(:mod:`runtime.routing.prefix`) are ``block_chars`` characters of the rendered prompt. The two
+cannot be computed from each other, so the mapping is **learned at dispatch**:
+
+1. :meth:`KvEventTracker.note_dispatch`: the router sends a prompt (its router hashes) to an
+   endpoint; if the endpoint is not already known to hold all of it, the prompt waits there
+   as *pending* (bounded FIFO).
+2. A ``BlockStored`` event continues a chain: from the prompt's start (``parent`` ``None``) or
+   from a block already mapped. It is attributed to the oldest pending prompt that fits: one
+   whose router chain contains the router block the parent maps to (a prompt that shares the
+   parent's prefix), and for a chain from the start, one whose first router block the engine is
+   not already known to hold (it would not store it again). A chunked prefill's next chunk
+   continues its own prompt first.
+3. Engine block ``i`` of the chain ends at token ``end = parent_end + (i + 1) * block_size``; it
+   completes router block ``k = end * chars_per_token // block_chars`` (4 characters a token,
+   the router's rule of thumb). The engine block where ``k`` first reaches a router block maps to
+   that router block; the precise index (:class:`PrefixIndex`, its own instance) records the
+   prompt's router blocks up to ``k``.
+4. ``BlockRemoved``: each removed engine block that mapped to a router block drops that router
+   block (vLLM evicts a chain from its tail, so its descendants went first);
+   ``AllBlocksCleared`` forgets the endpoint. Both apply to the approximate index too.
+
+**Fallback.** An endpoint is *precise* while its subscriber is connected and its events keep up:
+it stops being precise when a prompt the engine must store (it did not hold its first block) has
+waited ``stale_s`` with no event at all since it was sent (an idle engine publishes nothing, so
+silence alone is not staleness), or when the socket drops. :meth:`match` answers a precise
+endpoint from the precise index and any other from the approximate one (which keeps learning from
+dispatch all along, so falling back is warm); it is precise again at its next event.
+
+Memory per endpoint is bounded: ``max_engine_blocks`` mapped engine blocks (an ``OrderedDict``
+entry of a hash and a small node, oldest dropped first), ``max_pending`` pending prompts (each a
+reference to its tuple of router hashes) and the precise index's own bound.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Final
+
+from runtime.routing.kv_events import (
+    AllCleared,
+    BlockRemoved,
+    BlockStored,
+    EngineHash,
+    KvEventBatch,
+)
+from runtime.routing.prefix import CHARS_PER_TOKEN, DEFAULT_BLOCK_CHARS
+from runtime.routing.prefix_index import PrefixIndex
+
+DEFAULT_STALE_S: Final = 10.0
+DEFAULT_MAX_PENDING: Final = 256
+DEFAULT_MAX_ENGINE_BLOCKS: Final = 16_384
+
+
+class _Pending:
+    """A prompt sent to the endpoint whose blocks the engine has not all reported yet."""
+
+    __slots__ = ("at", "expects", "hashes", "position")
+
+    def __init__(self, hashes: tuple[int, ...], at: float, *, expects: bool) -> None:
+        self.hashes = hashes
+        self.position = {h: i for i, h in enumerate(hashes)}
+        self.at = at
+        self.expects = expects  # the engine must store a block for it (it held none)
+
+
+@dataclass(slots=True)
+class _Node:
+    """One engine block: where it ends (tokens) and the router block it completes, if any."""
+
+    end: int
+    router: int | None
+    prompt: _Pending
+
+
+class _Endpoint:
+    __slots__ = ("blocks", "connected", "last_event", "pending", "stale")
+
+    def __init__(self, max_pending: int) -> None:
+        self.blocks: OrderedDict[EngineHash, _Node] = OrderedDict()
+        self.pending: deque[_Pending] = deque(maxlen=max_pending)
+        self.last_event: float | None = None
+        self.connected = False
+        self.stale = False  # a prompt went unanswered: approximate until the next event
+
+
+class KvEventTracker:
+    """Per endpoint: engine blocks mapped to router blocks, pending prompts, freshness."""
+
+    __slots__ = (
+        "_endpoints",
+        "approximate",
+        "block_chars",
+        "chars_per_token",
+        "max_engine_blocks",
+        "max_pending",
+        "precise_index",
+        "stale_s",
+    )
+
+    def __init__(
+        self,
+        *,
+        approximate: PrefixIndex | None = None,
+        precise_index: PrefixIndex | None = None,
+        block_chars: int = DEFAULT_BLOCK_CHARS,
+        chars_per_token: int = CHARS_PER_TOKEN,
+        stale_s: float = DEFAULT_STALE_S,
+        max_pending: int = DEFAULT_MAX_PENDING,
+        max_engine_blocks: int = DEFAULT_MAX_ENGINE_BLOCKS,
+    ) -> None:
+        if block_chars < 1 or chars_per_token < 1:
+            raise ValueError("block_chars and chars_per_token must be >= 1")
+        if not stale_s > 0 or max_pending < 1 or max_engine_blocks < 1:
+            raise ValueError("stale_s, max_pending and max_engine_blocks must be positive")
+        self.approximate = approximate
+        self.precise_index = precise_index if precise_index is not None else PrefixIndex()
+        self.block_chars = block_chars
+        self.chars_per_token = chars_per_token
+        self.stale_s = stale_s
+        self.max_pending = max_pending
+        self.max_engine_blocks = max_engine_blocks
+        self._endpoints: dict[int, _Endpoint] = {}
+
+    # --- the router's side --------------------------------------------------------------
+
+    def note_dispatch(self, endpoint_id: int, hashes: Sequence[int], now: float) -> None:
+        """The router sent a prompt with these router block hashes to the endpoint."""
+        if not hashes:
+            return
+        state = self._state(endpoint_id)
+        held = self.precise_index.match(hashes, now, (endpoint_id,)).get(endpoint_id, 0)
+        if held >= len(hashes):
+            return  # the engine holds every full block: it stores nothing new
+        state.pending.append(_Pending(tuple(hashes), now, expects=held == 0))
+
+    def precise(self, endpoint_id: int, now: float) -> bool:
+        """Whether the endpoint's events are live (see the module docstring)."""
+        state = self._endpoints.get(endpoint_id)
+        if state is None or not state.connected or state.last_event is None or state.stale:
+            return False
+        last_event = state.last_event
+        for prompt in state.pending:  # oldest first: the oldest unanswered one decides
+            if prompt.expects and prompt.at >= last_event:
+                if prompt.at <= now - self.stale_s:
+                    state.stale = True
+                    return False
+                break
+        return True
+
+    def match(
+        self, hashes: Sequence[int], now: float, endpoint_ids: Iterable[int]
+    ) -> dict[int, int]:
+        """Per endpoint, its held leading blocks: precise where events are live, else the
+        approximate index's guess (nothing, without one)."""
+        precise: list[int] = []
+        fallback: list[int] = []
+        for endpoint_id in endpoint_ids:
+            (precise if self.precise(endpoint_id, now) else fallback).append(endpoint_id)
+        found = self.precise_index.match(hashes, now, precise) if precise else {}
+        if fallback and self.approximate is not None:
+            found.update(self.approximate.match(hashes, now, fallback))
+        return found
+
+    # --- the subscriber's side ----------------------------------------------------------
+
+    def set_connected(self, endpoint_id: int, connected: bool) -> None:
+        """The subscriber's socket connected (or dropped: fall back until the next event)."""
+        state = self._state(endpoint_id)
+        state.connected = connected
+        if not connected:
+            state.last_event = None
+
+    def apply(self, endpoint_id: int, batch: KvEventBatch, now: float) -> None:
+        """One message of the endpoint's events."""
+        state = self._state(endpoint_id)
+        state.last_event = now
+        state.connected = True
+        state.stale = False
+        for event in batch.events:
+            if isinstance(event, BlockStored):
+                self._stored(endpoint_id, state, event, now)
+            elif isinstance(event, BlockRemoved):
+                self._removed(endpoint_id, state, event.hashes)
+            elif isinstance(event, AllCleared):
+                state.blocks.clear()
+                self.precise_index.forget(endpoint_id)
+                if self.approximate is not None:
+                    self.approximate.forget(endpoint_id)
+        self._expire(state, now)
+
+    def forget(self, endpoint_id: int) -> None:
+        self._endpoints.pop(endpoint_id, None)
+        self.precise_index.forget(endpoint_id)
+
+    def retain(self, endpoint_ids: Iterable[int]) -> None:
+        keep = set(endpoint_ids)
+        for endpoint_id in [e for e in self._endpoints if e not in keep]:
+            self.forget(endpoint_id)
+
+    def sizes(self) -> Mapping[int, tuple[int, int]]:
+        """Per endpoint: (mapped engine blocks, pending prompts)."""
+        return {e: (len(s.blocks), len(s.pending)) for e, s in self._endpoints.items()}
+
+    # --- internals ------------------------------------------------------------------------
+
+    def _state(self, endpoint_id: int) -> _Endpoint:
+        state = self._endpoints.get(endpoint_id)
+        if state is None:
+            state = self._endpoints[endpoint_id] = _Endpoint(self.max_pending)
+        return state
+
+    def _attribute(
+        self, endpoint_id: int, state: _Endpoint, parent: _Node | None, now: float
+    ) -> _Pending | None:
+        """The pending prompt a stored chain belongs to (see the module docstring, 2.)."""
+        if parent is not None and parent.prompt in state.pending:
+            return parent.prompt  # a chunked prefill's next chunk
+        for prompt in state.pending:
+            if parent is None:
+                held = self.precise_index.match(prompt.hashes[:1], now, (endpoint_id,))
+                if not held:
+                    return prompt
+            elif parent.router is None or parent.router in prompt.position:
+                return prompt
+        return None
+
+    def _stored(self, endpoint_id: int, state: _Endpoint, event: BlockStored, now: float) -> None:
+        parent: _Node | None = None
+        if event.parent is not None:
+            parent = state.blocks.get(event.parent)
+            if parent is None:
+                return  # continues a chain this router never mapped: cannot place it
+        prompt = self._attribute(endpoint_id, state, parent, now)
+        if prompt is None:
+            return
+        base = 0 if parent is None else parent.end
+        covered = self._covered(base, prompt)
+        blocks = state.blocks
+        for i, engine_hash in enumerate(event.hashes):
+            end = base + (i + 1) * event.block_size
+            reached = self._covered(end, prompt)
+            router = prompt.hashes[reached - 1] if reached > covered else None
+            covered = reached
+            blocks[engine_hash] = _Node(end, router, prompt)
+            blocks.move_to_end(engine_hash)
+        while len(blocks) > self.max_engine_blocks:
+            blocks.popitem(last=False)
+        if covered:
+            self.precise_index.record(endpoint_id, prompt.hashes[:covered], now)
+        if covered >= len(prompt.hashes):
+            state.pending.remove(prompt)
+
+    def _covered(self, end_tokens: int, prompt: _Pending) -> int:
+        """How many of the prompt's router blocks end within its first ``end_tokens``."""
+        return min(end_tokens * self.chars_per_token // self.block_chars, len(prompt.hashes))
+
+    def _removed(self, endpoint_id: int, state: _Endpoint, hashes: Sequence[EngineHash]) -> None:
+        dropped: list[int] = []
+        for engine_hash in hashes:
+            node = state.blocks.pop(engine_hash, None)
+            if node is not None and node.router is not None:
+                dropped.append(node.router)
+        if dropped:
+            self.precise_index.discard(endpoint_id, dropped)
+            if self.approximate is not None:
+                self.approximate.discard(endpoint_id, dropped)
+
+    def _expire(self, state: _Endpoint, now: float) -> None:
+        """Pending prompts the events answered long ago or never will (cached in full)."""
+        oldest = now - 2 * self.stale_s
+        pending = state.pending
+        while pending and pending[0].at < oldest:
+            pending.popleft()

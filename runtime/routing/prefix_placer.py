@@ -1,0 +1,112 @@
+"""Prefix-aware placement: the router's prefix index, its queued prefill and the sticky rule.
+
+One :class:`PrefixPlacer` per router process (endpoint ids are unique across pools), shared
+by every pool's :class:`~runtime.scheduling.placement.FleetPlacement` and the ``prefix``
+stages (:mod:`runtime.gateway.pipeline.stages.prefix`). For a request that carries a
+:class:`~runtime.routing.prefix.PromptPrefix` (its prompt's block hashes):
+
+1. :meth:`PrefixPlacer.match` — per endpoint, how many of its leading blocks the endpoint is
+   believed to hold (:class:`~runtime.routing.prefix_index.PrefixIndex`);
+2. :meth:`PrefixPlacer.sticky` — the endpoint the sticky-until-saturated rule
+   (:func:`~runtime.routing.sticky.sticky_choice`) keeps it on, among those with room, or
+   ``None`` to let the pool's scorers route by load;
+3. :meth:`PrefixPlacer.sent` — at dispatch: the chosen endpoint will cache the prompt's blocks
+   (the index learns them) and must first prefill its uncached tokens (counted as queued
+   prefill there until :meth:`PrefixPlacer.started`: the first byte came, or the request ended).
+
+Queued prefill is the router's own estimate, tokens as ``PromptPrefix.uncached_tokens`` (4
+characters a token), per endpoint; it is a sum over this process's requests only.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Sequence
+
+from runtime.routing.prefix import PrefixMatch, PromptPrefix
+from runtime.routing.prefix_index import PrefixIndex
+from runtime.routing.sticky import Candidate, StickyRule, sticky_choice
+from runtime.snapshot import EndpointSnap
+
+
+class PrefixPlacer:
+    """The index, the queued prefill per endpoint and the rule (see the module docstring)."""
+
+    __slots__ = ("_clock", "_queued", "_where", "by_load", "index", "rule", "sticky_count")
+
+    def __init__(
+        self,
+        *,
+        index: PrefixIndex | None = None,
+        rule: StickyRule | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.index = index if index is not None else PrefixIndex()
+        self.rule = rule if rule is not None else StickyRule()
+        self._clock = clock
+        self._queued: dict[int, dict[PromptPrefix, int]] = {}  # endpoint -> request -> tokens
+        self._where: dict[PromptPrefix, int] = {}  # request -> endpoint it waits on
+        self.sticky_count = 0  # placements the rule made
+        self.by_load = 0  # placements left to the pool's scorers
+
+    def match(self, prefix: PromptPrefix, endpoints: Sequence[EndpointSnap]) -> PrefixMatch:
+        """The request's blocks held by each of ``endpoints``."""
+        matched = self.index.match(prefix.hashes, self._clock(), [e.id for e in endpoints])
+        return PrefixMatch(
+            blocks=len(prefix.hashes), matched=matched, block_chars=prefix.block_chars
+        )
+
+    def queued_prefill(self, endpoint_id: int) -> int:
+        """Uncached prompt tokens sent to the endpoint that have no first byte yet."""
+        queued = self._queued.get(endpoint_id)
+        return 0 if not queued else sum(queued.values())
+
+    def sticky(
+        self,
+        endpoints: Sequence[EndpointSnap],
+        match: PrefixMatch,
+        inflight: Callable[[int], int],
+    ) -> EndpointSnap | None:
+        """The endpoint the rule keeps the request on, or None: route by load."""
+        candidates = [
+            Candidate(
+                endpoint_id=e.id,
+                cached_tokens=match.cached_tokens(e.id),
+                queued_prefill_tokens=self.queued_prefill(e.id),
+                in_flight=inflight(e.id),
+                capacity=e.capacity,
+            )
+            for e in endpoints
+        ]
+        chosen = sticky_choice(candidates, self.rule)
+        found = next((e for e in endpoints if e.id == chosen), None)
+        if found is None:
+            self.by_load += 1
+        else:
+            self.sticky_count += 1
+        return found
+
+    def sent(self, endpoint_id: int, prefix: PromptPrefix, match: PrefixMatch) -> None:
+        """The request goes to ``endpoint_id``: learn its blocks there, queue its prefill."""
+        self.started(prefix)  # a retry moves it
+        self.index.record(endpoint_id, prefix.hashes, self._clock())
+        uncached = prefix.uncached_tokens(match.matched.get(endpoint_id, 0))
+        if uncached > 0:
+            self._queued.setdefault(endpoint_id, {})[prefix] = uncached
+            self._where[prefix] = endpoint_id
+
+    def retain(self, endpoint_ids: Iterable[int]) -> None:
+        """Forget the index of endpoints not in ``endpoint_ids`` (the snapshot's)."""
+        self.index.retain(endpoint_ids)
+
+    def started(self, prefix: PromptPrefix) -> None:
+        """The request's prefill is done (first byte) or will never run (it ended):
+        idempotent."""
+        endpoint_id = self._where.pop(prefix, None)
+        if endpoint_id is None:
+            return
+        queued = self._queued.get(endpoint_id)
+        if queued is not None:
+            queued.pop(prefix, None)
+            if not queued:
+                del self._queued[endpoint_id]

@@ -1,0 +1,261 @@
+"""KV events: the decoder against vLLM's own encoding, and the tracker that maps engine blocks
+onto the router's blocks (precise scoring, its fallback to approximate)."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import msgspec
+import pytest
+
+from runtime.routing.kv_events import (
+    AllCleared,
+    BlockRemoved,
+    BlockStored,
+    KvEventBatch,
+    KvEventDecodeError,
+    decode_frames,
+    decode_payload,
+    encode_frames,
+)
+from runtime.routing.kv_index import EventedPrefixIndex
+from runtime.routing.kv_subscriber import snapshot_addresses
+from runtime.routing.kv_tracker import KvEventTracker
+from runtime.routing.prefix import block_hashes
+from runtime.routing.prefix_index import PrefixIndex
+from runtime.snapshot import Snapshot
+from runtime.testing.snapshots import endpoint_snap
+
+pytestmark = pytest.mark.unit
+
+needs_vllm = pytest.mark.skipif(
+    importlib.util.find_spec("vllm") is None, reason="vllm is not installed"
+)
+
+
+# -- the decoder --------------------------------------------------------------------------------
+@needs_vllm
+def test_vllms_own_batch_decodes():
+    from vllm.distributed import kv_events as v  # noqa: PLC0415 - optional, slow to import
+
+    batch = v.KVEventBatch(
+        ts=12.5,
+        events=[
+            v.BlockStored(
+                block_hashes=[11, b"\x01" * 32],
+                parent_block_hash=None,
+                token_ids=list(range(32)),
+                block_size=16,
+                lora_id=None,
+                medium="CPU",
+                lora_name=None,
+                group_idx=0,
+            ),
+            v.BlockStored(
+                block_hashes=[12],
+                parent_block_hash=b"\x01" * 32,
+                token_ids=list(range(16)),
+                block_size=16,
+                lora_id=None,
+                medium=None,
+                lora_name=None,
+            ),
+            v.BlockRemoved(block_hashes=[12, 11], medium="CPU"),
+            v.AllBlocksCleared(),
+        ],
+        data_parallel_rank=0,
+    )
+    payload = msgspec.msgpack.Encoder().encode(batch)
+    frames = [b"kv", (7).to_bytes(8, "big"), payload]  # as ZmqEventPublisher sends them
+    decoded = decode_frames(frames)
+    assert decoded.seq == 7
+    assert decoded.ts == 12.5
+    assert decoded.events == (
+        BlockStored(hashes=(11, b"\x01" * 32), parent=None, block_size=16, tokens=32),
+        BlockStored(hashes=(12,), parent=b"\x01" * 32, block_size=16, tokens=16),
+        BlockRemoved(hashes=(12, 11)),
+        AllCleared(),
+    )
+
+
+@needs_vllm
+def test_our_encoding_is_what_vllms_classes_decode():
+    from vllm.distributed import kv_events as v  # noqa: PLC0415
+
+    frames = encode_frames(
+        b"", 3, 1.0, [BlockStored((1, 2), None, 4, 8), BlockRemoved((2,)), AllCleared()]
+    )
+    batch = msgspec.msgpack.Decoder(v.KVEventBatch).decode(frames[-1])
+    stored, removed, cleared = batch.events
+    assert isinstance(stored, v.BlockStored)
+    assert (stored.block_hashes, stored.parent_block_hash, stored.block_size) == ([1, 2], None, 4)
+    assert isinstance(removed, v.BlockRemoved)
+    assert removed.block_hashes == [2]
+    assert isinstance(cleared, v.AllBlocksCleared)
+
+
+def test_older_array_encoded_events_decode_and_unknown_kinds_are_skipped():
+    payload = msgspec.msgpack.encode(
+        [2.0, [["BlockStored", [5], None, [1, 2], 2, None], ["Future", 1], ["BlockRemoved", [5]]]]
+    )
+    batch = decode_payload(payload)
+    assert batch.events == (BlockStored((5,), None, 2, 2), BlockRemoved((5,)))
+
+
+@pytest.mark.parametrize(
+    ("payload", "message"),
+    [
+        (b"\xc1", "not msgpack"),
+        (msgspec.msgpack.encode({"ts": 1}), "array"),
+        (msgspec.msgpack.encode(["x", []]), "ts"),
+        (msgspec.msgpack.encode([1, [{"block_hashes": [1]}]]), "type"),
+        (msgspec.msgpack.encode([1, [{"type": "BlockStored", "block_hashes": [1]}]]), "lacks"),
+        (msgspec.msgpack.encode([1, [["BlockRemoved", ["x"]]]]), "int or bytes"),
+        (msgspec.msgpack.encode([1, [["BlockStored", [1], None, [], 0]]]), "block_size"),
+        (msgspec.msgpack.encode([1, [7]]), "tagged"),
+    ],
+)
+def test_a_bad_payload_says_what_is_wrong(payload, message):
+    with pytest.raises(KvEventDecodeError, match=message):
+        decode_payload(payload)
+
+
+def test_a_bad_sequence_frame_is_refused():
+    with pytest.raises(KvEventDecodeError, match="8"):
+        decode_frames([b"", b"\x01", msgspec.msgpack.encode([1, []])])
+    with pytest.raises(KvEventDecodeError, match="empty"):
+        decode_frames([])
+
+
+# -- the tracker --------------------------------------------------------------------------------
+SYSTEM = "You are the ACME support assistant. Answer briefly and politely. " * 16  # 1,056 chars
+
+
+def _stored(parent, hashes, block_size=16):
+    return KvEventBatch(-1, 0.0, (BlockStored(tuple(hashes), parent, block_size, 0),))
+
+
+def _batch(*events):
+    return KvEventBatch(-1, 0.0, tuple(events))
+
+
+def _tracker(**kw):
+    approximate = PrefixIndex()
+    return KvEventTracker(approximate=approximate, **kw), approximate
+
+
+def test_stored_events_map_engine_blocks_onto_the_dispatched_prompts_router_blocks():
+    tracker, _ = _tracker()  # 256-character router blocks = 64 tokens = 4 engine blocks
+    prompt = block_hashes(SYSTEM + "Where is my parcel?")  # 4 full router blocks
+    assert len(prompt) == 4
+    tracker.set_connected(1, True)
+    tracker.note_dispatch(1, prompt, now=0.0)
+    tracker.apply(1, _stored(None, range(100, 109)), now=0.1)  # 9 engine blocks: 144 tokens
+    assert tracker.precise(1, 0.1)
+    assert tracker.match(prompt, 0.1, [1]) == {1: 2}  # 144 tokens * 4 = 576 chars: 2 blocks
+    tracker.apply(1, _stored(108, range(109, 117)), now=0.2)  # the next chunk: 272 tokens
+    assert tracker.match(prompt, 0.2, [1]) == {1: 4}
+    assert tracker.sizes()[1] == (17, 0)  # all its blocks reported: no longer pending
+
+
+def test_a_second_prompt_sharing_the_prefix_continues_from_the_shared_block():
+    tracker, _ = _tracker()
+    first = block_hashes(SYSTEM + "a" * 300)
+    second = block_hashes(SYSTEM + "b" * 300)
+    tracker.note_dispatch(1, first, now=0.0)
+    tracker.apply(1, _stored(None, range(100, 121)), now=0.1)  # 21 blocks = 336 tokens: all 5
+    tracker.note_dispatch(1, second, now=0.2)
+    assert tracker.match(second, 0.2, [1]) == {1: 4}  # the shared system prompt
+    # The engine hit 16 blocks (4 router blocks) and stores from the 16th on.
+    tracker.apply(1, _stored(115, range(200, 205)), now=0.3)
+    assert tracker.match(second, 0.3, [1]) == {1: 5}
+    assert tracker.match(first, 0.3, [1]) == {1: 5}
+
+
+def test_removed_blocks_and_a_cleared_cache_drop_router_blocks_from_both_indexes():
+    tracker, approximate = _tracker()
+    prompt = block_hashes(SYSTEM)  # 4 router blocks, 16 engine blocks
+    approximate.record(1, prompt, 0.0)
+    tracker.note_dispatch(1, prompt, now=0.0)
+    tracker.apply(1, _stored(None, range(100, 117)), now=0.1)
+    assert tracker.match(prompt, 0.1, [1]) == {1: 4}
+    # Tail first, as vLLM evicts: engine blocks 116..111; 111 completed router block 3.
+    tracker.apply(1, _batch(BlockRemoved(tuple(range(116, 110, -1)))), now=0.2)
+    assert tracker.match(prompt, 0.2, [1]) == {1: 2}
+    assert approximate.match(prompt, 0.2, [1]) == {1: 2}
+    tracker.apply(1, _batch(AllCleared()), now=0.3)
+    assert tracker.match(prompt, 0.3, [1]) == {}
+    assert approximate.match(prompt, 0.3, [1]) == {}
+
+
+def test_events_that_stop_fall_back_to_the_approximate_index_and_resume():
+    tracker, approximate = _tracker(stale_s=5.0)
+    cached = block_hashes(SYSTEM)
+    tracker.note_dispatch(1, cached, now=0.0)
+    tracker.apply(1, _stored(None, range(100, 117)), now=0.1)
+    fresh = block_hashes("x" * 1024)
+    approximate.record(1, fresh, 1.0)  # what the router learned at dispatch
+    tracker.note_dispatch(1, fresh, now=1.0)  # the engine must store its first block
+    assert tracker.match(fresh, 5.9, [1]) == {}  # precise: not stored yet
+    assert tracker.precise(1, 5.9)
+    assert not tracker.precise(1, 6.1)  # unanswered for 5 s: approximate
+    assert tracker.match(fresh, 6.1, [1]) == {1: 4}
+    tracker.apply(1, _stored(None, range(300, 317)), now=7.0)  # events resume
+    assert tracker.precise(1, 7.0)
+    assert tracker.match(fresh, 7.0, [1]) == {1: 4}
+    tracker.set_connected(1, False)  # the socket dropped
+    assert not tracker.precise(1, 7.1)
+    approximate.forget(1)
+    assert tracker.match(cached, 7.1, [1]) == {}  # nothing approximate either
+
+
+def test_an_idle_engine_stays_precise_and_a_fully_cached_prompt_expects_nothing():
+    tracker, _ = _tracker(stale_s=1.0)
+    prompt = block_hashes(SYSTEM)
+    tracker.note_dispatch(1, prompt, now=0.0)
+    tracker.apply(1, _stored(None, range(100, 117)), now=0.1)
+    tracker.note_dispatch(1, prompt, now=0.2)  # held in full: the engine stores nothing
+    assert tracker.sizes()[1] == (17, 0)
+    assert tracker.precise(1, 100.0)
+
+
+def test_a_chain_the_router_never_mapped_is_ignored_and_memory_is_bounded():
+    tracker, _ = _tracker(max_engine_blocks=8, max_pending=2)
+    tracker.apply(1, _stored(999, range(5)), now=0.0)  # unknown parent
+    tracker.apply(1, _stored(None, range(5)), now=0.0)  # nothing pending
+    assert tracker.sizes()[1] == (0, 0)
+    for n in range(5):
+        tracker.note_dispatch(1, block_hashes(str(n) * 600), now=0.0)
+    assert tracker.sizes()[1] == (0, 2)
+    tracker.apply(1, _stored(None, range(100, 120)), now=0.1)
+    assert tracker.sizes()[1][0] == 8
+    tracker.retain([])
+    assert tracker.sizes() == {}
+
+
+def test_bad_settings_are_refused():
+    with pytest.raises(ValueError, match="block_chars"):
+        KvEventTracker(block_chars=0)
+    with pytest.raises(ValueError, match="stale_s"):
+        KvEventTracker(stale_s=0)
+
+
+def test_the_snapshots_live_endpoints_with_an_address_are_subscribed():
+    endpoints = {
+        1: endpoint_snap(1, kv_events="tcp://h1:5557"),
+        2: endpoint_snap(2),  # no events: approximate only
+        3: endpoint_snap(3, kv_events="tcp://h3:5557", state="gone"),
+    }
+    assert snapshot_addresses(Snapshot(version=1, created_at=0.0, endpoints=endpoints)) == {1: "tcp://h1:5557"}
+
+
+def test_the_evented_index_answers_precisely_where_events_flow_else_approximately():
+    index = EventedPrefixIndex()
+    prompt = block_hashes(SYSTEM)
+    index.record(1, prompt, 0.0)  # a dispatch: approximate, and pending for the tracker
+    index.record(2, prompt, 0.0)
+    assert index.match(prompt, 0.1) == {1: 4, 2: 4}  # no events yet: both approximate
+    index.tracker.apply(1, _batch(AllCleared()), now=0.2)  # endpoint 1's engine reports
+    assert index.match(prompt, 0.2) == {2: 4}  # 1 is precise and holds nothing
+    index.tracker.apply(1, _stored(None, range(100, 117)), now=0.3)  # it stores the prompt
+    assert index.match(prompt, 0.3, [1]) == {1: 4}

@@ -1,0 +1,127 @@
+"""The prefix placer (index + queued prefill + sticky rule) and the ``prefix`` stage's pieces:
+which requests carry block hashes, the pool policy that turns it off, its validation."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from runtime.gateway.pipeline.stages.prefix import prefix_routing_on, prompt_prefix
+from runtime.gateway.schema import ChatRequest, CompletionRequest, EmbeddingRequest
+from runtime.pool_policies import pool_policy_errors
+from runtime.routing.prefix import PromptPrefix, chat_block_hashes
+from runtime.routing.prefix_placer import PrefixPlacer
+from runtime.routing.sticky import StickyRule
+from runtime.testing.snapshots import endpoint_snap, version_snap
+
+pytestmark = pytest.mark.unit
+
+SYSTEM = "You are a careful assistant. " * 40  # ~1,160 characters: 4 full blocks
+
+
+def chat(*messages: tuple[str, str]) -> ChatRequest:
+    body = {"model": "m", "messages": [{"role": r, "content": c} for r, c in messages]}
+    return msgspec.convert(body, ChatRequest)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_placer_sticks_to_the_cached_endpoint_until_its_queue_outweighs_the_saving() -> None:
+    placer = PrefixPlacer(clock=Clock(), rule=StickyRule(stickiness=1.0))
+    eps = [endpoint_snap(i, capacity=4) for i in (1, 2)]
+    hashes = chat_block_hashes([("system", SYSTEM), ("user", "hi")])
+    first = PromptPrefix(hashes=hashes, prompt_tokens=300)
+    match = placer.match(first, eps)
+    assert match.matched == {}
+    assert placer.sticky(eps, match, lambda _: 0) is None  # nothing cached: route by load
+    placer.sent(1, first, match)
+    assert placer.queued_prefill(1) == 300
+    # The first request's whole prefill is still queued at 1: waiting costs more than it saves.
+    second = PromptPrefix(hashes=hashes, prompt_tokens=300)
+    assert placer.sticky(eps, placer.match(second, eps), lambda _: 0) is None
+    placer.started(first)
+    placer.started(first)  # idempotent
+    assert placer.queued_prefill(1) == 0
+    match = placer.match(second, eps)
+    assert match.matched == {1: len(hashes)}
+    chosen = placer.sticky(eps, match, lambda e: 3 if e == 1 else 0)  # busier, still sticky
+    assert chosen is not None
+    assert chosen.id == 1
+    placer.sent(1, second, match)
+    assert placer.queued_prefill(1) == 300 - len(hashes) * 64  # only the uncached tail
+    # Its batch is full: load decides.
+    assert placer.sticky(eps, match, lambda e: 4 if e == 1 else 0) is None
+    assert (placer.sticky_count, placer.by_load) == (1, 3)
+
+
+def test_a_retry_moves_the_queued_prefill_and_the_index_learns_both() -> None:
+    placer = PrefixPlacer(clock=Clock())
+    eps = [endpoint_snap(i) for i in (1, 2)]
+    prefix = PromptPrefix(hashes=(11, 12, 13), prompt_tokens=200)
+    placer.sent(1, prefix, placer.match(prefix, eps))
+    placer.sent(2, prefix, placer.match(prefix, eps))
+    assert (placer.queued_prefill(1), placer.queued_prefill(2)) == (0, 200)
+    assert placer.match(prefix, eps).matched == {1: 3, 2: 3}
+    placer.retain([2])  # endpoint 1 left the snapshot
+    assert placer.match(prefix, eps).matched == {2: 3}
+
+
+def test_the_index_forgets_after_its_ttl() -> None:
+    clock = Clock()
+    placer = PrefixPlacer(clock=clock)
+    placer.index.ttl_seconds = 10.0
+    eps = [endpoint_snap(1)]
+    prefix = PromptPrefix(hashes=(1, 2), prompt_tokens=10)
+    placer.sent(1, prefix, placer.match(prefix, eps))
+    assert placer.match(prefix, eps).matched == {1: 2}
+    clock.now = 11.0
+    assert placer.match(prefix, eps).matched == {}
+
+
+def test_chat_messages_in_order_share_a_system_prompt_and_a_history() -> None:
+    version = version_snap(1, "m")
+    one = prompt_prefix(chat(("system", SYSTEM), ("user", "first question")), version, 300)
+    two = prompt_prefix(chat(("system", SYSTEM), ("user", "another one")), version, 300)
+    assert one is not None
+    assert two is not None
+    assert one.hashes[:4] == two.hashes[:4]
+    history = [("system", SYSTEM), ("user", "q" * 300), ("assistant", "a" * 300)]
+    turn = prompt_prefix(chat(*history), version, 400)
+    later = prompt_prefix(chat(*history, ("user", "next")), version, 410)
+    assert turn is not None
+    assert later is not None
+    assert later.hashes[: len(turn.hashes)] == turn.hashes
+    # An adapter's blocks are cached apart from its base model's.
+    adapter = version_snap(2, "m", base_version=1)
+    lora = prompt_prefix(chat(("system", SYSTEM), ("user", "first question")), adapter, 300)
+    assert lora is not None
+    assert lora.hashes[0] != one.hashes[0]
+
+
+def test_only_single_prompts_with_a_full_block_carry_hashes() -> None:
+    version = version_snap(1, "m")
+    assert prompt_prefix(chat(("user", "short")), version, 5) is None
+    text = msgspec.convert({"model": "m", "prompt": SYSTEM}, CompletionRequest)
+    completion = prompt_prefix(text, version, 300)
+    assert completion is not None
+    assert len(completion.hashes) == 4
+    batch = msgspec.convert({"model": "m", "prompt": [SYSTEM, SYSTEM]}, CompletionRequest)
+    assert prompt_prefix(batch, version, 600) is None
+    embedding = msgspec.convert({"model": "m", "input": SYSTEM}, EmbeddingRequest)
+    assert prompt_prefix(embedding, version, 300) is None
+
+
+def test_prefix_routing_is_on_unless_the_pool_turns_it_off() -> None:
+    assert prefix_routing_on({})
+    assert prefix_routing_on({"prefix_routing": "on"})
+    assert not prefix_routing_on({"prefix_routing": "off"})
+    assert pool_policy_errors({"prefix_routing": "off"}) == []
+    assert pool_policy_errors({"prefix_routing": "sometimes"}) == [
+        "prefix_routing must be 'on' or 'off', got 'sometimes'."
+    ]
