@@ -192,7 +192,9 @@ def test_a_cut_chat_stream_goes_on_as_one_stream(cut_routed: Routed, proxies: Cu
 @pytest.fixture
 def second_engine(vllm_demo_engine: VllmEngine) -> Iterator[SupervisorThread]:
     """One more engine on the same model (the session's engine is the survivor)."""
-    spec = dataclasses.replace(vllm_demo_engine.spec, port=free_port())
+    spec = dataclasses.replace(  # its own ports: HTTP and the KV-events publisher
+        vllm_demo_engine.spec, port=free_port(), kv_events_port=free_port()
+    )
     runner = SupervisorThread(spec, SupervisorSettings(
         start_timeout_s=ENGINE_START_TIMEOUT_S, stop_timeout_s=10.0, grace_s=0.0,
         handle_signals=False, engine_log=vllm_demo_engine.log_path.with_name("victim.log"),
