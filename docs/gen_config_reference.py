@@ -118,6 +118,10 @@ MEANINGS: dict[str, str] = {
     "SWITCHYARD_MAX_DEADLINE_S": "no request may ask for a longer deadline",
     "SWITCHYARD_QUEUE_LIMIT": "queue bound of a priority band no class names",
     "SWITCHYARD_RETRY_ATTEMPTS": "upstream attempts before the first byte",
+    "SWITCHYARD_STREAM_MIGRATIONS": (
+        "a stream whose engine breaks mid-generation resumes on another endpoint at most this "
+        "often (user-guide/preemption.md); 0: off"
+    ),
     "SWITCHYARD_AT_REST_KEYS": "the keyring that encrypts the router's cache entries and "
     "idempotency records in Redis, and the Batch API's stored files (control plane and "
     "workers): `id:<base64 key>,...`, newest first (it encrypts, all "

@@ -38,6 +38,7 @@ from runtime.scheduling.shared import SharedCounters
 from runtime.snapshot import Snapshot
 from runtime.telemetry.live import LiveAggregator
 from runtime.telemetry.metrics import RouterMetrics
+from runtime.telemetry.resume_metrics import ResumeMetrics
 from runtime.telemetry.tracing import Tracing
 from runtime.telemetry.versions import VersionStats
 from runtime.upstream.breaker import BreakerBook
@@ -99,6 +100,9 @@ class UpstreamDeps:
     metrics: RouterMetrics
     shadow: ShadowMirror
     adapters: AdapterFleet = field(default_factory=AdapterFleet)  # LoRA residency per replica
+    stream_migrations: int = 0  # a broken stream resumes elsewhere at most this often
+    resume_metrics: ResumeMetrics | None = None  # None: streams are never migrated
+    tokens: TokenCounter | None = None  # a resumed stream's tokens so far (the model's tokenizer)
 
 
 @dataclass(slots=True, frozen=True, kw_only=True)

@@ -9,6 +9,7 @@
 | ``SWITCHYARD_MAX_BODY_BYTES`` | ``1048576`` | request body cap (413 above) |
 | ``SWITCHYARD_BODY_TIMEOUT_S`` | ``30`` | the whole body must arrive within this (408) |
 | ``SWITCHYARD_RETRY_ATTEMPTS`` | ``3`` | upstream attempts before the first byte |
+| ``SWITCHYARD_STREAM_MIGRATIONS`` | ``2`` | a broken stream resumes elsewhere this often; 0: off |
 | ``SWITCHYARD_CONNECT_TIMEOUT_S`` | ``2`` | connect cap per attempt |
 | ``SWITCHYARD_TTFT_TIMEOUT_S`` | ``30`` | first-byte cap per attempt |
 | ``SWITCHYARD_DEFAULT_DEADLINE_S`` | ``300`` | deadline when the class gives none |
@@ -84,6 +85,7 @@ class RouterConfig:
     body_timeout_s: float = 30.0
     retry_attempts: int = 3
     retry_backoff_base_s: float = 0.025
+    stream_migrations: int = 2  # runtime/gateway/migrate.py: resumes of one broken stream
     retry_backoff_cap_s: float = 0.5
     connect_timeout_s: float = 2.0
     ttft_timeout_s: float = 30.0
@@ -180,6 +182,7 @@ class RouterConfig:
             max_body_bytes=int(_number(env, "SWITCHYARD_MAX_BODY_BYTES", 1 << 20, minimum=1)),
             body_timeout_s=_number(env, "SWITCHYARD_BODY_TIMEOUT_S", 30.0, minimum=0.001),
             retry_attempts=int(_number(env, "SWITCHYARD_RETRY_ATTEMPTS", 3, minimum=1)),
+            stream_migrations=int(_number(env, "SWITCHYARD_STREAM_MIGRATIONS", 2, minimum=0)),
             connect_timeout_s=_number(env, "SWITCHYARD_CONNECT_TIMEOUT_S", 2.0, minimum=0.001),
             ttft_timeout_s=_number(env, "SWITCHYARD_TTFT_TIMEOUT_S", 30.0, minimum=0.001),
             default_deadline_s=_number(env, "SWITCHYARD_DEFAULT_DEADLINE_S", 300.0, minimum=0.001),

@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import AsyncGenerator, Callable, Iterable
 from typing import Protocol
 
 import msgspec
@@ -53,6 +53,13 @@ class ResponseSink(Protocol):
     async def start_response(self, status: int, headers: Iterable[tuple[bytes, bytes]]) -> None: ...
 
     async def send_chunk(self, data: bytes, *, last: bool = False) -> None: ...
+
+
+class EventSource(Protocol):
+    """What a stream is relayed from: an upstream response, or a stream that can move to
+    another endpoint (:class:`runtime.gateway.migrate.MigratingStream`)."""
+
+    def events(self) -> AsyncGenerator[bytes, None]: ...
 
 
 class Usage(msgspec.Struct):
@@ -167,7 +174,7 @@ class _TokenBatches:
 
 async def relay_stream(
     sink: ResponseSink,
-    upstream: UpstreamResponse,
+    upstream: EventSource,
     *,
     kind: str,
     include_usage: bool,

@@ -62,6 +62,7 @@ from runtime.telemetry.live import LiveAggregator
 from runtime.telemetry.logging import REQUEST_LOGGER
 from runtime.telemetry.loop_lag import LoopLagProbe
 from runtime.telemetry.metrics import PoolView, RouterMetrics
+from runtime.telemetry.resume_metrics import ResumeMetrics
 from runtime.telemetry.tracing import Tracing
 from runtime.telemetry.versions import VersionStats
 from runtime.upstream.breaker import BreakerBook, BreakerState
@@ -383,6 +384,8 @@ def build_state(config: RouterConfig) -> RouterState:
         backoff_base_s=config.retry_backoff_base_s, backoff_cap_s=config.retry_backoff_cap_s,
         coalescer=coalescer, coalesce_window_s=config.coalesce_window_s, tracing=tracing,
         metrics=metrics, shadow=shadow, adapters=adapters,
+        stream_migrations=config.stream_migrations, resume_metrics=ResumeMetrics(metrics.registry),
+        tokens=tokens,
     )  # fmt: skip
     telemetry = Telemetry(metrics=metrics, tracing=tracing, version_stats=version_stats,
                           request_log=request_log, snapshot=current, scaling=scaling)  # fmt: skip

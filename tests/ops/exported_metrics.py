@@ -12,6 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from runtime.telemetry.collectors import EndpointView
 from runtime.telemetry.logging import RequestRecord
 from runtime.telemetry.metrics import PoolView, RouterMetrics, StageLabels
+from runtime.telemetry.resume_metrics import ResumeMetrics
 
 
 class _Snapshot:
@@ -57,6 +58,9 @@ def exported_metric_names() -> set[str]:
     metrics.reject("shed")
     metrics.retries_total.labels("m").inc()
     metrics.inflight.labels("1").inc()
+    resumes = ResumeMetrics(metrics.registry)  # as runtime/gateway/state.py creates it
+    resumes.outcome(cause="migration", reason="disconnected", outcome="resumed")
+    resumes.resumed(cause="migration", reprefilled=3, seconds=0.2)
     record = RequestRecord(request_id="r", route="/v1/chat/completions", status=200, outcome="ok")
     record.timings_ms = {"upstream_ttft": 1.0, "e2e": 2.0}
     metrics.observe_slis(record, None)

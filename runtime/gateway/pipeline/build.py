@@ -8,7 +8,8 @@ relay and replays apply) -> ``idempotency`` (replay, or detach) -> ``admit`` (re
 ``settle``) -> ``mirror`` -> ``cache`` (a hit answers) -> ``prefix`` (an LLM prompt's block
 hashes, for prefix-aware placement) -> ``queue`` (registers the grant's release) -> ``adapter``
 (a LoRA adapter made resident on the granted replica) -> ``dispatch`` (a coalesced unary
-request answers) -> ``prefix_started`` (its prefill is no longer queued) -> ``relay``; then
+request answers) -> ``prefix_started`` (its prefill is no longer queued) -> ``migrate`` (a
+stream that breaks goes on elsewhere) -> ``relay``; then
 the context's exit stack runs the releases, and the consumer runs ``account``.
 """
 
@@ -26,6 +27,7 @@ from runtime.gateway.pipeline.stages.batch_line import BatchLineMark
 from runtime.gateway.pipeline.stages.cache import CacheBegin, CacheLookup
 from runtime.gateway.pipeline.stages.degrade import Degrade
 from runtime.gateway.pipeline.stages.dispatch import Dispatch
+from runtime.gateway.pipeline.stages.migrate import Migrate
 from runtime.gateway.pipeline.stages.mirror import Mirror
 from runtime.gateway.pipeline.stages.plan import PlanStage
 from runtime.gateway.pipeline.stages.postfilter import Postfilter
@@ -61,5 +63,6 @@ def inference_stages(
         AdapterResidency(upstream),
         Dispatch(upstream),
         PrefixStarted(admission),
+        Migrate(upstream),
         Relay(upstream.metrics),
     ]

@@ -26,7 +26,7 @@ from runtime.gateway.admit import Admission
 from runtime.gateway.auth import Principal
 from runtime.gateway.cache_front import CacheJob
 from runtime.gateway.plan import Plan
-from runtime.gateway.relay import RelayResult, ResponseSink, Usage
+from runtime.gateway.relay import EventSource, RelayResult, ResponseSink, Usage
 from runtime.gateway.schema import Decoded, RequestDecoder
 from runtime.gateway.screen import OutputScreen
 from runtime.safety.compiled import CompiledPack
@@ -122,6 +122,7 @@ class RequestContext:
     grant: Grant | None = None
     attempts: Attempts | None = None
     upstream: UpstreamResponse | None = None
+    events: EventSource | None = None  # what the relay reads instead (a migrating stream)
     relay: RelayResult | None = None  # the relay's result, filled while it runs
     usage: Usage | None = None  # the usage of an answer that completed
     packs: tuple[CompiledPack, ...] = ()  # the safety packs in force (the prefilter's find)

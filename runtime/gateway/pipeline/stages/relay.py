@@ -29,7 +29,7 @@ class Relay:
         if plan.streaming:
             await relay_stream(
                 ctx.sink,
-                upstream,
+                ctx.events or upstream,
                 kind=ctx.spec.kind,
                 include_usage=plan.include_usage,
                 headers=extra,

@@ -1,0 +1,75 @@
+"""Stage ``migrate``: a streamed generation keeps going on another endpoint when its engine
+dies or its stream breaks (:mod:`runtime.gateway.migrate`). Per request it only wraps the
+upstream response the relay reads (nothing decoded, nothing per chunk but a list append);
+the continuation is built and opened only after a break, through the grant's ``reassign``
+(the broken endpoints excluded) and the same retries before the first byte as dispatch.
+Off when ``SWITCHYARD_STREAM_MIGRATIONS`` is 0, for unary answers and coalesced calls."""
+
+from __future__ import annotations
+
+import asyncio
+
+from runtime.gateway.bundles import UpstreamDeps
+from runtime.gateway.migrate import MigratingStream
+from runtime.gateway.pipeline.context import Attempts, RequestContext
+from runtime.snapshot import EndpointSnap
+from runtime.upstream.dispatch import open_with_retry
+from runtime.upstream.response import UpstreamResponse
+
+
+class Migrate:
+    name = "migrate"
+
+    def __init__(self, deps: UpstreamDeps) -> None:
+        self._deps = deps
+
+    async def __call__(self, ctx: RequestContext) -> None:
+        deps, upstream = self._deps, ctx.upstream
+        if deps.resume_metrics is None or deps.stream_migrations < 1:
+            return
+        if upstream is None or not upstream.is_stream or not ctx.ready_plan.streaming:
+            return
+        plan, attempts = ctx.ready_plan, ctx.ready_attempts
+        headers = {"X-Request-Id": ctx.request_id, **deps.tracing.upstream_headers(ctx.record)}
+
+        async def open_next(body: bytes, broken: frozenset[int]) -> UpstreamResponse:
+            endpoint, response = await open_with_retry(
+                _Elsewhere(attempts, broken), deps.client, deps.breakers,
+                ctx.spec.upstream_path, body, deadline=plan.deadline, rng=deps.rng,
+                max_attempts=deps.retry_attempts, backoff_base=deps.backoff_base_s,
+                backoff_cap=deps.backoff_cap_s, headers=headers,
+            )  # fmt: skip
+            ctx.record.endpoint = str(endpoint.id)
+            return response
+
+        tokens, version = deps.tokens, plan.version
+
+        async def count(text: str) -> int | None:
+            tokenizer = await tokens.tokenizer(version) if tokens is not None else None
+            if tokenizer is None:
+                return None
+            encoding = await asyncio.to_thread(tokenizer.encode, text, add_special_tokens=False)
+            return len(encoding.ids)
+
+        stream = MigratingStream(
+            upstream, kind=ctx.spec.kind, body=plan.body, open_next=open_next,
+            limit=deps.stream_migrations, metrics=deps.resume_metrics,
+            prompt_tokens=plan.prompt_tokens, count_tokens=count,
+        )  # fmt: skip
+        ctx.events = stream
+        ctx.hold_async(stream.aclose)
+
+
+class _Elsewhere:
+    """The pick for a continuation: another endpoint through the grant (which moves its
+    in-flight slot along), never one whose stream broke."""
+
+    __slots__ = ("_attempts", "_broken")
+
+    def __init__(self, attempts: Attempts, broken: frozenset[int]) -> None:
+        self._attempts = attempts
+        self._broken = broken
+
+    def __call__(self, exclude: frozenset[int]) -> EndpointSnap | None:
+        self._attempts.count += 1
+        return self._attempts.grant.reassign(exclude | self._broken)
