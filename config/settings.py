@@ -319,6 +319,8 @@ SPECTACULAR_SETTINGS = {
     "ENUM_NAME_OVERRIDES": {
         "EndpointStateEnum": "apps.models.models.Endpoint.State",
         "RolloutStateEnum": "apps.rollouts.models.Rollout.State",
+        "BatchStatusEnum": "apps.batches.models.Batch.Status",
+        "TenantStatusEnum": "apps.tenants.models.Tenant.Status",
     },
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
