@@ -18,7 +18,8 @@ import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 
-from bench.dispatch_sim import flow_table, simulate_run, table
+from bench.dispatch_sim import simulate_run
+from bench.sim_report import flow_table, table
 from bench.scenario import load
 from runtime.scheduling.settings import PoolSettings
 

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.dispatch_sim import _Engine, _Seq, flow_table, main, simulate, simulate_run, table
+from bench.dispatch_sim import _Engine, _Seq, main, simulate, simulate_run
+from bench.sim_report import flow_table, table
 from bench.preempt_sweep import measure
 from bench.scenario import load
 from bench.workload import Planned
