@@ -146,6 +146,7 @@ class _Run:
         preempt: bool = False,
         victim: str = "fair",
         degrade: DegradeSettings | None = None,
+        lend_reserve: int = 0,
     ) -> None:
         self.scenario = scenario
         self.degrade = degrade or DegradeSettings()
@@ -174,8 +175,9 @@ class _Run:
             raise ValueError("preemption is not modelled with prefix caches")
         self.take_back = TakeBack(preemption_policy(victim)) if preempt else None
         self.dispatcher = PoolDispatcher(
-            "p", settings, fleet, clock=self.clock, tick_s=3600.0, lend=preempt
-        )
+            "p", settings, fleet, clock=self.clock, tick_s=3600.0, lend=preempt,
+            lend_reserve=lend_reserve,
+        )  # fmt: skip
         self.phase_s = float("inf")  # tokens count as "under the phase" up to this long
         self.flow: dict[str, Flow] = {}  # phase -> output tokens, preemptions, re-prefill
         self.weights = {t.name: t.weight for t in scenario.tenants}
@@ -350,12 +352,14 @@ async def simulate_run(
     preempt: bool = False,
     victim: str = "fair",
     degrade: DegradeSettings | None = None,
+    lend_reserve: int = 0,
 ) -> _Run:
     """:func:`simulate`, returning the whole run (its prefix-cache figures too); ``preempt``:
     the flood limit lends idle slots and takes them back by preemption (module docstring);
-    ``degrade``: the pool's degradation (``cap_tokens`` is modelled)."""
+    ``degrade``: the pool's degradation (``cap_tokens`` is modelled); ``lend_reserve``: with
+    ``preempt``, the free slots the flood limit does not lend (the dispatcher's)."""
     run = _Run(scenario, settings, routing, rule, preempt=preempt, victim=victim,
-               degrade=degrade)  # fmt: skip
+               degrade=degrade, lend_reserve=lend_reserve)  # fmt: skip
     run.phase_s = phase_s
     run.dispatcher.start()
     try:
@@ -419,7 +423,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--victim", choices=[n for n in preemption_names() if n != "off"], default="fair",
         help="with --preempt on: the victim choice (runtime.scheduling.preempt)",
     )  # fmt: skip
+    parser.add_argument(
+        "--lend-reserve", type=int, default=0, metavar="N",
+        help="with --preempt on: lend only while more than N of the pool's slots are free",
+    )  # fmt: skip
     args = parser.parse_args(argv)
+    if args.lend_reserve < 0:
+        parser.error("--lend-reserve must be >= 0")
     if args.preempt == "on" and args.routing is not None:
         parser.error("--preempt on is not modelled with --routing (prefix caches)")
     scenario = load(args.scenario)
@@ -444,11 +454,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     rule = _sticky_rule(parser, args.sticky)
     run = asyncio.run(
         simulate_run(scenario, settings, phase_s=phase_s, routing=args.routing, rule=rule,
-                     preempt=args.preempt == "on", victim=args.victim, degrade=degrade)
+                     preempt=args.preempt == "on", victim=args.victim, degrade=degrade,
+                     lend_reserve=args.lend_reserve)
     )  # fmt: skip
     print(f"{scenario.name}, {args.size} ({phase_s:g} s phases), policies {policies or 'default'}"
           + (f", routing {args.routing}" if args.routing else "")
-          + (f", preempt on ({args.victim})" if args.preempt == "on" else ""))  # fmt: skip
+          + (f", preempt on ({args.victim}, lend reserve {args.lend_reserve})"
+             if args.preempt == "on" else ""))  # fmt: skip
     rows = table(scenario, run.outcomes)
     if run.prefix is not None:
         rows.update(prefix_table(run))
