@@ -1,6 +1,6 @@
 """Preemption against the flood limit and FCFS, over several schedules, in virtual time.
 
-``python -m bench.preempt_sweep [--seeds 0-7] [--size full] [--lend-reserve 2]`` plays the
+``python -m bench.preempt_sweep [--seeds 0-7] [--size full] [--lend-reserve 3]`` plays the
 contention scenario (:mod:`bench.dispatch_sim`) per seed four ways: FCFS
 (``fairness=fcfs``), the flood limit (default policies, no lending: ``off``), the flood limit
 lending every idle slot and taking them back by preemption (``on``), and the same keeping
@@ -40,7 +40,7 @@ def _seeds(text: str) -> list[int]:
 
 
 def measure(
-    scenario_path: Path, size: str, seed: int, *, lend_reserve: int = 2
+    scenario_path: Path, size: str, seed: int, *, lend_reserve: int = 3
 ) -> dict[str, dict[str, float]]:
     """``{arm: {tps, slo, worst_p95, preemptions, repeated, reprefilled}}`` for each of
     :data:`ARMS` (module docstring)."""
@@ -84,7 +84,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--size", default="full")
     parser.add_argument("--seeds", type=_seeds, default=_seeds("0-7"), help="e.g. 0-7 or 1,3")
     parser.add_argument(
-        "--lend-reserve", type=int, default=2, metavar="N",
+        "--lend-reserve", type=int, default=3, metavar="N",
         help="the reserve arm: lend only while more than N of the pool's slots are free",
     )  # fmt: skip
     args = parser.parse_args(argv)
