@@ -41,13 +41,14 @@ import asyncio
 import dataclasses
 import heapq
 import itertools
-from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from bench.prefix_placement import Mode, PrefixFleet
 from bench.scenario import Scenario, load
+from bench.sim_preempt import TakeBack
+from bench.sim_report import Flow, Outcome, cell, flow_table, prefix_table, table
 from bench.workload import Planned, chat_messages, plan_phase
 from runtime.degradation import DegradeSettings, Limits, PoolState
 from runtime.routing.prefix import chat_block_hashes
@@ -55,8 +56,6 @@ from runtime.routing.prefix_index import PrefixIndex
 from runtime.routing.sticky import StickyRule
 from runtime.scheduling.dispatcher import PoolDispatcher
 from runtime.scheduling.grant import Grant, SchedulingError, Ticket
-from runtime.scheduling.headroom import Gate
-from runtime.scheduling.preempt import Running, Standing, VictimPolicy
 from runtime.scheduling.registry import preemption_names, preemption_policy
 from runtime.scheduling.settings import PoolSettings
 from runtime.testing.fleet import HandFleet
@@ -68,28 +67,6 @@ from runtime.workers.simulator.prefix_cache import (
 )
 from runtime.workers.simulator.text import count_chat_tokens
 from runtime.workers.simulator.timing import TimingModel
-
-
-@dataclass(frozen=True, slots=True)
-class Outcome:
-    phase: str
-    tenant: str
-    klass: str
-    ttft_s: float | None  # None: refused or dropped
-
-
-@dataclass(slots=True)
-class Flow:
-    """One phase's output: tokens generated (in all, and within the phase's duration from
-    its start), preemptions and the tokens their resumes re-prefilled."""
-
-    start: float = 0.0
-    tokens: int = 0
-    window_tokens: int = 0
-    preemptions: int = 0
-    reprefilled: int = 0
-    capped: int = 0  # requests whose max_tokens a cap_tokens degradation lowered
-    tokens_capped: int = 0  # the output tokens those caps took away (asked - cap)
 
 
 @dataclass(slots=True)
@@ -125,6 +102,7 @@ class _Seq:
     prefill: int | None = None  # what its next admission prefills; None: the planned prompt
     deadline: float = 0.0  # its ticket's deadline, kept when it re-queues after a preemption
     started_at: float = 0.0  # when it last took a slot
+    preempted: int = 0  # times it was preempted
 
 
 @dataclass(slots=True)
@@ -155,18 +133,6 @@ class _Engine:
 _Waiting = tuple["asyncio.Task[Grant]", Planned, float, "_Seq | None"]
 
 
-def _standing(
-    gate: Gate, held: Mapping[str, int], shares: Mapping[str, float], arriving: str
-) -> dict[str, Standing]:
-    """What the victim policy is told: over are the tenants holding slots lent to them
-    (:meth:`Gate.lent`), and the arriving tenant when the gate, lending, blocks it."""
-    lent = gate.lent(held)
-    standing = {t: Standing(share, held.get(t, 0), over=t in lent) for t, share in shares.items()}
-    blocked = gate.blocks(arriving, held, lending=True)
-    standing[arriving] = Standing(shares.get(arriving, 0.0), held.get(arriving, 0), over=blocked)
-    return standing
-
-
 class _Run:
     """The engines, the event heap (arrivals and step ends) and what came out."""
 
@@ -180,6 +146,7 @@ class _Run:
         preempt: bool = False,
         victim: str = "fair",
         degrade: DegradeSettings | None = None,
+        lend_reserve: int = 0,
     ) -> None:
         self.scenario = scenario
         self.degrade = degrade or DegradeSettings()
@@ -206,10 +173,11 @@ class _Run:
         self.placements: dict[str, tuple[int, int]] = {}  # phase -> (sticky, by load)
         if preempt and self.prefix is not None:
             raise ValueError("preemption is not modelled with prefix caches")
-        self.victims: VictimPolicy | None = preemption_policy(victim) if preempt else None
+        self.take_back = TakeBack(preemption_policy(victim)) if preempt else None
         self.dispatcher = PoolDispatcher(
-            "p", settings, fleet, clock=self.clock, tick_s=3600.0, lend=preempt
-        )
+            "p", settings, fleet, clock=self.clock, tick_s=3600.0, lend=preempt,
+            lend_reserve=lend_reserve,
+        )  # fmt: skip
         self.phase_s = float("inf")  # tokens count as "under the phase" up to this long
         self.flow: dict[str, Flow] = {}  # phase -> output tokens, preemptions, re-prefill
         self.weights = {t.name: t.weight for t in scenario.tenants}
@@ -283,7 +251,7 @@ class _Run:
             else:
                 self.step_ended(item, phase)
             await self._settle(phase, waiting)
-            if self.victims is not None and self._preempt(phase, loop, waiting):
+            if self.take_back is not None and self.take_back(self, phase, loop, waiting):
                 await self._settle(phase, waiting)
 
     async def _settle(self, phase: str, waiting: dict[int, _Waiting]) -> None:
@@ -293,60 +261,6 @@ class _Run:
             if task.done():
                 del waiting[wait_key]
                 self.granted(task, p, arrived, phase, paused)
-
-    def _preempt(
-        self, phase: str, loop: asyncio.AbstractEventLoop, waiting: dict[int, _Waiting]
-    ) -> bool:
-        """Take lent slots back: for each request still waiting (no free slot took it) whose
-        tenant the headroom gate lets through, stop a generation the victim policy chooses
-        among the tenants holding past their gate's limit (the slots lent to them); it
-        re-queues with its deadline and, resumed, prefills its prompt plus what it generated.
-        """
-        assert self.victims is not None
-        arriving = [p.tenant for task, p, _, paused in waiting.values()
-                    if paused is None and not task.done()]  # fmt: skip
-        if not arriving:
-            return False
-        gate = self.dispatcher.held_back()
-        if not gate:
-            return False
-        held = Counter(self.dispatcher.inflight())
-        shares = self.dispatcher.shares()
-        by_key: dict[str, tuple[int, _Seq]] = {}
-        running: list[Running] = []
-        for endpoint_id, engine in self.engines.items():
-            for seq in engine.running + engine.fresh:
-                key = f"{seq.planned.index}"
-                by_key[key] = (endpoint_id, seq)
-                running.append(Running(
-                    key, seq.planned.tenant, seq.grant.ticket.band, seq.generated,
-                    seq.planned.prompt_tokens, seq.started_at,
-                ))  # fmt: skip
-        flow = self.flow.setdefault(phase, Flow())
-        preempted = False
-        for tenant in arriving:
-            standing = _standing(gate, held, shares, tenant)
-            victim = self.victims.victim(tenant, running, standing)
-            if victim is None:
-                continue
-            running.remove(victim)
-            endpoint_id, seq = by_key[victim.key]
-            engine = self.engines[endpoint_id]
-            (engine.running if seq in engine.running else engine.fresh).remove(seq)
-            held[victim.tenant] -= 1
-            held[tenant] += 1
-            seq.grant.release()
-            seq.prefill = victim.resume_tokens
-            flow.preemptions += 1
-            flow.reprefilled += victim.resume_tokens
-            ticket = dataclasses.replace(
-                seq.grant.ticket, input_tokens=victim.resume_tokens, max_output_tokens=seq.left,
-                deadline=seq.deadline,
-            )  # fmt: skip
-            task = loop.create_task(self.dispatcher.acquire(ticket))
-            waiting[next(self.order)] = (task, seq.planned, seq.arrived, seq)
-            preempted = True
-        return preempted
 
     def reset_caches(self) -> None:
         for engine in self.engines.values():
@@ -438,12 +352,14 @@ async def simulate_run(
     preempt: bool = False,
     victim: str = "fair",
     degrade: DegradeSettings | None = None,
+    lend_reserve: int = 0,
 ) -> _Run:
     """:func:`simulate`, returning the whole run (its prefix-cache figures too); ``preempt``:
     the flood limit lends idle slots and takes them back by preemption (module docstring);
-    ``degrade``: the pool's degradation (``cap_tokens`` is modelled)."""
+    ``degrade``: the pool's degradation (``cap_tokens`` is modelled); ``lend_reserve``: with
+    ``preempt``, the free slots the flood limit does not lend (the dispatcher's)."""
     run = _Run(scenario, settings, routing, rule, preempt=preempt, victim=victim,
-               degrade=degrade)  # fmt: skip
+               degrade=degrade, lend_reserve=lend_reserve)  # fmt: skip
     run.phase_s = phase_s
     run.dispatcher.start()
     try:
@@ -454,104 +370,6 @@ async def simulate_run(
     finally:
         await run.dispatcher.stop()
     return run
-
-
-def prefix_table(run: _Run) -> dict[str, dict[str, float | None]]:
-    """Per phase: every request's TTFT p50 / p95 in ms, the share within its class's TTFT SLO
-    (refused ones count as missed), the engines' prefix-cache hit rate (hit over queried
-    prompt tokens) and the share of placements the sticky rule made."""
-    out: dict[str, dict[str, float | None]] = {}
-    classes = run.scenario.classes
-    for phase in run.scenario.phases:
-        rows = [o for o in run.outcomes if o.phase == phase.name]
-        ms = [o.ttft_s * 1000.0 for o in rows if o.ttft_s is not None]
-        met = sum(
-            1
-            for o in rows
-            if o.ttft_s is not None and o.ttft_s * 1000.0 <= classes[o.klass].ttft_slo_ms
-        )
-        queried, hit = run.cache_tokens.get(phase.name, [0, 0])
-        placed = run.placements.get(phase.name, (0, 0))
-        out[f"{phase.name} all"] = {
-            "n": len(ms), "p50_ms": _pct(ms, 0.5), "p95_ms": _pct(ms, 0.95),
-            "slo_share": met / len(rows) if rows else None,
-            "hit_rate": hit / queried if queried else None,
-            "sticky_share": placed[0] / sum(placed) if sum(placed) else None,
-        }  # fmt: skip
-    return out
-
-
-def flow_table(run: _Run) -> dict[str, dict[str, float | None]]:
-    """Per phase: output tokens/s within the phase's duration, the interactive class's TTFT
-    SLO share and availability (share served) over the tenants that do not flood,
-    preemptions, re-prefilled tokens, and the requests and tokens degradation capped."""
-    out: dict[str, dict[str, float | None]] = {}
-    flooders = {t.name for t in run.scenario.tenants if t.flooding}
-    slo_ms = {name: spec.ttft_slo_ms for name, spec in run.scenario.classes.items()}
-    for phase in run.scenario.phases:
-        flow = run.flow.get(phase.name, Flow())
-        rows = [o for o in run.outcomes if o.phase == phase.name and o.tenant not in flooders
-                and o.klass == "interactive"]  # fmt: skip
-        met = sum(1 for o in rows if o.ttft_s is not None and o.ttft_s * 1000 <= slo_ms[o.klass])
-        out[f"{phase.name} flow"] = {
-            "tokens_per_s": flow.window_tokens / run.phase_s if run.phase_s > 0 else None,
-            "tokens": float(flow.tokens),
-            "slo_share": met / len(rows) if rows else None,
-            "available": sum(1 for o in rows if o.ttft_s is not None) / len(rows) if rows else None,
-            "preemptions": float(flow.preemptions),
-            "reprefilled": float(flow.reprefilled),
-            "capped": float(flow.capped),
-            "tokens_capped": float(flow.tokens_capped),
-        }
-    return out
-
-
-def _pct(values: Sequence[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
-
-def table(scenario: Scenario, outcomes: Sequence[Outcome]) -> dict[str, dict[str, float | None]]:
-    """``"phase tenant class"`` -> n, failed, p50_ms, p95_ms; ``"ratio tenant"`` -> the
-    tenant's TTFT p95 (every class) in the last phase over the first, for non-flooders."""
-    out: dict[str, dict[str, float | None]] = {}
-    for phase in scenario.phases:
-        for tenant in scenario.tenants:
-            for klass in sorted(tenant.classes):
-                where = (phase.name, tenant.name, klass)
-                rows = [o for o in outcomes if (o.phase, o.tenant, o.klass) == where]
-                ms = [o.ttft_s * 1000.0 for o in rows if o.ttft_s is not None]
-                out[f"{phase.name} {tenant.name} {klass}"] = {
-                    "n": len(ms), "failed": len(rows) - len(ms),
-                    "p50_ms": _pct(ms, 0.5), "p95_ms": _pct(ms, 0.95),
-                }  # fmt: skip
-    first, last = scenario.phases[0].name, scenario.phases[-1].name
-    for tenant in scenario.tenants:
-        if tenant.flooding:
-            continue
-        p95 = {
-            name: _pct([o.ttft_s for o in outcomes
-                        if o.phase == name and o.tenant == tenant.name and o.ttft_s is not None],
-                       0.95)
-            for name in (first, last)
-        }  # fmt: skip
-        base, flood = p95[first], p95[last]
-        out[f"ratio {tenant.name}"] = {
-            "p95_over_baseline": flood / base if base and flood else None
-        }
-    return out
-
-
-def _cell(name: str, value: float | None) -> str:
-    if value is None:
-        return "-"
-    if name in ("p95_over_baseline", "hit_rate", "sticky_share", "slo_share"):
-        return f"{value:.2f}"
-    if name == "available":
-        return f"{value:.4f}"
-    return f"{value:.0f}"
 
 
 def _sticky_rule(parser: argparse.ArgumentParser, items: Sequence[str]) -> StickyRule:
@@ -605,7 +423,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--victim", choices=[n for n in preemption_names() if n != "off"], default="fair",
         help="with --preempt on: the victim choice (runtime.scheduling.preempt)",
     )  # fmt: skip
+    parser.add_argument(
+        "--lend-reserve", type=int, default=0, metavar="N",
+        help="with --preempt on: lend only while more than N of the pool's slots are free",
+    )  # fmt: skip
     args = parser.parse_args(argv)
+    if args.lend_reserve < 0:
+        parser.error("--lend-reserve must be >= 0")
     if args.preempt == "on" and args.routing is not None:
         parser.error("--preempt on is not modelled with --routing (prefix caches)")
     scenario = load(args.scenario)
@@ -630,17 +454,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     rule = _sticky_rule(parser, args.sticky)
     run = asyncio.run(
         simulate_run(scenario, settings, phase_s=phase_s, routing=args.routing, rule=rule,
-                     preempt=args.preempt == "on", victim=args.victim, degrade=degrade)
+                     preempt=args.preempt == "on", victim=args.victim, degrade=degrade,
+                     lend_reserve=args.lend_reserve)
     )  # fmt: skip
     print(f"{scenario.name}, {args.size} ({phase_s:g} s phases), policies {policies or 'default'}"
           + (f", routing {args.routing}" if args.routing else "")
-          + (f", preempt on ({args.victim})" if args.preempt == "on" else ""))  # fmt: skip
+          + (f", preempt on ({args.victim}, lend reserve {args.lend_reserve})"
+             if args.preempt == "on" else ""))  # fmt: skip
     rows = table(scenario, run.outcomes)
     if run.prefix is not None:
         rows.update(prefix_table(run))
     rows.update(flow_table(run))
     for key, row in rows.items():
-        cells = "  ".join(f"{name}={_cell(name, value)}" for name, value in row.items())
+        cells = "  ".join(f"{name}={cell(name, value)}" for name, value in row.items())
         print(f"{key:34} {cells}")
 
 

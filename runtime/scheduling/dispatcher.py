@@ -104,9 +104,12 @@ class PoolDispatcher:
         headroom_window_s: float = 10.0,
         cold_start: Callable[[int], float | None] | None = None,
         lend: bool = False,
+        lend_reserve: int = 0,
     ) -> None:
         if not tick_s > 0:
             raise ValueError(f"tick_s must be > 0, got {tick_s!r}")
+        if lend_reserve < 0:
+            raise ValueError(f"lend_reserve must be >= 0, got {lend_reserve!r}")
         self.pool = pool
         self.placement = placement
         self._clock = clock
@@ -115,8 +118,11 @@ class PoolDispatcher:
         self._headroom_window_s = headroom_window_s
         # Lend: what the headroom gate would hold back may take a slot nobody else waits
         # for; the caller takes it back by preemption when a tenant the gate lets through
-        # arrives (:mod:`.preempt`; the simulator does). Off by default.
+        # arrives (:mod:`.preempt`; the simulator does). Off by default. It lends only while
+        # more than ``lend_reserve`` of the pool's slots are free: those few stay for the
+        # others' next arrivals, which then need no preemption (each one costs a re-prefill).
         self._lend = lend
+        self._lend_reserve = lend_reserve
         # Scale from zero: version -> expected start seconds of a replica (None: cannot).
         self._cold_start = cold_start
         self._seq = itertools.count(1)
@@ -452,7 +458,7 @@ class PoolDispatcher:
                         and has_room(r)
                     )
                 )
-            if req is None and gate and self._lend:  # lent: taken back by preemption
+            if req is None and gate and self._lendable(capacity):  # taken back by preemption
                 req = self._queue.pop(has_room)
             if req is None:
                 return
@@ -472,6 +478,11 @@ class PoolDispatcher:
             waited = max(now - req.arrived_at, 0.0)
             self._note_dispatched(req.band, waited)
             waiter.future.set_result(Grant(self, ticket, req, endpoint, waited_s=waited))
+
+    def _lendable(self, capacity: int) -> bool:
+        """Whether a slot may be lent now: lending is on and more than ``lend_reserve`` of
+        the pool's ``capacity`` slots are free."""
+        return self._lend and capacity - sum(self._inflight.values()) > self._lend_reserve
 
     def _forget(self, req: QueuedRequest) -> None:
         self._waiting.pop(req.id, None)

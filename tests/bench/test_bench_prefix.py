@@ -201,7 +201,8 @@ async def test_calibration_recovers_the_simulators_prefill_rate():
 def _sim(routing: str) -> dict[str, dict[str, float | None]]:
     import asyncio  # noqa: PLC0415
 
-    from bench.dispatch_sim import prefix_table, simulate_run  # noqa: PLC0415
+    from bench.dispatch_sim import simulate_run  # noqa: PLC0415
+    from bench.sim_report import prefix_table  # noqa: PLC0415
     from runtime.scheduling.settings import PoolSettings  # noqa: PLC0415
 
     scenario = load(SCENARIOS / "prefix.toml", {"phases.0.rate_rps": 16.0})

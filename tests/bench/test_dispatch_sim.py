@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from pathlib import Path
 
 import pytest
 
-from bench.dispatch_sim import _Engine, _Seq, flow_table, main, simulate, simulate_run, table
+from bench.dispatch_sim import _Engine, _Seq, main, simulate, simulate_run
 from bench.preempt_sweep import measure
 from bench.scenario import load
+from bench.sim_preempt import TakeBack
+from bench.sim_report import Flow, flow_table, table
 from bench.workload import Planned
 from runtime.scheduling.settings import PoolSettings
 from runtime.workers.simulator.timing import TimingModel
@@ -98,6 +101,26 @@ def test_preemption_lends_slots_takes_them_back_and_counts_each_token_once() -> 
     assert all(o.ttft_s is not None for o in plan)  # a preempted one keeps its first TTFT
     rows = flow_table(on)
     assert rows["flood flow"]["preemptions"] == flood_on.preemptions
+    assert rows["flood flow"]["repeated"] == flood_on.repeated
+
+
+def test_the_resume_accounting_counts_each_preemption_and_the_repeated_ones() -> None:
+    flow, seq = Flow(), _seq(prompt_tokens=500)
+    TakeBack.resumes(flow, seq, 520)
+    assert (seq.prefill, seq.preempted, flow.preemptions, flow.repeated) == (520, 1, 1, 0)
+    TakeBack.resumes(flow, seq, 540)
+    assert (seq.prefill, seq.preempted, flow.preemptions, flow.repeated) == (540, 2, 2, 1)
+    assert flow.reprefilled == 520 + 540
+
+
+def test_a_lend_reserve_keeps_slots_free_for_the_others_so_fewer_preemptions() -> None:
+    scenario = dataclasses.replace(load(CONTENTION), seed=1)
+    settings = PoolSettings.from_policies({}, ())
+    on = asyncio.run(simulate_run(scenario, settings, phase_s=2.5, preempt=True))
+    kept = asyncio.run(simulate_run(scenario, settings, phase_s=2.5, preempt=True,
+                                    lend_reserve=4))  # fmt: skip
+    assert 0 < kept.flow["flood"].preemptions < on.flow["flood"].preemptions
+    assert kept.flow["flood"].tokens == on.flow["flood"].tokens  # the same work, all of it
 
 
 def test_a_resumed_generation_prefills_its_prompt_and_what_it_generated() -> None:
@@ -119,11 +142,13 @@ def test_the_command_takes_preempt_on(capsys: pytest.CaptureFixture[str]) -> Non
     assert "preemptions=" in out
     with pytest.raises(SystemExit):
         main(["--scenario", str(CONTENTION), "--preempt", "on", "--routing", "load"])
+    with pytest.raises(SystemExit):
+        main(["--scenario", str(CONTENTION), "--preempt", "on", "--lend-reserve", "-1"])
 
 
 def test_the_sweep_compares_fcfs_the_flood_limit_and_preemption() -> None:
-    m = measure(CONTENTION, "smoke", 1)
-    assert set(m) == {"fcfs", "off", "on"}
+    m = measure(CONTENTION, "smoke", 1, lend_reserve=4)
+    assert set(m) == {"fcfs", "off", "on", "reserve"}
     assert m["off"]["preemptions"] == m["fcfs"]["preemptions"] == 0
-    assert m["on"]["preemptions"] > 0
+    assert m["on"]["preemptions"] > m["reserve"]["preemptions"] > 0
     assert all(row["tps"] > 0 for row in m.values())
