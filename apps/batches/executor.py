@@ -68,6 +68,7 @@ from apps.batches.services import (
     batch_expire_due,
     batch_finalize,
     files_expire,
+    files_retention_apply,
     line_record,
     lines_claim,
 )
@@ -241,7 +242,8 @@ def finalize_ready(batch_ids: set[int] | None = None) -> int:
 
 def tick(owner: str) -> dict[str, int]:
     """One beat tick: finalize what can end, then run lines while there are some (bounded);
-    last, purge the zero_retention outputs left unread past their window."""
+    last, purge the zero_retention outputs left unread past their window and the files past
+    their tenant's retention period."""
     started = time.monotonic()
     batches_resume_due()
     ended = finalize_ready()
@@ -254,4 +256,5 @@ def tick(owner: str) -> dict[str, int]:
         touched = run_lines(owner, lines)
         ran += len(lines)
         ended += finalize_ready(touched)
-    return {"lines": ran, "batches_ended": ended, "files_expired": files_expire()}
+    return {"lines": ran, "batches_ended": ended, "files_expired": files_expire(),
+            "files_retention_purged": files_retention_apply()}  # fmt: skip

@@ -87,8 +87,9 @@ class TenantForm(ModelFormBase[Tenant]):
         model = Tenant
         fields = ("slug", "name", "status", "weight", "rpm_limit", "tpm_limit",
                   "max_concurrency", "max_context_tokens", "max_output_tokens",
-                  "max_request_bytes", "result_cache", "zero_retention", "allowed_classes",
-                  "default_class", "allowed_models")  # fmt: skip
+                  "max_request_bytes", "result_cache", "zero_retention",
+                  "batch_file_retention_days", "allowed_classes", "default_class",
+                  "allowed_models")  # fmt: skip
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

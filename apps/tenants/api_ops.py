@@ -75,6 +75,7 @@ class OpsTenantSerializer(serializers.ModelSerializer[Tenant]):
             "max_request_bytes",
             "result_cache",
             "zero_retention",
+            "batch_file_retention_days",
             "allowed_classes",
             "default_class",
             "allowed_models",
@@ -104,6 +105,11 @@ class TenantWriteSerializer(serializers.Serializer[Any]):
         required=False,
         help_text="Keep nothing of this tenant's requests: never cached, no idempotency record, "
         "only usage metadata.",
+    )
+    batch_file_retention_days = serializers.IntegerField(
+        required=False,
+        allow_null=True,
+        help_text="Days a Batch API file is kept after its creation; null: until deleted.",
     )
     allowed_classes = serializers.ListField(child=serializers.CharField(), required=False)
     default_class = serializers.CharField(required=False, allow_null=True)

@@ -79,6 +79,13 @@ class Tenant(models.Model):
         help_text="Keep nothing of this tenant's requests: never cached, no idempotency "
         "record, only usage metadata.",
     )
+    batch_file_retention_days = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1)],
+        help_text="Days a Batch API file (input, output, error) is kept after its upload or "
+        "creation; empty = kept until deleted. Zero retention still wins.",
+    )
     allowed_classes = models.ManyToManyField(RequestClass, related_name="tenants", blank=True)
     allowed_models = models.ManyToManyField(
         "registry.Model",

@@ -7,7 +7,7 @@ from apps.batches.services.lines import (
     line_record,
     lines_claim,
 )
-from apps.batches.services.retention import file_downloaded, files_expire
+from apps.batches.services.retention import file_downloaded, files_expire, files_retention_apply
 
 __all__ = [
     "batch_cancel",
@@ -19,6 +19,7 @@ __all__ = [
     "file_downloaded",
     "file_read",
     "files_expire",
+    "files_retention_apply",
     "line_record",
     "lines_claim",
 ]

@@ -10,12 +10,17 @@ only while they are needed.
   after the content is read) or, unread, when it expires (:func:`files_expire`, on the batch
   executor's beat tick).
 
+Retention per tenant: a tenant with ``batch_file_retention_days`` set has each of its files
+(input, output, error) purged the same way once it is older than that many days
+(:func:`files_retention_apply`, on the batch executor's beat tick, bounded per run; audited
+as the retention service does, a ``retention.purge`` event naming the files). An input file
+stays while a batch reading it has not ended. Zero retention still wins: its files go sooner.
 Other tenants' files are kept until they delete them.
 """
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.core.files.storage import storages
@@ -24,8 +29,13 @@ from django.utils import timezone
 
 from apps.batches.models import Batch, BatchLine, File
 from apps.batches.services.files import STORAGE
+from apps.common.audit import SYSTEM_ACTOR_LABEL
+from apps.common.models import AuditEvent
+from apps.tenants.models import Tenant
 
 EXPIRE_BATCH_ROWS = 500  # files purged per tick at most; the next tick takes the rest
+_NOT_ENDED = (Batch.Status.VALIDATING, Batch.Status.IN_PROGRESS, Batch.Status.FINALIZING,
+              Batch.Status.CANCELLING)  # fmt: skip
 
 
 def file_purge(file: File) -> None:
@@ -71,3 +81,37 @@ def files_expire(limit: int = EXPIRE_BATCH_ROWS) -> int:
         for file in due:
             file_purge(file)
     return len(due)
+
+
+def files_retention_apply(*, now: datetime | None = None, limit: int = EXPIRE_BATCH_ROWS) -> int:
+    """Purge the files older than their tenant's ``batch_file_retention_days`` (at most
+    ``limit``; an input file of a batch that has not ended stays); how many. A run that
+    purged something records a ``retention.purge`` audit event with the files by tenant."""
+    now = now or timezone.now()
+    in_use = Batch.objects.filter(status__in=_NOT_ENDED, input_file__isnull=False)
+    purged: dict[str, list[str]] = {}
+    left = limit
+    with transaction.atomic():
+        tenants = Tenant.objects.filter(batch_file_retention_days__isnull=False).order_by("pk")
+        for tenant in tenants:
+            if left <= 0:
+                break
+            cutoff = now - timedelta(days=tenant.batch_file_retention_days or 0)
+            due = list(
+                File.objects.select_for_update(skip_locked=True)
+                .filter(tenant=tenant, deleted_at__isnull=True, created_at__lt=cutoff)
+                .exclude(pk__in=in_use.values("input_file"))
+                .order_by("created_at")[:left]
+            )
+            for file in due:
+                file_purge(file)
+            if due:
+                purged[tenant.slug] = [file.public_id for file in due]
+                left -= len(due)
+        if purged:
+            AuditEvent.objects.create(
+                actor_label=SYSTEM_ACTOR_LABEL, action="retention.purge",
+                target_type="retention", target_id="", target_repr="batch files",
+                after={"batch_files": {"rows": limit - left, "files": purged}},
+            )  # fmt: skip
+    return limit - left

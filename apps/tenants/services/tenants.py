@@ -46,6 +46,7 @@ TENANT_UPDATABLE_FIELDS = frozenset(
         "max_request_bytes",
         "result_cache",
         "zero_retention",
+        "batch_file_retention_days",
         "allowed_classes",
         "default_class",
         "allowed_models",
@@ -59,6 +60,7 @@ _SCALAR_FIELDS = (
     "max_request_bytes",
     "result_cache",
     "zero_retention",
+    "batch_file_retention_days",
 )
 
 ClassRef = RequestClass | str
@@ -99,6 +101,9 @@ def tenant_validate_values(values: Mapping[str, Any]) -> None:
     if "max_request_bytes" in values:  # 0: no cap of the tenant's own
         check_int(errors, "max_request_bytes", values["max_request_bytes"], minimum=0)
     _check_switches(errors, values)
+    if values.get("batch_file_retention_days") is not None:  # None: kept until deleted
+        check_int(errors, "batch_file_retention_days", values["batch_file_retention_days"],
+                  minimum=1, label="Batch file retention (days)")  # fmt: skip
     default = values.get("default_class")
     if default is not None and "allowed_classes" in values:
         allowed = {request_class.pk for request_class in values["allowed_classes"]}
@@ -171,6 +176,8 @@ def _state(values: Mapping[str, Any], *, creating: bool = False) -> dict[str, An
         del state["result_cache"]
     if creating and state["zero_retention"] is False:
         del state["zero_retention"]
+    if creating and state["batch_file_retention_days"] is None:
+        del state["batch_file_retention_days"]
     state["allowed_classes"] = sorted(c.name for c in values["allowed_classes"])
     default = values["default_class"]
     state["default_class"] = default.name if default is not None else None
@@ -192,6 +199,7 @@ def tenant_create(
     max_request_bytes: int = 0,
     result_cache: bool = True,
     zero_retention: bool = False,
+    batch_file_retention_days: int | None = None,
     allowed_classes: Iterable[ClassRef] = (),
     default_class: ClassRef | None = None,
     allowed_models: Iterable[ModelRef] = (),
@@ -213,6 +221,7 @@ def tenant_create(
         "max_request_bytes": max_request_bytes,
         "result_cache": result_cache,
         "zero_retention": zero_retention,
+        "batch_file_retention_days": batch_file_retention_days,
         "allowed_classes": classes,
         "default_class": default,
         "allowed_models": models,
@@ -262,6 +271,7 @@ def _tenant_apply(
 def tenant_update(*, actor: AbstractBaseUser | None, tenant: Tenant, **changes: Any) -> Tenant:
     """Change name, weight, status, the five limits, max_request_bytes, result_cache,
     zero_retention (switched on: the tenant's stored entries are deleted after the commit),
+    batch_file_retention_days (None: Batch API files kept until deleted),
     allowed_classes/_models, default_class.
 
     The slug is the tenant's identity (snapshot key, billing) and cannot change. A change
