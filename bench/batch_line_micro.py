@@ -19,11 +19,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import gc
 import time
 from collections.abc import Sequence
 from typing import cast
 
+from bench.stage_context import cpu_us_per_call
 from runtime.admission.redis_limits import RedisLimits
 from runtime.gateway.auth import Principal
 from runtime.gateway.bundles import AdmissionDeps, PriceHolder
@@ -92,23 +92,7 @@ def _stage_us(stage: BatchLineMark, snapshot: Snapshot, mark: bytes | None, n: i
         with contextlib.suppress(ApiError):  # the forged case: the refusal is the work
             await stage(ctx)
 
-    async def run() -> float:
-        await call(_context(snapshot, mark))  # warm
-        gc.collect()
-        gc.disable()  # the contexts built for the run would make the collector's time ours
-        try:
-            start = time.process_time()
-            for ctx in contexts:
-                await call(ctx)
-            return time.process_time() - start
-        finally:
-            gc.enable()
-
-    loop = asyncio.new_event_loop()
-    try:
-        return loop.run_until_complete(run()) / n * 1e6
-    finally:
-        loop.close()
+    return cpu_us_per_call(call, contexts, warm=_context(snapshot, mark))
 
 
 def measure(iterations: int) -> dict[str, float]:

@@ -17,15 +17,13 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
-import gc
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import cast
 
 import msgspec
 
-from bench.stage_context import chat_context
+from bench.stage_context import chat_context, cpu_us_per_call
 from runtime.admission.redis_limits import RedisLimits
 from runtime.gateway.bundles import AdmissionDeps, PriceHolder
 from runtime.gateway.pipeline.context import RequestContext
@@ -60,27 +58,6 @@ def _context(snapshot: Snapshot, body: bytes) -> RequestContext:
     return chat_context(snapshot, body, model=MODEL, prompt_tokens=1000)
 
 
-def _per_call_us(contexts: list[RequestContext], step: Callable[[RequestContext], object]) -> float:
-    """CPU microseconds per ``step`` (a coroutine function) over fresh contexts."""
-    loop = asyncio.new_event_loop()
-    try:
-
-        async def run() -> float:
-            gc.collect()
-            gc.disable()  # the contexts built for the run would make the collector's time ours
-            try:
-                start = time.process_time()
-                for ctx in contexts:
-                    await cast(asyncio.Future[None], step(ctx))
-                return time.process_time() - start
-            finally:
-                gc.enable()
-
-        return loop.run_until_complete(run()) / len(contexts) * 1e6
-    finally:
-        loop.close()
-
-
 def measure(iterations: int, endpoints: int = 4) -> dict[str, float]:
     table = RoutingTable()
     fleet = HandFleet()
@@ -92,9 +69,9 @@ def measure(iterations: int, endpoints: int = 4) -> dict[str, float]:
     blocks, started = PrefixBlocks(admission), PrefixStarted(admission)
     body = msgspec.json.encode({"model": MODEL, "messages": MESSAGES, "stream": True})
     off, on = _snapshot({"prefix_routing": "off"}), _snapshot({})
-    off_us = _per_call_us([_context(off, body) for _ in range(iterations)], blocks)
+    off_us = cpu_us_per_call(blocks, [_context(off, body) for _ in range(iterations)])
     planned = [_context(on, body) for _ in range(iterations)]
-    on_us = _per_call_us(planned, blocks)
+    on_us = cpu_us_per_call(blocks, planned)
     prefixes = [ctx.ready_plan.prefix for ctx in planned]
     assert all(isinstance(p, PromptPrefix) for p in prefixes)
     placer = admission.prefix
@@ -114,7 +91,7 @@ def measure(iterations: int, endpoints: int = 4) -> dict[str, float]:
     place_us = (time.process_time() - start) / iterations * 1e6
     if stuck != iterations:
         raise AssertionError(f"the rule stuck {stuck} of {iterations} times")
-    started_us = _per_call_us(planned, started)
+    started_us = cpu_us_per_call(started, planned)
     return {"stage_off_us": off_us, "stage_on_us": on_us, "placer_us": place_us,
             "started_us": started_us, "blocks": float(len(first.hashes))}  # fmt: skip
 

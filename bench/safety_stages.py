@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -28,7 +27,7 @@ from typing import Any
 import msgspec
 
 from bench.safety_micro import TURNS, chat_request, twenty_rule_pack
-from bench.stage_context import chat_context
+from bench.stage_context import chat_context, cpu_us_per_call
 from runtime.gateway.bundles import SafetyDeps
 from runtime.gateway.interventions import InterventionRecorder
 from runtime.gateway.pipeline.context import RequestContext
@@ -62,24 +61,7 @@ def _stage_us(
 ) -> float:
     """CPU microseconds per call of ``stage`` (a fresh context each time, built untimed)."""
     contexts = [_context(snapshot, body, packs) for _ in range(iterations)]
-    loop = asyncio.new_event_loop()
-    try:
-
-        async def run() -> float:
-            await stage(_context(snapshot, body, packs))  # warm
-            gc.collect()
-            gc.disable()  # the contexts built for the run would make the collector's time ours
-            try:
-                start = time.process_time()
-                for ctx in contexts:
-                    await stage(ctx)
-                return time.process_time() - start
-            finally:
-                gc.enable()
-
-        return loop.run_until_complete(run()) / iterations * 1e6
-    finally:
-        loop.close()
+    return cpu_us_per_call(stage, contexts, warm=_context(snapshot, body, packs))
 
 
 def measure(iterations: int, tokens: int) -> dict[str, float]:

@@ -1,8 +1,14 @@
 """A request context shaped as the pipeline builds it before a stage runs, for the stage
 micro-benches (``bench.safety_stages``, ``bench.prefix_stages``): snapshot, principal (the
-snapshot's first key), decoded chat body and a plan for ``model``'s newest version."""
+snapshot's first key), decoded chat body and a plan for ``model``'s newest version; and
+:func:`cpu_us_per_call`, the timing loop those benches and ``bench.batch_line_micro`` share."""
 
 from __future__ import annotations
+
+import asyncio
+import gc
+import time
+from collections.abc import Awaitable, Callable, Sequence
 
 from runtime.gateway.auth import Principal
 from runtime.gateway.inference import ChatCompletionsConsumer
@@ -41,3 +47,34 @@ def chat_context(
                     prompt_tokens=prompt_tokens)  # fmt: skip
     ctx.record.model = model
     return ctx
+
+
+
+def cpu_us_per_call(
+    step: Callable[[RequestContext], Awaitable[object]],
+    contexts: Sequence[RequestContext],
+    *,
+    warm: RequestContext | None = None,
+) -> float:
+    """CPU microseconds per ``await step(ctx)`` over ``contexts`` (built untimed, a fresh one
+    per call), after one untimed call on ``warm`` when given. The garbage collector is paused
+    while timing: the contexts built for the run would make the collector's time ours."""
+
+    async def run() -> float:
+        if warm is not None:
+            await step(warm)
+        gc.collect()
+        gc.disable()
+        try:
+            start = time.process_time()
+            for ctx in contexts:
+                await step(ctx)
+            return time.process_time() - start
+        finally:
+            gc.enable()
+
+    loop = asyncio.new_event_loop()
+    try:
+        return loop.run_until_complete(run()) / len(contexts) * 1e6
+    finally:
+        loop.close()
