@@ -9,8 +9,9 @@ embeddings batch billed once per line; a kill -9 of the worker mid-batch still e
 every line exactly once in the output; a tenant at its online concurrency cap while its
 batch runs gets no 429 (the batch lane); a router killed mid-batch, and then Redis emptied
 mid-batch (usage events waiting in the stream lost with it), still end with every line
-answered once and billed once under its own event id. The stage has a Redis of its own (the
-data plane's, which a test empties) besides the broker's."""
+answered once and billed once under its own event id; embeddings lines caught in flight by a
+kill -9 of the worker and then of the router (a slow embedding engine) end the same way. The
+stage has a Redis of its own (the data plane's, which a test empties) besides the broker's."""
 
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ import pytest
 import redis
 from django.conf import settings as django_settings
 from django.db import connections
+from django.utils import timezone
 from fixtures.celery_worker import Beat, Worker, database_url
 from fixtures.control_plane import (
     endpoint_ready,
@@ -183,10 +185,10 @@ def _embedding_lines(n: int) -> bytes:
     )  # fmt: skip
 
 
-def _embeddings_served(tmp_path: Path) -> Process:
+def _embeddings_served(tmp_path: Path, *args: str) -> Process:
     """An embedding model on a simulator of its own (in the pool of the chat model), priced:
-    published to the routers by the beat's outbox drain."""
-    engine = start_simulator(model=EMBED)
+    published to the routers by the beat's outbox drain. ``args``: the simulator's flags."""
+    engine = start_simulator(*args, model=EMBED)
     model = model_create(actor=None, name=EMBED, task="embedding")
     version = version_published(model, "v1", runtime="vllm",
                                 **artifact(tmp_path / "artifacts" / "embed"))  # fmt: skip
@@ -311,7 +313,9 @@ def test_openai_client_runs_a_batch_isolation_malformed_and_cancel(
         assert len(entry["response"]["body"]["data"]) == 2  # an embedding per input
 
 
-def test_a_killed_worker_leaves_every_line_answered_exactly_once(stage: Stage) -> None:
+def test_a_killed_worker_leaves_every_line_answered_exactly_once_chat_and_embeddings(
+    stage: Stage, tmp_path: Path
+) -> None:
     acme = stage.client("acme")
     upload = acme.files.create(file=("input.jsonl", _lines(24, tokens=40)), purpose="batch")
     batch = acme.batches.create(input_file_id=upload.id, endpoint="/v1/chat/completions",
@@ -333,6 +337,7 @@ def test_a_killed_worker_leaves_every_line_answered_exactly_once(stage: Stage) -
     assert len(_billed(batch.id)) == 24
 
     _allowance(stage)
+    _embeddings_across_kills(stage, tmp_path)
 
 
 def _chat_status(client: openai.OpenAI) -> int:
@@ -459,3 +464,55 @@ def test_a_killed_router_or_a_lost_redis_leave_every_line_answered_and_billed_ex
     stage.workers.append(Worker("celery", stage.env))
     stage.start_beat()
     _completed(acme, again.id, 24)
+
+
+def _in_flight(batch_id: str) -> dict[int, str]:
+    """The batch's lines claimed under a live lease right now (sent, not yet answered): their
+    ids and the executor (lease owner) holding each."""
+    try:
+        lines = Batch.objects.get(public_id=batch_id).lines.filter(
+            state="claimed", lease_expires_at__gt=timezone.now()
+        )
+        return dict(lines.values_list("id", "lease_owner"))
+    finally:
+        connections.close_all()
+
+
+def _ran_again(batch_id: str, ids: set[int]) -> int:
+    """How many of the lines ``ids`` were sent more than once."""
+    try:
+        lines = Batch.objects.get(public_id=batch_id).lines
+        return lines.filter(pk__in=ids, attempts__gt=1).count()
+    finally:
+        connections.close_all()
+
+
+def _embeddings_across_kills(stage: Stage, tmp_path: Path) -> None:
+    """Embeddings lines, which the router's Idempotency-Key skips, are caught in flight by a
+    kill -9 of the executor's worker and then of the router (the engine prefills 16 tokens/s:
+    a line of 4 tokens takes a quarter of a second, 4 run at once); every line ends once in
+    the output and once in the ledger, under its own event id."""
+    acme = stage.client("acme")
+    stage.started.append(_embeddings_served(tmp_path, "--prefill-tps", "16"))
+    eventually(lambda: acme.embeddings.create(model=EMBED, input="warm"), timeout=30,
+               ignore=(openai.NotFoundError,), what="the router to serve " + EMBED)  # fmt: skip
+    upload = acme.files.create(file=("embed.jsonl", _embedding_lines(16)), purpose="batch")
+    batch = acme.batches.create(input_file_id=upload.id, endpoint="/v1/embeddings",
+                                completion_window="24h")  # fmt: skip
+    eventually(lambda: _running(batch.id), timeout=30, what="lines answered and lines running")
+    at_worker_kill = _in_flight(batch.id)
+    stage.workers[-1].kill()  # SIGKILL: its lines in flight keep their lease, then run again
+    stage.workers.append(Worker("celery", stage.env))
+    killed = set(at_worker_kill.values())
+    at_router_kill = eventually(
+        lambda: {k: v for k, v in _in_flight(batch.id).items() if v not in killed},
+        timeout=30, what="the new worker's lines in flight",
+    )  # fmt: skip
+    stage.router.kill()  # SIGKILL: the lines it was serving die with it
+    stage.router = stage.restart_router()
+    for entry in _completed(acme, batch.id, 16, custom="emb"):
+        assert len(entry["response"]["body"]["data"]) == 2
+    # The kills caught lines in flight: they were sent again, and still answered and billed once.
+    assert at_worker_kill
+    assert _ran_again(batch.id, set(at_worker_kill)) >= 1
+    assert _ran_again(batch.id, set(at_router_kill)) >= 1
