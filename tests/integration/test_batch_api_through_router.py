@@ -3,7 +3,8 @@ router process, which forwards files and batches to a real control-plane process
 signed principal); a real Celery worker, fed by a real beat on a private broker, runs the lines
 through the router to a simulator engine, in the ``batch`` class, with the batch's own key.
 
-Covered: upload, create, poll to ``completed``, the output line for line by ``custom_id``;
+Covered: upload, create, poll to ``completed``, the output line for line by ``custom_id``,
+the files sealed in an S3-compatible store (moto's server: ``SWITCHYARD_BATCH_STORAGE``);
 another tenant's ids are 404; a malformed file is refused with its line number; cancel; an
 embeddings batch billed once per line; a kill -9 of the worker mid-batch still ends with
 every line exactly once in the output; a tenant at its online concurrency cap while its
@@ -42,6 +43,7 @@ from fixtures.control_plane import (
 )
 from fixtures.redis_server import private_redis
 from fixtures.router import Process, spawn, start_router, wait_ready, wait_until_up
+from fixtures.s3_server import S3Bucket, s3_bucket
 from fixtures.wait import eventually
 
 from apps.batches.models import Batch
@@ -54,6 +56,7 @@ from apps.models.services import model_create, route_set
 from apps.tenants.services import api_key_create, request_class_create, tenant_create
 from config.embedded import EmbeddedRedis
 from runtime import contract, snapshot_store
+from runtime.crypto import MAGIC
 from tests.apps.rollouts.support import artifact, start_simulator
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
@@ -61,6 +64,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 MODEL = "tiny-llama"
 EMBED = "tiny-embed"
 SECRET = "integration-internal-secret"
+S3_PREFIX = "switchyard"
 
 
 @dataclass
@@ -74,6 +78,7 @@ class Stage:
     beats: list[Beat]
     start_beat: Callable[[], Beat]
     started: list[Any]  # processes stopped at the end
+    s3: S3Bucket  # where the control plane stores the files
 
     def client(self, tenant: str) -> openai.OpenAI:
         return openai.OpenAI(base_url=f"{self.router.base_url}/v1", api_key=self.keys[tenant],
@@ -108,7 +113,8 @@ def stage(settings: Any, tmp_path: Path) -> Iterator[Stage]:
     var_dir.mkdir()
     started: list[Any] = []
     # A Redis of its own (a test empties it), and another one as Celery's broker.
-    with private_redis(tmp_path / "data") as data, private_redis(tmp_path) as broker:
+    with (private_redis(tmp_path / "data") as data, private_redis(tmp_path) as broker,
+          s3_bucket("batch-files") as s3):  # fmt: skip
         settings.REDIS_URL = data.url
         client: redis.Redis[bytes] = redis.Redis.from_url(data.url)
         engine = start_simulator("--decode-a-ms", "20")
@@ -124,6 +130,7 @@ def stage(settings: Any, tmp_path: Path) -> Iterator[Stage]:
             "SWITCHYARD_BATCH_BILL_EVERY_S": "1", "SWITCHYARD_BATCH_BILL_GRACE_S": "3",
             "SWITCHYARD_BEAT_ONLY": "run-batches,drain-snapshot-outbox,usage-stream-to-ledger,"
                                     "bill-batch-lines",
+            **s3.env(S3_PREFIX),  # the files in an S3-compatible store (moto's server)
         }  # fmt: skip
         web, _ = spawn(["uvicorn", "config.asgi:application"], env=env)
         started.append(wait_until_up(web, "/v1/batches", ok=(401,)))
@@ -154,7 +161,7 @@ def stage(settings: Any, tmp_path: Path) -> Iterator[Stage]:
                 wait_ready(again, snapshot_store.latest_version(client, prefix=prefix) or 0)
                 return again
 
-            yield Stage(router, keys, env, workers, restart, data, beats, beat, started)
+            yield Stage(router, keys, env, workers, restart, data, beats, beat, started, s3)
         finally:
             for worker in workers:
                 print(worker.output()[-3000:])
@@ -270,6 +277,12 @@ def test_openai_client_runs_a_batch_isolation_malformed_and_cancel(
         assert entry["response"]["status_code"] == 200
         assert entry["response"]["body"]["choices"][0]["message"]["content"]
     assert [b.id for b in acme.batches.list(limit=5).data] == [batch.id]
+    # Input and output are objects in the S3 bucket, sealed (no plaintext of a line).
+    keys = {f"{S3_PREFIX}/acme/{file_id}.jsonl" for file_id in (upload.id, done.output_file_id)}
+    assert keys <= set(stage.s3.keys())
+    for key in keys:
+        assert stage.s3.object(key).startswith(MAGIC)
+        assert b"custom_id" not in stage.s3.object(key)
     # Billed once per line, in the batch class, under the batch's own key.
     assert eventually(lambda: _billed(batch.id) == [("batch", "ok")] * 6, timeout=20,
                       what="the ledger's usage records")  # fmt: skip

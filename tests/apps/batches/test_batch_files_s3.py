@@ -8,23 +8,20 @@ the object in place."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-import boto3
 import pytest
 from batch_support import KEY_1, KEY_2, Signed, jsonl, line
-from fixtures.net import free_port
-from moto.server import ThreadedMotoServer
+from fixtures.s3_server import S3Bucket, s3_bucket
 
 from apps.batches.models import File
 from apps.batches.services import files_retention_apply
 from apps.batches.services.files import files_reseal
 from apps.tenants.models import Tenant
 from apps.tenants.services import tenant_update
-from config.batch_storage import S3_BACKEND, BatchStorageError, batch_storage
+from config.batch_storage import S3_BACKEND, BatchStorageError, batch_storage, from_env
 from runtime.crypto import MAGIC, Keyring
 
 pytestmark = [pytest.mark.db, pytest.mark.integration, pytest.mark.django_db]
@@ -35,43 +32,19 @@ WORDS = b"the-launch-code-is-4217"
 Capture = Callable[..., Any]  # pytest-django's django_capture_on_commit_callbacks
 
 
-@dataclass
-class Bucket:
-    client: Any  # boto3's S3 client, straight to the server (not through the storage)
-
-    def keys(self) -> list[str]:
-        listed = self.client.list_objects_v2(Bucket=BUCKET)
-        return sorted(item["Key"] for item in listed.get("Contents", []))
-
-    def object(self, key: str) -> bytes:
-        body: bytes = self.client.get_object(Bucket=BUCKET, Key=key)["Body"].read()
-        return body
-
-
 @pytest.fixture
-def bucket(settings: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Bucket]:
-    """moto's S3 server on a free port of 127.0.0.1 with an empty bucket; the settings'
-    ``batches`` storage is what ``SWITCHYARD_BATCH_STORAGE=s3://BUCKET/PREFIX`` makes of it."""
-    for name, value in (("AWS_ACCESS_KEY_ID", "test-key"), ("AWS_SECRET_ACCESS_KEY", "test-secret"),
-                        ("AWS_DEFAULT_REGION", "us-east-1")):  # fmt: skip
-        monkeypatch.setenv(name, value)  # boto3's own chain reads them (no setting of ours)
-    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL"):
-        monkeypatch.delenv(name, raising=False)
-    port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    try:
-        endpoint = f"http://127.0.0.1:{port}"
-        client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
-        client.create_bucket(Bucket=BUCKET)
-        storage = batch_storage(
-            f"s3://{BUCKET}/{PREFIX}/", Path("/nonexistent"), endpoint_url=endpoint,
-            region="us-east-1",
-        )  # fmt: skip
-        settings.STORAGES = {**settings.STORAGES, "batches": storage}
-        yield Bucket(client)
-    finally:
-        server.stop()
+def bucket(settings: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[S3Bucket]:
+    """moto's S3 server with an empty bucket; the settings' ``batches`` storage is what
+    ``SWITCHYARD_BATCH_STORAGE=s3://BUCKET/PREFIX/`` and its endpoint make of it."""
+    with s3_bucket(BUCKET) as s3:
+        env = s3.env(PREFIX + "/")
+        for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL"):
+            monkeypatch.delenv(name, raising=False)
+        for name, value in env.items():  # boto3's own chain reads the credentials
+            monkeypatch.setenv(name, value)
+        settings.STORAGES = {**settings.STORAGES,
+                             "batches": from_env(env, Path("/nonexistent"))}  # fmt: skip
+        yield s3
 
 
 def _upload(client: Signed, *custom_ids: str) -> File:
@@ -84,7 +57,7 @@ def _upload(client: Signed, *custom_ids: str) -> File:
 
 
 def test_upload_read_and_delete_through_the_api_hold_only_ciphertext_in_the_bucket(
-    tenant: Tenant, bucket: Bucket, django_capture_on_commit_callbacks: Capture
+    tenant: Tenant, bucket: S3Bucket, django_capture_on_commit_callbacks: Capture
 ) -> None:
     acme = Signed("acme")
     file = _upload(acme, "first", "second")
@@ -108,7 +81,7 @@ def test_upload_read_and_delete_through_the_api_hold_only_ciphertext_in_the_buck
 
 
 def test_retention_purges_expired_objects_and_a_reseal_rewrites_in_place(
-    tenant: Tenant, bucket: Bucket, settings: Any, django_capture_on_commit_callbacks: Capture
+    tenant: Tenant, bucket: S3Bucket, settings: Any, django_capture_on_commit_callbacks: Capture
 ) -> None:
     tenant_update(actor=None, tenant=tenant, batch_file_retention_days=7)
     acme = Signed("acme")
