@@ -35,6 +35,7 @@ from bench.targets import TargetContext
 from bench.targets.switchyard import SwitchyardTarget
 from bench.tls_micro import SCENARIO, paced
 
+
 async def profile(args: argparse.Namespace, source: Path | None, out: Path) -> dict[str, Any]:
     scenario = load(SCENARIO)
     work = Path(tempfile.mkdtemp(prefix="switchyard-request-profile-"))
