@@ -40,6 +40,12 @@ def render_chat(messages: Sequence[tuple[str, str]]) -> str:
     return "".join(f"{role}{_UNIT}{content}{_RECORD}" for role, content in messages)
 
 
+def estimate_tokens(rendered: str) -> int:
+    """A rendered prompt's tokens by the rule of thumb (``CHARS_PER_TOKEN``), rounded up: the
+    unit of :meth:`PrefixMatch.cached_tokens`, so cached and uncached estimates agree."""
+    return -(-len(rendered) // CHARS_PER_TOKEN)
+
+
 def block_hashes(rendered: str, block_chars: int = DEFAULT_BLOCK_CHARS) -> tuple[int, ...]:
     """The chained 64-bit hashes of the full ``block_chars``-character blocks of ``rendered``."""
     if block_chars < 1:

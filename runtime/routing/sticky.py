@@ -9,17 +9,23 @@ and its in-flight count and capacity, :func:`sticky_choice` names the endpoint t
 The rule, with an engine's TTFT modelled as its queued prefill plus the request's own uncached
 prefill, both at the same prefill rate (so the rate cancels out)::
 
-    best  = the endpoint with the longest cached prefix (ties: the least queued prefill)
-    light = the endpoint with the least queued prefill (ties: the least in flight)
+    best  = the endpoint with the longest cached prefix (ties: the least queued prefill,
+            then the least in flight)
+    light = the endpoint with the least queued prefill (ties: the longest cached prefix,
+            then the least in flight)
     saved = cached(best) - cached(light)                  # tokens the cache saves at best
     extra = queued(best) - queued(light)                  # tokens it waits for at best
-    stick to best  iff  saved >= min_saved_tokens
-                   and  extra <= saved * stickiness + slack_tokens
-                   and  in_flight(best) < capacity(best) * max_load
+    chosen = best   if saved >= min_saved_tokens and extra <= saved * stickiness + slack_tokens
+           = light  if saved <  min_saved_tokens and cached(light) >= min_saved_tokens
+           = none   otherwise
+    use chosen unless none or in_flight(chosen) >= capacity(chosen) * max_load
 
-otherwise route by load. Parameters (:class:`StickyRule`):
+otherwise route by load. The second line keeps a prefix that several endpoints hold (a system
+prompt the fleet has replicated) on the lightest of them: routing by load over all endpoints
+would often pick one that must prefill it again.
 
-- ``min_saved_tokens`` (default 64, one router block): a smaller saving is noise; route by load.
+- ``min_saved_tokens`` (default 64, one router block): a smaller saving is noise: no reason to
+  prefer ``best`` over ``light``.
 - ``stickiness`` (default 2.0): how much queued prefill one cached token is worth. 1.0 is the
   break-even for this request's TTFT alone (stick while its TTFT at ``best`` is no worse than
   at ``light``); but a prefill that is not chunked stretches the step of every sequence in
@@ -27,11 +33,12 @@ otherwise route by load. Parameters (:class:`StickyRule`):
   placed at ``light`` is paid again by the next turn of the same conversation. In
   ``python -m bench.dispatch_sim --scenario bench/scenarios/prefix.toml --size full
   --routing prefix --sticky stickiness=X`` (4 engines), at 24 requests/s (load-only
-  routing's knee) the share of requests within the 500 ms TTFT SLO is 0.70 at 0.5, 0.73 at
-  1.0, 0.98 at 2.0 and 0.98 at 4.0 (load-only: 0.45); TTFT p50 128 / 112 / 80 / 78 ms
+  routing's knee) the share of requests within the 500 ms TTFT SLO is 0.67 at 0.5, 0.75 at
+  1.0, 0.98 at 2.0 and 0.97 at 4.0 (load-only: 0.45); TTFT p50 212 / 113 / 81 / 82 ms
   (load-only: 636 ms).
 - ``slack_tokens`` (default 0): queued prefill tolerated at ``best`` even without a saving edge.
-- ``max_load`` (default 1.0): ``best`` is saturated at ``in_flight >= capacity * max_load``
+- ``max_load`` (default 1.0): the chosen endpoint is saturated at ``in_flight >= capacity *
+  max_load``
   whatever its cache holds (its decode batch is full: a new request would queue for a slot).
 
 llm-d's precise prefix-cache scorer reaches the same behaviour with weighted scorers (prefix
@@ -77,16 +84,18 @@ def sticky_choice(candidates: Sequence[Candidate], rule: StickyRule) -> int | No
     """The endpoint id to stick to, or None to route by load (see the module's rule)."""
     if len(candidates) == 0:
         return None
-    best = max(candidates, key=lambda c: (c.cached_tokens, -c.queued_prefill_tokens))
-    light = min(candidates, key=lambda c: (c.queued_prefill_tokens, c.in_flight))
-    if best.in_flight >= max(best.capacity, 1) * rule.max_load:
-        return None
+    best = max(candidates, key=lambda c: (c.cached_tokens, -c.queued_prefill_tokens, -c.in_flight))
+    light = min(candidates, key=lambda c: (c.queued_prefill_tokens, -c.cached_tokens, c.in_flight))
     saved = best.cached_tokens - light.cached_tokens
-    if best is light:
-        return best.endpoint_id if best.cached_tokens >= rule.min_saved_tokens else None
     if saved < rule.min_saved_tokens:
+        # The lightest endpoint holds about as long a prefix as any: keep the prefix there.
+        chosen = light if light.cached_tokens >= rule.min_saved_tokens else None
+    elif best.queued_prefill_tokens - light.queued_prefill_tokens <= (
+        saved * rule.stickiness + rule.slack_tokens
+    ):
+        chosen = best
+    else:
+        chosen = None
+    if chosen is None or chosen.in_flight >= max(chosen.capacity, 1) * rule.max_load:
         return None
-    extra = best.queued_prefill_tokens - light.queued_prefill_tokens
-    if extra <= saved * rule.stickiness + rule.slack_tokens:
-        return best.endpoint_id
-    return None
+    return chosen.endpoint_id

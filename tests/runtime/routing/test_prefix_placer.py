@@ -9,7 +9,7 @@ import pytest
 from runtime.gateway.pipeline.stages.prefix import prefix_routing_on, prompt_prefix
 from runtime.gateway.schema import ChatRequest, CompletionRequest, EmbeddingRequest
 from runtime.pool_policies import pool_policy_errors
-from runtime.routing.prefix import PromptPrefix, chat_block_hashes
+from runtime.routing.prefix import PromptPrefix, chat_block_hashes, render_chat
 from runtime.routing.prefix_placer import PrefixPlacer
 from runtime.routing.sticky import StickyRule
 from runtime.testing.snapshots import endpoint_snap, version_snap
@@ -86,35 +86,51 @@ def test_the_index_forgets_after_its_ttl() -> None:
 
 def test_chat_messages_in_order_share_a_system_prompt_and_a_history() -> None:
     version = version_snap(1, "m")
-    one = prompt_prefix(chat(("system", SYSTEM), ("user", "first question")), version, 300)
-    two = prompt_prefix(chat(("system", SYSTEM), ("user", "another one")), version, 300)
+    one = prompt_prefix(chat(("system", SYSTEM), ("user", "first question")), version)
+    two = prompt_prefix(chat(("system", SYSTEM), ("user", "another one")), version)
     assert one is not None
     assert two is not None
     assert one.hashes[:4] == two.hashes[:4]
     history = [("system", SYSTEM), ("user", "q" * 300), ("assistant", "a" * 300)]
-    turn = prompt_prefix(chat(*history), version, 400)
-    later = prompt_prefix(chat(*history, ("user", "next")), version, 410)
+    turn = prompt_prefix(chat(*history), version)
+    later = prompt_prefix(chat(*history, ("user", "next")), version)
     assert turn is not None
     assert later is not None
     assert later.hashes[: len(turn.hashes)] == turn.hashes
     # An adapter's blocks are cached apart from its base model's.
     adapter = version_snap(2, "m", base_version=1)
-    lora = prompt_prefix(chat(("system", SYSTEM), ("user", "first question")), adapter, 300)
+    lora = prompt_prefix(chat(("system", SYSTEM), ("user", "first question")), adapter)
     assert lora is not None
     assert lora.hashes[0] != one.hashes[0]
 
 
+def test_the_prompt_tokens_are_estimated_in_the_unit_of_the_cached_ones() -> None:
+    """Not the plan's count: without a tokenizer that is one token a byte, four times what the
+    index's cached tokens mean, and a conversation's next turn looked 4x costlier to queue than
+    the history it saves (the harness's conversations left their engine at 8 requests/s)."""
+    version = version_snap(1, "m")
+    messages = [("system", SYSTEM), ("user", "q" * 300), ("assistant", "a" * 300),
+                ("user", "next question")]  # fmt: skip
+    turn = prompt_prefix(chat(*messages), version)
+    assert turn is not None
+    assert turn.prompt_tokens == -(-len(render_chat(messages)) // 4) == 451
+    # Uncached where the whole history is held: the new message and the last partial block.
+    held = len(turn.hashes)
+    assert turn.uncached_tokens(held) == turn.prompt_tokens - held * 64
+    assert turn.uncached_tokens(held) < 64
+
+
 def test_only_single_prompts_with_a_full_block_carry_hashes() -> None:
     version = version_snap(1, "m")
-    assert prompt_prefix(chat(("user", "short")), version, 5) is None
+    assert prompt_prefix(chat(("user", "short")), version) is None
     text = msgspec.convert({"model": "m", "prompt": SYSTEM}, CompletionRequest)
-    completion = prompt_prefix(text, version, 300)
+    completion = prompt_prefix(text, version)
     assert completion is not None
     assert len(completion.hashes) == 4
     batch = msgspec.convert({"model": "m", "prompt": [SYSTEM, SYSTEM]}, CompletionRequest)
-    assert prompt_prefix(batch, version, 600) is None
+    assert prompt_prefix(batch, version) is None
     embedding = msgspec.convert({"model": "m", "input": SYSTEM}, EmbeddingRequest)
-    assert prompt_prefix(embedding, version, 300) is None
+    assert prompt_prefix(embedding, version) is None
 
 
 def test_prefix_routing_is_on_unless_the_pool_turns_it_off() -> None:

@@ -24,7 +24,7 @@ from runtime.gateway.bundles import AdmissionDeps
 from runtime.gateway.pipeline.context import RequestContext
 from runtime.gateway.schema import ChatRequest, CompletionRequest
 from runtime.pool_policies import PREFIX_ROUTING_KEY
-from runtime.routing.prefix import PromptPrefix, block_hashes, render_chat
+from runtime.routing.prefix import PromptPrefix, block_hashes, estimate_tokens, render_chat
 from runtime.snapshot import VersionSnap, adapter_name
 
 LLM_KINDS: Final = frozenset({"chat", "completion"})
@@ -48,15 +48,21 @@ def rendered_prompt(request: object, version: VersionSnap) -> str | None:
     return render_chat(messages)
 
 
-def prompt_prefix(request: object, version: VersionSnap, prompt_tokens: int) -> PromptPrefix | None:
-    """The request's :class:`PromptPrefix`, or None when it has no full block."""
+def prompt_prefix(request: object, version: VersionSnap) -> PromptPrefix | None:
+    """The request's :class:`PromptPrefix`, or None when it has no full block.
+
+    Its tokens are estimated from the rendering (:func:`~runtime.routing.prefix.estimate_tokens`,
+    4 characters a token), the unit the index's cached tokens are in, not taken from the plan:
+    without the model's tokenizer the plan's count is an upper bound of one token a byte (4x
+    too many for English text), which made every uncached prefill look four times longer than
+    the prefix it saves and released conversations from their engine at light load."""
     rendered = rendered_prompt(request, version)
     if rendered is None:
         return None
     hashes = block_hashes(rendered)
     if not hashes:
         return None
-    return PromptPrefix(hashes=hashes, prompt_tokens=prompt_tokens)
+    return PromptPrefix(hashes=hashes, prompt_tokens=estimate_tokens(rendered))
 
 
 class PrefixBlocks:
@@ -73,7 +79,7 @@ class PrefixBlocks:
         if not prefix_routing_on(self._deps.table.policies(ctx.ready_snapshot, version.id)):
             return
         view: Any = ctx.request.request
-        prefix = prompt_prefix(view, version, plan.prompt_tokens)
+        prefix = prompt_prefix(view, version)
         if prefix is None:
             return
         plan.prefix = prefix
