@@ -41,14 +41,28 @@ would often pick one that must prefill it again.
   max_load``
   whatever its cache holds (its decode batch is full: a new request would queue for a slot).
 
+Per pool, the pool policies :data:`STICKY_POLICY_KEYS` set these parameters
+(``prefix_stickiness: "4"``); :meth:`StickyRule.from_policies` reads them for the ``prefix``
+stage, keeping a parameter's default where its value is bad (the control plane refuses bad
+values where they are written: :func:`sticky_policy_errors`).
+
 llm-d's precise prefix-cache scorer reaches the same behaviour with weighted scorers (prefix
 and queue/KV-use load); this states it as one inequality whose terms the router can measure.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
+from typing import Any, Final
+
+# Pool policy key -> the StickyRule parameter it sets.
+STICKY_POLICY_KEYS: Final = {
+    "prefix_min_saved_tokens": "min_saved_tokens",
+    "prefix_stickiness": "stickiness",
+    "prefix_slack_tokens": "slack_tokens",
+    "prefix_max_load": "max_load",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +81,50 @@ class StickyRule:
             raise ValueError("slack_tokens must be >= 0")
         if not self.max_load > 0:
             raise ValueError("max_load must be > 0")
+
+    @classmethod
+    def from_policies(cls, policies: Mapping[str, str], *, strict: bool = False) -> StickyRule:
+        """The rule a pool's policies set (:data:`STICKY_POLICY_KEYS`); a parameter whose
+        value is bad keeps its default, or raises ``ValueError`` with ``strict``."""
+        values: dict[str, Any] = {}
+        for key, name in STICKY_POLICY_KEYS.items():
+            raw = policies.get(key)
+            if raw is None:
+                continue
+            one: dict[str, Any] = {}
+            try:
+                one[name] = _number(name, raw)
+                cls(**one)  # validates this parameter alone
+            except ValueError as exc:
+                if strict:
+                    raise ValueError(f"{key}: {exc}") from None
+                continue
+            values.update(one)
+        return cls(**values)
+
+
+_INTEGERS: Final = frozenset(f.name for f in fields(StickyRule) if f.type in (int, "int"))
+
+
+def _number(name: str, raw: str) -> float:
+    text = raw.strip()
+    try:
+        return int(text) if name in _INTEGERS else float(text)
+    except ValueError:
+        kind = "an integer" if name in _INTEGERS else "a number"
+        raise ValueError(f"{name} must be {kind}, got {raw!r}") from None
+
+
+def sticky_policy_errors(policies: Mapping[str, str]) -> list[str]:
+    """What is wrong with a pool's sticky-rule policies (empty: the router uses them)."""
+    errors: list[str] = []
+    for key in STICKY_POLICY_KEYS:
+        if key in policies:
+            try:
+                StickyRule.from_policies({key: policies[key]}, strict=True)
+            except ValueError as exc:
+                errors.append(f"{exc}.")
+    return errors
 
 
 @dataclass(frozen=True, slots=True)

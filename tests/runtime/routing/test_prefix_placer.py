@@ -6,7 +6,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from runtime.gateway.pipeline.stages.prefix import prefix_routing_on, prompt_prefix
+from runtime.gateway.pipeline.stages.prefix import PoolRules, prefix_routing_on, prompt_prefix
 from runtime.gateway.schema import ChatRequest, CompletionRequest, EmbeddingRequest
 from runtime.pool_policies import pool_policy_errors
 from runtime.routing.prefix import PromptPrefix, chat_block_hashes, render_chat
@@ -58,6 +58,54 @@ def test_the_placer_sticks_to_the_cached_endpoint_until_its_queue_outweighs_the_
     # Its batch is full: load decides.
     assert placer.sticky(eps, match, lambda e: 4 if e == 1 else 0) is None
     assert (placer.sticky_count, placer.by_load) == (1, 3)
+
+
+def test_a_request_is_placed_by_its_pools_sticky_rule() -> None:
+    """The stage puts the pool's rule (its policies) on the prefix; the placer applies it."""
+    placer = PrefixPlacer(clock=Clock())  # the default rule: max_load 1.0
+    eps = [endpoint_snap(i, capacity=4) for i in (1, 2)]
+    version = version_snap(1, "m")
+    rules = PoolRules()
+    request = chat(("system", SYSTEM), ("user", "hi"))
+    first = prompt_prefix(request, version, rules.rule({}))
+    assert first is not None
+    assert first.rule is None  # no key set: the placer's default
+    placer.sent(1, first, placer.match(first, eps))
+    placer.started(first)
+    half_full = {1: 2, 2: 0}
+    default = prompt_prefix(request, version, rules.rule({"prefix_routing": "on"}))
+    assert default is not None
+    chosen = placer.sticky(eps, placer.match(default, eps), half_full.__getitem__)
+    assert chosen is not None
+    assert chosen.id == 1
+    # A pool that calls an endpoint saturated at half its capacity: load decides.
+    policies = {"prefix_max_load": "0.5"}
+    strict = prompt_prefix(request, version, rules.rule(policies))
+    assert strict is not None
+    assert strict.rule == StickyRule(max_load=0.5)
+    assert placer.sticky(eps, placer.match(strict, eps), half_full.__getitem__) is None
+    assert rules.rule(dict(policies)) is strict.rule  # parsed once per set of values
+
+
+def test_the_sticky_rule_policies_are_validated_and_a_bad_one_keeps_its_default() -> None:
+    good = {"prefix_stickiness": "4", "prefix_min_saved_tokens": "128",
+            "prefix_slack_tokens": "256", "prefix_max_load": "0.9"}  # fmt: skip
+    assert pool_policy_errors(good) == []
+    assert StickyRule.from_policies(good) == StickyRule(
+        min_saved_tokens=128, stickiness=4.0, slack_tokens=256, max_load=0.9
+    )
+    bad = {"prefix_stickiness": "-1", "prefix_min_saved_tokens": "1.5", "prefix_max_load": "x"}
+    assert pool_policy_errors(bad) == [
+        "prefix_min_saved_tokens: min_saved_tokens must be an integer, got '1.5'.",
+        "prefix_stickiness: stickiness must be >= 0.",
+        "prefix_max_load: max_load must be a number, got 'x'.",
+    ]
+    # The router never fails on a bad value: that parameter keeps its default.
+    assert StickyRule.from_policies({**bad, "prefix_slack_tokens": "10"}) == StickyRule(
+        slack_tokens=10
+    )
+    with pytest.raises(ValueError, match="prefix_max_load"):
+        StickyRule.from_policies({"prefix_max_load": "0"}, strict=True)
 
 
 def test_a_retry_moves_the_queued_prefill_and_the_index_learns_both() -> None:
