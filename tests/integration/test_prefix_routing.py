@@ -118,7 +118,6 @@ def test_shared_prefixes_stick_to_one_engine_until_it_is_saturated(
                 assert engine_of(http, on, body(ON, "Is the store open?")) == 1 - first
 
 
-@pytest.mark.timing
 def test_a_pool_policy_sets_the_sticky_rule(
     engines: dict[str, list[Process]], tmp_path: Path
 ) -> None:

@@ -91,6 +91,7 @@ def test_the_sticky_rule_policies_are_validated_and_a_bad_one_keeps_its_default(
     good = {"prefix_stickiness": "4", "prefix_min_saved_tokens": "128",
             "prefix_slack_tokens": "256", "prefix_max_load": "0.9"}  # fmt: skip
     assert pool_policy_errors(good) == []
+    assert pool_policy_errors({"prefix_stickiness": "inf"}) == []  # never leave for a queue
     assert StickyRule.from_policies(good) == StickyRule(
         min_saved_tokens=128, stickiness=4.0, slack_tokens=256, max_load=0.9
     )
