@@ -4,7 +4,9 @@ A pool's ``policies`` (``PoolSnap.policies``) is a string → string map read by
 scheduling (:mod:`runtime.scheduling.settings`: ``fairness``, ``ordering``, ``saturation``,
 ``headroom``, ``max_queue``, ``band_shares``) and routing (:mod:`runtime.routing.endpoints`:
 ``filters``, ``scorers``, ``picker``; :mod:`runtime.gateway.plan`: ``upstream_priority``;
-:mod:`runtime.gateway.pipeline.stages.prefix`: ``prefix_routing``, on unless ``off``) and
+:mod:`runtime.gateway.pipeline.stages.prefix`: ``prefix_routing``, on unless ``off``, and
+the sticky rule's ``prefix_stickiness``, ``prefix_min_saved_tokens``, ``prefix_slack_tokens``,
+``prefix_max_load``: :mod:`runtime.routing.sticky`) and
 degradation (:mod:`runtime.degradation`: ``degrade``, ``degrade_wait_ms``,
 ``degrade_max_tokens``) and LoRA adapter slots (:mod:`runtime.workers.adapters`:
 ``max_loras``, ``max_cpu_loras``, read by the launcher and the routers).
@@ -21,6 +23,7 @@ from typing import Final
 from runtime.degradation import DEGRADE_KEYS, degrade_policy_errors
 from runtime.policy_names import UnknownPolicyError
 from runtime.routing.endpoints import EndpointSelector
+from runtime.routing.sticky import STICKY_POLICY_KEYS, sticky_policy_errors
 from runtime.scheduling.settings import PoolSettings, SettingsError
 from runtime.workers.adapters import LORA_POLICY_KEYS, LoraSettings
 
@@ -31,7 +34,8 @@ UPSTREAM_PRIORITY_VALUES: Final = ("on", "off")
 PREFIX_ROUTING_KEY: Final = "prefix_routing"  # on (default) | off
 PREFIX_ROUTING_VALUES: Final = ("on", "off")
 POOL_POLICY_KEYS: Final = (*SCHEDULING_KEYS, *ROUTING_KEYS, "upstream_priority",
-                           PREFIX_ROUTING_KEY, *DEGRADE_KEYS, *LORA_POLICY_KEYS)  # fmt: skip
+                           PREFIX_ROUTING_KEY, *STICKY_POLICY_KEYS, *DEGRADE_KEYS,
+                           *LORA_POLICY_KEYS)  # fmt: skip
 
 
 def pool_policy_errors(policies: Mapping[str, str]) -> list[str]:
@@ -59,6 +63,7 @@ def pool_policy_errors(policies: Mapping[str, str]) -> list[str]:
     prefix = policies.get(PREFIX_ROUTING_KEY)
     if prefix is not None and prefix not in PREFIX_ROUTING_VALUES:
         errors.append(f"prefix_routing must be 'on' or 'off', got {prefix!r}.")
+    errors.extend(sticky_policy_errors(policies))
     errors.extend(degrade_policy_errors(policies))
     try:
         LoraSettings.from_policies(policies)

@@ -14,6 +14,10 @@ from bench.procs import free_port, pinned, spawn, wait_http
 from bench.targets.base import VENVS, Target, TargetContext, TargetUnavailableError, warm_up
 
 BINARY = VENVS / "vllm-router" / "bin" / "vllm-router"
+# Run through the venv's own interpreter, not the script's shebang: the shebang names the path
+# the venv was made at, so a venv copied or linked from another checkout (a deleted worktree)
+# fails to start; its interpreter finds the venv from its own location.
+PYTHON = VENVS / "vllm-router" / "bin" / "python"
 
 
 @dataclass
@@ -21,13 +25,15 @@ class VllmRouterTarget(Target):
     policy: str = "round_robin"  # vllm-router's --policy
 
     async def start(self, ctx: TargetContext) -> None:
-        if not BINARY.exists():
+        missing = next((p for p in (BINARY, PYTHON) if not p.exists()), None)
+        if missing is not None:
             raise TargetUnavailableError(
-                f"not installed ({BINARY} is missing): run `python -m bench setup-peers`"
+                f"not installed ({missing} is missing): run `python -m bench setup-peers "
+                "--only vllm-router` in this checkout"
             )
         port, metrics_port = free_port(), free_port()
         argv = [
-            str(BINARY), "--host", "127.0.0.1", "--port", str(port),
+            str(PYTHON), str(BINARY), "--host", "127.0.0.1", "--port", str(port),
             "--worker-urls", *ctx.backend_urls, "--policy", self.policy,
             "--log-level", "warning", "--log-dir", str(ctx.work_dir / f"{self.name}-logs"),
             "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port),

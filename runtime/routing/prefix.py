@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Final
 
+from runtime.routing.sticky import StickyRule
+
 DEFAULT_BLOCK_CHARS: Final = 256
 CHARS_PER_TOKEN: Final = 4  # the rule of thumb that turns blocks into tokens (the sticky rule)
 _ROOT: Final = 0x5EED_0F_B10C
@@ -38,6 +40,12 @@ _RECORD: Final = "\x1e"
 def render_chat(messages: Sequence[tuple[str, str]]) -> str:
     """A chat prompt's messages (``(role, content)`` in order) as one string."""
     return "".join(f"{role}{_UNIT}{content}{_RECORD}" for role, content in messages)
+
+
+def estimate_tokens(rendered: str) -> int:
+    """A rendered prompt's tokens by the rule of thumb (``CHARS_PER_TOKEN``), rounded up: the
+    unit of :meth:`PrefixMatch.cached_tokens`, so cached and uncached estimates agree."""
+    return -(-len(rendered) // CHARS_PER_TOKEN)
 
 
 def block_hashes(rendered: str, block_chars: int = DEFAULT_BLOCK_CHARS) -> tuple[int, ...]:
@@ -67,6 +75,7 @@ class PrefixMatch:
     blocks: int
     matched: Mapping[int, int] = field(default_factory=lambda: MappingProxyType({}))
     block_chars: int = DEFAULT_BLOCK_CHARS
+    rule: StickyRule | None = None  # the request's pool's sticky rule (None: the placer's)
 
     def fraction(self, endpoint_id: int) -> float:
         """The share of the prompt's full blocks the endpoint holds, in ``[0, 1]``."""
@@ -88,6 +97,7 @@ class PromptPrefix:
     hashes: tuple[int, ...]
     prompt_tokens: int
     block_chars: int = DEFAULT_BLOCK_CHARS
+    rule: StickyRule | None = None  # its pool's sticky rule (pool policies); None: the default
 
     def uncached_tokens(self, matched_blocks: int) -> int:
         """The prompt tokens an engine holding ``matched_blocks`` leading blocks must prefill."""

@@ -8,8 +8,9 @@ stages (:mod:`runtime.gateway.pipeline.stages.prefix`). For a request that carri
 1. :meth:`PrefixPlacer.match` — per endpoint, how many of its leading blocks the endpoint is
    believed to hold (:class:`~runtime.routing.prefix_index.PrefixIndex`);
 2. :meth:`PrefixPlacer.sticky` — the endpoint the sticky-until-saturated rule
-   (:func:`~runtime.routing.sticky.sticky_choice`) keeps it on, among those with room, or
-   ``None`` to let the pool's scorers route by load;
+   (:func:`~runtime.routing.sticky.sticky_choice`; the pool's parameters where the request
+   carries them, ``PromptPrefix.rule``, else the placer's) keeps it on, among those with
+   room, or ``None`` to let the pool's scorers route by load;
 3. :meth:`PrefixPlacer.sent` — at dispatch: the chosen endpoint will cache the prompt's blocks
    (the index learns them) and must first prefill its uncached tokens (counted as queued
    prefill there until :meth:`PrefixPlacer.started`: the first byte came, or the request ended).
@@ -53,8 +54,9 @@ class PrefixPlacer:
         """The request's blocks held by each of ``endpoints``."""
         matched = self.index.match(prefix.hashes, self._clock(), [e.id for e in endpoints])
         return PrefixMatch(
-            blocks=len(prefix.hashes), matched=matched, block_chars=prefix.block_chars
-        )
+            blocks=len(prefix.hashes), matched=matched, block_chars=prefix.block_chars,
+            rule=prefix.rule,
+        )  # fmt: skip
 
     def queued_prefill(self, endpoint_id: int) -> int:
         """Uncached prompt tokens sent to the endpoint that have no first byte yet."""
@@ -78,7 +80,7 @@ class PrefixPlacer:
             )
             for e in endpoints
         ]
-        chosen = sticky_choice(candidates, self.rule)
+        chosen = sticky_choice(candidates, match.rule or self.rule)
         found = next((e for e in endpoints if e.id == chosen), None)
         if found is None:
             self.by_load += 1

@@ -9,17 +9,23 @@ and its in-flight count and capacity, :func:`sticky_choice` names the endpoint t
 The rule, with an engine's TTFT modelled as its queued prefill plus the request's own uncached
 prefill, both at the same prefill rate (so the rate cancels out)::
 
-    best  = the endpoint with the longest cached prefix (ties: the least queued prefill)
-    light = the endpoint with the least queued prefill (ties: the least in flight)
+    best  = the endpoint with the longest cached prefix (ties: the least queued prefill,
+            then the least in flight)
+    light = the endpoint with the least queued prefill (ties: the longest cached prefix,
+            then the least in flight)
     saved = cached(best) - cached(light)                  # tokens the cache saves at best
     extra = queued(best) - queued(light)                  # tokens it waits for at best
-    stick to best  iff  saved >= min_saved_tokens
-                   and  extra <= saved * stickiness + slack_tokens
-                   and  in_flight(best) < capacity(best) * max_load
+    chosen = best   if saved >= min_saved_tokens and extra <= saved * stickiness + slack_tokens
+           = light  if saved <  min_saved_tokens and cached(light) >= min_saved_tokens
+           = none   otherwise
+    use chosen unless none or in_flight(chosen) >= capacity(chosen) * max_load
 
-otherwise route by load. Parameters (:class:`StickyRule`):
+otherwise route by load. The second line keeps a prefix that several endpoints hold (a system
+prompt the fleet has replicated) on the lightest of them: routing by load over all endpoints
+would often pick one that must prefill it again.
 
-- ``min_saved_tokens`` (default 64, one router block): a smaller saving is noise; route by load.
+- ``min_saved_tokens`` (default 64, one router block): a smaller saving is noise: no reason to
+  prefer ``best`` over ``light``.
 - ``stickiness`` (default 2.0): how much queued prefill one cached token is worth. 1.0 is the
   break-even for this request's TTFT alone (stick while its TTFT at ``best`` is no worse than
   at ``light``); but a prefill that is not chunked stretches the step of every sequence in
@@ -27,12 +33,18 @@ otherwise route by load. Parameters (:class:`StickyRule`):
   placed at ``light`` is paid again by the next turn of the same conversation. In
   ``python -m bench.dispatch_sim --scenario bench/scenarios/prefix.toml --size full
   --routing prefix --sticky stickiness=X`` (4 engines), at 24 requests/s (load-only
-  routing's knee) the share of requests within the 500 ms TTFT SLO is 0.70 at 0.5, 0.73 at
-  1.0, 0.98 at 2.0 and 0.98 at 4.0 (load-only: 0.45); TTFT p50 128 / 112 / 80 / 78 ms
+  routing's knee) the share of requests within the 500 ms TTFT SLO is 0.67 at 0.5, 0.75 at
+  1.0, 0.98 at 2.0 and 0.97 at 4.0 (load-only: 0.45); TTFT p50 212 / 113 / 81 / 82 ms
   (load-only: 636 ms).
 - ``slack_tokens`` (default 0): queued prefill tolerated at ``best`` even without a saving edge.
-- ``max_load`` (default 1.0): ``best`` is saturated at ``in_flight >= capacity * max_load``
+- ``max_load`` (default 1.0): the chosen endpoint is saturated at ``in_flight >= capacity *
+  max_load``
   whatever its cache holds (its decode batch is full: a new request would queue for a slot).
+
+Per pool, the pool policies :data:`STICKY_POLICY_KEYS` set these parameters
+(``prefix_stickiness: "4"``); :meth:`StickyRule.from_policies` reads them for the ``prefix``
+stage, keeping a parameter's default where its value is bad (the control plane refuses bad
+values where they are written: :func:`sticky_policy_errors`).
 
 llm-d's precise prefix-cache scorer reaches the same behaviour with weighted scorers (prefix
 and queue/KV-use load); this states it as one inequality whose terms the router can measure.
@@ -40,8 +52,17 @@ and queue/KV-use load); this states it as one inequality whose terms the router 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
+from typing import Any, Final
+
+# Pool policy key -> the StickyRule parameter it sets.
+STICKY_POLICY_KEYS: Final = {
+    "prefix_min_saved_tokens": "min_saved_tokens",
+    "prefix_stickiness": "stickiness",
+    "prefix_slack_tokens": "slack_tokens",
+    "prefix_max_load": "max_load",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +82,50 @@ class StickyRule:
         if not self.max_load > 0:
             raise ValueError("max_load must be > 0")
 
+    @classmethod
+    def from_policies(cls, policies: Mapping[str, str], *, strict: bool = False) -> StickyRule:
+        """The rule a pool's policies set (:data:`STICKY_POLICY_KEYS`); a parameter whose
+        value is bad keeps its default, or raises ``ValueError`` with ``strict``."""
+        values: dict[str, Any] = {}
+        for key, name in STICKY_POLICY_KEYS.items():
+            raw = policies.get(key)
+            if raw is None:
+                continue
+            one: dict[str, Any] = {}
+            try:
+                one[name] = _number(name, raw)
+                cls(**one)  # validates this parameter alone
+            except ValueError as exc:
+                if strict:
+                    raise ValueError(f"{key}: {exc}") from None
+                continue
+            values.update(one)
+        return cls(**values)
+
+
+_INTEGERS: Final = frozenset(f.name for f in fields(StickyRule) if f.type in (int, "int"))
+
+
+def _number(name: str, raw: str) -> float:
+    text = raw.strip()
+    try:
+        return int(text) if name in _INTEGERS else float(text)
+    except ValueError:
+        kind = "an integer" if name in _INTEGERS else "a number"
+        raise ValueError(f"{name} must be {kind}, got {raw!r}") from None
+
+
+def sticky_policy_errors(policies: Mapping[str, str]) -> list[str]:
+    """What is wrong with a pool's sticky-rule policies (empty: the router uses them)."""
+    errors: list[str] = []
+    for key in STICKY_POLICY_KEYS:
+        if key in policies:
+            try:
+                StickyRule.from_policies({key: policies[key]}, strict=True)
+            except ValueError as exc:
+                errors.append(f"{exc}.")
+    return errors
+
 
 @dataclass(frozen=True, slots=True)
 class Candidate:
@@ -77,16 +142,18 @@ def sticky_choice(candidates: Sequence[Candidate], rule: StickyRule) -> int | No
     """The endpoint id to stick to, or None to route by load (see the module's rule)."""
     if len(candidates) == 0:
         return None
-    best = max(candidates, key=lambda c: (c.cached_tokens, -c.queued_prefill_tokens))
-    light = min(candidates, key=lambda c: (c.queued_prefill_tokens, c.in_flight))
-    if best.in_flight >= max(best.capacity, 1) * rule.max_load:
-        return None
+    best = max(candidates, key=lambda c: (c.cached_tokens, -c.queued_prefill_tokens, -c.in_flight))
+    light = min(candidates, key=lambda c: (c.queued_prefill_tokens, -c.cached_tokens, c.in_flight))
     saved = best.cached_tokens - light.cached_tokens
-    if best is light:
-        return best.endpoint_id if best.cached_tokens >= rule.min_saved_tokens else None
     if saved < rule.min_saved_tokens:
+        # The lightest endpoint holds about as long a prefix as any: keep the prefix there.
+        chosen = light if light.cached_tokens >= rule.min_saved_tokens else None
+    elif best.queued_prefill_tokens - light.queued_prefill_tokens <= (
+        saved * rule.stickiness + rule.slack_tokens
+    ):
+        chosen = best
+    else:
+        chosen = None
+    if chosen is None or chosen.in_flight >= max(chosen.capacity, 1) * rule.max_load:
         return None
-    extra = best.queued_prefill_tokens - light.queued_prefill_tokens
-    if extra <= saved * rule.stickiness + rule.slack_tokens:
-        return best.endpoint_id
-    return None
+    return chosen.endpoint_id

@@ -269,3 +269,21 @@ def test_dispatch_sim_command_takes_routing_and_sticky_parameters(
         with pytest.raises(SystemExit):
             main(["--scenario", scenario, "--routing", "prefix", "--sticky", bad])
     capsys.readouterr()
+
+
+def test_the_old_byte_bound_token_estimate_costs_hit_rate_in_virtual_time():
+    """The diagnosis of bench.prefix_diagnose: told each prompt's bytes as its tokens (the
+    plan's bound without a tokenizer), the placer overrates queued prefill and lets
+    conversations leave their engine; the rendering's estimate keeps them."""
+    from bench.prefix_diagnose import byte_bound_tokens, replay_hit_rates  # noqa: PLC0415
+
+    fixed = _sim("prefix")["load-8 all"]
+    with byte_bound_tokens():
+        inflated = _sim("prefix")["load-8 all"]
+    assert _sim("prefix")["load-8 all"] == fixed  # the patch is gone after the block
+    assert fixed["hit_rate"] > inflated["hit_rate"] + 0.03  # type: ignore[operator]
+    assert fixed["sticky_share"] > inflated["sticky_share"] + 0.1  # type: ignore[operator]
+    scenario = load(SCENARIOS / "prefix.toml", {"phases.0.rate_rps": 16.0})
+    scenario = dataclasses.replace(scenario, phases=scenario.phases[:1])
+    pinned = replay_hit_rates(scenario, 20.0)["load-8"]
+    assert 0.8 < pinned < fixed["hit_rate"]  # type: ignore[operator]

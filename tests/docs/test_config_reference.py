@@ -80,3 +80,15 @@ def test_the_check_mode_fails_on_a_stale_page(
     monkeypatch.setattr(gen, "ROOT", tmp_path)
     assert gen.main(["--check"]) == 1
     assert "stale" in capsys.readouterr().out
+
+
+def test_the_pool_policies_of_the_sticky_rule_are_listed_with_their_defaults() -> None:
+    from dataclasses import fields  # noqa: PLC0415 - this test only
+
+    from runtime.routing.sticky import STICKY_POLICY_KEYS, StickyRule  # noqa: PLC0415
+
+    page = _generator().PAGE.read_text()
+    defaults = {f.name: f.default for f in fields(StickyRule)}
+    for key, name in STICKY_POLICY_KEYS.items():
+        assert f"| `{key}` | `{defaults[name]}` |" in page
+    assert "| `prefix_routing` | `on` |" in page

@@ -116,3 +116,20 @@ def test_shared_prefixes_stick_to_one_engine_until_it_is_saturated(
                 lines = stream.iter_lines()
                 next(line for line in lines if line.startswith("data: "))
                 assert engine_of(http, on, body(ON, "Is the store open?")) == 1 - first
+
+
+def test_a_pool_policy_sets_the_sticky_rule(
+    engines: dict[str, list[Process]], tmp_path: Path
+) -> None:
+    """``prefix_min_saved_tokens`` above the shared prompt: the second request no longer
+    follows the first, the load scorer spreads them as with prefix routing off."""
+    world = world_for(engines)
+    set_policies(world, ON, prefix_min_saved_tokens="100000")
+    headers = {"Authorization": f"Bearer {world.secrets['t']}"}
+    with (
+        routers(world, tmp_path, count=1) as (pair, _),
+        httpx.Client(base_url=pair[0].base_url, headers=headers, timeout=30) as http,
+    ):
+        on = engines[ON]
+        first = engine_of(http, on, body(ON, "Where are the drills?"))
+        assert engine_of(http, on, body(ON, "Do you sell saws?")) == 1 - first

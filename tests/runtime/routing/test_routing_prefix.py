@@ -181,6 +181,21 @@ def test_falls_back_to_load_when_the_saving_is_small_or_the_batch_is_full():
     assert sticky_choice([cand(1, 640), cand(2, 0, queued=100)], RULE) == 1
 
 
+def test_among_endpoints_holding_the_same_prefix_the_least_queued_one_keeps_it():
+    # A system prompt replicated on 2 and 3: no saving edge between them, but routing by load
+    # over all endpoints could pick 1 and prefill the prompt again. 3 is lighter: it keeps it.
+    shared = [cand(1, 0, inflight=0), cand(2, 2000, inflight=3), cand(3, 2000, inflight=1)]
+    assert sticky_choice(shared, RULE) == 3
+    # The least queued prefill first, then the least in flight.
+    queued = [cand(1, 0), cand(2, 2000, queued=0, inflight=5), cand(3, 2000, queued=300)]
+    assert sticky_choice(queued, RULE) == 2
+    # ... unless that endpoint's batch is full: route by load.
+    full = [cand(1, 0), cand(2, 2000, inflight=8, cap=8), cand(3, 2000, queued=300, inflight=8)]
+    assert sticky_choice(full, RULE) is None
+    # A shared prefix shorter than min_saved_tokens is no reason to stay.
+    assert sticky_choice([cand(1, 0, inflight=2), cand(2, 32), cand(3, 32)], RULE) is None
+
+
 def test_rule_parameters_are_validated():
     for name, bad in (("min_saved_tokens", 0), ("stickiness", -1), ("slack_tokens", -1),
                       ("max_load", 0)):  # fmt: skip

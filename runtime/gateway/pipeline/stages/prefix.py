@@ -6,7 +6,9 @@ not served by the torch runtime) whose pool does not turn it off (pool policy
 (:class:`~runtime.routing.prefix.PromptPrefix`: chat messages in order, or the completion's
 single text prompt; an adapter's name first, since an engine caches a LoRA's blocks apart).
 The pool's placement then keeps the request on the endpoint holding its longest cached prefix
-until that endpoint is saturated, and learns where the prefix went
+until that endpoint is saturated (the sticky rule, with the parameters the pool's policies
+set: ``prefix_stickiness`` and the other :data:`~runtime.routing.sticky.STICKY_POLICY_KEYS`,
+carried as ``PromptPrefix.rule``), and learns where the prefix went
 (:mod:`runtime.routing.prefix_placer`). A request without full blocks (a prompt shorter than
 one block), an embedding or a batch of completion prompts carries none.
 
@@ -24,7 +26,8 @@ from runtime.gateway.bundles import AdmissionDeps
 from runtime.gateway.pipeline.context import RequestContext
 from runtime.gateway.schema import ChatRequest, CompletionRequest
 from runtime.pool_policies import PREFIX_ROUTING_KEY
-from runtime.routing.prefix import PromptPrefix, block_hashes, render_chat
+from runtime.routing.prefix import PromptPrefix, block_hashes, estimate_tokens, render_chat
+from runtime.routing.sticky import STICKY_POLICY_KEYS, StickyRule
 from runtime.snapshot import VersionSnap, adapter_name
 
 LLM_KINDS: Final = frozenset({"chat", "completion"})
@@ -48,15 +51,44 @@ def rendered_prompt(request: object, version: VersionSnap) -> str | None:
     return render_chat(messages)
 
 
-def prompt_prefix(request: object, version: VersionSnap, prompt_tokens: int) -> PromptPrefix | None:
-    """The request's :class:`PromptPrefix`, or None when it has no full block."""
+def prompt_prefix(
+    request: object, version: VersionSnap, rule: StickyRule | None = None
+) -> PromptPrefix | None:
+    """The request's :class:`PromptPrefix`, or None when it has no full block.
+
+    Its tokens are estimated from the rendering (:func:`~runtime.routing.prefix.estimate_tokens`,
+    4 characters a token), the unit the index's cached tokens are in, not taken from the plan:
+    without the model's tokenizer the plan's count is an upper bound of one token a byte (4x
+    too many for English text), which made every uncached prefill look four times longer than
+    the prefix it saves and released conversations from their engine at light load."""
     rendered = rendered_prompt(request, version)
     if rendered is None:
         return None
     hashes = block_hashes(rendered)
     if not hashes:
         return None
-    return PromptPrefix(hashes=hashes, prompt_tokens=prompt_tokens)
+    return PromptPrefix(hashes=hashes, prompt_tokens=estimate_tokens(rendered), rule=rule)
+
+
+class PoolRules:
+    """The sticky rule of each pool's policies, parsed once per set of values (bounded)."""
+
+    __slots__ = ("_rules",)
+    LIMIT: Final = 256
+
+    def __init__(self) -> None:
+        self._rules: dict[tuple[str | None, ...], StickyRule | None] = {}
+
+    def rule(self, policies: Mapping[str, str]) -> StickyRule | None:
+        """None where the pool sets none of the rule's keys (the placer's default applies)."""
+        values = tuple(policies.get(key) for key in STICKY_POLICY_KEYS)
+        if values in self._rules:
+            return self._rules[values]
+        rule = None if values.count(None) == len(values) else StickyRule.from_policies(policies)
+        if len(self._rules) >= self.LIMIT:
+            self._rules.clear()
+        self._rules[values] = rule
+        return rule
 
 
 class PrefixBlocks:
@@ -64,16 +96,18 @@ class PrefixBlocks:
 
     def __init__(self, deps: AdmissionDeps) -> None:
         self._deps = deps
+        self._rules = PoolRules()
 
     async def __call__(self, ctx: RequestContext) -> None:
         plan = ctx.ready_plan
         version = plan.version
         if ctx.spec.kind not in LLM_KINDS or version.runtime == "torch" or ctx.request is None:
             return
-        if not prefix_routing_on(self._deps.table.policies(ctx.ready_snapshot, version.id)):
+        policies = self._deps.table.policies(ctx.ready_snapshot, version.id)
+        if not prefix_routing_on(policies):
             return
         view: Any = ctx.request.request
-        prefix = prompt_prefix(view, version, plan.prompt_tokens)
+        prefix = prompt_prefix(view, version, self._rules.rule(policies))
         if prefix is None:
             return
         plan.prefix = prefix
