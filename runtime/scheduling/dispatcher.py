@@ -58,6 +58,7 @@ from runtime.scheduling.grant import (
     Ticket,
 )
 from runtime.scheduling.headroom import Gate, HeadroomRule
+from runtime.scheduling.holdings import Holdings
 from runtime.scheduling.interfaces import DropReason, QueuedRequest, token_cost
 from runtime.scheduling.ports import CounterSink, Placement
 from runtime.scheduling.queue import QueueFull
@@ -108,28 +109,16 @@ class PoolDispatcher:
     ) -> None:
         if not tick_s > 0:
             raise ValueError(f"tick_s must be > 0, got {tick_s!r}")
-        if lend_reserve < 0:
-            raise ValueError(f"lend_reserve must be >= 0, got {lend_reserve!r}")
         self.pool = pool
         self.placement = placement
         self._clock = clock
         self._tick_s = tick_s
         self._sink = sink
         self._headroom_window_s = headroom_window_s
-        # Lend: what the headroom gate would hold back may take a slot nobody else waits
-        # for; the caller takes it back by preemption when a tenant the gate lets through
-        # arrives (:mod:`.preempt`; the simulator does). Off by default. It lends only while
-        # more than ``lend_reserve`` of the pool's slots are free: those few stay for the
-        # others' next arrivals, which then need no preemption (each one costs a re-prefill).
-        self._lend = lend
-        self._lend_reserve = lend_reserve
         # Scale from zero: version -> expected start seconds of a replica (None: cannot).
         self._cold_start = cold_start
         self._seq = itertools.count(1)
         self._waiting: dict[str, _Waiter] = {}
-        self._inflight: Counter[str] = Counter()
-        self._queued: Counter[str] = Counter()  # tenant -> requests waiting
-        self._weights: dict[str, float] = {}  # weights of the tenants with requests waiting
         self._known: set[tuple[int, str]] = set()
         self._drain = DrainRate()
         self.served = ServedTokens()
@@ -143,7 +132,14 @@ class PoolDispatcher:
         self.settings = settings
         policies = settings.policies()
         self._detector = policies.saturation
-        self._headroom = self._headroom_rule(settings, policies)
+        # Lend: what the headroom gate would hold back may take a slot nobody else waits
+        # for; the caller takes it back by preemption when a tenant the gate lets through
+        # arrives (:mod:`.preempt`; the simulator does). Off by default. It lends only while
+        # more than ``lend_reserve`` of the pool's slots are free: those few stay for the
+        # others' next arrivals, which then need no preemption (each one costs a re-prefill).
+        self._held = Holdings(
+            self._headroom_rule(settings, policies), lend=lend, lend_reserve=lend_reserve
+        )
         self._queue = settings.new_queue(policies)
 
     # -- configuration ------------------------------------------------------------------
@@ -159,8 +155,8 @@ class PoolDispatcher:
         policies = settings.policies()
         self._detector = policies.saturation
         headroom = self._headroom_rule(settings, policies)
-        if headroom.fraction != self._headroom.fraction:
-            self._headroom = headroom  # (else keep what it learned: weights, peaks)
+        if headroom.fraction != self._held.rule.fraction:
+            self._held.rule = headroom  # (else keep what it learned: weights, peaks)
         if settings.queue_key() != self.settings.queue_key():
             old, self._queue = self._queue, settings.new_queue(policies)
             for band, tenant in self._known:
@@ -216,9 +212,8 @@ class PoolDispatcher:
             self._drop(shed, self._shed_error(), now)
         future: asyncio.Future[Grant] = asyncio.get_running_loop().create_future()
         self._waiting[req.id] = _Waiter(ticket, req, future)
-        self._queued[ticket.tenant] += 1
-        self._weights[ticket.tenant] = ticket.weight
-        self._headroom.note(ticket.tenant, ticket.weight, now)
+        self._held.waits(ticket.tenant, ticket.weight)
+        self._held.note(ticket.tenant, ticket.weight, now)
         self._pump(now)
         if not future.done():
             self.served.queued(ticket.tenant, ticket.weight, now)
@@ -257,14 +252,10 @@ class PoolDispatcher:
         roomy = self._roomy(ticket.version, frozenset())
         if not roomy:
             return None
-        self._headroom.note(ticket.tenant, ticket.weight, now)
-        gate = self._headroom.gate(
-            inflight=self._inflight,
-            queued={ticket.tenant: 1},
-            capacity=self.placement.capacity(),
-            now=now,
-        )
-        if not self._lend and gate.blocks(ticket.tenant, self._inflight):
+        self._held.note(ticket.tenant, ticket.weight, now)
+        capacity = self.placement.capacity()
+        gate = self._held.gate(capacity, now, arriving=ticket.tenant)
+        if self._held.blocks(gate, ticket.tenant) and not self._held.lendable(capacity):
             return None
         seq = next(self._seq)
         req = QueuedRequest(
@@ -289,7 +280,7 @@ class PoolDispatcher:
             roomy, ticket.affinity_key, adapter=ticket.adapter, prefix=ticket.prefix
         )
         self.placement.acquire(endpoint.id)
-        self._inflight[req.tenant] += 1
+        self._held.took(req.tenant)
         self._note_dispatched(req.band, 0.0)
         return Grant(self, ticket, req, endpoint, waited_s=0.0)
 
@@ -311,15 +302,8 @@ class PoolDispatcher:
             future.result().release()
 
     def _over_quota(self, ticket: Ticket) -> bool:
-        """The tenant already holds its weighted share of the pool queue's bound."""
         bound = self.settings.max_total or self.settings.default_limit
-        if bound is None:
-            return False
-        mine = self._queued.get(ticket.tenant, 0)
-        if mine == 0:
-            return False
-        others = sum(w for t, w in self._weights.items() if t != ticket.tenant)
-        return mine >= bound * ticket.weight / (others + ticket.weight)
+        return self._held.over_quota(ticket.tenant, ticket.weight, bound)
 
     def _shed_error(self) -> QueueDropError:
         wait = self._drain.estimated_wait(sum(s.cost for s in self._queue.stats().values()))
@@ -335,10 +319,7 @@ class PoolDispatcher:
         if grant.endpoint is not None:
             self.placement.release(grant.endpoint.id)
             grant.endpoint = None
-        tenant = grant.ticket.tenant
-        self._inflight[tenant] -= 1
-        if self._inflight[tenant] <= 0:
-            del self._inflight[tenant]
+        self._held.gave(grant.ticket.tenant)
         self._pump()
 
     def reassign(self, grant: Grant, exclude: frozenset[int]) -> EndpointSnap | None:
@@ -430,13 +411,10 @@ class PoolDispatcher:
         if not self._waiting:
             return
         capacity = self.placement.capacity()
+        held = self._held
         for _ in range(len(self._waiting)):
-            gate = self._headroom.gate(
-                inflight=self._inflight, queued=self._queued, capacity=capacity, now=now
-            )
-            gated_full = bool(gate) and all(
-                gate.blocks(t, self._inflight, lending=self._lend) for t in gate.tenants
-            )
+            gate = held.gate(capacity, now)
+            gated_full = held.all_blocked(gate)
             rooms: dict[int, list[EndpointSnap]] = {}
 
             def has_room(req: QueuedRequest) -> bool:
@@ -453,12 +431,9 @@ class PoolDispatcher:
             req = self._queue.pop(under if gate else has_room)
             if req is None and gate and not gated_full:
                 req = self._queue.pop(
-                    lambda r: (
-                        not gate.blocks(r.tenant, self._inflight, lending=self._lend)  # noqa: B023
-                        and has_room(r)
-                    )
+                    lambda r: not held.blocks(gate, r.tenant) and has_room(r)  # noqa: B023
                 )
-            if req is None and gate and self._lendable(capacity):  # taken back by preemption
+            if req is None and gate and held.lendable(capacity):  # taken back by preemption
                 req = self._queue.pop(has_room)
             if req is None:
                 return
@@ -474,22 +449,14 @@ class PoolDispatcher:
                 adapter=ticket.adapter, prefix=ticket.prefix,
             )
             self.placement.acquire(endpoint.id)
-            self._inflight[req.tenant] += 1
+            held.took(req.tenant)
             waited = max(now - req.arrived_at, 0.0)
             self._note_dispatched(req.band, waited)
             waiter.future.set_result(Grant(self, ticket, req, endpoint, waited_s=waited))
 
-    def _lendable(self, capacity: int) -> bool:
-        """Whether a slot may be lent now: lending is on and more than ``lend_reserve`` of
-        the pool's ``capacity`` slots are free."""
-        return self._lend and capacity - sum(self._inflight.values()) > self._lend_reserve
-
     def _forget(self, req: QueuedRequest) -> None:
         self._waiting.pop(req.id, None)
-        self._queued[req.tenant] -= 1
-        if self._queued[req.tenant] <= 0:
-            del self._queued[req.tenant]
-            self._weights.pop(req.tenant, None)
+        self._held.left(req.tenant)
 
     def _drop(self, req: QueuedRequest, error: Exception, now: float) -> None:
         """``req`` left the queue without an endpoint: answer its waiter with ``error``."""
@@ -580,25 +547,15 @@ class PoolDispatcher:
         return {(b, t): self._queue.counter(b, t) for b, t in self._known}
 
     def inflight(self) -> dict[str, int]:
-        return dict(self._inflight)
+        return dict(self._held.inflight)
 
     def shares(self) -> dict[str, float]:
         """Each active tenant's share of the pool's slots now (:meth:`.HeadroomRule.shares`)."""
-        return self._headroom.shares(
-            inflight=self._inflight,
-            queued=self._queued,
-            capacity=self.placement.capacity(),
-            now=self._clock(),
-        )
+        return self._held.shares(self.placement.capacity(), self._clock())
 
     def held_back(self) -> Gate:
         """The headroom gate as of now: who is held back, and the limits (:mod:`.headroom`).
 
         Computing it is one more look for the rule's averages and peaks (as every dispatch
         is): harmless at any moment, since they integrate what was held between looks."""
-        return self._headroom.gate(
-            inflight=self._inflight,
-            queued=self._queued,
-            capacity=self.placement.capacity(),
-            now=self._clock(),
-        )
+        return self._held.gate(self.placement.capacity(), self._clock())
