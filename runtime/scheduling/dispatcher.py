@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import itertools
 import logging
@@ -53,6 +54,7 @@ from runtime.scheduling.drain import DrainRate, retry_after_s
 from runtime.scheduling.grant import (
     Grant,
     NoEndpointError,
+    Preemptee,
     QueueDropError,
     QueueRejectedError,
     Ticket,
@@ -65,6 +67,7 @@ from runtime.scheduling.queue import QueueFull
 from runtime.scheduling.registry import PoolPolicies
 from runtime.scheduling.served import ServedTokens
 from runtime.scheduling.settings import PoolSettings
+from runtime.scheduling.takeback import TakeBack
 from runtime.snapshot import EndpointSnap
 
 logger = logging.getLogger(__name__)
@@ -82,12 +85,14 @@ __all__ = [
 
 
 class _Waiter:
-    __slots__ = ("future", "req", "ticket")
+    __slots__ = ("future", "grant", "req", "ticket")
 
-    def __init__(self, ticket: Ticket, req: QueuedRequest, future: asyncio.Future[Grant]) -> None:
+    def __init__(self, ticket: Ticket, req: QueuedRequest, future: asyncio.Future[Grant],
+                 grant: Grant | None = None) -> None:  # fmt: skip
         self.ticket = ticket
         self.req = req
         self.future = future
+        self.grant = grant  # a preempted request's parked grant
 
 
 class PoolDispatcher:
@@ -104,8 +109,8 @@ class PoolDispatcher:
         sink: CounterSink | None = None,
         headroom_window_s: float = 10.0,
         cold_start: Callable[[int], float | None] | None = None,
-        lend: bool = False,
-        lend_reserve: int = 0,
+        lend: bool | None = None,
+        lend_reserve: int | None = None,
     ) -> None:
         if not tick_s > 0:
             raise ValueError(f"tick_s must be > 0, got {tick_s!r}")
@@ -133,13 +138,17 @@ class PoolDispatcher:
         policies = settings.policies()
         self._detector = policies.saturation
         # Lend: what the headroom gate would hold back may take a slot nobody else waits
-        # for; the caller takes it back by preemption when a tenant the gate lets through
-        # arrives (:mod:`.preempt`; the simulator does). Off by default. It lends only while
-        # more than ``lend_reserve`` of the pool's slots are free: those few stay for the
-        # others' next arrivals, which then need no preemption (each one costs a re-prefill).
-        self._held = Holdings(
-            self._headroom_rule(settings, policies), lend=lend, lend_reserve=lend_reserve
-        )
+        # for; it is taken back by preemption when a tenant the gate lets through arrives
+        # (:mod:`.takeback`). On with a pool's ``preemption`` policy (``lend`` overrides it:
+        # the simulator preempts itself). It lends only while more than ``lend_reserve`` of
+        # the pool's slots are free: those stay for the others' next arrivals, which then
+        # need no preemption (each one costs a re-prefill).
+        self._lend_override = (lend, lend_reserve)
+        self._takeback = TakeBack(policies.preemption)
+        self._held = Holdings(self._headroom_rule(settings, policies),
+                              lend=self._takeback.armed if lend is None else lend,
+                              lend_reserve=settings.lend_reserve if lend_reserve is None
+                              else lend_reserve)  # fmt: skip
         self._queue = settings.new_queue(policies)
 
     # -- configuration ------------------------------------------------------------------
@@ -157,6 +166,10 @@ class PoolDispatcher:
         headroom = self._headroom_rule(settings, policies)
         if headroom.fraction != self._held.rule.fraction:
             self._held.rule = headroom  # (else keep what it learned: weights, peaks)
+        self._takeback.policy = policies.preemption
+        lend, reserve = self._lend_override
+        self._held.lend = self._takeback.armed if lend is None else lend
+        self._held.lend_reserve = settings.lend_reserve if reserve is None else reserve
         if settings.queue_key() != self.settings.queue_key():
             old, self._queue = self._queue, settings.new_queue(policies)
             for band, tenant in self._known:
@@ -282,7 +295,7 @@ class PoolDispatcher:
         self.placement.acquire(endpoint.id)
         self._held.took(req.tenant)
         self._note_dispatched(req.band, 0.0)
-        return Grant(self, ticket, req, endpoint, waited_s=0.0)
+        return Grant(self, ticket, req, endpoint, waited_s=0.0, started_at=now)
 
     def _note_dispatched(self, band: int, waited: float) -> None:
         """What the autoscaler's signals read: a dispatch and its queue wait, per band."""
@@ -315,7 +328,23 @@ class PoolDispatcher:
 
     # -- grants -------------------------------------------------------------------------
 
+    @property
+    def takes_back(self) -> bool:
+        """Whether this pool lends slots and takes them back by preemption."""
+        return self._held.lend and self._takeback.armed
+
+    def offer(self, grant: Grant, preemptee: Preemptee) -> None:
+        """``grant``'s running stream may be preempted (:mod:`.takeback`)."""
+        if self.takes_back and not grant.parked:
+            self._takeback.offer(grant, preemptee)
+
     def release(self, grant: Grant) -> None:
+        self._takeback.withdraw(grant)
+        if grant.parked:  # preempted: no slot held; out of the queue if still in it
+            grant.parked = False
+            self._unpark(grant)
+            self._pump()
+            return
         if grant.endpoint is not None:
             self.placement.release(grant.endpoint.id)
             grant.endpoint = None
@@ -435,24 +464,104 @@ class PoolDispatcher:
                 )
             if req is None and gate and held.lendable(capacity):  # taken back by preemption
                 req = self._queue.pop(has_room)
-            if req is None:
+            if req is not None:
+                self._send(req, now, rooms[self._waiting[req.id].ticket.version])
+            elif not (gate and self._takeback.armed and self._take_back(gate, capacity, now)):
                 return
+
+    def _send(self, req: QueuedRequest, now: float, to: list[EndpointSnap] | EndpointSnap) -> None:
+        """Dispatch ``req``, just popped, to ``to`` (or the choice among them): a new grant,
+        or the parked grant of a preempted request (no second admission, no second charge)."""
+        waiter = self._waiting[req.id]
+        self._forget(req)
+        self._drain.observe(now=now, queued=len(self._queue), dispatched_cost=req.cost)
+        self._charged(req, input_tokens=req.input_tokens, output_tokens=0, now=now)
+        if waiter.future.done():
+            return  # cancelled while we were about to release it
+        ticket = waiter.ticket
+        endpoint = to if isinstance(to, EndpointSnap) else self.placement.choose(
+            to, ticket.affinity_key, adapter=ticket.adapter, prefix=ticket.prefix
+        )  # fmt: skip
+        self.placement.acquire(endpoint.id)
+        self._held.took(req.tenant)
+        if waiter.grant is not None:  # a preempted request resumes
+            waiter.grant.endpoint, waiter.grant.parked = endpoint, False
+            waiter.future.set_result(waiter.grant)
+            return
+        waited = max(now - req.arrived_at, 0.0)
+        self._note_dispatched(req.band, waited)
+        waiter.future.set_result(
+            Grant(self, waiter.ticket, req, endpoint, waited_s=waited, started_at=now)
+        )
+
+    # -- taking lent slots back (:mod:`.takeback`) ----------------------------------------
+
+    def _take_back(self, gate: Gate, capacity: int, now: float) -> bool:
+        """A request the gate lets through waits and its version has no room: stop the
+        victim policy's running stream on one of its endpoints and give its slot to it."""
+        held, victims = self._held, {}
+        shares = held.shares(capacity, now)
+
+        def victim_for(req: QueuedRequest) -> bool:
             waiter = self._waiting[req.id]
-            self._forget(req)
-            self._drain.observe(now=now, queued=len(self._queue), dispatched_cost=req.cost)
-            self._charged(req, input_tokens=req.input_tokens, output_tokens=0, now=now)
-            if waiter.future.done():
-                continue  # cancelled while we were about to release it
-            ticket = waiter.ticket
-            endpoint = self.placement.choose(
-                rooms[ticket.version], ticket.affinity_key,
-                adapter=ticket.adapter, prefix=ticket.prefix,
-            )
-            self.placement.acquire(endpoint.id)
-            held.took(req.tenant)
-            waited = max(now - req.arrived_at, 0.0)
-            self._note_dispatched(req.band, waited)
-            waiter.future.set_result(Grant(self, ticket, req, endpoint, waited_s=waited))
+            if waiter.grant is not None or held.blocks(gate, req.tenant):
+                return False  # a preempted request never preempts; a gated one waits
+            ids = {e.id for e in self.placement.candidates(waiter.ticket.version, frozenset())}
+            victim = self._takeback.victim(req.tenant, ids, gate, held.inflight, shares)
+            if victim is None or not self._requeueable(victim.request):
+                return False
+            victims[req.id] = victim
+            return True
+
+        req = self._queue.pop(victim_for)
+        if req is None:
+            return False
+        victim = victims[req.id]
+        endpoint = victim.endpoint
+        assert endpoint is not None  # victim() offers only grants holding one
+        self._preempt(victim, now)
+        self._send(req, now, endpoint)
+        return True
+
+    def _requeueable(self, req: QueuedRequest) -> bool:
+        """The queue has room for ``req`` again without shedding anyone."""
+        limit = self._queue.limit(req.band)
+        if limit is not None and self._queue.band_lengths().get(req.band, 0) >= limit:
+            return False
+        return self.settings.max_total is None or len(self._queue) < self.settings.max_total
+
+    def _preempt(self, grant: Grant, now: float) -> None:
+        """Stop ``grant``'s stream, free its slot and queue its request again: the same id,
+        place and deadline, its input tokens already charged."""
+        preemptee = self._takeback.withdraw(grant)
+        if grant.endpoint is not None:
+            self.placement.release(grant.endpoint.id)
+            grant.endpoint = None
+        self._held.gave(grant.ticket.tenant)
+        grant.parked = True
+        grant.preemptions += 1
+        req = dataclasses.replace(grant.request, input_tokens=0, over_quota=False)
+        future: asyncio.Future[Grant] = asyncio.get_running_loop().create_future()
+        grant.resume = future
+        self._waiting[req.id] = _Waiter(grant.ticket, req, future, grant)
+        self._queue.push(req)
+        self._held.waits(req.tenant, req.weight)
+        self._drain.observe(now=now, queued=len(self._queue))
+        self.outcomes["preempted"] += 1
+        if preemptee is not None:
+            preemptee.preempt()
+
+    def _unpark(self, grant: Grant) -> None:
+        """A parked grant ends: its request leaves the queue; a drop's error is retrieved."""
+        waiter = self._waiting.get(grant.request.id)
+        if waiter is not None and waiter.grant is grant:
+            self._queue.remove(grant.request.id)
+            self._forget(waiter.req)
+            self._drain.observe(now=self._clock(), queued=len(self._queue))
+            waiter.future.cancel()
+        future = grant.resume
+        if future is not None and future.done() and not future.cancelled():
+            future.exception()  # (seen: no "never retrieved" warning)
 
     def _forget(self, req: QueuedRequest) -> None:
         self._waiting.pop(req.id, None)
