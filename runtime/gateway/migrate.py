@@ -117,6 +117,7 @@ class MigratingStream:
         """Stop the upstream now (the dispatcher took the slot back); the relay's read breaks
         and :meth:`events` resumes the stream when the grant gets a slot again."""
         self._preempted_at = time.perf_counter()
+        self._metrics.preempted(reason=LENT_SLOT)
         self._current.set_broken_listener(None)  # not the endpoint's fault: no breaker
         self._current.close()
 
