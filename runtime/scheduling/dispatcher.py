@@ -22,7 +22,10 @@ The *pump* (synchronous, run on every push and release and on the loop's ticks):
 2. while some queued request's version has an endpoint with room, pop the next one (band by
    strict priority with guaranteed shares, tenant by the fairness policy, request by the
    ordering policy), choose its endpoint among those with room (the pool's scorers and
-   picker), take the slot and resolve the waiter.
+   picker), take the slot and resolve the waiter;
+3. with a ``preemption`` policy, when a request of a tenant the gate lets through still
+   waits with no room: stop a stream holding a lent slot and give the slot to it
+   (:mod:`.takeback`; the stopped one waits again, parked, and resumes by continuation).
 
 Room: the pool's :class:`~runtime.scheduling.interfaces.SaturationDetector` over the router's
 in-flight count against the endpoint's capacity and the scraped engine gauges. Tenants over
@@ -45,11 +48,12 @@ import dataclasses
 import functools
 import itertools
 import logging
-import math
 from collections import Counter, deque
 from collections.abc import Callable
 
 from runtime.scheduling.admission import Rejected, admit
+from runtime.scheduling.charges import Charges
+from runtime.scheduling.coldstart import ColdStart, hold_or_refuse, stranded
 from runtime.scheduling.drain import DrainRate, retry_after_s
 from runtime.scheduling.grant import (
     Grant,
@@ -61,11 +65,10 @@ from runtime.scheduling.grant import (
 )
 from runtime.scheduling.headroom import Gate, HeadroomRule
 from runtime.scheduling.holdings import Holdings
-from runtime.scheduling.interfaces import DropReason, QueuedRequest, token_cost
+from runtime.scheduling.interfaces import DropReason, QueuedRequest
 from runtime.scheduling.ports import CounterSink, Placement
 from runtime.scheduling.queue import QueueFull
 from runtime.scheduling.registry import PoolPolicies
-from runtime.scheduling.served import ServedTokens
 from runtime.scheduling.settings import PoolSettings
 from runtime.scheduling.takeback import TakeBack
 from runtime.snapshot import EndpointSnap
@@ -108,7 +111,7 @@ class PoolDispatcher:
         tick_s: float = 0.05,
         sink: CounterSink | None = None,
         headroom_window_s: float = 10.0,
-        cold_start: Callable[[int], float | None] | None = None,
+        cold_start: ColdStart | None = None,
         lend: bool | None = None,
         lend_reserve: int | None = None,
     ) -> None:
@@ -118,15 +121,12 @@ class PoolDispatcher:
         self.placement = placement
         self._clock = clock
         self._tick_s = tick_s
-        self._sink = sink
         self._headroom_window_s = headroom_window_s
         # Scale from zero: version -> expected start seconds of a replica (None: cannot).
         self._cold_start = cold_start
         self._seq = itertools.count(1)
         self._waiting: dict[str, _Waiter] = {}
-        self._known: set[tuple[int, str]] = set()
         self._drain = DrainRate()
-        self.served = ServedTokens()
         # What the autoscaler's signals read (runtime/scaling/signals.py): outcomes by
         # reason (``dispatched`` and the DropReason values) and recent queue waits per band.
         self.outcomes: Counter[str] = Counter()
@@ -150,6 +150,8 @@ class PoolDispatcher:
                               lend_reserve=settings.lend_reserve if lend_reserve is None
                               else lend_reserve)  # fmt: skip
         self._queue = settings.new_queue(policies)
+        self._charges = Charges(pool, self._queue, sink)
+        self.served = self._charges.served
 
     # -- configuration ------------------------------------------------------------------
 
@@ -172,8 +174,7 @@ class PoolDispatcher:
         self._held.lend_reserve = settings.lend_reserve if reserve is None else reserve
         if settings.queue_key() != self.settings.queue_key():
             old, self._queue = self._queue, settings.new_queue(policies)
-            for band, tenant in self._known:
-                self._queue.lift_counter(band, tenant, old.counter(band, tenant))
+            self._charges.move(self._queue)
             now = self._clock()
             for req in old.requests():
                 try:
@@ -195,28 +196,13 @@ class PoolDispatcher:
             raise NoEndpointError(f"the pool '{self.pool}' is not serving")
         now = self._clock()
         if not self.placement.candidates(ticket.version, frozenset()):
-            self._hold_or_refuse(ticket, now)
+            hold_or_refuse(self._cold_start, self.pool, ticket, now)
         if not self._waiting:
             direct = self._direct(ticket, now)
             if direct is not None:
                 return direct
         self._pump(now)
-        seq = next(self._seq)
-        req = QueuedRequest(
-            id=str(seq),
-            tenant=ticket.tenant,
-            band=ticket.band,
-            class_name=ticket.class_name,
-            input_tokens=ticket.input_tokens,
-            max_output_tokens=ticket.max_output_tokens,
-            seq=seq,
-            arrived_at=now,
-            deadline=ticket.deadline,
-            weight=ticket.weight,
-            shed_order=ticket.shed_order,
-            is_shadow=ticket.is_shadow,
-            over_quota=self._over_quota(ticket),
-        )
+        req = self._request(ticket, now, over_quota=self._over_quota(ticket))
         decision = admit(self._queue, self._drain, req, now=now)
         if isinstance(decision, Rejected):
             self.outcomes[str(decision.reason)] += 1
@@ -239,24 +225,20 @@ class PoolDispatcher:
             self._cancelled(req.id, future)
             raise
 
+    def _request(self, ticket: Ticket, now: float, *, over_quota: bool) -> QueuedRequest:
+        seq = next(self._seq)
+        return QueuedRequest(
+            id=str(seq), tenant=ticket.tenant, band=ticket.band, class_name=ticket.class_name,
+            input_tokens=ticket.input_tokens, max_output_tokens=ticket.max_output_tokens,
+            seq=seq, arrived_at=now, deadline=ticket.deadline, weight=ticket.weight,
+            shed_order=ticket.shed_order, is_shadow=ticket.is_shadow, over_quota=over_quota,
+        )  # fmt: skip
+
     def _position(self, req_id: str) -> int | None:
         """The 1-based queue position of a waiting request; None once it left the queue."""
         if req_id not in self._queue:
             return None
         return self._queue.position(req_id)
-
-    def _hold_or_refuse(self, ticket: Ticket, now: float) -> None:
-        """No usable endpoint: wait in the queue while a replica starts (scale from zero) if
-        the deadline covers its start time; else :class:`NoEndpointError`."""
-        start_s = self._cold_start(ticket.version) if self._cold_start is not None else None
-        if start_s is None:
-            raise NoEndpointError(f"no usable endpoint serves the pool '{self.pool}' version")
-        if ticket.deadline - now < start_s:
-            raise NoEndpointError(
-                f"no replica of this version is ready and starting one takes about "
-                f"{start_s:.1f} s, longer than the request's deadline allows",
-                retry_after_s=max(1, math.ceil(start_s)),
-            )
 
     def _direct(self, ticket: Ticket, now: float) -> Grant | None:
         """The fast path (module docstring) when it applies; None: take the queued path."""
@@ -270,25 +252,10 @@ class PoolDispatcher:
         gate = self._held.gate(capacity, now, arriving=ticket.tenant)
         if self._held.blocks(gate, ticket.tenant) and not self._held.lendable(capacity):
             return None
-        seq = next(self._seq)
-        req = QueuedRequest(
-            id=str(seq),
-            tenant=ticket.tenant,
-            band=ticket.band,
-            class_name=ticket.class_name,
-            input_tokens=ticket.input_tokens,
-            max_output_tokens=ticket.max_output_tokens,
-            seq=seq,
-            arrived_at=now,
-            deadline=ticket.deadline,
-            weight=ticket.weight,
-            shed_order=ticket.shed_order,
-            is_shadow=ticket.is_shadow,
-            over_quota=False,
-        )
+        req = self._request(ticket, now, over_quota=False)
         self._queue.pass_through(req)
         self._drain.observe(now=now, queued=0)
-        self._charged(req, input_tokens=req.input_tokens, output_tokens=0, now=now)
+        self._charges.dispatched(req, now)
         endpoint = self.placement.choose(
             roomy, ticket.affinity_key, adapter=ticket.adapter, prefix=ticket.prefix
         )
@@ -374,47 +341,19 @@ class PoolDispatcher:
 
     def charge_output(self, grant: Grant, tokens: int) -> None:
         """Charge ``tokens`` streamed output tokens of a dispatched request to its tenant."""
-        if tokens <= 0:
-            return
-        req = grant.request
-        self._queue.lift_counter(req.band, req.tenant, 0.0)  # make sure the band exists
-        self._queue.charge_output(req, tokens)
-        self._charged(req, input_tokens=0, output_tokens=tokens, now=self._clock())
+        if tokens > 0:
+            self._charges.output(grant.request, tokens, self._clock())
 
     def charge_bypass(
         self, *, tenant: str, band: int, weight: float, input_tokens: int, output_tokens: int
     ) -> None:
         """Charge service answered without the queue (a cache hit, at its cheaper weight) to
         ``tenant``'s fairness counters, here and in the shared counters."""
-        self._queue.charge(band, tenant, weight=weight, input_tokens=input_tokens,
-                           output_tokens=output_tokens)  # fmt: skip
-        self._account(tenant, band, weight, input_tokens, output_tokens, self._clock())
-
-    def _charged(
-        self, req: QueuedRequest, *, input_tokens: int, output_tokens: int, now: float
-    ) -> None:
-        self._account(req.tenant, req.band, req.weight, input_tokens, output_tokens, now)
-
-    def _account(  # noqa: PLR0917 - private, positional by design
-        self, tenant: str, band: int, weight: float, input_tokens: int, output_tokens: int,
-        now: float,
-    ) -> None:  # fmt: skip
-        self._known.add((band, tenant))
-        self.served.add(
-            tenant,
-            weight=weight,
-            input_tokens=input_tokens,
-            output_tokens=output_tokens,
-            now=now,
-        )
-        if self._sink is not None:
-            amount = token_cost(input_tokens, output_tokens) / weight
-            self._sink.record(self.pool, band, tenant, amount)
+        self._charges.bypass(tenant, band, weight, input_tokens, output_tokens, self._clock())
 
     def lift(self, band: int, tenant: str, value: float) -> None:
         """Raise a fairness counter to the global value (shared counters' sync)."""
-        self._known.add((band, tenant))
-        self._queue.lift_counter(band, tenant, value)
+        self._charges.lift(band, tenant, value)
 
     # -- the pump -----------------------------------------------------------------------
 
@@ -475,7 +414,7 @@ class PoolDispatcher:
         waiter = self._waiting[req.id]
         self._forget(req)
         self._drain.observe(now=now, queued=len(self._queue), dispatched_cost=req.cost)
-        self._charged(req, input_tokens=req.input_tokens, output_tokens=0, now=now)
+        self._charges.dispatched(req, now)
         if waiter.future.done():
             return  # cancelled while we were about to release it
         ticket = waiter.ticket
@@ -508,7 +447,7 @@ class PoolDispatcher:
                 return False  # a preempted request never preempts; a gated one waits
             ids = {e.id for e in self.placement.candidates(waiter.ticket.version, frozenset())}
             victim = self._takeback.victim(req.tenant, ids, gate, held.inflight, shares)
-            if victim is None or not self._requeueable(victim.request):
+            if victim is None or not self._queue.has_room_for(victim.request.band):
                 return False
             victims[req.id] = victim
             return True
@@ -522,13 +461,6 @@ class PoolDispatcher:
         self._preempt(victim, now)
         self._send(req, now, endpoint)
         return True
-
-    def _requeueable(self, req: QueuedRequest) -> bool:
-        """The queue has room for ``req`` again without shedding anyone."""
-        limit = self._queue.limit(req.band)
-        if limit is not None and self._queue.band_lengths().get(req.band, 0) >= limit:
-            return False
-        return self.settings.max_total is None or len(self._queue) < self.settings.max_total
 
     def _preempt(self, grant: Grant, now: float) -> None:
         """Stop ``grant``'s stream, free its slot and queue its request again: the same id,
@@ -583,13 +515,8 @@ class PoolDispatcher:
 
     def _strand(self) -> None:
         """Requests whose version lost every usable endpoint get 503 at once."""
-        versions = {w.ticket.version for w in self._waiting.values()}
-        dead = {
-            v
-            for v in versions
-            if not self.placement.candidates(v, frozenset())
-            and (self._cold_start is None or self._cold_start(v) is None)
-        }
+        versions = (w.ticket.version for w in self._waiting.values())
+        dead = stranded(self.placement, self._cold_start, versions)
         if not dead:
             return
         now = self._clock()
@@ -653,7 +580,7 @@ class PoolDispatcher:
         return 0.0
 
     def counters(self) -> dict[tuple[int, str], float]:
-        return {(b, t): self._queue.counter(b, t) for b, t in self._known}
+        return self._charges.counters()
 
     def inflight(self) -> dict[str, int]:
         return dict(self._held.inflight)
