@@ -10,10 +10,11 @@ import asyncio
 import pytest
 from dispatch_support import settle, ticket, waiting
 
+from runtime.pool_policies import pool_policy_errors
 from runtime.scheduling.dispatcher import PoolDispatcher
 from runtime.scheduling.grant import Grant, QueueDropError, Ticket
 from runtime.scheduling.interfaces import DropReason
-from runtime.scheduling.settings import PoolSettings
+from runtime.scheduling.settings import PoolSettings, SettingsError
 from runtime.scheduling.takeback import MAX_PREEMPTIONS
 from runtime.testing.fleet import HandFleet
 
@@ -194,3 +195,16 @@ async def test_a_stream_is_preempted_at_most_max_preemptions_times() -> None:
                 victim.preemptible(pool.streams[id(victim)])
     finally:
         await pool.close()
+
+
+async def test_the_pool_policies_name_the_victim_policy_and_the_reserve() -> None:
+    settings = PoolSettings.from_policies({"preemption": "fair", "lend_reserve": "3"}, ())
+    assert (settings.preemption, settings.lend_reserve) == ("fair", 3)
+    d = PoolDispatcher("p", settings, HandFleet(), clock=HandClock())
+    assert d.takes_back
+    d.update(PoolSettings())  # a snapshot turns it off: nothing is lent any more
+    assert not d.takes_back
+    assert pool_policy_errors({"preemption": "fair", "lend_reserve": "2"}) == []
+    assert pool_policy_errors({"preemption": "most_generated"})
+    with pytest.raises(SettingsError):
+        PoolSettings.from_policies({"lend_reserve": "-1"}, ())
