@@ -15,6 +15,11 @@
   the comment bytes and one send to a sink that drops it);
 - ``sli_judge_us``: per finished stream of ``tokens`` events, the SLI verdicts including the
   new ITL one (the p95 of its gaps).
+
+With ``--relay-rounds N`` (issue #27) it also times the relay per streamed chunk
+(:mod:`bench.relay_chunks`: the upstream response's decoder, the migrating stream, the relay,
+a sink that drops the bytes), for a client that asked for usage and one that did not, with and
+without the migrate stage's wrapper: each round's figure, their median and spread.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import random
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 
+from bench.relay_chunks import relay_us_per_chunk
 from bench.safety_micro import cpu_us
 from runtime.admission.limits import Quota, RateState
 from runtime.gateway.heartbeat import QueuedStream
@@ -104,7 +110,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--iterations", type=int, default=20_000)
     parser.add_argument("--tokens", type=int, default=200, help="events of a finished stream")
+    parser.add_argument("--relay-rounds", type=int, default=0, help="rounds of the relay timing")
+    parser.add_argument("--relay-only", action="store_true", help="only the relay timing")
     args = parser.parse_args(argv)
+    if args.relay_rounds:
+        relay_table(args.tokens, max(1, args.iterations // 100), args.relay_rounds)
+    if args.relay_only:
+        return
     m = measure(args.iterations, args.tokens)
     print(f"rate-limit state + 6 headers:        {m['ratelimit_us']:7.2f} us CPU / request")
     print(f"heartbeat wrapper, request not queued: {m['heartbeat_setup_us']:5.2f} us CPU / request")
@@ -114,6 +126,24 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(f"one ': queued' heartbeat:             {m['heartbeat_beat_us']:7.2f} us CPU / beat")
     print(f"SLI verdicts, {args.tokens}-event stream (ITL p95): "
           f"{m['sli_judge_us']:7.2f} us CPU / request")  # fmt: skip
+
+
+def relay_table(tokens: int, streams: int, rounds: int) -> None:
+    """CPU us per relayed chunk, ``rounds`` interleaved rounds of ``streams`` streams each."""
+    cases = [(usage, migrate) for usage in (True, False) for migrate in (True, False)]
+    figures: dict[tuple[bool, bool], list[float]] = {case: [] for case in cases}
+    for _ in range(rounds):
+        for usage, migrate in cases:
+            figures[usage, migrate].append(
+                relay_us_per_chunk(tokens, streams, include_usage=usage, migrate=migrate)
+            )
+    print(f"relay, CPU us per chunk ({tokens}-token streams, {streams} a round):")
+    for (usage, migrate), values in figures.items():
+        ordered = sorted(values)
+        median = ordered[len(ordered) // 2]
+        rounds_text = " / ".join(f"{v:.2f}" for v in values)
+        print(f"  include_usage={usage!s:5} migrate={migrate!s:5} median {median:5.2f} "
+              f"(min {ordered[0]:.2f}, max {ordered[-1]:.2f}; rounds {rounds_text})")  # fmt: skip
 
 
 if __name__ == "__main__":

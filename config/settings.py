@@ -11,7 +11,7 @@ from pathlib import Path
 
 import dj_database_url
 
-from config import redis_sentinel, secret_key
+from config import batch_storage, redis_sentinel, secret_key
 from config.paths import default_var_dir
 from runtime import contract
 
@@ -232,11 +232,9 @@ STATIC_ROOT = Path(os.environ.get("SWITCHYARD_STATIC_ROOT", "") or VAR_DIR / "st
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
-    # The Batch API's files (apps/batches); any storage backend by configuration.
-    "batches": {
-        "BACKEND": "django.core.files.storage.FileSystemStorage",
-        "OPTIONS": {"location": str(VAR_DIR / "batch-files")},
-    },
+    # The Batch API's files (apps/batches): local files under VAR_DIR/batch-files, or an
+    # S3-compatible store by SWITCHYARD_BATCH_STORAGE=s3://bucket/prefix (config/batch_storage.py)
+    "batches": batch_storage.from_env(os.environ, VAR_DIR),
 }
 
 # Encryption at rest of the Batch API's files (apps/batches/sealing.py): the router's keyring

@@ -94,6 +94,17 @@ MEANINGS: dict[str, str] = {
     "SWITCHYARD_BATCH_MAX_LINES": "Batch API: requests in one input file (400 `too_many_lines`)",
     "SWITCHYARD_BATCH_ROUTER_URL": "Batch API: the router the executor sends lines to",
     "SWITCHYARD_BATCH_TICK_S": "Batch API: how often beat runs the executor's tick",
+    "SWITCHYARD_BATCH_STORAGE": "Batch API: where files are stored; unset: local files under "
+    "the var directory's `batch-files/`; `s3://bucket[/prefix]`: an S3-compatible store "
+    "(django-storages, the `s3` extra; credentials from boto3's chain, e.g. "
+    "`AWS_ACCESS_KEY_ID`/`AWS_SECRET_ACCESS_KEY`); sealed per tenant either way",
+    "SWITCHYARD_BATCH_S3_ENDPOINT_URL": "Batch API, `s3://` storage: the endpoint of a store "
+    "other than AWS (MinIO, Ceph, ...; path-style addressing); unset: AWS",
+    "SWITCHYARD_BATCH_S3_REGION": "Batch API, `s3://` storage: the bucket's region (unset: "
+    "boto3's default)",
+    "SWITCHYARD_BATCH_ZERO_RETENTION_OUTPUT_S": "Batch API: a zero_retention tenant's output "
+    "and error files are deleted this many seconds after the batch ends when nobody downloads "
+    "them",
     "SWITCHYARD_CONTROL_PLANE_URL": "Batch API: where the router forwards files and batches "
     "(`up` sets it; unset: 503 `batch_api_unavailable`)",
     "SWITCHYARD_INTERNAL_SECRET": "Batch API: the secret signing the principal the router "

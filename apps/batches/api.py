@@ -126,7 +126,8 @@ def _file(tenant: Tenant, file_id: str, *, deleted_ok: bool = False) -> File:
     if file.deleted_at is not None and not deleted_ok:
         raise BatchApiError(
             404, "file_deleted",
-            f"The file '{file_id}' was deleted: this tenant keeps no data (zero retention).",
+            f"The file '{file_id}' was deleted by the tenant's data retention (zero retention "
+            "or its retention period).",
             param="id",
         )  # fmt: skip
     return file

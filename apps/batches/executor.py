@@ -45,7 +45,8 @@ A line whose request could not be answered for a passing reason (the router unre
 5xx, 401 while the router has not yet loaded the batch's key) goes back to ``pending`` and runs
 again after 2, 4, 8, ... seconds (at most :data:`RETRY_CAP_S`), up to :data:`MAX_ATTEMPTS`
 tries; then it fails with that status. A 402 (credits or budget) pauses the batch instead
-(:mod:`apps.batches.services.pause`).
+(:mod:`apps.batches.services.pause`), unless it came from a balance Redis lost: then the
+balances are reconciled with the ledger at once and the line runs again.
 """
 
 from __future__ import annotations
@@ -73,7 +74,7 @@ from apps.batches.services import (
     lines_claim,
 )
 from apps.batches.services.lines import line_release, lines_renew
-from apps.batches.services.pause import batch_pause, batches_resume_due
+from apps.batches.services.pause import balance_restored, batch_pause, batches_resume_due
 from runtime.internal_principal import LINE_HEADER, line_event_id, sign_line
 
 logger = logging.getLogger(__name__)
@@ -155,6 +156,7 @@ def run_lines(owner: str, lines: list[BatchLine]) -> set[int]:
             classes[line.batch_id] = _request_class(line.batch)
     lease_s = settings.BATCH_LEASE_S
     base = settings.BATCH_ROUTER_URL.rstrip("/")
+    restored: dict[int, bool] = {}  # per tenant: this run's 402s came from a lost balance
     with ThreadPoolExecutor(max_workers=max(1, len(lines))) as pool:
         running: dict[Future[Answer], BatchLine] = {
             pool.submit(
@@ -171,15 +173,26 @@ def run_lines(owner: str, lines: list[BatchLine]) -> set[int]:
                 continue
             for future in finished:
                 line = running.pop(future)
-                _settle(owner, line, future.result(), classes[line.batch_id])
+                _settle(owner, line, future.result(), classes[line.batch_id], restored)
     return {line.batch_id for line in lines}
 
 
-def _settle(owner: str, line: BatchLine, answer: Answer, request_class: str | None = None) -> None:
+def _settle(
+    owner: str, line: BatchLine, answer: Answer, request_class: str | None = None,
+    restored: dict[int, bool] | None = None,
+) -> None:  # fmt: skip
     if answer.status == PAYMENT_REQUIRED:  # out of credits or budget: pause, keep the try
         detail = answer.body.get("error", {}) if isinstance(answer.body, dict) else {}
-        batch_pause(batch_id=line.batch_id, code=str(detail.get("code") or "insufficient_credits"),
-                    message=str(detail.get("message") or "HTTP 402"))  # fmt: skip
+        code = str(detail.get("code") or "insufficient_credits")
+        # A balance Redis lost is restored at once (one reconciliation per tenant and run: the
+        # run's lines were all sent before it); the line runs again, the batch goes on.
+        memo = {} if restored is None else restored
+        tenant = line.batch.tenant
+        if tenant.pk not in memo:
+            memo[tenant.pk] = balance_restored(tenant=tenant, code=code)
+        if not memo[tenant.pk]:
+            batch_pause(batch_id=line.batch_id, code=code,
+                        message=str(detail.get("message") or "HTTP 402"))  # fmt: skip
         line_release(line_id=line.pk, owner=owner, retry_in_s=0, spend_try=False)
         return
     if answer.status in RETRYABLE and line.attempts < MAX_ATTEMPTS:

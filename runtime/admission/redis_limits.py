@@ -64,7 +64,7 @@ from typing import Any
 
 import msgspec
 import redis.asyncio as aioredis
-from redis.exceptions import NoScriptError, RedisError
+from redis.exceptions import RedisError
 
 from runtime.admission.allowance import (
     GRANT_LUA,
@@ -78,6 +78,7 @@ from runtime.admission.credits import (
     CreditRefusedError,
     LocalCredits,
 )
+from runtime.admission.evalsha import evaluate, pipelined
 from runtime.admission.hysteresis import Hysteresis, refused
 from runtime.admission.limits import (
     WINDOW_S,
@@ -186,6 +187,8 @@ class RedisLimits:
             None if allowance_ttl_s is None else Allowances(ttl_s=allowance_ttl_s, clock=clock)
         )
         self._share = 4 * replicas
+        self._period = ("", "")  # the budget fields of the UTC day until _period_until
+        self._period_until = -math.inf
         self._active: dict[str, Lease] = {}
         self._settles: list[Settlement] = []
         self._settles_due = math.inf  # when the queued batch must be sent
@@ -384,11 +387,20 @@ class RedisLimits:
         else:
             self._active.pop(lease.id, None)
             refund = settle_refund(lease, actual_tokens=actual_tokens, served=served)
-        day, month = period_fields()
+        day, month = self._period_fields()
         self._queue(Settlement(tenant=lease.tenant, lease=lease.id, refund=refund,
                                drop_rpm=drop, cost_uc=max(0, cost_uc), day=day, month=month,
                                event=event.decode()),
                     urgent=lease.source == "redis")  # fmt: skip
+
+    def _period_fields(self) -> tuple[str, str]:
+        """:func:`~runtime.contract.period_fields` of now, computed once per UTC day (a unix
+        day is 86,400 s; a month ends at a day's end)."""
+        now = time.time()
+        if now >= self._period_until:
+            self._period = period_fields(now)
+            self._period_until = (now // 86_400 + 1) * 86_400
+        return self._period
 
     def _queue(self, item: Settlement, *, urgent: bool = False) -> None:
         """Spool ``item`` and queue it for the next batch: sent once the batch's linger is
@@ -484,7 +496,7 @@ class RedisLimits:
         started = self._clock()
         written = False
         try:
-            await self._pipelined(self._settle, SETTLE_LUA, calls)
+            await pipelined(self._client, self._settle, SETTLE_LUA, calls)
             written = True
         except (RedisError, OSError) as exc:
             self._health.failed(exc, started)
@@ -529,32 +541,12 @@ class RedisLimits:
             return 0
         started = self._clock()
         try:
-            await self._pipelined(self._renew, RENEW_LUA, calls)
+            await pipelined(self._client, self._renew, RENEW_LUA, calls)
         except (RedisError, OSError) as exc:
             self._health.failed(exc, started)
             return 0
         self._health.answered()
         return len(self._active)
-
-    async def _pipelined(
-        self, script: Any, source: str, calls: list[tuple[list[str], list[Any]]]
-    ) -> None:
-        """Run ``script`` once per call in one pipeline (EVALSHA only: redis-py's script
-        objects would add a SCRIPT EXISTS round trip to every pipeline); loads the script
-        and retries once if the server does not know it (restarted, flushed)."""
-        assert self._client is not None
-        for attempt in range(2):
-            pipe = self._client.pipeline(transaction=False)
-            for keys, args in calls:
-                pipe.evalsha(script.sha, len(keys), *keys, *args)
-            try:
-                await pipe.execute()
-            except NoScriptError:
-                if attempt:
-                    raise
-                await self._client.script_load(source)  # type: ignore[no-untyped-call]
-            else:
-                return
 
     async def allowance_round(self, *, everything: bool = False) -> None:
         """One pipeline: the grants asked for and the unused allowance given back."""
@@ -576,7 +568,7 @@ class RedisLimits:
         calls += [(self._return, RETURN_LUA, self.keys(g.tenant)[:3], g.args()) for g in gives]
         started = self._clock()
         try:
-            answers = await self._evaluate(calls)
+            answers = await evaluate(self._client, calls)
         except (RedisError, OSError) as exc:
             self._health.failed(exc, started)
             for ask in asks:  # what was granted meanwhile, if anything, expires on its own
@@ -586,31 +578,3 @@ class RedisLimits:
         for ask, answer in zip(asks, answers, strict=False):
             requests, tokens, slots, used, bucket = (int(x) for x in answer)
             self.allowances.granted(ask, requests, tokens, slots, used=used, bucket=bucket)
-
-    async def _evaluate(self, calls: list[tuple[Any, str, list[str], list[Any]]]) -> list[Any]:
-        """Run scripts in one pipeline and return their answers; a script Redis forgot is
-        loaded and its calls run again (a grant twice: the same entries and slots, its
-        tokens debited twice, which errs on the safe side)."""
-        assert self._client is not None
-        answers: list[Any] = [None] * len(calls)
-        todo = list(range(len(calls)))
-        for attempt in range(2):
-            pipe = self._client.pipeline(transaction=False)
-            for i in todo:
-                script, _, keys, args = calls[i]
-                pipe.evalsha(script.sha, len(keys), *keys, *args)
-            results = await pipe.execute(raise_on_error=False)
-            missing = []
-            for i, result in zip(todo, results, strict=True):
-                if isinstance(result, NoScriptError) and not attempt:
-                    missing.append(i)
-                elif isinstance(result, Exception):
-                    raise result
-                else:
-                    answers[i] = result
-            if not missing:
-                break
-            for source in {calls[i][1] for i in missing}:
-                await self._client.script_load(source)  # type: ignore[no-untyped-call]
-            todo = missing
-        return answers

@@ -180,6 +180,15 @@ def charge_hit(
     )  # fmt: skip
 
 
+def settle_cost(
+    admission: Admission, *, served: bool, tokens_in: int, tokens_out: int, cached: bool = False
+) -> int:
+    """What a settled request's tokens cost (micro-credits; 0 unless it reached an engine)."""
+    if served and admission.rate is not None:
+        return admission.rate.cost(tokens_in, tokens_out, cached=cached)
+    return 0
+
+
 def settle_limits(
     deps: AdmissionDeps,
     admission: Admission,
@@ -192,12 +201,14 @@ def settle_limits(
     cached: bool = False,
 ) -> None:
     """Settle ``admission``: ``served`` (it reached an engine) bills ``tokens_in`` +
-    ``tokens_out`` (from the usage, else counted while streaming) and records ``event``."""
-    cost = 0
-    if served and admission.rate is not None:
-        cost = admission.rate.cost(tokens_in, tokens_out, cached=cached)
+    ``tokens_out`` (from the usage, else counted while streaming) and records ``event``
+    (with that cost: built with :func:`settle_cost`'s, it is not copied)."""
+    cost = settle_cost(admission, served=served, tokens_in=tokens_in, tokens_out=tokens_out,
+                       cached=cached)  # fmt: skip
     if event is not None and served:
-        event_bytes = encode_event(msgspec.structs.replace(event, cost_uc=cost))
+        if event.cost_uc != cost:
+            event = msgspec.structs.replace(event, cost_uc=cost)
+        event_bytes = encode_event(event)
     else:
         event_bytes = b""
     deps.limits.settle(

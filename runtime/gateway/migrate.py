@@ -50,7 +50,7 @@ from runtime.scheduling.grant import Grant, NoEndpointError, QueueDropError
 from runtime.scheduling.interfaces import DropReason
 from runtime.telemetry.resume_metrics import ResumeMetrics
 from runtime.upstream.errors import StreamBroken, UpstreamError, UpstreamHTTPError
-from runtime.upstream.response import UpstreamResponse
+from runtime.upstream.response import Batch, UpstreamResponse, batches_of
 
 # Opens ``body`` on an endpoint not in the set; raises UpstreamError when none answers.
 Opener = Callable[[bytes, frozenset[int]], Awaitable[UpstreamResponse]]
@@ -123,20 +123,29 @@ class MigratingStream:
 
     async def events(self) -> AsyncGenerator[bytes, None]:
         """Each payload of the stream, across migrations, as the client's one stream."""
+        async with contextlib.aclosing(self.batches()) as batches:
+            async for _raw, payloads in batches:
+                for payload in payloads:
+                    yield payload
+
+    async def batches(self) -> AsyncGenerator[Batch, None]:
+        """:meth:`events` by the chunk read (:meth:`UpstreamResponse.batches`): the engine's
+        own bytes come along while the first upstream streams (a continuation's payloads
+        are rewritten, so they come one by one without them)."""
         relayed: list[bytes] = []
         failed: set[int] = set()
         seam: Seam | None = None
         broke_at, cause = 0.0, CAUSE
         try:
             while True:
-                source = (self._current.events() if seam is None
+                source = (batches_of(self._current) if seam is None
                           else self._continued(seam, broke_at, cause))  # fmt: skip
                 try:
                     self._streaming = True
-                    async with contextlib.aclosing(source) as events:
-                        async for payload in events:
-                            relayed.append(payload)  # the bytes in hand: decoded only on a break
-                            yield payload
+                    async with contextlib.aclosing(source) as batches:
+                        async for batch in batches:
+                            relayed += batch[1]  # the bytes in hand: decoded only on a break
+                            yield batch
                 except StreamBroken as broken:
                     self._streaming = False
                     preempted_at, self._preempted_at = self._preempted_at, None
@@ -149,10 +158,9 @@ class MigratingStream:
                             broke_at, cause = time.perf_counter(), CAUSE
                             progress = await self._move(broken, relayed, failed)
                     except _LengthEnd as end:
-                        for payload in length_end(
+                        yield None, list(length_end(
                             self._kind, end.args[0], prompt_tokens=self._prompt_tokens
-                        ):
-                            yield payload
+                        ))  # fmt: skip
                         return
                     seam = Seam(self._kind, progress)
                 else:
@@ -162,7 +170,7 @@ class MigratingStream:
 
     async def _continued(
         self, seam: Seam, broke_at: float, cause: str
-    ) -> AsyncGenerator[bytes, None]:
+    ) -> AsyncGenerator[Batch, None]:
         """The continuation's payloads as the client's stream carries them; the first one
         observes the pause since the break."""
         first = True
@@ -175,7 +183,7 @@ class MigratingStream:
                     first = False
                     self._metrics.resumed(cause=cause, reprefilled=seam.progress.tokens,
                                           seconds=time.perf_counter() - broke_at)  # fmt: skip
-                yield rewritten
+                yield None, [rewritten]
 
     async def _move(self, broken: StreamBroken, relayed: list[bytes], failed: set[int]) -> Progress:
         """Open the continuation after ``broken`` (the current upstream becomes it); raises

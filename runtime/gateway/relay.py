@@ -1,15 +1,23 @@
 """Relaying an upstream response to the client: SSE exactly as OpenAI frames it, or JSON.
 
 Each upstream event goes out as ``data: <payload>\\n\\n`` the moment it arrives, bytes
-untouched, except the usage-only final chunk, which is dropped when the client did not ask
-for ``stream_options.include_usage`` (the router always asks upstream, to meter); then the
-choices' final chunks carry the ``system_fingerprint`` that chunk had, as vLLM puts it there
-for a client that did not ask. The
-stream ends with ``data: [DONE]\\n\\n``. If the upstream breaks after the first byte, a
-terminal chunk with ``finish_reason: "error"`` and an ``error`` object goes out, then
-``[DONE]``. If the router cuts the stream itself (its SIGTERM grace period ended: the
-relay's task is cancelled while ``cut()`` names a reason), the terminal chunk carries that
-reason's error (``router_shutdown``), then ``[DONE]``: a client never sees a bare close.
+untouched: a chunk read from the engine that is exactly the framing of the events it
+completes (:meth:`~runtime.upstream.response.UpstreamResponse.batches`) goes out as the
+engine's own bytes when every event in it goes out unchanged (no copy, no re-framing);
+the relay reads each payload only for what it must know (the first chunk's id, usage,
+a choice's finish, the token count). The exception: the usage-only final chunk is dropped
+when the client did not ask for ``stream_options.include_usage`` (the router always asks
+upstream, to meter); then the choices' final chunks carry the ``system_fingerprint`` that
+chunk had, as vLLM puts it there for a client that did not ask. The stream ends with
+``data: [DONE]\\n\\n``. If the upstream breaks after the first byte, a terminal chunk
+with ``finish_reason: "error"`` and an ``error`` object goes out, then ``[DONE]``. If the
+router cuts the stream itself (its SIGTERM grace period ended: the relay's task is cancelled
+while ``cut()`` names a reason), the terminal chunk carries that reason's error
+(``router_shutdown``), then ``[DONE]``: a client never sees a bare close.
+
+Inter-token gaps go into the record (``gaps_ms``) per event and into the ``inter_token``
+histogram by :data:`TOKEN_BATCH` at once (and at the end); the events of one chunk read
+arrived together (gaps of 0).
 
 While streaming, ``on_tokens(n)`` reports the generated chunks in batches of
 :data:`TOKEN_BATCH` (one chunk is about one token; a chat stream's opening role-only chunk is
@@ -28,7 +36,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncGenerator, Callable, Iterable
+from collections.abc import Callable, Iterable
 from typing import Protocol
 
 import msgspec
@@ -36,9 +44,10 @@ from prometheus_client import Histogram
 
 from runtime.gateway.errors import ApiError
 from runtime.gateway.screen import OutputScreen
+from runtime.telemetry.histograms import observe_many
 from runtime.telemetry.metrics import RouterMetrics, StageLabels
 from runtime.upstream.errors import StreamBroken
-from runtime.upstream.response import UpstreamResponse
+from runtime.upstream.response import EventSource, UpstreamResponse, batches_of
 
 SSE_HEADERS: tuple[tuple[bytes, bytes], ...] = (
     (b"content-type", b"text/event-stream; charset=utf-8"),
@@ -53,13 +62,6 @@ class ResponseSink(Protocol):
     async def start_response(self, status: int, headers: Iterable[tuple[bytes, bytes]]) -> None: ...
 
     async def send_chunk(self, data: bytes, *, last: bool = False) -> None: ...
-
-
-class EventSource(Protocol):
-    """What a stream is relayed from: an upstream response, or a stream that can move to
-    another endpoint (:class:`runtime.gateway.migrate.MigratingStream`)."""
-
-    def events(self) -> AsyncGenerator[bytes, None]: ...
 
 
 class Usage(msgspec.Struct):
@@ -109,7 +111,12 @@ def _meta_of(payload: bytes) -> _Meta:
 
 def _is_final(payload: bytes) -> bool:
     """A choice's last chunk (``finish_reason`` set), as vLLM writes JSON (no spaces)."""
-    return b'"finish_reason":' in payload and b'"finish_reason":null' not in payload
+    at = payload.find(b'"finish_reason":')  # one scan for the common, unfinished chunk
+    return (
+        at >= 0
+        and not payload.startswith(b"null", at + 16)
+        and b'"finish_reason":null' not in payload[at + 16 :]
+    )
 
 
 def _stamped(payload: bytes, fingerprint: str | None) -> bytes:
@@ -192,71 +199,142 @@ async def relay_stream(
     stream with (None: the client went away, nothing more is sent). ``result``, when given,
     is filled as the stream goes (its outcome and usage are final when the last chunk is
     sent) and returned."""
-    inter_token = metrics.stage_observer("inter_token", labels)
     result = RelayResult() if result is None else result
-    meta: _Meta | None = None
+    relay = _StreamRelay(kind, include_usage, metrics.stage_observer("inter_token", labels),
+                         result, tokens=_TokenBatches(on_tokens), screen=screen)  # fmt: skip
     await sink.start_response(200, [*SSE_HEADERS, *headers])
-    last = time.perf_counter()  # not loop.time(): uvloop's clock ticks in milliseconds
-    tokens = _TokenBatches(on_tokens)
-    # The router asks upstream for usage even when the client did not; then each choice's
-    # final chunk waits for the usage chunk (dropped), which tells what vLLM would have put
-    # on it: the system fingerprint. The client sees what the engine alone would send.
-    held: list[bytes] = []
     try:
-        # events() is an async generator; closing it at once releases the upstream socket.
-        stream = upstream.events()
-        async with contextlib.aclosing(stream) as events:
-            async for payload in events:
-                last = _arrived(result, inter_token, last)
-                if meta is None:
-                    meta = _meta_of(payload)
-                probe = _usage_of(payload)
-                if probe is not None and probe.usage is not None:
-                    result.usage = probe.usage
-                    if not probe.choices and not include_usage:
-                        if held:
-                            await sink.send_chunk(_frames(held, probe.system_fingerprint))
-                            held = []
-                        continue
-                # A chat stream opens with a role-only chunk (no token); usage-only chunks
-                # carry none either.
-                opening = kind == "chat" and result.events == 1
-                generated = not opening and (probe is None or bool(probe.choices))
-                end = _count(tokens, screen, payload) if generated else None
+        # batches() is an async generator; closing it at once releases the upstream socket.
+        async with contextlib.aclosing(batches_of(upstream)) as batches:
+            async for raw, payloads in batches:
+                out, end = relay.batch(raw, payloads)
                 if end is not None:  # stop the engine first, then tell the client
-                    await events.aclose()
-                    await _stop_with(sink, end, result, screen, tokens)
+                    await batches.aclose()
+                    if out:
+                        await sink.send_chunk(out)
+                    await _stop_with(sink, end, result, screen, relay.tokens)
                     return result
-                if not include_usage and _is_final(payload):
-                    held.append(payload)
-                    continue
-                await sink.send_chunk(b"data: " + payload + b"\n\n")
+                if out:
+                    await sink.send_chunk(out)
     except StreamBroken as exc:
         result.outcome = "deadline_exceeded" if exc.reason == "deadline" else "stream_broken"
-        tokens.flush()  # counted before the end: what settles at the last chunk bills them
-        await _end_with(sink, kind, meta, broken_error(exc), held)
+        relay.tokens.flush()  # counted before the end: what settles at the last chunk bills them
+        await _end_with(sink, kind, relay.meta, broken_error(exc), relay.held)
         return result
     except asyncio.CancelledError:
         reason = cut() if cut is not None else None
         if reason is not None:  # the router cuts it (held chunks are not final any more)
             result.outcome = reason
-            tokens.flush()
-            await _end_with(sink, kind, meta, ApiError.of(reason), [])
+            relay.tokens.flush()
+            await _end_with(sink, kind, relay.meta, ApiError.of(reason), [])
         raise
     finally:
-        tokens.flush()
-    await _end_stream(sink, held, result, screen, tokens)
+        relay.tokens.flush()
+        relay.observe_gaps()
+    await _end_stream(sink, relay.held, result, screen, relay.tokens)
     return result
 
 
-def _arrived(result: RelayResult, inter_token: Histogram, last: float) -> float:
-    """Note an event's arrival (its gap from the previous one: inter-token latency)."""
-    now = time.perf_counter()
-    if result.events:
-        inter_token.observe(now - last)
-        result.gaps_ms.append((now - last) * 1000.0)
-    result.events += 1
-    return now
+class _StreamRelay:
+    """What the relay does to each payload; a batch whose payloads all go out unchanged
+    goes out as the engine's own bytes (no re-framing)."""
+
+    __slots__ = ("held", "include_usage", "inter_token", "kind", "last", "meta", "observed",
+                 "result", "screen", "tokens")  # fmt: skip
+
+    def __init__(
+        self, kind: str, include_usage: bool, inter_token: Histogram, result: RelayResult, *,
+        tokens: _TokenBatches, screen: OutputScreen | None,
+    ) -> None:  # fmt: skip
+        self.kind = kind
+        self.include_usage = include_usage
+        self.inter_token = inter_token
+        self.observed = 0  # gaps observed into inter_token so far (in batches)
+        self.result = result
+        self.tokens = tokens
+        self.screen = screen
+        self.meta: _Meta | None = None
+        # The router asks upstream for usage even when the client did not; then each
+        # choice's final chunk waits for the usage chunk (dropped), which tells what vLLM
+        # would have put on it: the system fingerprint. The client sees what the engine
+        # alone would send.
+        self.held: list[bytes] = []
+        self.last = time.perf_counter()  # not loop.time(): uvloop's clock ticks in ms
+
+    def batch(self, raw: bytes | None, payloads: list[bytes]) -> tuple[bytes, bytes | None]:
+        """The bytes to send for a batch, and the frames that end the stream if the screen
+        stops it (the bytes are then those of the payloads before the stop)."""
+        result = self.result
+        now = time.perf_counter()  # the batch's events arrived together
+        gaps = result.gaps_ms  # inter-token latency: the gaps between events
+        if result.events:
+            gaps.append((now - self.last) * 1000.0)
+        self.last = now
+        if len(payloads) == 1:  # the common case: one event per read
+            result.events += 1
+            payload = payloads[0]
+            step = self._step(payload)
+            if len(gaps) - self.observed >= TOKEN_BATCH:
+                self.observe_gaps()
+            if step is None:
+                return (raw if raw is not None else b"data: " + payload + b"\n\n"), None
+            return (b"", step.end) if isinstance(step, _Stop) else (step, None)
+        gaps.extend([0.0] * (len(payloads) - 1))
+        if len(gaps) - self.observed >= TOKEN_BATCH:
+            self.observe_gaps()
+        frames: list[bytes] | None = None  # built only once a payload is not relayed as is
+        for index, payload in enumerate(payloads):
+            result.events += 1
+            step = self._step(payload)
+            if step is None:
+                if frames is not None:
+                    frames.append(b"data: " + payload + b"\n\n")
+                continue
+            if frames is None:
+                frames = [b"data: " + p + b"\n\n" for p in payloads[:index]]
+            if isinstance(step, _Stop):
+                return b"".join(frames), step.end
+            frames.append(step)
+        if frames is not None:
+            return b"".join(frames), None
+        return (raw if raw is not None else _frames(payloads)), None
+
+    def _step(self, payload: bytes) -> bytes | _Stop | None:
+        """None (``payload`` goes out as it came), the bytes that replace it (empty: none),
+        or a stop."""
+        if self.meta is None:
+            self.meta = _meta_of(payload)
+        probe = _usage_of(payload)
+        if probe is not None and probe.usage is not None:
+            self.result.usage = probe.usage
+            if not probe.choices and not self.include_usage:
+                held, self.held = self.held, []
+                return _frames(held, probe.system_fingerprint) if held else b""
+        # A chat stream opens with a role-only chunk (no token); usage-only chunks carry
+        # none either.
+        opening = self.kind == "chat" and self.result.events == 1
+        if not opening and (probe is None or bool(probe.choices)):
+            end = _count(self.tokens, self.screen, payload)
+            if end is not None:
+                return _Stop(end)
+        if not self.include_usage and _is_final(payload):
+            self.held.append(payload)
+            return b""
+        return None
+
+    def observe_gaps(self) -> None:
+        """The gaps not observed yet into the ``inter_token`` histogram, at once."""
+        gaps = self.result.gaps_ms
+        if len(gaps) > self.observed:
+            observe_many(self.inter_token, gaps[self.observed :], scale=0.001)
+            self.observed = len(gaps)
+
+
+class _Stop:
+    __slots__ = ("end",)
+
+    def __init__(self, end: bytes) -> None:
+        self.end = end
 
 
 def _count(tokens: _TokenBatches, screen: OutputScreen | None, payload: bytes) -> bytes | None:

@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import aiohttp
+from yarl import URL
 
 from runtime.snapshot import EndpointSnap
 from runtime.upstream.errors import (
@@ -69,6 +70,8 @@ class UpstreamClient:
     def __init__(self, config: ClientConfig | None = None) -> None:
         self.config = config or ClientConfig()
         self._sessions: dict[str, aiohttp.ClientSession] = {}
+        # Each endpoint's URL of a path, parsed once (aiohttp parses a string per request).
+        self._urls: dict[tuple[str, str], URL] = {}
         self._probe_session: aiohttp.ClientSession | None = None
         self._closed = False
 
@@ -85,9 +88,10 @@ class UpstreamClient:
                 ssl=self.config.tls or True,
             )
             # No cookie jar: a worker's cookies must never follow one tenant's request into
-            # another's, and filtering an empty jar is work on every request.
+            # another's, and filtering an empty jar is work on every request. The JSON
+            # content type is the session's (not merged into a new dict per request).
             session = aiohttp.ClientSession(
-                connector=connector, cookie_jar=aiohttp.DummyCookieJar()
+                connector=connector, cookie_jar=aiohttp.DummyCookieJar(), headers=_JSON_HEADERS
             )
             self._sessions[key] = session
         return session
@@ -113,14 +117,15 @@ class UpstreamClient:
             self.config.timeouts, deadline=deadline, now=start, first_byte_cap=first_byte_cap
         )
         session = self._session(endpoint.base_url)
-        url = join_url(endpoint.base_url, path)
-        request_headers = {**_JSON_HEADERS, **(headers or {})}
+        url = self._urls.get((endpoint.base_url, path))
+        if url is None:
+            url = self._urls[endpoint.base_url, path] = URL(join_url(endpoint.base_url, path))
         eid = endpoint.id
         resp: aiohttp.ClientResponse | None = None
         try:
             async with asyncio.timeout_at(start + timeouts.first_byte):
                 resp = await session.post(
-                    url, data=body, headers=request_headers, timeout=timeouts.client_timeout()
+                    url, data=body, headers=headers, timeout=timeouts.client_timeout()
                 )
                 await self._raise_for_status(resp, eid)
                 if resp.content_type == "text/event-stream":
@@ -134,7 +139,7 @@ class UpstreamClient:
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
             _discard(resp)
             raise _classify(
-                exc, eid, deadline=deadline, now=loop.time(), tls=url.startswith("https:")
+                exc, eid, deadline=deadline, now=loop.time(), tls=url.scheme == "https"
             ) from exc
         except BaseException:
             _discard(resp)

@@ -13,8 +13,10 @@ disconnect and frees the sequence's KV slot at once.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncGenerator, Callable
 from types import TracebackType
+from typing import Protocol
 
 import aiohttp
 
@@ -26,6 +28,28 @@ from runtime.upstream.sse import DONE, SSEDecoder
 _ERROR_EVENT_STARTS = (b'{"error"', b'{"object": "error"', b'{"object":"error"')
 
 BrokenListener = Callable[[StreamBroken], None]
+# A chunk's payloads, with the chunk when it is exactly their framing (None otherwise).
+Batch = tuple[bytes | None, list[bytes]]
+
+
+class EventSource(Protocol):
+    """A stream of SSE payloads (an upstream response, a stream that can move to another
+    endpoint, a stand-in); :func:`batches_of` reads it by the chunk when it can."""
+
+    def events(self) -> AsyncGenerator[bytes, None]: ...
+
+
+def batches_of(source: EventSource) -> AsyncGenerator[Batch, None]:
+    """``source``'s batches when it has them (``batches()``), else its payloads one by one
+    (each without its bytes)."""
+    batches = getattr(source, "batches", None)
+    return batches() if batches is not None else _one_by_one(source)
+
+
+async def _one_by_one(source: EventSource) -> AsyncGenerator[Batch, None]:
+    async with contextlib.aclosing(source.events()) as events:
+        async for payload in events:
+            yield None, [payload]
 
 
 class UpstreamResponse:
@@ -81,6 +105,17 @@ class UpstreamResponse:
 
     async def events(self) -> AsyncGenerator[bytes, None]:
         """Each SSE event's data payload, in order, until ``[DONE]`` (not yielded)."""
+        async with contextlib.aclosing(self.batches()) as batches:
+            async for _raw, payloads in batches:
+                for payload in payloads:
+                    yield payload
+
+    async def batches(self) -> AsyncGenerator[Batch, None]:
+        """The payloads of each chunk read, with the chunk itself when it is exactly their
+        framing (``data: <payload>\\n\\n`` each, nothing else, no event split across reads):
+        a relay can then forward the engine's bytes as they came. ``[DONE]`` is not yielded
+        (a chunk that carries it comes without its bytes); an engine's error event raises
+        :class:`StreamBroken` after the payloads before it."""
         if self._decoder is None:
             raise RuntimeError("not a stream: use read_json()")
         if self._consumed:
@@ -89,21 +124,25 @@ class UpstreamResponse:
         decoder = self._decoder
         try:
             pending, self._first = self._first, []
+            raw: bytes | None = None  # the opening events were decoded when it opened
             while True:
-                for payload in pending:
-                    if payload == DONE:
-                        self._finish()
-                        return
-                    if payload.startswith(_ERROR_EVENT_STARTS):
-                        # vLLM reports a failure inside the stream (its engine core died, a
-                        # generation error): classified like any other break, so the client
-                        # hears our terminal event rather than the engine's own shape.
-                        raise self._broken(
-                            f"the engine reported an error mid-stream: {payload[:300]!r}",
-                            "engine_error",
-                        )
-                    yield payload
-                pending = decoder.feed(await self._read_chunk())
+                if pending:
+                    for index, payload in enumerate(pending):
+                        if payload == DONE or payload.startswith(_ERROR_EVENT_STARTS):
+                            if index:
+                                yield None, pending[:index]
+                            if payload == DONE:
+                                self._finish()
+                                return
+                            # vLLM reports a failure inside the stream (its engine core
+                            # died, a generation error): classified like any other break,
+                            # so the client hears our terminal event, not the engine's shape.
+                            raise self._broken(
+                                f"the engine reported an error mid-stream: {payload[:300]!r}",
+                                "engine_error",
+                            )
+                    yield raw, pending
+                raw, pending = decoder.feed_framed(await self._read_chunk())
         finally:
             if not self._done:
                 self.close()

@@ -5,7 +5,9 @@ or a lone CR (a CRLF split across two chunks counts once); a blank line ends an 
 ``data`` lines (one optional space after the colon) are joined with LF; comments (``:``)
 and other fields (``event``, ``id``, ``retry``) are ignored; an event without data lines
 is not dispatched; a leading UTF-8 BOM is skipped. Chunk boundaries never change the
-result. The fast path (LF-only streams, as vLLM writes them) is one ``split`` per chunk.
+result. The fast path (LF-only streams, as vLLM writes them) is one ``split`` per chunk;
+:meth:`SSEDecoder.feed_framed` takes a chunk of whole ``data: `` events without parsing its
+lines, and says so (a relay forwards such a chunk as it came).
 """
 
 from __future__ import annotations
@@ -50,6 +52,27 @@ class SSEDecoder:
         for line in lines:
             self._line(line, events)
         return events
+
+    def feed_framed(self, chunk: bytes) -> tuple[bytes | None, list[bytes]]:
+        """:meth:`feed`, with ``chunk`` itself when it is exactly ``data: <payload>\\n\\n``
+        for each event it completes, read from an event boundary (what a relay can forward
+        as it came); None otherwise. Such a chunk (vLLM writes one event per write) skips
+        the line parser.
+
+        With LF-only lines, ``2 n`` line ends in a chunk split into ``n`` parts at blank lines
+        leave each part one line: a data line when it starts with ``data: ``."""
+        if (
+            not self._buf and not self._data and not self._pending_cr
+            and chunk.startswith(b"data: ") and chunk.endswith(b"\n\n") and b"\r" not in chunk
+        ):  # fmt: skip
+            self._started = True  # (a chunk that starts with "data: " has no BOM)
+            lines = chunk.count(b"\n")
+            if lines == 2:
+                return chunk, [chunk[6:-2]]
+            parts = chunk[:-2].split(b"\n\n")
+            if lines == 2 * len(parts) and all(p.startswith(b"data: ") for p in parts):
+                return chunk, [p[6:] for p in parts]
+        return None, self.feed(chunk)
 
     def _line(self, line: bytes, events: list[bytes]) -> None:
         if not line:

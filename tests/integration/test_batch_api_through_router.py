@@ -3,14 +3,16 @@ router process, which forwards files and batches to a real control-plane process
 signed principal); a real Celery worker, fed by a real beat on a private broker, runs the lines
 through the router to a simulator engine, in the ``batch`` class, with the batch's own key.
 
-Covered: upload, create, poll to ``completed``, the output line for line by ``custom_id``;
+Covered: upload, create, poll to ``completed``, the output line for line by ``custom_id``,
+the files sealed in an S3-compatible store (moto's server: ``SWITCHYARD_BATCH_STORAGE``);
 another tenant's ids are 404; a malformed file is refused with its line number; cancel; an
 embeddings batch billed once per line; a kill -9 of the worker mid-batch still ends with
 every line exactly once in the output; a tenant at its online concurrency cap while its
 batch runs gets no 429 (the batch lane); a router killed mid-batch, and then Redis emptied
 mid-batch (usage events waiting in the stream lost with it), still end with every line
-answered once and billed once under its own event id. The stage has a Redis of its own (the
-data plane's, which a test empties) besides the broker's."""
+answered once and billed once under its own event id; embeddings lines caught in flight by a
+kill -9 of the worker and then of the router (a slow embedding engine) end the same way. The
+stage has a Redis of its own (the data plane's, which a test empties) besides the broker's."""
 
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ import pytest
 import redis
 from django.conf import settings as django_settings
 from django.db import connections
+from django.utils import timezone
 from fixtures.celery_worker import Beat, Worker, database_url
 from fixtures.control_plane import (
     endpoint_ready,
@@ -40,18 +43,20 @@ from fixtures.control_plane import (
 )
 from fixtures.redis_server import private_redis
 from fixtures.router import Process, spawn, start_router, wait_ready, wait_until_up
+from fixtures.s3_server import S3Bucket, s3_bucket
 from fixtures.wait import eventually
 
 from apps.batches.models import Batch
 from apps.billing import ledger
-from apps.billing.models import UsageRecord
+from apps.billing.models import CreditAccount, UsageRecord
 from apps.billing.services import credit_grant, price_set
+from apps.common.models import AuditEvent
 from apps.models.models import Pool
 from apps.models.services import model_create, route_set
-from apps.tenants.models import Tenant
 from apps.tenants.services import api_key_create, request_class_create, tenant_create
 from config.embedded import EmbeddedRedis
 from runtime import contract, snapshot_store
+from runtime.crypto import MAGIC
 from tests.apps.rollouts.support import artifact, start_simulator
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
@@ -59,6 +64,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 MODEL = "tiny-llama"
 EMBED = "tiny-embed"
 SECRET = "integration-internal-secret"
+S3_PREFIX = "switchyard"
 
 
 @dataclass
@@ -72,6 +78,7 @@ class Stage:
     beats: list[Beat]
     start_beat: Callable[[], Beat]
     started: list[Any]  # processes stopped at the end
+    s3: S3Bucket  # where the control plane stores the files
 
     def client(self, tenant: str) -> openai.OpenAI:
         return openai.OpenAI(base_url=f"{self.router.base_url}/v1", api_key=self.keys[tenant],
@@ -106,7 +113,8 @@ def stage(settings: Any, tmp_path: Path) -> Iterator[Stage]:
     var_dir.mkdir()
     started: list[Any] = []
     # A Redis of its own (a test empties it), and another one as Celery's broker.
-    with private_redis(tmp_path / "data") as data, private_redis(tmp_path) as broker:
+    with (private_redis(tmp_path / "data") as data, private_redis(tmp_path) as broker,
+          s3_bucket("batch-files") as s3):  # fmt: skip
         settings.REDIS_URL = data.url
         client: redis.Redis[bytes] = redis.Redis.from_url(data.url)
         engine = start_simulator("--decode-a-ms", "20")
@@ -122,6 +130,7 @@ def stage(settings: Any, tmp_path: Path) -> Iterator[Stage]:
             "SWITCHYARD_BATCH_BILL_EVERY_S": "1", "SWITCHYARD_BATCH_BILL_GRACE_S": "3",
             "SWITCHYARD_BEAT_ONLY": "run-batches,drain-snapshot-outbox,usage-stream-to-ledger,"
                                     "bill-batch-lines",
+            **s3.env(S3_PREFIX),  # the files in an S3-compatible store (moto's server)
         }  # fmt: skip
         web, _ = spawn(["uvicorn", "config.asgi:application"], env=env)
         started.append(wait_until_up(web, "/v1/batches", ok=(401,)))
@@ -152,7 +161,7 @@ def stage(settings: Any, tmp_path: Path) -> Iterator[Stage]:
                 wait_ready(again, snapshot_store.latest_version(client, prefix=prefix) or 0)
                 return again
 
-            yield Stage(router, keys, env, workers, restart, data, beats, beat, started)
+            yield Stage(router, keys, env, workers, restart, data, beats, beat, started, s3)
         finally:
             for worker in workers:
                 print(worker.output()[-3000:])
@@ -183,10 +192,10 @@ def _embedding_lines(n: int) -> bytes:
     )  # fmt: skip
 
 
-def _embeddings_served(tmp_path: Path) -> Process:
+def _embeddings_served(tmp_path: Path, *args: str) -> Process:
     """An embedding model on a simulator of its own (in the pool of the chat model), priced:
-    published to the routers by the beat's outbox drain."""
-    engine = start_simulator(model=EMBED)
+    published to the routers by the beat's outbox drain. ``args``: the simulator's flags."""
+    engine = start_simulator(*args, model=EMBED)
     model = model_create(actor=None, name=EMBED, task="embedding")
     version = version_published(model, "v1", runtime="vllm",
                                 **artifact(tmp_path / "artifacts" / "embed"))  # fmt: skip
@@ -268,6 +277,12 @@ def test_openai_client_runs_a_batch_isolation_malformed_and_cancel(
         assert entry["response"]["status_code"] == 200
         assert entry["response"]["body"]["choices"][0]["message"]["content"]
     assert [b.id for b in acme.batches.list(limit=5).data] == [batch.id]
+    # Input and output are objects in the S3 bucket, sealed (no plaintext of a line).
+    keys = {f"{S3_PREFIX}/acme/{file_id}.jsonl" for file_id in (upload.id, done.output_file_id)}
+    assert keys <= set(stage.s3.keys())
+    for key in keys:
+        assert stage.s3.object(key).startswith(MAGIC)
+        assert b"custom_id" not in stage.s3.object(key)
     # Billed once per line, in the batch class, under the batch's own key.
     assert eventually(lambda: _billed(batch.id) == [("batch", "ok")] * 6, timeout=20,
                       what="the ledger's usage records")  # fmt: skip
@@ -311,7 +326,9 @@ def test_openai_client_runs_a_batch_isolation_malformed_and_cancel(
         assert len(entry["response"]["body"]["data"]) == 2  # an embedding per input
 
 
-def test_a_killed_worker_leaves_every_line_answered_exactly_once(stage: Stage) -> None:
+def test_a_killed_worker_leaves_every_line_answered_exactly_once_chat_and_embeddings(
+    stage: Stage, tmp_path: Path
+) -> None:
     acme = stage.client("acme")
     upload = acme.files.create(file=("input.jsonl", _lines(24, tokens=40)), purpose="batch")
     batch = acme.batches.create(input_file_id=upload.id, endpoint="/v1/chat/completions",
@@ -333,6 +350,7 @@ def test_a_killed_worker_leaves_every_line_answered_exactly_once(stage: Stage) -
     assert len(_billed(batch.id)) == 24
 
     _allowance(stage)
+    _embeddings_across_kills(stage, tmp_path)
 
 
 def _chat_status(client: openai.OpenAI) -> int:
@@ -405,12 +423,21 @@ def _waiting_in_stream(batch_id: str) -> int:
 
 def _lose_redis(data: EmbeddedRedis) -> None:
     """A Redis restart that keeps nothing (as without persistence): killed, emptied, started
-    again on its port; then what the control plane's beat does after it: the balances seeded
-    again from the ledger (``credit_reconcile``)."""
+    again on its port. Nothing seeds the balances again here (this stage's beat runs no
+    ``credit_reconcile``): the router refuses lines 402 until the executor does."""
     data.kill()
     shutil.rmtree(data.data_dir)
     data.start()
-    ledger.credit_reconcile()
+
+
+def _reconciled(tenant: str) -> bool:
+    """Whether a balance reconciliation repaired the tenant's balance (audited)."""
+    try:
+        account = CreditAccount.objects.get(tenant__slug=tenant)
+        return AuditEvent.objects.filter(action="credit.reconcile",
+                                         target_id=str(account.pk)).exists()  # fmt: skip
+    finally:
+        connections.close_all()
 
 
 def _completed(client: openai.OpenAI, batch_id: str, n: int, custom: str = "req") -> list[Any]:
@@ -454,8 +481,62 @@ def test_a_killed_router_or_a_lost_redis_leave_every_line_answered_and_billed_ex
                what="answered lines whose usage events wait in the stream")  # fmt: skip
     stage.workers[-1].kill()  # and the tick stops (SIGKILL): its lines in flight keep a lease
     _lose_redis(stage.data)
-    # A line refused 402 by the empty Redis (no balance yet) pauses the batch: a grant resumes it.
-    credit_grant(actor=None, tenant=Tenant.objects.get(slug="acme"), amount="10", reason="t")
+    # The empty Redis refuses the lines 402 (no balance): the ledger says acme has credits, so
+    # the executor reconciles the balances at once and the lines run again: no grant, no wait
+    # for the beat's reconciliation or the pause's 5-minute probe.
     stage.workers.append(Worker("celery", stage.env))
     stage.start_beat()
     _completed(acme, again.id, 24)
+    assert _reconciled("acme")
+
+
+def _in_flight(batch_id: str) -> dict[int, str]:
+    """The batch's lines claimed under a live lease right now (sent, not yet answered): their
+    ids and the executor (lease owner) holding each."""
+    try:
+        lines = Batch.objects.get(public_id=batch_id).lines.filter(
+            state="claimed", lease_expires_at__gt=timezone.now()
+        )
+        return dict(lines.values_list("id", "lease_owner"))
+    finally:
+        connections.close_all()
+
+
+def _ran_again(batch_id: str, ids: set[int]) -> int:
+    """How many of the lines ``ids`` were sent more than once."""
+    try:
+        lines = Batch.objects.get(public_id=batch_id).lines
+        return lines.filter(pk__in=ids, attempts__gt=1).count()
+    finally:
+        connections.close_all()
+
+
+def _embeddings_across_kills(stage: Stage, tmp_path: Path) -> None:
+    """Embeddings lines, which the router's Idempotency-Key skips, are caught in flight by a
+    kill -9 of the executor's worker and then of the router (the engine prefills 16 tokens/s:
+    a line of 4 tokens takes a quarter of a second, 4 run at once); every line ends once in
+    the output and once in the ledger, under its own event id."""
+    acme = stage.client("acme")
+    stage.started.append(_embeddings_served(tmp_path, "--prefill-tps", "16"))
+    eventually(lambda: acme.embeddings.create(model=EMBED, input="warm"), timeout=30,
+               ignore=(openai.NotFoundError,), what="the router to serve " + EMBED)  # fmt: skip
+    upload = acme.files.create(file=("embed.jsonl", _embedding_lines(16)), purpose="batch")
+    batch = acme.batches.create(input_file_id=upload.id, endpoint="/v1/embeddings",
+                                completion_window="24h")  # fmt: skip
+    eventually(lambda: _running(batch.id), timeout=30, what="lines answered and lines running")
+    at_worker_kill = _in_flight(batch.id)
+    stage.workers[-1].kill()  # SIGKILL: its lines in flight keep their lease, then run again
+    stage.workers.append(Worker("celery", stage.env))
+    killed = set(at_worker_kill.values())
+    at_router_kill = eventually(
+        lambda: {k: v for k, v in _in_flight(batch.id).items() if v not in killed},
+        timeout=30, what="the new worker's lines in flight",
+    )  # fmt: skip
+    stage.router.kill()  # SIGKILL: the lines it was serving die with it
+    stage.router = stage.restart_router()
+    for entry in _completed(acme, batch.id, 16, custom="emb"):
+        assert len(entry["response"]["body"]["data"]) == 2
+    # The kills caught lines in flight: they were sent again, and still answered and billed once.
+    assert at_worker_kill
+    assert _ran_again(batch.id, set(at_worker_kill)) >= 1
+    assert _ran_again(batch.id, set(at_router_kill)) >= 1

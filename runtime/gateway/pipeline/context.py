@@ -26,7 +26,7 @@ from runtime.gateway.admit import Admission
 from runtime.gateway.auth import Principal
 from runtime.gateway.cache_front import CacheJob
 from runtime.gateway.plan import Plan
-from runtime.gateway.relay import EventSource, RelayResult, ResponseSink, Usage
+from runtime.gateway.relay import RelayResult, ResponseSink, Usage
 from runtime.gateway.schema import Decoded, RequestDecoder
 from runtime.gateway.screen import OutputScreen
 from runtime.safety.compiled import CompiledPack
@@ -34,7 +34,7 @@ from runtime.scheduling.grant import Grant
 from runtime.snapshot import EndpointSnap, Snapshot
 from runtime.telemetry.logging import RequestRecord
 from runtime.telemetry.metrics import StageLabels
-from runtime.upstream.response import UpstreamResponse
+from runtime.upstream.response import EventSource, UpstreamResponse
 
 Headers = Iterable[tuple[bytes, bytes]]
 END_WAIT_S = 0.25  # the most the last chunk waits for the early releases' writes (Redis)

@@ -23,8 +23,11 @@ from apps.batches.services import (
 )
 from apps.batches.services.lines import fair_shares
 from apps.batches.services.pause import PROBE_AFTER_S, batches_resume_due
+from apps.billing import ledger
 from apps.billing.services import credit_grant
+from apps.common.models import AuditEvent
 from apps.tenants.models import ApiKey, Tenant
+from runtime.contract import credit_key
 
 pytestmark = [pytest.mark.db, pytest.mark.django_db]
 
@@ -324,6 +327,34 @@ def test_out_of_credits_pauses_the_batch_with_the_reason_and_a_grant_resumes_it(
     assert batches_resume_due() == 1
     assert acme.get(f"/v1/batches/{created['id']}").json()["errors"] is None
     assert [x.custom_id for x in lines_claim(owner="w2", limit=10, lease_s=60)] == ["a"]
+
+
+def test_a_402_from_a_balance_redis_lost_reconciles_at_once_instead_of_pausing(
+    tenant: Tenant, django_capture_on_commit_callbacks: Any
+) -> None:
+    with django_capture_on_commit_callbacks(execute=True):
+        credit_grant(actor=None, tenant=tenant, amount="10", reason="credits")  # ledger and Redis
+    client = ledger.redis_client()
+    key = credit_key(ledger.limits_prefix(), tenant.slug)
+    client.delete(key)  # a Redis restart that kept nothing: the routers refuse 402
+    created = _create(Signed("acme"), jsonl(line("a"), line("b"))).json()
+    refusal = {"error": {"code": "insufficient_credits", "message": "Balance too low."}}
+    restored: dict[int, bool] = {}  # one executor run: both lines were sent before the repair
+    for claimed in lines_claim(owner="w1", limit=2, lease_s=60):
+        executor._settle("w1", claimed, executor.Answer(402, refusal), None, restored)
+    assert restored == {tenant.pk: True}
+    assert int(client.hget(key, "balance") or 0) == 10_000_000  # seeded from the ledger
+    batch = Batch.objects.get(public_id=created["id"])
+    assert (batch.paused_at, batch.errors) == (None, None)  # not paused: the lines run again
+    assert AuditEvent.objects.filter(action="credit.reconcile").count() == 1
+    again = lines_claim(owner="w2", limit=10, lease_s=60)
+    assert sorted((x.custom_id, x.attempts) for x in again) == [("a", 1), ("b", 1)]  # no try spent
+
+    # A refusal the ledger agrees with (nothing to repair) pauses the batch as before.
+    executor._settle("w2", again[0], executor.Answer(402, refusal), None, {})
+    batch.refresh_from_db()
+    assert batch.paused_at is not None
+    assert AuditEvent.objects.filter(action="credit.reconcile").count() == 1
 
 
 def test_a_paused_batch_probes_again_after_a_while(tenant: Tenant) -> None:

@@ -107,3 +107,50 @@ def test_any_chunking_decodes_the_same(data: tuple[bytes, list[bytes]], cuts: li
     chunks = [raw[a:b] for a, b in itertools.pairwise(points)]
     assert decode(chunks) == payloads
     assert decode([raw]) == payloads
+
+
+def framed(chunks: list[bytes]) -> list[tuple[bytes | None, list[bytes]]]:
+    decoder = SSEDecoder()
+    return [decoder.feed_framed(chunk) for chunk in chunks]
+
+
+def test_a_chunk_of_whole_data_events_comes_back_as_it_came() -> None:
+    one, two = b'data: {"a":1}\n\n', b'data: {"b":2}\n\ndata: [DONE]\n\n'
+    assert framed([one, two]) == [(one, [b'{"a":1}']), (two, [b'{"b":2}', b"[DONE]"])]
+    assert framed([one])[0][0] is one  # the very bytes: nothing copied
+
+
+@pytest.mark.parametrize(
+    "chunks",
+    [
+        [b"data: a\n", b"\ndata: b\n\n"],  # the second chunk finishes an event begun before
+        [b"data: a\r\n\r\n"],  # CRLF line ends
+        [b"data:a\n\n"],  # no space after the colon: the client would get other bytes
+        [b": ping\ndata: a\n\n"],  # a comment
+        [b"event: x\ndata: a\n\n"],  # another field
+        [b"data: a\ndata: b\n\n"],  # two data lines, one event
+        [b"data: a\n\n\ndata: b\n\n"],  # a blank line more
+        [b"\xef\xbb\xbfdata: a\n\n"],  # a BOM
+    ],
+)
+def test_a_chunk_that_is_not_exactly_the_framing_comes_back_without_its_bytes(
+    chunks: list[bytes],
+) -> None:
+    got = framed(chunks)
+    assert got[-1][0] is None
+    assert [p for _, payloads in got for p in payloads] == decode(chunks)
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=streams(), cuts=st.lists(st.integers(0, 10_000), max_size=20))
+def test_framed_feeding_decodes_the_same_and_its_bytes_are_exactly_the_framing(
+    data: tuple[bytes, list[bytes]], cuts: list[int]
+) -> None:
+    raw, payloads = data
+    points = sorted({c % (len(raw) + 1) for c in cuts} | {0, len(raw)})
+    chunks = [raw[a:b] for a, b in itertools.pairwise(points)]
+    got = framed(chunks)
+    assert [p for _, batch in got for p in batch] == payloads
+    for chunk, batch in got:
+        if chunk is not None:
+            assert chunk == b"".join(b"data: " + p + b"\n\n" for p in batch)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 
 from runtime.contract import lane_tenant
-from runtime.gateway.admit import settle_limits
+from runtime.gateway.admit import settle_cost, settle_limits
 from runtime.gateway.bundles import AdmissionDeps
 from runtime.gateway.pipeline.context import RequestContext
 from runtime.gateway.relay import Usage
@@ -50,7 +50,9 @@ def settle(deps: AdmissionDeps, ctx: RequestContext) -> None:
             version=plan.version.id,
             endpoint=int(record.endpoint) if record.endpoint.isdigit() else None,
             tier=admission.tier, request_class=plan.klass.name if plan.klass else "default",
-            tokens_in=tokens_in, tokens_out=tokens_out, cost_uc=0, cached=cached,
+            tokens_in=tokens_in, tokens_out=tokens_out, cached=cached,
+            cost_uc=settle_cost(admission, served=True, tokens_in=tokens_in,
+                                tokens_out=tokens_out, cached=cached),
             outcome=usage_outcome(record.outcome, usage),
             occurred_at=time.time(), queue_ms=timings.get("queue"),
             ttft_ms=timings.get("upstream_ttft") if plan.streaming else None,  # streams (#33)
