@@ -21,6 +21,12 @@ FACTORIES: MappingProxyType[str, Callable[[], Target]] = MappingProxyType(
         "switchyard-load-only": lambda: SwitchyardTarget(
             name="switchyard-load-only", prefix_routing="off"
         ),
+        "switchyard-preempt": lambda: SwitchyardTarget(  # lend idle slots, take them back (#34)
+            name="switchyard-preempt", extra_policies=(("preemption", "fair"),)
+        ),
+        "switchyard-priority": lambda: SwitchyardTarget(  # engine-side priority (#34's rival)
+            name="switchyard-priority", extra_policies=(("upstream_priority", "on"),)
+        ),
         "switchyard-precise": lambda: SwitchyardTarget(name="switchyard-precise", kv_events=True),
         "switchyard-asgi": lambda: SwitchyardTarget(name="switchyard-asgi", http="asgi"),
         "switchyard-channels": lambda: SwitchyardTarget(

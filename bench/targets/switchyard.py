@@ -107,6 +107,7 @@ class SwitchyardTarget(Target):
     workers: int = 1  # router processes (--workers); each gets a core of its own if it can
     scorers: str | None = None  # overrides the scenario's pool policy "scorers"
     prefix_routing: str | None = None  # overrides the pool policy "prefix_routing" (on|off)
+    extra_policies: tuple[tuple[str, str], ...] = ()  # more pool policies, e.g. preemption
     kv_events: bool = False  # subscribe to the backends' KV events (precise prefix scoring)
     tls: bool = False  # serve HTTPS (the run's CA)
     mtls: bool = False  # and call backends of its own over mTLS
@@ -126,6 +127,7 @@ class SwitchyardTarget(Target):
             policies["scorers"] = self.scorers
         if self.prefix_routing is not None:
             policies["prefix_routing"] = self.prefix_routing
+        policies.update(self.extra_policies)
         return policies
 
     async def start(self, ctx: TargetContext) -> None:

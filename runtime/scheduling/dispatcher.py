@@ -22,7 +22,10 @@ The *pump* (synchronous, run on every push and release and on the loop's ticks):
 2. while some queued request's version has an endpoint with room, pop the next one (band by
    strict priority with guaranteed shares, tenant by the fairness policy, request by the
    ordering policy), choose its endpoint among those with room (the pool's scorers and
-   picker), take the slot and resolve the waiter.
+   picker), take the slot and resolve the waiter;
+3. with a ``preemption`` policy, when a request of a tenant the gate lets through still
+   waits with no room: stop a stream holding a lent slot and give the slot to it
+   (:mod:`.takeback`; the stopped one waits again, parked, and resumes by continuation).
 
 Room: the pool's :class:`~runtime.scheduling.interfaces.SaturationDetector` over the router's
 in-flight count against the endpoint's capacity and the scraped engine gauges. Tenants over
@@ -41,29 +44,33 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import itertools
 import logging
-import math
 from collections import Counter, deque
 from collections.abc import Callable
 
 from runtime.scheduling.admission import Rejected, admit
+from runtime.scheduling.charges import Charges
+from runtime.scheduling.coldstart import ColdStart, hold_or_refuse, stranded
 from runtime.scheduling.drain import DrainRate, retry_after_s
 from runtime.scheduling.grant import (
     Grant,
     NoEndpointError,
+    Preemptee,
     QueueDropError,
     QueueRejectedError,
     Ticket,
 )
 from runtime.scheduling.headroom import Gate, HeadroomRule
-from runtime.scheduling.interfaces import DropReason, QueuedRequest, token_cost
+from runtime.scheduling.holdings import Holdings
+from runtime.scheduling.interfaces import DropReason, QueuedRequest
 from runtime.scheduling.ports import CounterSink, Placement
 from runtime.scheduling.queue import QueueFull
 from runtime.scheduling.registry import PoolPolicies
-from runtime.scheduling.served import ServedTokens
 from runtime.scheduling.settings import PoolSettings
+from runtime.scheduling.takeback import TakeBack
 from runtime.snapshot import EndpointSnap
 
 logger = logging.getLogger(__name__)
@@ -81,12 +88,14 @@ __all__ = [
 
 
 class _Waiter:
-    __slots__ = ("future", "req", "ticket")
+    __slots__ = ("future", "grant", "req", "ticket")
 
-    def __init__(self, ticket: Ticket, req: QueuedRequest, future: asyncio.Future[Grant]) -> None:
+    def __init__(self, ticket: Ticket, req: QueuedRequest, future: asyncio.Future[Grant],
+                 grant: Grant | None = None) -> None:  # fmt: skip
         self.ticket = ticket
         self.req = req
         self.future = future
+        self.grant = grant  # a preempted request's parked grant
 
 
 class PoolDispatcher:
@@ -102,37 +111,22 @@ class PoolDispatcher:
         tick_s: float = 0.05,
         sink: CounterSink | None = None,
         headroom_window_s: float = 10.0,
-        cold_start: Callable[[int], float | None] | None = None,
-        lend: bool = False,
-        lend_reserve: int = 0,
+        cold_start: ColdStart | None = None,
+        lend: bool | None = None,
+        lend_reserve: int | None = None,
     ) -> None:
         if not tick_s > 0:
             raise ValueError(f"tick_s must be > 0, got {tick_s!r}")
-        if lend_reserve < 0:
-            raise ValueError(f"lend_reserve must be >= 0, got {lend_reserve!r}")
         self.pool = pool
         self.placement = placement
         self._clock = clock
         self._tick_s = tick_s
-        self._sink = sink
         self._headroom_window_s = headroom_window_s
-        # Lend: what the headroom gate would hold back may take a slot nobody else waits
-        # for; the caller takes it back by preemption when a tenant the gate lets through
-        # arrives (:mod:`.preempt`; the simulator does). Off by default. It lends only while
-        # more than ``lend_reserve`` of the pool's slots are free: those few stay for the
-        # others' next arrivals, which then need no preemption (each one costs a re-prefill).
-        self._lend = lend
-        self._lend_reserve = lend_reserve
         # Scale from zero: version -> expected start seconds of a replica (None: cannot).
         self._cold_start = cold_start
         self._seq = itertools.count(1)
         self._waiting: dict[str, _Waiter] = {}
-        self._inflight: Counter[str] = Counter()
-        self._queued: Counter[str] = Counter()  # tenant -> requests waiting
-        self._weights: dict[str, float] = {}  # weights of the tenants with requests waiting
-        self._known: set[tuple[int, str]] = set()
         self._drain = DrainRate()
-        self.served = ServedTokens()
         # What the autoscaler's signals read (runtime/scaling/signals.py): outcomes by
         # reason (``dispatched`` and the DropReason values) and recent queue waits per band.
         self.outcomes: Counter[str] = Counter()
@@ -143,8 +137,21 @@ class PoolDispatcher:
         self.settings = settings
         policies = settings.policies()
         self._detector = policies.saturation
-        self._headroom = self._headroom_rule(settings, policies)
+        # Lend: what the headroom gate would hold back may take a slot nobody else waits
+        # for; it is taken back by preemption when a tenant the gate lets through arrives
+        # (:mod:`.takeback`). On with a pool's ``preemption`` policy (``lend`` overrides it:
+        # the simulator preempts itself). It lends only while more than ``lend_reserve`` of
+        # the pool's slots are free: those stay for the others' next arrivals, which then
+        # need no preemption (each one costs a re-prefill).
+        self._lend_override = (lend, lend_reserve)
+        self._takeback = TakeBack(policies.preemption)
+        self._held = Holdings(self._headroom_rule(settings, policies),
+                              lend=self._takeback.armed if lend is None else lend,
+                              lend_reserve=settings.lend_reserve if lend_reserve is None
+                              else lend_reserve)  # fmt: skip
         self._queue = settings.new_queue(policies)
+        self._charges = Charges(pool, self._queue, sink)
+        self.served = self._charges.served
 
     # -- configuration ------------------------------------------------------------------
 
@@ -159,12 +166,15 @@ class PoolDispatcher:
         policies = settings.policies()
         self._detector = policies.saturation
         headroom = self._headroom_rule(settings, policies)
-        if headroom.fraction != self._headroom.fraction:
-            self._headroom = headroom  # (else keep what it learned: weights, peaks)
+        if headroom.fraction != self._held.rule.fraction:
+            self._held.rule = headroom  # (else keep what it learned: weights, peaks)
+        self._takeback.policy = policies.preemption
+        lend, reserve = self._lend_override
+        self._held.lend = self._takeback.armed if lend is None else lend
+        self._held.lend_reserve = settings.lend_reserve if reserve is None else reserve
         if settings.queue_key() != self.settings.queue_key():
             old, self._queue = self._queue, settings.new_queue(policies)
-            for band, tenant in self._known:
-                self._queue.lift_counter(band, tenant, old.counter(band, tenant))
+            self._charges.move(self._queue)
             now = self._clock()
             for req in old.requests():
                 try:
@@ -186,28 +196,13 @@ class PoolDispatcher:
             raise NoEndpointError(f"the pool '{self.pool}' is not serving")
         now = self._clock()
         if not self.placement.candidates(ticket.version, frozenset()):
-            self._hold_or_refuse(ticket, now)
+            hold_or_refuse(self._cold_start, self.pool, ticket, now)
         if not self._waiting:
             direct = self._direct(ticket, now)
             if direct is not None:
                 return direct
         self._pump(now)
-        seq = next(self._seq)
-        req = QueuedRequest(
-            id=str(seq),
-            tenant=ticket.tenant,
-            band=ticket.band,
-            class_name=ticket.class_name,
-            input_tokens=ticket.input_tokens,
-            max_output_tokens=ticket.max_output_tokens,
-            seq=seq,
-            arrived_at=now,
-            deadline=ticket.deadline,
-            weight=ticket.weight,
-            shed_order=ticket.shed_order,
-            is_shadow=ticket.is_shadow,
-            over_quota=self._over_quota(ticket),
-        )
+        req = self._request(ticket, now, over_quota=self._over_quota(ticket))
         decision = admit(self._queue, self._drain, req, now=now)
         if isinstance(decision, Rejected):
             self.outcomes[str(decision.reason)] += 1
@@ -216,9 +211,8 @@ class PoolDispatcher:
             self._drop(shed, self._shed_error(), now)
         future: asyncio.Future[Grant] = asyncio.get_running_loop().create_future()
         self._waiting[req.id] = _Waiter(ticket, req, future)
-        self._queued[ticket.tenant] += 1
-        self._weights[ticket.tenant] = ticket.weight
-        self._headroom.note(ticket.tenant, ticket.weight, now)
+        self._held.waits(ticket.tenant, ticket.weight)
+        self._held.note(ticket.tenant, ticket.weight, now)
         self._pump(now)
         if not future.done():
             self.served.queued(ticket.tenant, ticket.weight, now)
@@ -231,24 +225,20 @@ class PoolDispatcher:
             self._cancelled(req.id, future)
             raise
 
+    def _request(self, ticket: Ticket, now: float, *, over_quota: bool) -> QueuedRequest:
+        seq = next(self._seq)
+        return QueuedRequest(
+            id=str(seq), tenant=ticket.tenant, band=ticket.band, class_name=ticket.class_name,
+            input_tokens=ticket.input_tokens, max_output_tokens=ticket.max_output_tokens,
+            seq=seq, arrived_at=now, deadline=ticket.deadline, weight=ticket.weight,
+            shed_order=ticket.shed_order, is_shadow=ticket.is_shadow, over_quota=over_quota,
+        )  # fmt: skip
+
     def _position(self, req_id: str) -> int | None:
         """The 1-based queue position of a waiting request; None once it left the queue."""
         if req_id not in self._queue:
             return None
         return self._queue.position(req_id)
-
-    def _hold_or_refuse(self, ticket: Ticket, now: float) -> None:
-        """No usable endpoint: wait in the queue while a replica starts (scale from zero) if
-        the deadline covers its start time; else :class:`NoEndpointError`."""
-        start_s = self._cold_start(ticket.version) if self._cold_start is not None else None
-        if start_s is None:
-            raise NoEndpointError(f"no usable endpoint serves the pool '{self.pool}' version")
-        if ticket.deadline - now < start_s:
-            raise NoEndpointError(
-                f"no replica of this version is ready and starting one takes about "
-                f"{start_s:.1f} s, longer than the request's deadline allows",
-                retry_after_s=max(1, math.ceil(start_s)),
-            )
 
     def _direct(self, ticket: Ticket, now: float) -> Grant | None:
         """The fast path (module docstring) when it applies; None: take the queued path."""
@@ -257,41 +247,22 @@ class PoolDispatcher:
         roomy = self._roomy(ticket.version, frozenset())
         if not roomy:
             return None
-        self._headroom.note(ticket.tenant, ticket.weight, now)
-        gate = self._headroom.gate(
-            inflight=self._inflight,
-            queued={ticket.tenant: 1},
-            capacity=self.placement.capacity(),
-            now=now,
-        )
-        if not self._lend and gate.blocks(ticket.tenant, self._inflight):
+        self._held.note(ticket.tenant, ticket.weight, now)
+        capacity = self.placement.capacity()
+        gate = self._held.gate(capacity, now, arriving=ticket.tenant)
+        if self._held.blocks(gate, ticket.tenant) and not self._held.lendable(capacity):
             return None
-        seq = next(self._seq)
-        req = QueuedRequest(
-            id=str(seq),
-            tenant=ticket.tenant,
-            band=ticket.band,
-            class_name=ticket.class_name,
-            input_tokens=ticket.input_tokens,
-            max_output_tokens=ticket.max_output_tokens,
-            seq=seq,
-            arrived_at=now,
-            deadline=ticket.deadline,
-            weight=ticket.weight,
-            shed_order=ticket.shed_order,
-            is_shadow=ticket.is_shadow,
-            over_quota=False,
-        )
+        req = self._request(ticket, now, over_quota=False)
         self._queue.pass_through(req)
         self._drain.observe(now=now, queued=0)
-        self._charged(req, input_tokens=req.input_tokens, output_tokens=0, now=now)
+        self._charges.dispatched(req, now)
         endpoint = self.placement.choose(
             roomy, ticket.affinity_key, adapter=ticket.adapter, prefix=ticket.prefix
         )
         self.placement.acquire(endpoint.id)
-        self._inflight[req.tenant] += 1
+        self._held.took(req.tenant)
         self._note_dispatched(req.band, 0.0)
-        return Grant(self, ticket, req, endpoint, waited_s=0.0)
+        return Grant(self, ticket, req, endpoint, waited_s=0.0, started_at=now)
 
     def _note_dispatched(self, band: int, waited: float) -> None:
         """What the autoscaler's signals read: a dispatch and its queue wait, per band."""
@@ -311,15 +282,8 @@ class PoolDispatcher:
             future.result().release()
 
     def _over_quota(self, ticket: Ticket) -> bool:
-        """The tenant already holds its weighted share of the pool queue's bound."""
         bound = self.settings.max_total or self.settings.default_limit
-        if bound is None:
-            return False
-        mine = self._queued.get(ticket.tenant, 0)
-        if mine == 0:
-            return False
-        others = sum(w for t, w in self._weights.items() if t != ticket.tenant)
-        return mine >= bound * ticket.weight / (others + ticket.weight)
+        return self._held.over_quota(ticket.tenant, ticket.weight, bound)
 
     def _shed_error(self) -> QueueDropError:
         wait = self._drain.estimated_wait(sum(s.cost for s in self._queue.stats().values()))
@@ -331,14 +295,27 @@ class PoolDispatcher:
 
     # -- grants -------------------------------------------------------------------------
 
+    @property
+    def takes_back(self) -> bool:
+        """Whether this pool lends slots and takes them back by preemption."""
+        return self._held.lend and self._takeback.armed
+
+    def offer(self, grant: Grant, preemptee: Preemptee) -> None:
+        """``grant``'s running stream may be preempted (:mod:`.takeback`)."""
+        if self.takes_back and not grant.parked:
+            self._takeback.offer(grant, preemptee)
+
     def release(self, grant: Grant) -> None:
+        self._takeback.withdraw(grant)
+        if grant.parked:  # preempted: no slot held; out of the queue if still in it
+            grant.parked = False
+            self._unpark(grant)
+            self._pump()
+            return
         if grant.endpoint is not None:
             self.placement.release(grant.endpoint.id)
             grant.endpoint = None
-        tenant = grant.ticket.tenant
-        self._inflight[tenant] -= 1
-        if self._inflight[tenant] <= 0:
-            del self._inflight[tenant]
+        self._held.gave(grant.ticket.tenant)
         self._pump()
 
     def reassign(self, grant: Grant, exclude: frozenset[int]) -> EndpointSnap | None:
@@ -364,47 +341,19 @@ class PoolDispatcher:
 
     def charge_output(self, grant: Grant, tokens: int) -> None:
         """Charge ``tokens`` streamed output tokens of a dispatched request to its tenant."""
-        if tokens <= 0:
-            return
-        req = grant.request
-        self._queue.lift_counter(req.band, req.tenant, 0.0)  # make sure the band exists
-        self._queue.charge_output(req, tokens)
-        self._charged(req, input_tokens=0, output_tokens=tokens, now=self._clock())
+        if tokens > 0:
+            self._charges.output(grant.request, tokens, self._clock())
 
     def charge_bypass(
         self, *, tenant: str, band: int, weight: float, input_tokens: int, output_tokens: int
     ) -> None:
         """Charge service answered without the queue (a cache hit, at its cheaper weight) to
         ``tenant``'s fairness counters, here and in the shared counters."""
-        self._queue.charge(band, tenant, weight=weight, input_tokens=input_tokens,
-                           output_tokens=output_tokens)  # fmt: skip
-        self._account(tenant, band, weight, input_tokens, output_tokens, self._clock())
-
-    def _charged(
-        self, req: QueuedRequest, *, input_tokens: int, output_tokens: int, now: float
-    ) -> None:
-        self._account(req.tenant, req.band, req.weight, input_tokens, output_tokens, now)
-
-    def _account(  # noqa: PLR0917 - private, positional by design
-        self, tenant: str, band: int, weight: float, input_tokens: int, output_tokens: int,
-        now: float,
-    ) -> None:  # fmt: skip
-        self._known.add((band, tenant))
-        self.served.add(
-            tenant,
-            weight=weight,
-            input_tokens=input_tokens,
-            output_tokens=output_tokens,
-            now=now,
-        )
-        if self._sink is not None:
-            amount = token_cost(input_tokens, output_tokens) / weight
-            self._sink.record(self.pool, band, tenant, amount)
+        self._charges.bypass(tenant, band, weight, input_tokens, output_tokens, self._clock())
 
     def lift(self, band: int, tenant: str, value: float) -> None:
         """Raise a fairness counter to the global value (shared counters' sync)."""
-        self._known.add((band, tenant))
-        self._queue.lift_counter(band, tenant, value)
+        self._charges.lift(band, tenant, value)
 
     # -- the pump -----------------------------------------------------------------------
 
@@ -430,13 +379,10 @@ class PoolDispatcher:
         if not self._waiting:
             return
         capacity = self.placement.capacity()
+        held = self._held
         for _ in range(len(self._waiting)):
-            gate = self._headroom.gate(
-                inflight=self._inflight, queued=self._queued, capacity=capacity, now=now
-            )
-            gated_full = bool(gate) and all(
-                gate.blocks(t, self._inflight, lending=self._lend) for t in gate.tenants
-            )
+            gate = held.gate(capacity, now)
+            gated_full = held.all_blocked(gate)
             rooms: dict[int, list[EndpointSnap]] = {}
 
             def has_room(req: QueuedRequest) -> bool:
@@ -453,43 +399,105 @@ class PoolDispatcher:
             req = self._queue.pop(under if gate else has_room)
             if req is None and gate and not gated_full:
                 req = self._queue.pop(
-                    lambda r: (
-                        not gate.blocks(r.tenant, self._inflight, lending=self._lend)  # noqa: B023
-                        and has_room(r)
-                    )
+                    lambda r: not held.blocks(gate, r.tenant) and has_room(r)  # noqa: B023
                 )
-            if req is None and gate and self._lendable(capacity):  # taken back by preemption
+            if req is None and gate and held.lendable(capacity):  # taken back by preemption
                 req = self._queue.pop(has_room)
-            if req is None:
+            if req is not None:
+                self._send(req, now, rooms[self._waiting[req.id].ticket.version])
+            elif not (gate and self._takeback.armed and self._take_back(gate, capacity, now)):
                 return
-            waiter = self._waiting[req.id]
-            self._forget(req)
-            self._drain.observe(now=now, queued=len(self._queue), dispatched_cost=req.cost)
-            self._charged(req, input_tokens=req.input_tokens, output_tokens=0, now=now)
-            if waiter.future.done():
-                continue  # cancelled while we were about to release it
-            ticket = waiter.ticket
-            endpoint = self.placement.choose(
-                rooms[ticket.version], ticket.affinity_key,
-                adapter=ticket.adapter, prefix=ticket.prefix,
-            )
-            self.placement.acquire(endpoint.id)
-            self._inflight[req.tenant] += 1
-            waited = max(now - req.arrived_at, 0.0)
-            self._note_dispatched(req.band, waited)
-            waiter.future.set_result(Grant(self, ticket, req, endpoint, waited_s=waited))
 
-    def _lendable(self, capacity: int) -> bool:
-        """Whether a slot may be lent now: lending is on and more than ``lend_reserve`` of
-        the pool's ``capacity`` slots are free."""
-        return self._lend and capacity - sum(self._inflight.values()) > self._lend_reserve
+    def _send(self, req: QueuedRequest, now: float, to: list[EndpointSnap] | EndpointSnap) -> None:
+        """Dispatch ``req``, just popped, to ``to`` (or the choice among them): a new grant,
+        or the parked grant of a preempted request (no second admission, no second charge)."""
+        waiter = self._waiting[req.id]
+        self._forget(req)
+        self._drain.observe(now=now, queued=len(self._queue), dispatched_cost=req.cost)
+        self._charges.dispatched(req, now)
+        if waiter.future.done():
+            return  # cancelled while we were about to release it
+        ticket = waiter.ticket
+        endpoint = to if isinstance(to, EndpointSnap) else self.placement.choose(
+            to, ticket.affinity_key, adapter=ticket.adapter, prefix=ticket.prefix
+        )  # fmt: skip
+        self.placement.acquire(endpoint.id)
+        self._held.took(req.tenant)
+        if waiter.grant is not None:  # a preempted request resumes
+            waiter.grant.endpoint, waiter.grant.parked = endpoint, False
+            waiter.future.set_result(waiter.grant)
+            return
+        waited = max(now - req.arrived_at, 0.0)
+        self._note_dispatched(req.band, waited)
+        waiter.future.set_result(
+            Grant(self, waiter.ticket, req, endpoint, waited_s=waited, started_at=now)
+        )
+
+    # -- taking lent slots back (:mod:`.takeback`) ----------------------------------------
+
+    def _take_back(self, gate: Gate, capacity: int, now: float) -> bool:
+        """A request the gate lets through waits and its version has no room: stop the
+        victim policy's running stream on one of its endpoints and give its slot to it."""
+        held, victims = self._held, {}
+        shares = held.shares(capacity, now)
+
+        def victim_for(req: QueuedRequest) -> bool:
+            waiter = self._waiting[req.id]
+            if waiter.grant is not None or held.blocks(gate, req.tenant):
+                return False  # a preempted request never preempts; a gated one waits
+            ids = {e.id for e in self.placement.candidates(waiter.ticket.version, frozenset())}
+            victim = self._takeback.victim(req.tenant, ids, gate, held.inflight, shares)
+            if victim is None or not self._queue.has_room_for(victim.request.band):
+                return False
+            victims[req.id] = victim
+            return True
+
+        req = self._queue.pop(victim_for)
+        if req is None:
+            return False
+        victim = victims[req.id]
+        endpoint = victim.endpoint
+        assert endpoint is not None  # victim() offers only grants holding one
+        self._preempt(victim, now)
+        self._send(req, now, endpoint)
+        return True
+
+    def _preempt(self, grant: Grant, now: float) -> None:
+        """Stop ``grant``'s stream, free its slot and queue its request again: the same id,
+        place and deadline, its input tokens already charged."""
+        preemptee = self._takeback.withdraw(grant)
+        if grant.endpoint is not None:
+            self.placement.release(grant.endpoint.id)
+            grant.endpoint = None
+        self._held.gave(grant.ticket.tenant)
+        grant.parked = True
+        grant.preemptions += 1
+        req = dataclasses.replace(grant.request, input_tokens=0, over_quota=False)
+        future: asyncio.Future[Grant] = asyncio.get_running_loop().create_future()
+        grant.resume = future
+        self._waiting[req.id] = _Waiter(grant.ticket, req, future, grant)
+        self._queue.push(req)
+        self._held.waits(req.tenant, req.weight)
+        self._drain.observe(now=now, queued=len(self._queue))
+        self.outcomes["preempted"] += 1
+        if preemptee is not None:
+            preemptee.preempt()
+
+    def _unpark(self, grant: Grant) -> None:
+        """A parked grant ends: its request leaves the queue; a drop's error is retrieved."""
+        waiter = self._waiting.get(grant.request.id)
+        if waiter is not None and waiter.grant is grant:
+            self._queue.remove(grant.request.id)
+            self._forget(waiter.req)
+            self._drain.observe(now=self._clock(), queued=len(self._queue))
+            waiter.future.cancel()
+        future = grant.resume
+        if future is not None and future.done() and not future.cancelled():
+            future.exception()  # (seen: no "never retrieved" warning)
 
     def _forget(self, req: QueuedRequest) -> None:
         self._waiting.pop(req.id, None)
-        self._queued[req.tenant] -= 1
-        if self._queued[req.tenant] <= 0:
-            del self._queued[req.tenant]
-            self._weights.pop(req.tenant, None)
+        self._held.left(req.tenant)
 
     def _drop(self, req: QueuedRequest, error: Exception, now: float) -> None:
         """``req`` left the queue without an endpoint: answer its waiter with ``error``."""
@@ -507,13 +515,8 @@ class PoolDispatcher:
 
     def _strand(self) -> None:
         """Requests whose version lost every usable endpoint get 503 at once."""
-        versions = {w.ticket.version for w in self._waiting.values()}
-        dead = {
-            v
-            for v in versions
-            if not self.placement.candidates(v, frozenset())
-            and (self._cold_start is None or self._cold_start(v) is None)
-        }
+        versions = (w.ticket.version for w in self._waiting.values())
+        dead = stranded(self.placement, self._cold_start, versions)
         if not dead:
             return
         now = self._clock()
@@ -577,28 +580,18 @@ class PoolDispatcher:
         return 0.0
 
     def counters(self) -> dict[tuple[int, str], float]:
-        return {(b, t): self._queue.counter(b, t) for b, t in self._known}
+        return self._charges.counters()
 
     def inflight(self) -> dict[str, int]:
-        return dict(self._inflight)
+        return dict(self._held.inflight)
 
     def shares(self) -> dict[str, float]:
         """Each active tenant's share of the pool's slots now (:meth:`.HeadroomRule.shares`)."""
-        return self._headroom.shares(
-            inflight=self._inflight,
-            queued=self._queued,
-            capacity=self.placement.capacity(),
-            now=self._clock(),
-        )
+        return self._held.shares(self.placement.capacity(), self._clock())
 
     def held_back(self) -> Gate:
         """The headroom gate as of now: who is held back, and the limits (:mod:`.headroom`).
 
         Computing it is one more look for the rule's averages and peaks (as every dispatch
         is): harmless at any moment, since they integrate what was held between looks."""
-        return self._headroom.gate(
-            inflight=self._inflight,
-            queued=self._queued,
-            capacity=self.placement.capacity(),
-            now=self._clock(),
-        )
+        return self._held.gate(self.placement.capacity(), self._clock())

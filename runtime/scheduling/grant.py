@@ -3,10 +3,11 @@ the ways it can fail before reaching an engine."""
 
 from __future__ import annotations
 
+import asyncio
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from runtime.routing.prefix import PromptPrefix
 from runtime.scheduling.admission import Rejected
@@ -73,11 +74,28 @@ class NoEndpointError(SchedulingError):
         self.retry_after_s = retry_after_s
 
 
+class Preemptee(Protocol):
+    """A running stream the dispatcher may stop to take its slot back (:mod:`.takeback`)."""
+
+    def preemptible(self) -> bool:
+        """Whether it may be stopped now (streaming, not ending, not moving)."""
+        ...
+
+    def preempt(self) -> None:
+        """Stop its upstream at once (synchronously); it resumes through :meth:`Grant.resumed`."""
+        ...
+
+
 class Grant:
     """The right to send one request to ``endpoint``: holds its in-flight slot until
-    :meth:`release` (idempotent). ``waited_s`` is the time spent queued."""
+    :meth:`release` (idempotent). ``waited_s`` is the time spent queued.
 
-    __slots__ = ("_dispatcher", "_released", "charged_output", "endpoint", "request", "ticket",
+    A preempted grant is *parked*: it holds no slot (``endpoint`` is None) and its request
+    waits in the pool queue again, with its place, deadline and fairness charge, until
+    :meth:`resumed` hands it a slot; :meth:`release` settles it in either state."""
+
+    __slots__ = ("_dispatcher", "_released", "charged_output", "endpoint", "parked",
+                 "preemptions", "request", "resume", "started_at", "ticket",
                  "waited_s")  # fmt: skip
 
     def __init__(
@@ -88,6 +106,7 @@ class Grant:
         endpoint: EndpointSnap,
         *,
         waited_s: float,
+        started_at: float = 0.0,
     ) -> None:
         self._dispatcher = dispatcher
         self._released = False
@@ -95,7 +114,16 @@ class Grant:
         self.request = request
         self.endpoint: EndpointSnap | None = endpoint
         self.waited_s = waited_s
+        self.started_at = started_at  # dispatched (the dispatcher's clock)
         self.charged_output = 0
+        self.parked = False  # preempted: no slot, queued again
+        self.preemptions = 0
+        self.resume: asyncio.Future[Grant] | None = None  # set while parked
+
+    @property
+    def takes_back(self) -> bool:
+        """Whether its pool takes lent slots back by preemption (:meth:`preemptible`)."""
+        return self._dispatcher.takes_back
 
     @property
     def released(self) -> bool:
@@ -106,6 +134,22 @@ class Grant:
         if not self._released:
             self._released = True
             self._dispatcher.release(self)
+
+    def preemptible(self, preemptee: Preemptee) -> None:
+        """Offer the running stream ``preemptee`` to the pool's take-back (a pool that takes
+        nothing back ignores it)."""
+        if not self._released:
+            self._dispatcher.offer(self, preemptee)
+
+    async def resumed(self) -> EndpointSnap:
+        """Wait, parked, for a slot again; the endpoint it got. Raises what a queued request
+        gets: :class:`QueueDropError` (its deadline passed), :class:`NoEndpointError`."""
+        if self.resume is None:
+            raise RuntimeError("the grant was not preempted")
+        await self.resume
+        if self.endpoint is None:
+            raise NoEndpointError("the preempted request lost its slot")
+        return self.endpoint
 
     def reassign(self, exclude: frozenset[int]) -> EndpointSnap | None:
         """Give up the current endpoint for another (a retry): one with room, else the

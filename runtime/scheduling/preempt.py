@@ -34,6 +34,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar, Protocol
 
+from runtime.scheduling.headroom import Gate
+
 
 @dataclass(frozen=True, slots=True)
 class Running:
@@ -132,3 +134,15 @@ class NoPreemption:
         self, arriving: str, running: Sequence[Running], standing: Mapping[str, Standing]
     ) -> Running | None:
         return None
+
+
+def standing(
+    gate: Gate, held: Mapping[str, int], shares: Mapping[str, float], arriving: str
+) -> dict[str, Standing]:
+    """What the victim policy is told: over are the tenants holding slots lent to them
+    (:meth:`Gate.lent`), and the arriving tenant when the gate, lending, blocks it."""
+    lent = gate.lent(held)
+    out = {t: Standing(share, held.get(t, 0), over=t in lent) for t, share in shares.items()}
+    blocked = gate.blocks(arriving, held, lending=True)
+    out[arriving] = Standing(shares.get(arriving, 0.0), held.get(arriving, 0), over=blocked)
+    return out

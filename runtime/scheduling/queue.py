@@ -148,6 +148,14 @@ class PoolQueue:
             out[band] = BandStats(b.length, b.cost, min(arrivals) if arrivals else None)
         return out
 
+    def has_room_for(self, band: int) -> bool:
+        """One more request of ``band`` fits without shedding anyone."""
+        b = self._bands.get(band)
+        limit = self.limit(band)
+        if limit is not None and b is not None and b.length >= limit:
+            return False
+        return self._max_total is None or len(self._entries) < self._max_total
+
     # -- in ---------------------------------------------------------------------------
 
     def push(self, req: QueuedRequest) -> list[QueuedRequest]:

@@ -28,8 +28,8 @@ Interface = Literal["fairness", "ordering", "saturation"]
 FAIRNESS_POLICIES: Final = (VirtualTokenCounter, FirstComeFirstServed, RoundRobin)
 ORDERING_POLICIES: Final = (EarliestDeadlineFirst, ArrivalOrder)
 SATURATION_DETECTORS: Final = (VllmMetrics, InflightOnly)
-# Preemption's victim choice (:mod:`.preempt`): opt-in, so kept apart from the pool's
-# ``policies`` interfaces above (no pool names one yet; the simulator does).
+# Preemption's victim choice (:mod:`.preempt`): opt-in (``off`` by default), so kept apart
+# from the interfaces above; a pool names one with its ``preemption`` policy key.
 PREEMPTION_POLICIES: Final = (FairVictim, FewestGenerated, NoPreemption)
 
 DEFAULTS: Final[Mapping[Interface, str]] = MappingProxyType(
@@ -102,6 +102,7 @@ class PoolPolicies:
     fairness: FairnessPolicy[Any]
     ordering: OrderingPolicy
     saturation: SaturationDetector
+    preemption: VictimPolicy
 
     @classmethod
     def from_policies(cls, policies: Mapping[str, str]) -> PoolPolicies:
@@ -113,4 +114,5 @@ class PoolPolicies:
             fairness=fairness_policy(policies.get("fairness", DEFAULTS["fairness"])),
             ordering=ordering_policy(policies.get("ordering", DEFAULTS["ordering"])),
             saturation=saturation_detector(policies.get("saturation", DEFAULTS["saturation"])),
+            preemption=preemption_policy(policies.get("preemption", "off")),
         )

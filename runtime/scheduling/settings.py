@@ -10,7 +10,12 @@ Pool policy keys (all optional; values are strings, as in ``PoolSnap.policies``)
   ``max_queue_length``); at the bound the most sheddable request gives way — shadow, then
   lower ``shed_order`` (batch before standard before interactive), then over-quota;
 - ``band_shares``: ``"band:share,..."`` guaranteed minimum shares (:mod:`.shares`); default
-  0.05 for every band below the most urgent.
+  0.05 for every band below the most urgent;
+- ``preemption``: the victim choice (:mod:`.preempt`: ``fair``, ``fewest_generated``) of
+  work-conserving isolation: the flood limit lends idle slots and takes them back by
+  preempting a running stream (:mod:`.takeback`); ``off`` (the default) lends nothing;
+- ``lend_reserve``: lend only while more than this many of the pool's slots are free
+  (default 0).
 
 Per band, the queue bound is the largest ``max_queue_length`` of the classes in that band;
 bands no class names use ``default_limit``. Unparseable values are refused with
@@ -46,6 +51,8 @@ class PoolSettings:
     default_limit: int | None = 1000
     max_total: int | None = None
     band_shares: Mapping[int, float] = field(default_factory=dict)
+    preemption: str = "off"
+    lend_reserve: int = 0
 
     def headroom_for(self, *, isolating: bool) -> float:
         if self.headroom is not None:
@@ -55,8 +62,9 @@ class PoolSettings:
     def policies(self) -> PoolPolicies:
         """The named implementations (``UnknownPolicyError`` for a name not registered)."""
         return PoolPolicies.from_policies(
-            {"fairness": self.fairness, "ordering": self.ordering, "saturation": self.saturation}
-        )
+            {"fairness": self.fairness, "ordering": self.ordering,
+             "saturation": self.saturation, "preemption": self.preemption}
+        )  # fmt: skip
 
     def new_queue(self, policies: PoolPolicies) -> PoolQueue:
         return PoolQueue(
@@ -106,6 +114,8 @@ class PoolSettings:
             default_limit=default_limit,
             max_total=max_total,
             band_shares=_band_shares(policies.get("band_shares"), sorted(limits)),
+            preemption=policies.get("preemption", "off").strip(),
+            lend_reserve=_count(policies, "lend_reserve"),
         )
 
 
@@ -119,6 +129,19 @@ def _positive_int(policies: Mapping[str, str], key: str) -> int | None:
         raise SettingsError(f"pool policy {key!r} must be an integer, got {raw!r}") from None
     if value < 1:
         raise SettingsError(f"pool policy {key!r} must be >= 1, got {raw!r}")
+    return value
+
+
+def _count(policies: Mapping[str, str], key: str) -> int:
+    raw = policies.get(key)
+    if raw is None or not raw.strip():
+        return 0
+    try:
+        value = int(raw)
+    except ValueError:
+        raise SettingsError(f"pool policy {key!r} must be an integer, got {raw!r}") from None
+    if value < 0:
+        raise SettingsError(f"pool policy {key!r} must be >= 0, got {raw!r}")
     return value
 
 

@@ -61,6 +61,7 @@ def exported_metric_names() -> set[str]:
     resumes = ResumeMetrics(metrics.registry)  # as runtime/gateway/state.py creates it
     resumes.outcome(cause="migration", reason="disconnected", outcome="resumed")
     resumes.resumed(cause="migration", reprefilled=3, seconds=0.2)
+    resumes.preempted(reason="lent_slot")
     record = RequestRecord(request_id="r", route="/v1/chat/completions", status=200, outcome="ok")
     record.timings_ms = {"upstream_ttft": 1.0, "e2e": 2.0}
     metrics.observe_slis(record, None)

@@ -3,15 +3,21 @@ dies or its stream breaks (:mod:`runtime.gateway.migrate`). Per request it only 
 upstream response the relay reads (nothing decoded, nothing per chunk but a list append);
 the continuation is built and opened only after a break, through the grant's ``reassign``
 (the broken endpoints excluded) and the same retries before the first byte as dispatch.
-Off when ``SWITCHYARD_STREAM_MIGRATIONS`` is 0, for unary answers and coalesced calls."""
+Off when ``SWITCHYARD_STREAM_MIGRATIONS`` is 0 (unless the pool takes lent slots back by
+preemption: then a stream that can be continued offers itself to its grant), for unary
+answers and coalesced calls."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+
+import msgspec
 
 from runtime.gateway.bundles import UpstreamDeps
 from runtime.gateway.migrate import MigratingStream
 from runtime.gateway.pipeline.context import Attempts, RequestContext
+from runtime.gateway.resume import NotResumable, decode_document
 from runtime.snapshot import EndpointSnap
 from runtime.upstream.dispatch import open_with_retry
 from runtime.upstream.response import UpstreamResponse
@@ -25,11 +31,12 @@ class Migrate:
 
     async def __call__(self, ctx: RequestContext) -> None:
         deps, upstream = self._deps, ctx.upstream
-        if deps.resume_metrics is None or deps.stream_migrations < 1:
-            return
-        if upstream is None or not upstream.is_stream or not ctx.ready_plan.streaming:
+        if deps.resume_metrics is None or upstream is None or not upstream.is_stream:
             return
         plan, attempts = ctx.ready_plan, ctx.ready_attempts
+        takes_back = attempts.grant.takes_back
+        if not plan.streaming or (deps.stream_migrations < 1 and not takes_back):
+            return
         headers = {"X-Request-Id": ctx.request_id, **deps.tracing.upstream_headers(ctx.record)}
 
         async def open_next(body: bytes, broken: frozenset[int]) -> UpstreamResponse:
@@ -56,6 +63,9 @@ class Migrate:
             limit=deps.stream_migrations, metrics=deps.resume_metrics,
             prompt_tokens=plan.prompt_tokens, count_tokens=count,
         )  # fmt: skip
+        if takes_back:  # the request is decoded here only in a pool that preempts
+            with contextlib.suppress(msgspec.DecodeError, NotResumable):
+                stream.preemptible_by(attempts.grant, decode_document(plan.body))
         ctx.events = stream
         ctx.hold_async(stream.aclose)
 
@@ -72,4 +82,8 @@ class _Elsewhere:
 
     def __call__(self, exclude: frozenset[int]) -> EndpointSnap | None:
         self._attempts.count += 1
-        return self._attempts.grant.reassign(exclude | self._broken)
+        grant = self._attempts.grant
+        here = grant.endpoint  # after a preemption: the endpoint the queue gave it
+        if here is not None and here.id not in exclude | self._broken:
+            return here
+        return grant.reassign(exclude | self._broken)
