@@ -48,6 +48,7 @@ import math
 from collections import Counter, deque
 from collections.abc import Callable
 
+from runtime.routing.adapters import RecentWaits
 from runtime.scheduling.admission import Rejected, admit
 from runtime.scheduling.drain import DrainRate, retry_after_s
 from runtime.scheduling.grant import (
@@ -137,6 +138,7 @@ class PoolDispatcher:
         # reason (``dispatched`` and the DropReason values) and recent queue waits per band.
         self.outcomes: Counter[str] = Counter()
         self.waits: dict[int, deque[float]] = {}
+        self._recent_waits = RecentWaits()  # all bands: the LoRA adapters' hold rule reads it
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._closed = False
@@ -254,7 +256,7 @@ class PoolDispatcher:
         """The fast path (module docstring) when it applies; None: take the queued path."""
         if not now < ticket.deadline:
             return None
-        roomy = self._roomy(ticket.version, frozenset())
+        roomy = self._room_for(ticket, 0.0)
         if not roomy:
             return None
         self._headroom.note(ticket.tenant, ticket.weight, now)
@@ -300,6 +302,7 @@ class PoolDispatcher:
         if band_waits is None:
             band_waits = self.waits[band] = deque(maxlen=256)
         band_waits.append(waited)
+        self._recent_waits.add(waited)
 
     def _cancelled(self, req_id: str, future: asyncio.Future[Grant]) -> None:
         waiter = self._waiting.get(req_id)
@@ -416,6 +419,17 @@ class PoolDispatcher:
                 out.append(endpoint)
         return out
 
+    def _room_for(self, ticket: Ticket, waited_s: float) -> list[EndpointSnap]:
+        """The endpoints with room for ``ticket``; for a LoRA adapter, those the adapters'
+        hold rule allows after ``waited_s`` in the queue (:meth:`Placement.adapter_room`)."""
+        roomy = self._roomy(ticket.version, frozenset())
+        if ticket.adapter is None or not roomy:
+            return roomy
+        return list(self.placement.adapter_room(
+            ticket.version, roomy, ticket.adapter,
+            waited_s=waited_s, typical_wait_s=self._recent_waits.quantile(),
+        ))  # fmt: skip
+
     def _pump(self, now: float | None = None) -> None:
         now = self._clock() if now is None else now
         for expired in self._queue.expire(now):
@@ -437,13 +451,16 @@ class PoolDispatcher:
             gated_full = bool(gate) and all(
                 gate.blocks(t, self._inflight, lending=self._lend) for t in gate.tenants
             )
-            rooms: dict[int, list[EndpointSnap]] = {}
+            rooms: dict[int | str, list[EndpointSnap]] = {}
 
             def has_room(req: QueuedRequest) -> bool:
-                version = self._waiting[req.id].ticket.version
-                if version not in rooms:  # noqa: B023
-                    rooms[version] = self._roomy(version, frozenset())  # noqa: B023
-                return bool(rooms[version])  # noqa: B023
+                ticket = self._waiting[req.id].ticket
+                if ticket.adapter is not None:  # its own room: the hold rule's, by its wait
+                    rooms[req.id] = self._room_for(ticket, now - req.arrived_at)  # noqa: B023
+                    return bool(rooms[req.id])  # noqa: B023
+                if ticket.version not in rooms:  # noqa: B023
+                    rooms[ticket.version] = self._roomy(ticket.version, frozenset())  # noqa: B023
+                return bool(rooms[ticket.version])  # noqa: B023
 
             def under(req: QueuedRequest) -> bool:
                 return req.tenant not in gate.tenants and has_room(req)  # noqa: B023
@@ -470,8 +487,10 @@ class PoolDispatcher:
                 continue  # cancelled while we were about to release it
             ticket = waiter.ticket
             endpoint = self.placement.choose(
-                rooms[ticket.version], ticket.affinity_key,
-                adapter=ticket.adapter, prefix=ticket.prefix,
+                rooms[req.id if ticket.adapter is not None else ticket.version],
+                ticket.affinity_key,
+                adapter=ticket.adapter,
+                prefix=ticket.prefix,
             )
             self.placement.acquire(endpoint.id)
             self._inflight[req.tenant] += 1
