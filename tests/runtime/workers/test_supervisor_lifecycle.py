@@ -270,7 +270,6 @@ async def test_after_a_death_the_rest_of_the_group_is_killed_without_a_long_grac
     supervisor = make_supervisor(sidekick_spec, hooks, tmp_path, restart_backoff_s=0.1)
     run = asyncio.create_task(supervisor.run())
     await wait_event(hooks.events["ready"])
-    first_start = heartbeat(redis_client)["started"]  # routers forget adapters when it changes
     first = supervisor.engine
     members = first.members()
     await asyncio.sleep(WATCH_SETTLE_S)  # the scenario: a failure once it serves, not a helper
