@@ -7,7 +7,10 @@
   per-endpoint lookup, the LRU touch, the pool's slot settings, counting it active and
   registering its release);
 - ``score``: the ``adapter_residency`` scorer's part of choosing between two replicas (the
-  pool's default selector with the residency book, less the same choice without an adapter).
+  pool's default selector with the residency book, less the same choice without an adapter);
+- ``hold``: the hold rule the dispatcher applies to a request for an adapter before choosing
+  (:func:`runtime.routing.adapters.adapter_room` over two replicas with the residency book),
+  once per look at the request (more than once while it waits).
 
 A load (digest check of the adapter folder + the engine's ``/v1/load_lora_adapter``) is I/O,
 not measured here; bench.adapter_placement counts how often it happens.
@@ -25,6 +28,7 @@ from typing import Any, cast
 from runtime.gateway.bundles import UpstreamDeps
 from runtime.gateway.pipeline.context import RequestContext
 from runtime.gateway.pipeline.stages.adapter import AdapterResidency
+from runtime.routing.adapters import adapter_room
 from runtime.routing.endpoints import EndpointSelector
 from runtime.routing.inflight import InFlight
 from runtime.routing.signals import FleetSignals, RequestSignals
@@ -57,7 +61,21 @@ async def measure(iterations: int) -> dict[str, float]:
             await stage(context)
         result[label] = (time.process_time() - start) / iterations * 1e6
     result["score_us"] = _score(snapshot, fleet, iterations)
+    result["hold_us"] = _hold_rule(snapshot, fleet, iterations)
     return result
+
+
+def _hold_rule(snapshot: Snapshot, fleet: AdapterFleet, iterations: int) -> float:
+    """CPU of the hold rule over two replicas (the adapter resident on one), per call."""
+    endpoints = [snapshot.endpoints[1], snapshot.endpoints[3]]
+    name = adapter_name(snapshot.versions[2])
+    start = time.process_time()
+    for _ in range(iterations):
+        adapter_room(
+            endpoints, endpoints, lambda eid: fleet.adapter_signal(eid, name),
+            waited_s=0.0, typical_wait_s=0.5,
+        )  # fmt: skip
+    return (time.process_time() - start) / iterations * 1e6
 
 
 def _hold(name: str, release: Callable[[], None], *, early: bool = False) -> None:

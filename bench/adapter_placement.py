@@ -1,22 +1,25 @@
 """Adapter loads per 1,000 requests and TTFT: the router's placement against random placement.
 
 ``python -m bench.adapter_placement [--requests 20000] [--adapters 20] [--replicas 2]
-[--max-loras 4] [--max-cpu-loras 8] [--min-residency-s 30] [--seed 1]`` replays one seeded
-request stream (adapter popularity Zipf(1.0), Poisson arrivals at ``--load`` of the fleet's
-capacity, exponential service times) against ``--replicas`` simulated engines, each with
-``--capacity`` sequences, ``--max-cpu-loras`` resident adapters
+[--capacity 4] [--max-loras 4] [--max-cpu-loras 14] [--min-residency-s 10] [--load 0.7]
+[--seed 1]`` replays one seeded request stream (adapter popularity Zipf(1.0), Poisson arrivals
+at ``--load`` of the fleet's capacity, exponential service times) against ``--replicas``
+simulated engines, each with ``--capacity`` sequences, ``--max-cpu-loras`` resident adapters
 (:class:`runtime.workers.adapters.AdapterSlots`, minimum residency ``--min-residency-s``) and
 at most ``--max-loras`` distinct adapters in one batch (vLLM's scheduler holds back a request
-whose adapter would be one too many until a running one finishes). Requests go through a
-dispatcher-like FIFO queue: one is placed when an engine has a free sequence, among the
-engines with room, by
+whose adapter would be one too many until a running one finishes). Requests wait in a queue
+like the dispatcher's, one tenant per adapter (a tenant's fine-tune): the first request that
+may go is placed when an engine has a free sequence, and a tenant's head that may not go holds
+back only that tenant's later requests. The policies:
 
-- ``residency``: the router's own pool selector with its default scorers
-  (``least_load,adapter_residency:4``, :mod:`runtime.routing.endpoints`), fed the residency
+- ``hold``: the router as it is: the adapters' hold rule
+  (:func:`runtime.routing.adapters.adapter_room`, over :class:`~runtime.routing.adapters.
+  RecentWaits` of this queue's waits), then the pool selector with its default scorers
+  (``least_load,adapter_residency:10``, :mod:`runtime.routing.endpoints`), fed the residency
   book as :class:`runtime.workers.adapter_loader.AdapterFleet` keeps it (resident or loading,
-  the measured load time, all slots pinned);
-- ``least_load``: the same selector with ``least_load`` alone (the router before
-  ``adapter_residency``: blind to adapters);
+  the measured load time, all slots pinned, the batch's adapters);
+- ``residency``: the same selector without the hold rule (the router before it);
+- ``least_load``: the selector with ``least_load`` alone (blind to adapters);
 - ``random``: uniformly at random among the engines with room.
 
 A request for an adapter not resident on its engine loads it there (``--load-s``, about 60 ms
@@ -24,7 +27,8 @@ for the demo adapter on vLLM CPU, docs/performance/2026-11-26-lora-adapters.md),
 least recently used adapter past its minimum residency; a request finding every slot pinned is
 refused (429). The same stream with no adapters (base-model requests, ``least_load``) gives the
 TTFT the goal compares with. TTFT is the time to the request's first step, plus ``--prefill-s``.
-Pure simulation (no engine, no network): it exercises the product's scorer and LRU, not I/O.
+Pure simulation (no engine, no network): it exercises the product's rule, scorer and LRU, not
+I/O.
 """
 
 from __future__ import annotations
@@ -37,13 +41,13 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from runtime.routing.adapters import AdapterSignal
+from runtime.routing.adapters import AdapterSignal, RecentWaits, adapter_room
 from runtime.routing.endpoints import EndpointSelector
 from runtime.snapshot import EndpointSnap
 from runtime.testing.snapshots import endpoint_snap
 from runtime.workers.adapters import AdapterSlots, Load, Pinned
 
-POLICIES = ("residency", "least_load", "random")
+POLICIES = ("hold", "residency", "least_load", "random")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -52,13 +56,13 @@ class Workload:
     adapters: int = 20
     replicas: int = 2
     max_loras: int = 4  # distinct adapters in one batch (vLLM --max-loras)
-    max_cpu_loras: int = 8  # adapters resident per replica (vLLM --max-cpu-loras)
-    capacity: int = 8  # concurrent sequences per replica
+    max_cpu_loras: int = 14  # adapters resident per replica (vLLM --max-cpu-loras)
+    capacity: int = 4  # concurrent sequences per replica (vLLM --max-num-seqs)
     service_s: float = 1.0  # mean request service time
     load: float = 0.7  # offered load as a share of the fleet's capacity
     load_s: float = 0.06  # one adapter load (vLLM CPU, demo adapter)
     prefill_s: float = 0.05  # added to every TTFT
-    min_residency_s: float = 30.0
+    min_residency_s: float = 10.0
     seed: int = 1
 
 
@@ -111,6 +115,11 @@ class _Signals:
     def cached_prefix(self, endpoint_id: int) -> float | None:
         return None
 
+    def adapter_or_none(self, endpoint_id: int) -> AdapterSignal:
+        found = self.adapter(endpoint_id)
+        assert found is not None
+        return found
+
     def adapter(self, endpoint_id: int) -> AdapterSignal | None:
         name = self.adapter_name
         if name is None:
@@ -152,12 +161,13 @@ class _Sim:
             )
             for i in range(1, w.replicas + 1)
         }
-        scorers = "least_load" if policy == "least_load" else None
+        scorers = "least_load" if policy == "least_load" else None  # hold: the defaults too
         self.selector = EndpointSelector.from_policies({"scorers": scorers} if scorers else {})
         self.signals = _Signals(self.engines, w)
         self.events: list[tuple[float, int, int, _Request | None]] = []  # (t, seq, engine, req)
         self.seq = 0
         self.queue: list[_Request] = []
+        self.waits = RecentWaits()  # the dispatcher's recent queue waits (the hold rule's)
         self.loads = self.refused = self.waited_load = 0
         self.ttft: list[float] = []
 
@@ -169,12 +179,39 @@ class _Sim:
         roomy = [e for e in self.engines.values() if e.in_flight < self.w.capacity]
         if not roomy:
             return None
-        if self.policy == "random" or len(roomy) == 1:
+        if self.policy == "random":
             return roomy[self.rng.randrange(len(roomy))]
         self.signals.adapter_name, self.signals.now = req.adapter, now
-        chosen = self.selector.select([e.endpoint for e in roomy], self.signals)
+        endpoints = [e.endpoint for e in roomy]
+        if self.policy == "hold" and req.adapter is not None:
+            everyone = [e.endpoint for e in self.engines.values()]
+            endpoints = adapter_room(
+                endpoints, everyone, self.signals.adapter_or_none,
+                waited_s=now - req.arrived, typical_wait_s=self.waits.quantile(),
+            )  # fmt: skip
+            if not endpoints:
+                return None
+        if len(endpoints) == 1:
+            return self.engines[endpoints[0].id]
+        chosen = self.selector.select(endpoints, self.signals)
         assert chosen is not None
         return self.engines[chosen.id]
+
+    def _next(self, now: float) -> tuple[int, _Engine] | None:
+        """The first queued request that may go now, and where: the dispatcher's queue, one
+        tenant per adapter (a tenant's fine-tune), whose head that cannot go holds back only
+        its own tenant's later requests."""
+        blocked: set[str | None] = set()
+        for index, req in enumerate(self.queue):
+            if req.adapter in blocked:
+                continue
+            engine = self._choose(req, now)
+            if engine is not None:
+                return index, engine
+            if not any(e.in_flight < self.w.capacity for e in self.engines.values()):
+                return None
+            blocked.add(req.adapter)
+        return None
 
     def _place(self, req: _Request, engine: _Engine, now: float) -> None:
         name = req.adapter
@@ -233,11 +270,14 @@ class _Sim:
                         engine.granted[done.adapter] -= 1
                 self._start_ready(engine, now)
             while self.queue:
-                engine_or_none = self._choose(self.queue[0], now)
-                if engine_or_none is None:
+                found = self._next(now)
+                if found is None:
                     break
-                self._place(self.queue.pop(0), engine_or_none, now)
-                self._start_ready(engine_or_none, now)
+                index, engine = found
+                req = self.queue.pop(index)
+                self.waits.add(now - req.arrived)
+                self._place(req, engine, now)
+                self._start_ready(engine, now)
         served = max(len(self.ttft), 1)
         ttft = sorted(self.ttft)
         return {
@@ -250,7 +290,7 @@ class _Sim:
 
 
 def run(w: Workload, *, policy: str, adapters: bool = True) -> dict[str, float]:
-    """Replay the stream with ``policy`` (one of :data:`POOLICIES`); base requests when not
+    """Replay the stream with ``policy`` (one of :data:`POLICIES`); base requests when not
     ``adapters``."""
     return _Sim(w, policy).run(_stream(w, adapters=adapters))
 
@@ -267,9 +307,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         ratio = figures["ttft_p95_s"] / max(base["ttft_p95_s"], 1e-9)
         print(f"{policy:>10}: " + ", ".join(f"{k} {v:.3f}" for k, v in figures.items())
               + f", ttft_p95 / base {ratio:.2f}")  # fmt: skip
-    loads = results["residency"]["loads_per_1k"]
-    for peer in ("random", "least_load"):
-        print(f"{peer} / residency loads: {results[peer]['loads_per_1k'] / max(loads, 1e-9):.1f}x")
+    for ours in ("hold", "residency"):
+        loads = results[ours]["loads_per_1k"]
+        for peer in ("random", "least_load"):
+            ratio = results[peer]["loads_per_1k"] / max(loads, 1e-9)
+            print(f"{peer} / {ours} loads: {ratio:.1f}x")
 
 
 if __name__ == "__main__":

@@ -229,8 +229,9 @@ def _models_and_versions() -> tuple[dict[str, ModelSnap], dict[int, VersionSnap]
             default_sampling=_sampling(manifest.get("default_sampling"), where=where),
             memory_gb=float(mv.memory_gb),
             tensor_parallel_size=mv.tensor_parallel_size,
-            scale_pool=scalable.get(mv.pk, ("", 0.0))[0],
-            cold_start_s=scalable.get(mv.pk, ("", 0.0))[1],
+            # An adapter runs on its base version's replicas: it scales from zero with them.
+            scale_pool=scalable.get(mv.base_version_id or mv.pk, ("", 0.0))[0],
+            cold_start_s=scalable.get(mv.base_version_id or mv.pk, ("", 0.0))[1],
             capabilities=_strings(mv.capabilities, where=f"{where} capabilities"),
             base_version=mv.base_version_id,
             lora_rank=_positive_int(manifest.get("lora_rank"), where=f"{where} lora_rank")

@@ -9,6 +9,12 @@ router's residency book (:meth:`runtime.workers.adapter_loader.AdapterFleet.obse
 placement sends an adapter's requests to a replica that holds it even when this router never
 loaded it there, and forgets endpoints that left the snapshot. A Redis error is logged once
 and retried at the next tick; the residency the router made itself stays.
+
+An engine that restarts at the same URL (the worker's supervisor starts a fresh one after a
+death) holds no adapters: its heartbeat's ``started`` changes (and its state passes through
+``restarting``), and the router drops what it knew of that replica
+(:meth:`runtime.workers.adapter_loader.AdapterFleet.restarted`), so placement does not send
+requests there as if the adapter were resident.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import asyncio
 import json
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Final
 
 import redis.asyncio as aioredis
@@ -29,6 +36,7 @@ from runtime.workers.adapter_loader import AdapterFleet
 
 logger = logging.getLogger(__name__)
 
+NOT_SERVING: Final = frozenset({"restarting", "starting"})  # an engine that holds no adapters
 POLL_S: Final = 2.0  # a worker beats every third of its 15 s TTL; reading more often is moot
 
 
@@ -38,8 +46,18 @@ def lora_endpoints(snapshot: Snapshot) -> list[int]:
     return sorted(e.id for e in snapshot.endpoints.values() if e.version in bases)
 
 
-def heartbeat_adapters(raw: bytes | str | None) -> frozenset[str] | None:
-    """The ``adapters`` of one heartbeat value; None when absent or not a list of names."""
+@dataclass(frozen=True, slots=True)
+class Residency:
+    """What one heartbeat says of its engine's adapters."""
+
+    adapters: frozenset[str]
+    started: object = None  # the engine's start (``started``, with the worker's ``pid``)
+
+
+def heartbeat_residency(raw: bytes | str | None) -> Residency | None:
+    """The residency in one heartbeat value; None when it lists no ``adapters``. An engine
+    that is not ready (``restarting`` or ``starting`` again after a death) holds none,
+    whatever its last list said."""
     if raw is None:
         return None
     try:
@@ -47,9 +65,13 @@ def heartbeat_adapters(raw: bytes | str | None) -> frozenset[str] | None:
     except ValueError:
         return None
     names = value.get("adapters") if isinstance(value, dict) else None
-    if not isinstance(names, list):
+    if not isinstance(value, dict) or not isinstance(names, list):
         return None
-    return frozenset(n for n in names if isinstance(n, str))
+    started = value.get("started")
+    epoch = None if started is None else (value.get("pid"), started)
+    if value.get("state") in NOT_SERVING:
+        return Residency(frozenset(), epoch)
+    return Residency(frozenset(n for n in names if isinstance(n, str)), epoch)
 
 
 class AdapterHeartbeats:
@@ -85,9 +107,9 @@ class AdapterHeartbeats:
         values = await self._client.mget([endpoint_heartbeat_key(eid) for eid in ids])
         seen = 0
         for eid, raw in zip(ids, values, strict=True):
-            names = heartbeat_adapters(raw)
-            if names is not None:
-                self._fleet.observe(eid, names)
+            found = heartbeat_residency(raw)
+            if found is not None:
+                self._fleet.observe(eid, found.adapters, started=found.started)
                 seen += 1
         return seen
 

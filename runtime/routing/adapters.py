@@ -27,6 +27,17 @@ every adapter). Tiers are 0.2 apart; the default scorers weigh this one 10 again
 ``least_load``'s 1, so the tier decides and the load breaks ties within it. A request without
 an adapter scores 0.5 everywhere, which changes no ranking.
 
+The scorer ranks only the replicas with room, so when the replica holding the adapter is full
+the request would go to another, which loads it (and evicts another adapter: at 70 % load that
+was most loads). :func:`adapter_room` is the *hold rule* the dispatcher applies before ranking
+(:meth:`runtime.scheduling.placement.FleetPlacement.adapter_room`): a request for an adapter
+waits in the queue for a replica that holds it, and has a batch slot for it, while its wait is
+under the pool's 90th-percentile queue wait (:class:`RecentWaits`, over the last 1,024
+dispatches) less the adapter's measured load time; past that it goes to any replica with
+room. So it waits no longer than the pool's requests typically wait anyway, counting the load
+it saves; at low load (waits under the load time) nothing is held. Only that request's tenant
+waits with it (the queue holds back a tenant whose head cannot go, never the others).
+
 :class:`SingleFlight` makes concurrent first requests for one adapter on one replica share one
 load, and remembers a failed load for a cool-down so a broken adapter is answered 503 with
 Retry-After rather than reloaded on every request.
@@ -35,9 +46,10 @@ Retry-After rather than reloaded on every request.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Hashable
+from collections import deque
+from collections.abc import Awaitable, Callable, Hashable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final, Protocol
+from typing import TYPE_CHECKING, Final, Protocol, TypeVar
 
 from runtime.routing.sticky import StickyRule
 
@@ -47,6 +59,7 @@ if TYPE_CHECKING:
 
 DEFAULT_MAX_LOAD: Final = StickyRule().max_load
 NOMINAL_SERVICE_S: Final = 1.0  # a request's service time, to weigh a load against queueing
+E = TypeVar("E", bound="EndpointSnap")
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +100,56 @@ class AdapterResidencyScorer:
         if signal.pinned or signal.batch_full:
             return 0.0 if signal.pinned else 0.2
         return 0.6 - 0.1 * min(1.0, signal.load_s / NOMINAL_SERVICE_S)
+
+
+class RecentWaits:
+    """A pool's recent queue waits (the last ``window`` dispatches) and their ``quantile``
+    (recomputed every ``every`` waits): how long requests typically wait there anyway."""
+
+    __slots__ = ("_count", "_every", "_quantile", "_value", "_waits")
+
+    def __init__(self, *, window: int = 1024, every: int = 16, quantile: float = 0.9) -> None:
+        self._waits: deque[float] = deque(maxlen=window)
+        self._every = every
+        self._quantile = quantile
+        self._count = 0
+        self._value = 0.0
+
+    def add(self, waited_s: float) -> None:
+        self._waits.append(waited_s)
+        self._count += 1
+        if self._count % self._every == 0:
+            ordered = sorted(self._waits)
+            self._value = ordered[min(len(ordered) - 1, int(self._quantile * len(ordered)))]
+
+    def quantile(self) -> float:
+        return self._value
+
+
+def adapter_room(
+    roomy: Sequence[E],
+    candidates: Sequence[E],
+    signal: Callable[[int], AdapterSignal],
+    *,
+    waited_s: float,
+    typical_wait_s: float,
+) -> list[E]:
+    """The endpoints with room (``roomy``, among the pool's ``candidates``) a request for an
+    adapter may go to now (the module's hold rule): while it has waited less than the pool's
+    typical wait less the load time, only those whose batch has a slot for it, and, when a
+    candidate holds the adapter (resident or loading), only those holding it. Empty: the
+    request waits in the queue (its tenant's later requests with it; other tenants go on)."""
+    signals = {e.id: signal(e.id) for e in candidates}
+    load_s = max((s.load_s for s in signals.values()), default=0.0)
+    if waited_s >= typical_wait_s - load_s:
+        return list(roomy)
+    held = any(s.resident for s in signals.values())
+    out = []
+    for endpoint in roomy:
+        found = signals.get(endpoint.id) or signal(endpoint.id)
+        if not found.batch_full and (found.resident or not held):
+            out.append(endpoint)
+    return out
 
 
 class LoadFailedError(Exception):

@@ -51,6 +51,7 @@ import logging
 from collections import Counter, deque
 from collections.abc import Callable
 
+from runtime.routing.adapters import RecentWaits
 from runtime.scheduling.admission import Rejected, admit
 from runtime.scheduling.charges import Charges
 from runtime.scheduling.coldstart import ColdStart, hold_or_refuse, stranded
@@ -69,6 +70,8 @@ from runtime.scheduling.interfaces import DropReason, QueuedRequest
 from runtime.scheduling.ports import CounterSink, Placement
 from runtime.scheduling.queue import QueueFull
 from runtime.scheduling.registry import PoolPolicies
+from runtime.scheduling.rooms import Rooms, room_for
+from runtime.scheduling.rooms import roomy as rooms_roomy
 from runtime.scheduling.settings import PoolSettings
 from runtime.scheduling.takeback import TakeBack
 from runtime.snapshot import EndpointSnap
@@ -131,6 +134,7 @@ class PoolDispatcher:
         # reason (``dispatched`` and the DropReason values) and recent queue waits per band.
         self.outcomes: Counter[str] = Counter()
         self.waits: dict[int, deque[float]] = {}
+        self._recent_waits = RecentWaits()  # all bands: the LoRA adapters' hold rule reads it
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._closed = False
@@ -234,6 +238,9 @@ class PoolDispatcher:
             shed_order=ticket.shed_order, is_shadow=ticket.is_shadow, over_quota=over_quota,
         )  # fmt: skip
 
+    def _ticket_of(self, req_id: str) -> Ticket:
+        return self._waiting[req_id].ticket
+
     def _position(self, req_id: str) -> int | None:
         """The 1-based queue position of a waiting request; None once it left the queue."""
         if req_id not in self._queue:
@@ -244,7 +251,8 @@ class PoolDispatcher:
         """The fast path (module docstring) when it applies; None: take the queued path."""
         if not now < ticket.deadline:
             return None
-        roomy = self._roomy(ticket.version, frozenset())
+        roomy = room_for(self.placement, self._detector, ticket, waited_s=0.0,
+                         waits=self._recent_waits)  # fmt: skip
         if not roomy:
             return None
         self._held.note(ticket.tenant, ticket.weight, now)
@@ -271,6 +279,7 @@ class PoolDispatcher:
         if band_waits is None:
             band_waits = self.waits[band] = deque(maxlen=256)
         band_waits.append(waited)
+        self._recent_waits.add(waited)
 
     def _cancelled(self, req_id: str, future: asyncio.Future[Grant]) -> None:
         waiter = self._waiting.get(req_id)
@@ -324,7 +333,7 @@ class PoolDispatcher:
             self.placement.release(grant.endpoint.id)
             grant.endpoint = None
         ticket = grant.ticket
-        roomy = self._roomy(ticket.version, exclude)
+        roomy = rooms_roomy(self.placement, self._detector, ticket.version, exclude)
         if roomy:
             endpoint: EndpointSnap | None = self.placement.choose(
                 roomy, ticket.affinity_key, adapter=ticket.adapter, prefix=ticket.prefix
@@ -357,14 +366,6 @@ class PoolDispatcher:
 
     # -- the pump -----------------------------------------------------------------------
 
-    def _roomy(self, version: int, exclude: frozenset[int]) -> list[EndpointSnap]:
-        out: list[EndpointSnap] = []
-        for endpoint in self.placement.candidates(version, exclude):
-            inflight, load = self.placement.load(endpoint)
-            if self._detector.has_room(inflight=inflight, capacity=endpoint.capacity, metrics=load):
-                out.append(endpoint)
-        return out
-
     def _pump(self, now: float | None = None) -> None:
         now = self._clock() if now is None else now
         for expired in self._queue.expire(now):
@@ -383,13 +384,8 @@ class PoolDispatcher:
         for _ in range(len(self._waiting)):
             gate = held.gate(capacity, now)
             gated_full = held.all_blocked(gate)
-            rooms: dict[int, list[EndpointSnap]] = {}
-
-            def has_room(req: QueuedRequest) -> bool:
-                version = self._waiting[req.id].ticket.version
-                if version not in rooms:  # noqa: B023
-                    rooms[version] = self._roomy(version, frozenset())  # noqa: B023
-                return bool(rooms[version])  # noqa: B023
+            rooms = Rooms(self.placement, self._detector, self._ticket_of, self._recent_waits, now)
+            has_room = rooms.has_room
 
             def under(req: QueuedRequest) -> bool:
                 return req.tenant not in gate.tenants and has_room(req)  # noqa: B023
@@ -404,7 +400,7 @@ class PoolDispatcher:
             if req is None and gate and held.lendable(capacity):  # taken back by preemption
                 req = self._queue.pop(has_room)
             if req is not None:
-                self._send(req, now, rooms[self._waiting[req.id].ticket.version])
+                self._send(req, now, rooms.of(req))
             elif not (gate and self._takeback.armed and self._take_back(gate, capacity, now)):
                 return
 

@@ -11,7 +11,9 @@ in-flight count (the immediate signal) and the health monitor's last scrape of
 ``vllm:kv_cache_usage_perc`` and ``vllm:num_requests_waiting`` with its age. Taking and
 freeing a slot moves the shared in-flight count and its Prometheus gauge. A request that
 names a LoRA adapter is scored with the router's residency book (``residency``), so the
-``adapter_residency`` scorer sees where the adapter is resident before the grant.
+``adapter_residency`` scorer sees where the adapter is resident before the grant, and
+:meth:`FleetPlacement.adapter_room` applies the adapters' hold rule
+(:func:`runtime.routing.adapters.adapter_room`) for the dispatcher.
 
 The scraped waiting count is read against the router's own dispatches: a request sent less
 than ``fresh_s`` before the scrape may simply not have reached the engine's next step yet
@@ -24,7 +26,7 @@ from __future__ import annotations
 import collections
 from collections.abc import Callable, Sequence
 
-from runtime.routing.adapters import ResidencyBook
+from runtime.routing.adapters import ResidencyBook, adapter_room
 from runtime.routing.endpoints import EndpointSignals
 from runtime.routing.inflight import InFlight
 from runtime.routing.prefix import PromptPrefix
@@ -124,6 +126,24 @@ class FleetPlacement:
         if placer is not None and prefix is not None and match is not None:
             placer.sent(chosen.id, prefix, match)
         return chosen
+
+    def adapter_room(
+        self,
+        version: int,
+        roomy: Sequence[EndpointSnap],
+        adapter: str,
+        *,
+        waited_s: float,
+        typical_wait_s: float,
+    ) -> Sequence[EndpointSnap]:
+        book = self._residency
+        if book is None:
+            return roomy
+        candidates = self.candidates(version, frozenset())
+        return adapter_room(
+            roomy, candidates, lambda eid: book.adapter_signal(eid, adapter),
+            waited_s=waited_s, typical_wait_s=typical_wait_s,
+        )  # fmt: skip
 
     def _sent_before(self, endpoint_id: int, scraped: float) -> int:
         """Requests dispatched to the endpoint within ``fresh_s`` before ``scraped``."""

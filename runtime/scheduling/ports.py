@@ -43,6 +43,20 @@ class Placement(Protocol):
         (``adapter_residency`` scorer)."""
         ...
 
+    def adapter_room(
+        self,
+        version: int,
+        roomy: Sequence[EndpointSnap],
+        adapter: str,
+        *,
+        waited_s: float,
+        typical_wait_s: float,
+    ) -> Sequence[EndpointSnap]:
+        """Those of ``roomy`` a request for LoRA ``adapter`` may go to now, having waited
+        ``waited_s`` in a pool whose requests typically wait ``typical_wait_s`` (the hold
+        rule, :func:`runtime.routing.adapters.adapter_room`); empty: it waits."""
+        ...
+
     def fallback(
         self,
         version: int,

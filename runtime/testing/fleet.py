@@ -1,5 +1,6 @@
 """A fleet held in plain dicts, implementing the dispatcher's ``Placement`` protocol, for tests
-and the benchmark: endpoints, in-flight counts and engine gauges that the caller sets by hand.
+and the benchmark: endpoints, in-flight counts and engine gauges that the caller sets by hand
+(and, for LoRA adapters, a residency book: the hold rule applies as in the router).
 
 The production implementation (``runtime.routing`` fleet placement) is tested against
 simulators; this one lets the scheduler run without any network (the dispatcher tests,
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from runtime.routing.adapters import ResidencyBook, adapter_room
 from runtime.routing.prefix import PromptPrefix
 from runtime.scheduling.interfaces import EndpointLoad
 from runtime.snapshot import EndpointSnap
@@ -24,6 +26,7 @@ class HandFleet:
         self.inflight: dict[int, int] = {}
         self.loads: dict[int, EndpointLoad] = {}
         self.down: set[int] = set()
+        self.residency: ResidencyBook | None = None  # where adapters are (the hold rule)
 
     def add(
         self, endpoint_id: int, *, version: int = 1, capacity: int = 1, pool: str = "p"
@@ -51,6 +54,24 @@ class HandFleet:
         prefix: PromptPrefix | None = None,
     ) -> EndpointSnap:
         return min(endpoints, key=lambda e: (self.inflight.get(e.id, 0) / e.capacity, e.id))
+
+    def adapter_room(
+        self,
+        version: int,
+        roomy: Sequence[EndpointSnap],
+        adapter: str,
+        *,
+        waited_s: float,
+        typical_wait_s: float,
+    ) -> Sequence[EndpointSnap]:
+        book = self.residency
+        if book is None:
+            return roomy
+        return adapter_room(
+            roomy, self.candidates(version, frozenset()),
+            lambda eid: book.adapter_signal(eid, adapter),
+            waited_s=waited_s, typical_wait_s=typical_wait_s,
+        )  # fmt: skip
 
     def fallback(
         self,

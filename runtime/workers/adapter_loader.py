@@ -36,6 +36,7 @@ from runtime.snapshot import EndpointSnap, SigningSnap, Snapshot, VersionSnap, a
 from runtime.telemetry.adapter_metrics import AdapterRow
 from runtime.workers.adapters import (
     DEFAULT_MAX_LORAS,
+    DEFAULT_MIN_RESIDENCY_S,
     AdapterSlots,
     Load,
     LoraSettings,
@@ -218,13 +219,17 @@ class AdapterFleet:
     slots, as the launcher starts engines)."""
 
     def __init__(
-        self, *, min_residency_s: float = 30.0, clock: Callable[[], float] = time.monotonic
+        self,
+        *,
+        min_residency_s: float = DEFAULT_MIN_RESIDENCY_S,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.min_residency_s = min_residency_s
         self._clock = clock
         self._loaders: dict[int, AdapterLoader] = {}
         self._urls: dict[int, str] = {}
         self._reported: dict[int, frozenset[str]] = {}  # endpoint -> its heartbeat's adapters
+        self._started: dict[int, object] = {}  # endpoint -> its engine's start (heartbeat)
         self._settings: dict[str, tuple[object, LoraSettings]] = {}  # pool -> (policies, settings)
 
     def settings(self, snapshot: Snapshot | None, pool: str) -> LoraSettings:
@@ -299,14 +304,39 @@ class AdapterFleet:
             )  # fmt: skip
         return rows
 
-    def observe(self, endpoint_id: int, names: frozenset[str]) -> None:
+    def observe(self, endpoint_id: int, names: frozenset[str], *, started: object = None) -> None:
         """A heartbeat says the replica has ``names`` loaded (another router may have loaded
-        some): placement counts them resident; the LRU may evict them like its own."""
+        some): placement counts them resident; the LRU may evict them like its own.
+        ``started`` names the engine's start (the heartbeat's ``started``): when it differs
+        from the last one seen, the engine restarted and lost its adapters, so what the router
+        knew of it is dropped and ``names`` alone is resident."""
+        if started is not None:
+            before = self._started.get(endpoint_id)
+            self._started[endpoint_id] = started
+            if before is not None and before != started:
+                self.restarted(endpoint_id)
         self._reported[endpoint_id] = names
         loader = self._loaders.get(endpoint_id)
         if loader is not None:
             for name in names:
                 loader.slots.seen(name, now=self._clock())
+
+    def restarted(self, endpoint_id: int) -> None:
+        """The replica's engine restarted (same URL, nothing loaded): forget its residency;
+        its next request makes a fresh loader (its counters start again)."""
+        self._loaders.pop(endpoint_id, None)
+        self._urls.pop(endpoint_id, None)
+        self._reported.pop(endpoint_id, None)
+
+    def lost(self, endpoint: EndpointSnap, name: str) -> None:
+        """The engine says it does not hold ``name`` (its 404) though the router believed
+        it resident: not resident there any more."""
+        loader = self._loaders.get(endpoint.id)
+        if loader is not None:
+            loader.slots.unloaded(name)
+        reported = self._reported.get(endpoint.id)
+        if reported is not None and name in reported:
+            self._reported[endpoint.id] = reported - {name}
 
     def forget(self, keep: frozenset[int]) -> None:
         """Drop what is known of endpoints that left the snapshot."""
@@ -315,6 +345,8 @@ class AdapterFleet:
             self._urls.pop(eid, None)
         for eid in [e for e in self._reported if e not in keep]:
             del self._reported[eid]
+        for eid in [e for e in self._started if e not in keep]:
+            del self._started[eid]
 
     def adapter_signal(self, endpoint_id: int, name: str) -> AdapterSignal:
         loader = self._loaders.get(endpoint_id)

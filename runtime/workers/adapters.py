@@ -37,6 +37,10 @@ from typing import Final
 DEFAULT_MAX_LORAS: Final = 2
 DEFAULT_MAX_CPU_LORAS: Final = 8
 LORA_POLICY_KEYS: Final = ("max_loras", "max_cpu_loras")
+# A fresh load is not evicted for this long (no thrash): ten mean service times of the
+# placement bench. 30 s refused 0.6 to 17 % of requests there (20 adapters, 8 to 12 resident
+# slots, docs/performance/2026-11-26-lora-adapters.md); 10 s refused none at 14 slots.
+DEFAULT_MIN_RESIDENCY_S: Final = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +107,7 @@ class AdapterSlots:
 
     __slots__ = ("_loaded_at", "_used", "capacity", "min_residency_s")
 
-    def __init__(self, *, capacity: int, min_residency_s: float = 30.0) -> None:
+    def __init__(self, *, capacity: int, min_residency_s: float = DEFAULT_MIN_RESIDENCY_S) -> None:
         if capacity < 1:
             raise ValueError("capacity must be >= 1")
         if min_residency_s < 0:

@@ -2,7 +2,8 @@
 
 The key is ``switchyard:endpoint:<id>:heartbeat`` (:func:`runtime.contract.endpoint_heartbeat_key`,
 re-exported here); its value is
-a small JSON object (endpoint id, state, base URL, pid, unix time). The worker rewrites it every
+a small JSON object (endpoint id, state, base URL, pid, ``started``: the unix time its engine
+started, new at each restart, and ``ts``: the unix time of the beat). The worker rewrites it every
 third of the TTL and at each state change, and deletes it when it has stopped the engine; if the
 worker dies, the key expires within one TTL. ``extra``, when given, adds fields read at each
 beat (a LoRA engine's resident adapters, ``adapters``: a list of engine names; a failed read
@@ -64,8 +65,13 @@ class Heartbeat:
         await self.beat()
         self._task = asyncio.create_task(self._loop(), name=f"heartbeat {self.key}")
 
-    async def set_state(self, state: str) -> None:
+    async def set_state(self, state: str, **fields: object) -> None:
+        """Beat now with ``state``; ``fields`` replace the fixed fields' values from now on
+        (a new engine: the ``extra`` fields read from the old one are dropped too)."""
         self._state = state
+        if fields:
+            self._fields.update(fields)
+            self._extra_fields = {}
         await self.beat()
 
     async def beat(self) -> None:

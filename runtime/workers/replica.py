@@ -32,6 +32,7 @@ import contextlib
 import logging
 import os
 import signal
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import partial
@@ -211,7 +212,12 @@ class ReplicaLife:
                     self._redis_url,
                     endpoint_heartbeat_key(endpoint_id),
                     ttl_s=spec.heartbeat_ttl_s,
-                    fields={"endpoint": endpoint_id, "base_url": spec.base_url, "pid": os.getpid()},
+                    fields={
+                        "endpoint": endpoint_id,
+                        "base_url": spec.base_url,
+                        "pid": os.getpid(),
+                        "started": round(time.time(), 6),  # a restarted engine: a new one
+                    },
                     extra=partial(engine_adapters, spec.base_url) if spec.lora else None,
                 )
                 await self._heartbeat.start("starting")
@@ -262,12 +268,13 @@ class ReplicaLife:
         await self.hooks.on_unhealthy(reason)
 
     async def restarting(self) -> None:
-        """A fresh engine is starting after a death (ready again only after its warm-up)."""
-        await self._beat("starting")
+        """A fresh engine is starting after a death (ready again only after its warm-up):
+        a new ``started`` in the heartbeat (the router forgets the adapters it held)."""
+        await self._beat("starting", started=round(time.time(), 6))
 
-    async def _beat(self, state: str) -> None:
+    async def _beat(self, state: str, **fields: object) -> None:
         if self._heartbeat is not None:
-            await self._heartbeat.set_state(state)
+            await self._heartbeat.set_state(state, **fields)
 
     async def _gone(self, engine: ReplicaEngine) -> None:
         """Stop the engine, delete the heartbeat, mark the endpoint gone. Never raises."""

@@ -50,6 +50,21 @@ def test_deadline_shorter_than_the_cold_start_gets_503_with_retry_after(tmp_path
     assert "about 8 s" in error["message"]
 
 
+def test_an_adapter_on_a_base_at_zero_gets_the_same_503_with_retry_after(tmp_path: Path) -> None:
+    """A LoRA adapter runs on its base's replicas: the snapshot gives it the base's
+    scale-from-zero pool and start time (apps/core/selectors.py), and the router treats it
+    like the base (not 503 "none is ready" at once)."""
+    world = world_without_replicas(cold_start_s=7.2)
+    world.add_adapter(f"{MODEL}-lora", 2, base_version=1, scale_pool="sim", cold_start_s=7.2)
+    headers = {"Authorization": f"Bearer {world.secrets['acme']}", "X-Switchyard-Class": "short"}
+    body = {**chat(), "model": f"{MODEL}-lora"}
+    with routers(world, tmp_path) as ((router,), _):
+        resp = httpx.post(f"{router.base_url}/v1/chat/completions", json=body, headers=headers)
+    assert resp.status_code == 503, resp.text
+    assert resp.headers["retry-after"] == "8"
+    assert "about 8 s" in resp.json()["error"]["message"]
+
+
 def test_held_while_a_replica_starts_then_served_and_signals_published(tmp_path: Path) -> None:
     world = world_without_replicas(cold_start_s=1.0)
     headers = {"Authorization": f"Bearer {world.secrets['acme']}"}

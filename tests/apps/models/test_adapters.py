@@ -10,9 +10,10 @@ import pytest
 from django.core.exceptions import ValidationError
 
 from apps.core.selectors import snapshot_build
-from apps.models.models import Model, ModelVersion
+from apps.models.models import Model, ModelVersion, Pool
 from apps.models.selectors import lora_settings
 from apps.models.services import model_create, model_version_create, model_version_publish
+from apps.scaling.models import ReplicaStart
 from runtime.gateway.service import model_entry
 from runtime.snapshot import adapter_name
 
@@ -90,3 +91,23 @@ def test_base_version_errors(
     embed = model_create(actor=None, name="embedder", task="embedding")
     task = field_error(lambda: _adapter(embed, base, manifest), "base_version")
     assert task == "Model 'embedder' is embedding, its base tiny-llama:v1 is chat."
+
+
+def test_an_adapter_scales_from_zero_with_its_base(
+    make_version: Callable[..., ModelVersion], adapter_model: Model, manifest: dict[str, Any]
+) -> None:
+    """A request for an adapter on a pool at zero replicas waits for the base's replica to
+    start (or gets 503 with Retry-After), as a request for the base does: the snapshot gives
+    the adapter its base's scale-from-zero pool and start time."""
+    base = make_version("v1")
+    model_version_publish(actor=None, version=base)
+    adapter = _adapter(adapter_model, base, manifest)
+    model_version_publish(actor=None, version=adapter)
+    pool = Pool.objects.create(name="lora-zero", hardware_tier="cpu", min_replicas=0,
+                               max_replicas=1)  # fmt: skip
+    ReplicaStart.objects.create(pool=pool, version=base, warm=False, seconds=42.0)
+    versions = snapshot_build().versions
+    assert (versions[base.pk].scale_pool, versions[base.pk].cold_start_s) == ("lora-zero", 42.0)
+    assert (versions[adapter.pk].scale_pool, versions[adapter.pk].cold_start_s) == (
+        "lora-zero", 42.0,
+    )  # fmt: skip

@@ -171,6 +171,17 @@ class OneEndpoint:
     ) -> EndpointSnap:
         return endpoints[0]
 
+    def adapter_room(
+        self,
+        version: int,
+        roomy: Sequence[EndpointSnap],
+        adapter: str,
+        *,
+        waited_s: float,
+        typical_wait_s: float,
+    ) -> Sequence[EndpointSnap]:
+        return roomy
+
     def fallback(
         self,
         version: int,

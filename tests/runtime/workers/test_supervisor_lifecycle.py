@@ -223,6 +223,7 @@ async def test_death_of_any_engine_process_restarts_it_after_a_fresh_warmup(
     supervisor = make_supervisor(with_sidekick(spec, tmp_path), hooks, tmp_path)
     run = asyncio.create_task(supervisor.run())
     await wait_event(hooks.events["ready"])
+    first_start = heartbeat(redis_client)["started"]  # routers forget adapters when it changes
     first = supervisor.engine
     members = first.members()
     sidekick = next(pid for pid in members if pid != first.pid)
@@ -240,6 +241,7 @@ async def test_death_of_any_engine_process_restarts_it_after_a_fresh_warmup(
     assert second is not first
     assert not [pid for pid in members if pid_alive(pid)]  # the old group is gone whole
     assert heartbeat(redis_client)["state"] == "ready"
+    assert heartbeat(redis_client)["started"] > first_start  # a new engine start
     async with (  # the new engine was warmed up afresh
         aiohttp.ClientSession() as session,
         session.get(f"{spec.base_url}/metrics") as resp,
