@@ -169,7 +169,8 @@ class _Run:
         for seq in engine.finish():
             if seq.paused_at is not None:  # its first token since it was preempted
                 one_prefill = self.timing.prefill_seconds(seq.prefill or 0)
-                flow.pauses.append((self.clock.now - seq.paused_at, one_prefill))
+                pause, engine_part = self.clock.now - seq.paused_at, self.clock.now - seq.resumed_at
+                flow.pauses.append((pause, one_prefill, engine_part))
                 seq.paused_at = None
             seq.prefill = None
             seq.generated += 1
@@ -291,6 +292,7 @@ class _Run:
         endpoint_id = grant.endpoint.id if grant.endpoint is not None else 1
         if paused is not None:  # a preempted generation resumes (its prefill is set)
             paused.grant, paused.started_at = grant, self.clock.now
+            paused.resumed_at = self.clock.now
             self.engines[endpoint_id].waiting.append(paused)
             if not self.engines[endpoint_id].stepping:
                 self.step(endpoint_id)

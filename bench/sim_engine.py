@@ -68,6 +68,7 @@ class Seq:
     band: int = 0  # its ticket's priority band (the engine's priority with ``priority``)
     todo: int = 0  # prompt tokens still to prefill since its admission to the engine
     paused_at: float | None = None  # when it was last preempted, until its next token
+    resumed_at: float = 0.0  # when it got a slot again after its last preemption
 
 
 @dataclass(slots=True)

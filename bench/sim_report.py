@@ -35,8 +35,9 @@ class Flow:
     reprefilled: int = 0
     capped: int = 0  # requests whose max_tokens a cap_tokens degradation lowered
     tokens_capped: int = 0  # the output tokens those caps took away (asked - cap)
-    # per resume: (seconds from the preemption to its next token, one prefill of its context)
-    pauses: list[tuple[float, float]] = field(default_factory=list)
+    # per resume, seconds: from the preemption to its next token, one prefill of its context,
+    # and from its new grant to that token (the engine's part of the pause)
+    pauses: list[tuple[float, float, float]] = field(default_factory=list)
 
 
 def prefix_table(run: _Run) -> dict[str, dict[str, float | None]]:
@@ -68,7 +69,8 @@ def flow_table(run: _Run) -> dict[str, dict[str, float | None]]:
     """Per phase: output tokens/s within the phase's duration, the interactive class's TTFT
     SLO share and availability (share served) over the tenants that do not flood,
     preemptions, re-prefilled tokens, the requests and tokens degradation capped, and the
-    resumes' pause p95 (ms) and p95 of each pause over one prefill of the resumed context."""
+    resumes' pause p50 / p95 (ms), the p95 of each pause over one prefill of the resumed
+    context, and the same for the pause's engine part (from the new grant to the token)."""
     out: dict[str, dict[str, float | None]] = {}
     flooders = {t.name for t in run.scenario.tenants if t.flooding}
     slo_ms = {name: spec.ttft_slo_ms for name, spec in run.scenario.classes.items()}
@@ -87,8 +89,10 @@ def flow_table(run: _Run) -> dict[str, dict[str, float | None]]:
             "reprefilled": float(flow.reprefilled),
             "capped": float(flow.capped),
             "tokens_capped": float(flow.tokens_capped),
-            "pause_p95_ms": _ms(_pct([p for p, _ in flow.pauses], 0.95)),
-            "pause_over_prefill_p95": _pct([p / one for p, one in flow.pauses if one > 0], 0.95),
+            "pause_p50_ms": _ms(_pct([p for p, _, _ in flow.pauses], 0.5)),
+            "pause_p95_ms": _ms(_pct([p for p, _, _ in flow.pauses], 0.95)),
+            "pause_over_prefill_p95": _pct([p / one for p, one, _ in flow.pauses if one], 0.95),
+            "engine_over_prefill_p95": _pct([e / one for _, one, e in flow.pauses if one], 0.95),
         }
     return out
 
@@ -144,6 +148,7 @@ def cell(name: str, value: float | None) -> str:
         "sticky_share",
         "slo_share",
         "pause_over_prefill_p95",
+        "engine_over_prefill_p95",
     ):
         return f"{value:.2f}"
     if name == "available":
