@@ -13,8 +13,11 @@ decode_b_ms * batch``) and gives every running request a token; a request's firs
 at the end of the step that took it in, and it holds its slot until its ``max_tokens``-th.
 Newcomers' prefill slows everyone's step, so a burst stretches the generations in flight, as
 on the harness (an earlier model that charged a request only its own prefill showed a quarter
-of the harness's contention tail). Engines never queue (the router's slots equal their
-sequences), so every wait before a step is the router's.
+of the harness's contention tail). The router's slots equal the engines' sequences, so an
+engine never holds a request for want of a slot. ``--max-batched-tokens N`` models vLLM V1's
+chunked prefill instead (:mod:`bench.sim_engine`: a token budget per step, decodes first,
+prefills cut to what is left; a request granted may then wait in the engine for budget, in
+band order with ``--policy upstream_priority=on``).
 
 It prints, per phase, tenant and class, the TTFT p50 / p95 in ms over the requests that got a
 slot, and for each tenant that does not flood its p95 under the flood over its baseline's.
@@ -47,6 +50,7 @@ from pathlib import Path
 
 from bench.prefix_placement import Mode, PrefixFleet
 from bench.scenario import Scenario, load
+from bench.sim_engine import VLLM_BUDGET, Engine, EngineOptions, Seq
 from bench.sim_preempt import TakeBack
 from bench.sim_report import Flow, Outcome, cell, flow_table, prefix_table, table
 from bench.workload import Planned, chat_messages, plan_phase
@@ -88,49 +92,7 @@ def _ticket(
     )  # fmt: skip
 
 
-@dataclass(slots=True)
-class _Seq:
-    grant: Grant
-    planned: Planned
-    arrived: float
-    left: int  # tokens still to produce
-    started: bool = False
-    prompt_tokens: int = 0  # as the simulator counts the rendered prompt (with a prefix cache)
-    block_hashes: tuple[int, ...] = ()  # the engine's block hashes of the prompt
-    cached: int = 0  # prompt tokens the engine's prefix cache held at admission
-    generated: int = 0  # output tokens so far (kept across a preemption)
-    prefill: int | None = None  # what its next admission prefills; None: the planned prompt
-    deadline: float = 0.0  # its ticket's deadline, kept when it re-queues after a preemption
-    started_at: float = 0.0  # when it last took a slot
-    preempted: int = 0  # times it was preempted
-
-
-@dataclass(slots=True)
-class _Engine:
-    """One backend as the simulator worker runs it: a step takes in every request granted
-    since the last one, prefills their prompts and gives every running request a token."""
-
-    running: list[_Seq]
-    fresh: list[_Seq]
-    stepping: bool = False
-    cache: PrefixCache | None = None
-
-    def duration(self, timing: TimingModel) -> float:
-        if self.cache is None:
-            prefill = sum(
-                s.planned.prompt_tokens if s.prefill is None else s.prefill for s in self.fresh
-            )
-        else:
-            prefill = 0
-            for seq in self.fresh:
-                seq.cached = self.cache.admit(seq.block_hashes, seq.prompt_tokens)
-                prefill += seq.prompt_tokens - seq.cached
-        return timing.step_seconds(
-            batch_size=len(self.running) + len(self.fresh), prefill_tokens=prefill
-        )
-
-
-_Waiting = tuple["asyncio.Task[Grant]", Planned, float, "_Seq | None"]
+_Waiting = tuple["asyncio.Task[Grant]", Planned, float, "Seq | None"]
 
 
 class _Run:
@@ -147,8 +109,10 @@ class _Run:
         victim: str = "fair",
         degrade: DegradeSettings | None = None,
         lend_reserve: int = 0,
+        engine: EngineOptions | None = None,
     ) -> None:
         self.scenario = scenario
+        options = engine or EngineOptions()
         self.degrade = degrade or DegradeSettings()
         b = scenario.backends
         self.timing = TimingModel(
@@ -162,11 +126,16 @@ class _Run:
         if routing is not None:
             fleet = self.prefix = PrefixFleet(mode=routing, now=self.clock, rule=rule)
         cache = PrefixCacheConfig(block_size=b.block_size, capacity_blocks=b.cache_blocks())
-        self.engines: dict[int, _Engine] = {}
+        self.engines: dict[int, Engine] = {}
         for endpoint_id in range(1, scenario.backends.count + 1):
             fleet.add(endpoint_id, capacity=scenario.backends.max_num_seqs)
             engine_cache = PrefixCache(cache) if self.prefix is not None else None
-            self.engines[endpoint_id] = _Engine([], [], cache=engine_cache)
+            self.engines[endpoint_id] = Engine(
+                budget=options.budget,
+                max_num_seqs=b.max_num_seqs,
+                cache=engine_cache,
+                priority=options.priority,
+            )
         self.cache_tokens: dict[str, list[int]] = {}  # phase -> [queried, hit] tokens
         self.block_size = b.block_size
         self.rendered: dict[str, tuple[int, tuple[int, ...]]] = {}  # key -> engine's view
@@ -188,18 +157,21 @@ class _Run:
     def step(self, endpoint_id: int) -> None:
         """Start the engine's next step, if it has anything to run."""
         engine = self.engines[endpoint_id]
-        engine.stepping = bool(engine.running or engine.fresh)
-        if engine.stepping:
-            ends = self.clock.now + engine.duration(self.timing)
-            heapq.heappush(self.events, (ends, next(self.order), endpoint_id))
-            engine.running.extend(engine.fresh)
-            engine.fresh.clear()
+        duration = engine.schedule(self.timing)
+        engine.stepping = duration is not None
+        if duration is not None:
+            heapq.heappush(self.events, (self.clock.now + duration, next(self.order), endpoint_id))
 
     def step_ended(self, endpoint_id: int, phase: str) -> None:
         engine = self.engines[endpoint_id]
         flow = self.flow.setdefault(phase, Flow())
         in_window = self.clock.now - flow.start <= self.phase_s
-        for seq in list(engine.running):
+        for seq in engine.finish():
+            if seq.paused_at is not None:  # its first token since it was preempted
+                one_prefill = self.timing.prefill_seconds(seq.prefill or 0)
+                pause, engine_part = self.clock.now - seq.paused_at, self.clock.now - seq.resumed_at
+                flow.pauses.append((pause, one_prefill, engine_part))
+                seq.paused_at = None
             seq.prefill = None
             seq.generated += 1
             flow.tokens += 1
@@ -310,7 +282,7 @@ class _Run:
         p: Planned,
         arrived: float,
         phase: str,
-        paused: _Seq | None = None,
+        paused: Seq | None = None,
     ) -> None:
         if isinstance(task.exception(), SchedulingError):
             if paused is None or not paused.started:
@@ -320,15 +292,17 @@ class _Run:
         endpoint_id = grant.endpoint.id if grant.endpoint is not None else 1
         if paused is not None:  # a preempted generation resumes (its prefill is set)
             paused.grant, paused.started_at = grant, self.clock.now
-            self.engines[endpoint_id].fresh.append(paused)
+            paused.resumed_at = self.clock.now
+            self.engines[endpoint_id].waiting.append(paused)
             if not self.engines[endpoint_id].stepping:
                 self.step(endpoint_id)
             return
-        seq = _Seq(grant, p, arrived, max(p.max_tokens, 1))
+        seq = Seq(grant, p, arrived, max(p.max_tokens, 1))
         seq.deadline, seq.started_at = grant.ticket.deadline, self.clock.now
         if self.prefix is not None:
             seq.prompt_tokens, seq.block_hashes = self.rendered.pop(str(p.index))
-        self.engines[endpoint_id].fresh.append(seq)
+        seq.band = grant.ticket.band
+        self.engines[endpoint_id].waiting.append(seq)
         if not self.engines[endpoint_id].stepping:
             self.step(endpoint_id)
 
@@ -353,13 +327,16 @@ async def simulate_run(
     victim: str = "fair",
     degrade: DegradeSettings | None = None,
     lend_reserve: int = 0,
+    engine: EngineOptions | None = None,
 ) -> _Run:
     """:func:`simulate`, returning the whole run (its prefix-cache figures too); ``preempt``:
     the flood limit lends idle slots and takes them back by preemption (module docstring);
     ``degrade``: the pool's degradation (``cap_tokens`` is modelled); ``lend_reserve``: with
-    ``preempt``, the free slots the flood limit does not lend (the dispatcher's)."""
+    ``preempt``, the free slots the flood limit does not lend (the dispatcher's); ``engine``:
+    how the engines schedule (:class:`~bench.sim_engine.EngineOptions`; default whole
+    prefills, FCFS)."""
     run = _Run(scenario, settings, routing, rule, preempt=preempt, victim=victim,
-               degrade=degrade, lend_reserve=lend_reserve)  # fmt: skip
+               degrade=degrade, lend_reserve=lend_reserve, engine=engine)  # fmt: skip
     run.phase_s = phase_s
     run.dispatcher.start()
     try:
@@ -427,7 +404,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--lend-reserve", type=int, default=0, metavar="N",
         help="with --preempt on: lend only while more than N of the pool's slots are free",
     )  # fmt: skip
+    parser.add_argument(
+        "--max-batched-tokens", type=int, default=0, metavar="N",
+        help="the engines' chunked prefill: vLLM's max_num_batched_tokens per step (its V1 "
+        f"default {VLLM_BUDGET}); 0: whole prefills, as the simulator worker (default)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
+    if args.max_batched_tokens < 0:
+        parser.error("--max-batched-tokens must be >= 0")
     if args.lend_reserve < 0:
         parser.error("--lend-reserve must be >= 0")
     if args.preempt == "on" and args.routing is not None:
@@ -452,15 +436,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     degrade = DegradeSettings.from_policies(policies)  # the `degrade*` policies
     phase_s = scenario.size(args.size).phase_duration_s
     rule = _sticky_rule(parser, args.sticky)
+    engine = EngineOptions(budget=args.max_batched_tokens or None,
+                           priority=policies.get("upstream_priority") == "on")  # fmt: skip
     run = asyncio.run(
         simulate_run(scenario, settings, phase_s=phase_s, routing=args.routing, rule=rule,
                      preempt=args.preempt == "on", victim=args.victim, degrade=degrade,
-                     lend_reserve=args.lend_reserve)
+                     lend_reserve=args.lend_reserve, engine=engine)
     )  # fmt: skip
     print(f"{scenario.name}, {args.size} ({phase_s:g} s phases), policies {policies or 'default'}"
           + (f", routing {args.routing}" if args.routing else "")
           + (f", preempt on ({args.victim}, lend reserve {args.lend_reserve})"
-             if args.preempt == "on" else ""))  # fmt: skip
+             if args.preempt == "on" else "")
+          + (f", chunked prefill {engine.budget}" if engine.budget else ""))  # fmt: skip
     rows = table(scenario, run.outcomes)
     if run.prefix is not None:
         rows.update(prefix_table(run))

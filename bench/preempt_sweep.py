@@ -1,20 +1,26 @@
 """Preemption against the flood limit and FCFS, over several schedules, in virtual time.
 
-``python -m bench.preempt_sweep [--seeds 0-7] [--size full] [--lend-reserve 3]`` plays the
-contention scenario (:mod:`bench.dispatch_sim`) per seed four ways: FCFS
-(``fairness=fcfs``), the flood limit (default policies, no lending: ``off``), the flood limit
-lending every idle slot and taking them back by preemption (``on``), and the same keeping
-``--lend-reserve`` free slots unlent (``reserve``). Per seed it prints the flood phase's
-output tokens/s (within the phase's duration) and each over FCFS's, the well-behaved
-tenants' interactive TTFT SLO share, their worst TTFT p95 under the flood over their
-baseline, the preemptions (and how many of them preempted a generation preempted before) and
-the tokens the resumes re-prefilled; then whether each arm meets issue #34's goals
-(tokens/s >= 95% of FCFS's, SLO >= 99%, worst p95 <= 1.2x).
+``python -m bench.preempt_sweep [--seeds 0-7] [--size full] [--lend-reserve 3]
+[--max-batched-tokens 2048] [--victim fair]`` plays the contention scenario
+(:mod:`bench.dispatch_sim`) per seed five ways: FCFS (``fairness=fcfs``), the flood limit
+(default policies, no lending: ``off``), the flood limit with the engines' priority
+scheduling (``upstream_priority=on``: ``prio``), the flood limit lending every idle slot and
+taking them back by preemption (``on``), and the same keeping ``--lend-reserve`` free slots
+unlent (``reserve``). The engines chunk their prefills as vLLM V1 does
+(:mod:`bench.sim_engine`, ``--max-batched-tokens``, default vLLM's 2,048; 0: whole prefills,
+as the simulator worker). Per seed it prints the flood phase's output tokens/s (within the
+phase's duration) and each over FCFS's, the well-behaved tenants' interactive TTFT SLO share,
+their worst TTFT p95 under the flood over their baseline, the preemptions (and how many of
+them preempted a generation preempted before), the tokens the resumes re-prefilled, the
+resumes' pause p50 / p95, the p95 of each pause over one prefill of its context and of its
+engine part (from the new grant to the token) over the same; then whether
+each arm meets issue #34's goals (tokens/s >= 95% of FCFS's, SLO >= 99%, worst p95 <= 1.2x),
+and at the end on how many seeds.
 
-The engine-side priority (the pool policy ``upstream_priority=on``) is not an arm: the
-simulated engines never queue (the router's slots equal their sequences) and vLLM's priority
-scheduling orders only its waiting queue (it preempts a running request only when blocks run
-out), so in this model it gives the flood limit's figures unchanged.
+Engine-side priority orders only the engine's waiting queue (vLLM preempts a running request
+only when its blocks cannot grow, not modelled): the router's slots equal the engines'
+sequences, so a request waits in an engine only for prefill budget, and ``prio`` differs
+from ``off`` only with chunked prefill.
 """
 
 from __future__ import annotations
@@ -27,11 +33,13 @@ from pathlib import Path
 
 from bench.dispatch_sim import simulate_run
 from bench.scenario import load
+from bench.sim_engine import VLLM_BUDGET, EngineOptions
 from bench.sim_report import flow_table, table
+from runtime.scheduling.registry import preemption_names
 from runtime.scheduling.settings import PoolSettings
 
 GOAL_TPS, GOAL_SLO, GOAL_P95 = 0.95, 0.99, 1.2
-ARMS = ("fcfs", "off", "on", "reserve")
+ARMS = ("fcfs", "off", "prio", "on", "reserve")
 
 
 def _seeds(text: str) -> list[int]:
@@ -40,10 +48,17 @@ def _seeds(text: str) -> list[int]:
 
 
 def measure(
-    scenario_path: Path, size: str, seed: int, *, lend_reserve: int = 3
+    scenario_path: Path,
+    size: str,
+    seed: int,
+    *,
+    lend_reserve: int = 3,
+    budget: int | None = VLLM_BUDGET,
+    victim: str = "fair",
 ) -> dict[str, dict[str, float]]:
-    """``{arm: {tps, slo, worst_p95, preemptions, repeated, reprefilled}}`` for each of
-    :data:`ARMS` (module docstring)."""
+    """``{arm: {tps, slo, worst_p95, preemptions, repeated, reprefilled, pause_p50_ms,
+    pause_p95_ms, pause_ratio, engine_ratio}}`` for each of :data:`ARMS` (module docstring);
+    ``budget``: the engines' ``max_num_batched_tokens`` (None: whole prefills)."""
     scenario = dataclasses.replace(load(scenario_path), seed=seed)
     phase_s = scenario.size(size).phase_duration_s
     flood = scenario.phases[-1].name
@@ -51,13 +66,18 @@ def measure(
     arms: tuple[tuple[str, dict[str, str], bool, int], ...] = (
         ("fcfs", {"fairness": "fcfs"}, False, 0),
         ("off", {}, False, 0),
+        ("prio", {"upstream_priority": "on"}, False, 0),
         ("on", {}, True, 0),
         ("reserve", {}, True, lend_reserve),
     )
     for arm, policies, preempt, reserve in arms:
-        settings = PoolSettings.from_policies(policies, ())
+        settings = PoolSettings.from_policies(
+            {k: v for k, v in policies.items() if k != "upstream_priority"}, ()
+        )
+        engine = EngineOptions(budget=budget, priority="upstream_priority" in policies)
         run = asyncio.run(simulate_run(scenario, settings, phase_s=phase_s, preempt=preempt,
-                                       lend_reserve=reserve))  # fmt: skip
+                                       victim=victim, lend_reserve=reserve,
+                                       engine=engine))  # fmt: skip
         flow = flow_table(run)[f"{flood} flow"]
         ratios = [r["p95_over_baseline"] for k, r in table(scenario, run.outcomes).items()
                   if k.startswith("ratio")]  # fmt: skip
@@ -68,6 +88,10 @@ def measure(
             "preemptions": flow["preemptions"] or 0.0,
             "repeated": flow["repeated"] or 0.0,
             "reprefilled": flow["reprefilled"] or 0.0,
+            "pause_p50_ms": flow["pause_p50_ms"] or 0.0,
+            "pause_p95_ms": flow["pause_p95_ms"] or 0.0,
+            "pause_ratio": flow["pause_over_prefill_p95"] or 0.0,
+            "engine_ratio": flow["engine_over_prefill_p95"] or 0.0,
         }
     return out
 
@@ -87,22 +111,41 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--lend-reserve", type=int, default=3, metavar="N",
         help="the reserve arm: lend only while more than N of the pool's slots are free",
     )  # fmt: skip
+    parser.add_argument(
+        "--max-batched-tokens", type=int, default=VLLM_BUDGET, metavar="N",
+        help="the engines' token budget per step (chunked prefill); 0: whole prefills",
+    )  # fmt: skip
+    parser.add_argument(
+        "--victim", choices=[n for n in preemption_names() if n != "off"], default="fair",
+        help="the victim choice of the on and reserve arms (runtime.scheduling.preempt)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
-    if args.lend_reserve < 0:
-        parser.error("--lend-reserve must be >= 0")
-    print(f"arms: fcfs, off (flood limit), on (lend all), reserve (lend, {args.lend_reserve} "
-          "free slots kept); tokens/s (% of FCFS's), SLO share, worst p95 over baseline, "
-          "preemptions (repeated), re-prefilled tokens, goals met")  # fmt: skip
+    if args.lend_reserve < 0 or args.max_batched_tokens < 0:
+        parser.error("--lend-reserve and --max-batched-tokens must be >= 0")
+    budget = args.max_batched_tokens or None
+    print(f"arms: fcfs, off (flood limit), prio (flood limit, engine priority), on (lend all), "
+          f"reserve (lend, {args.lend_reserve} free slots kept); victim {args.victim}; "
+          f"engines: {f'chunked prefill, {budget} tokens a step' if budget else 'whole prefills'}"
+          "; tokens/s (% of FCFS's), SLO share, worst p95 over baseline, preemptions "
+          "(repeated), re-prefilled tokens, resume pause p50/p95 (ms), p95 of pause over one "
+          "prefill of its context (and of the pause's engine part, from the new grant), "
+          "goals met")  # fmt: skip
+    met = dict.fromkeys(ARMS, 0)
     for seed in args.seeds:
-        m = measure(args.scenario, args.size, seed, lend_reserve=args.lend_reserve)
+        m = measure(args.scenario, args.size, seed, lend_reserve=args.lend_reserve,
+                    budget=budget, victim=args.victim)  # fmt: skip
         fcfs_tps = m["fcfs"]["tps"]
         for arm in ARMS:
             r = m[arm]
+            met[arm] += meets(r, fcfs_tps)
             print(f"seed {seed}  {arm:8} {r['tps']:6.0f} ({r['tps'] / fcfs_tps:4.0%})  "
                   f"slo {r['slo']:.2f}  worst_p95 {r['worst_p95']:5.2f}  "
                   f"preempt {r['preemptions']:4.0f} ({r['repeated']:4.0f})  "
                   f"reprefilled {r['reprefilled']:6.0f}  "
+                  f"pause p50/p95 {r['pause_p50_ms']:5.0f}/{r['pause_p95_ms']:5.0f} ms "
+                f"({r['pause_ratio']:5.1f}x, engine {r['engine_ratio']:4.1f}x)  "
                   f"goals {'yes' if meets(r, fcfs_tps) else 'no'}", flush=True)  # fmt: skip
+    print("goals met on " + ", ".join(f"{arm} {n}/{len(args.seeds)}" for arm, n in met.items()))
 
 
 if __name__ == "__main__":

@@ -7,6 +7,8 @@ it) whose tenant the headroom gate lets through, it stops a generation the victi
 The victim keeps its tokens so far, gives its slot to the waiting request and re-queues with
 its ticket's deadline; when it gets a slot again its first step prefills its prompt plus
 what it generated (the resume cost, counted in full: the resumed generation's ``prefill``).
+The pause, from its preemption to its next token, is recorded against one prefill of that
+context (``Flow.pauses``).
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ from runtime.scheduling.headroom import Gate
 from runtime.scheduling.preempt import Running, Standing, VictimPolicy
 
 if TYPE_CHECKING:
-    from bench.dispatch_sim import _Run, _Seq, _Waiting
+    from bench.dispatch_sim import _Run, _Waiting
+    from bench.sim_engine import Seq
 
 
 def standing(
@@ -60,10 +63,10 @@ class TakeBack:
             return False
         held = Counter(run.dispatcher.inflight())
         shares = run.dispatcher.shares()
-        by_key: dict[str, tuple[int, _Seq]] = {}
+        by_key: dict[str, tuple[int, Seq]] = {}
         running: list[Running] = []
         for endpoint_id, engine in run.engines.items():
-            for seq in engine.running + engine.fresh:
+            for seq in engine.running + engine.waiting:
                 key = f"{seq.planned.index}"
                 by_key[key] = (endpoint_id, seq)
                 running.append(Running(
@@ -78,12 +81,12 @@ class TakeBack:
                 continue
             running.remove(victim)
             endpoint_id, seq = by_key[victim.key]
-            engine = run.engines[endpoint_id]
-            (engine.running if seq in engine.running else engine.fresh).remove(seq)
+            run.engines[endpoint_id].remove(seq)
             held[victim.tenant] -= 1
             held[tenant] += 1
             seq.grant.release()
             self.resumes(flow, seq, victim.resume_tokens)
+            seq.paused_at = run.clock.now
             ticket = dataclasses.replace(
                 seq.grant.ticket, input_tokens=victim.resume_tokens, max_output_tokens=seq.left,
                 deadline=seq.deadline,
@@ -94,7 +97,7 @@ class TakeBack:
         return preempted
 
     @staticmethod
-    def resumes(flow: Flow, seq: _Seq, tokens: int) -> None:
+    def resumes(flow: Flow, seq: Seq, tokens: int) -> None:
         """The resume accounting: ``seq``'s next admission prefills ``tokens`` (its prompt
         plus what it generated); the phase counts the preemption, the re-prefilled tokens
         and whether the generation had been preempted before."""

@@ -5,7 +5,7 @@ flow (tokens/s, SLO share, preemptions, re-prefilled tokens) of each phase."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from bench.scenario import Scenario
@@ -35,6 +35,9 @@ class Flow:
     reprefilled: int = 0
     capped: int = 0  # requests whose max_tokens a cap_tokens degradation lowered
     tokens_capped: int = 0  # the output tokens those caps took away (asked - cap)
+    # per resume, seconds: from the preemption to its next token, one prefill of its context,
+    # and from its new grant to that token (the engine's part of the pause)
+    pauses: list[tuple[float, float, float]] = field(default_factory=list)
 
 
 def prefix_table(run: _Run) -> dict[str, dict[str, float | None]]:
@@ -65,7 +68,9 @@ def prefix_table(run: _Run) -> dict[str, dict[str, float | None]]:
 def flow_table(run: _Run) -> dict[str, dict[str, float | None]]:
     """Per phase: output tokens/s within the phase's duration, the interactive class's TTFT
     SLO share and availability (share served) over the tenants that do not flood,
-    preemptions, re-prefilled tokens, and the requests and tokens degradation capped."""
+    preemptions, re-prefilled tokens, the requests and tokens degradation capped, and the
+    resumes' pause p50 / p95 (ms), the p95 of each pause over one prefill of the resumed
+    context, and the same for the pause's engine part (from the new grant to the token)."""
     out: dict[str, dict[str, float | None]] = {}
     flooders = {t.name for t in run.scenario.tenants if t.flooding}
     slo_ms = {name: spec.ttft_slo_ms for name, spec in run.scenario.classes.items()}
@@ -84,8 +89,16 @@ def flow_table(run: _Run) -> dict[str, dict[str, float | None]]:
             "reprefilled": float(flow.reprefilled),
             "capped": float(flow.capped),
             "tokens_capped": float(flow.tokens_capped),
+            "pause_p50_ms": _ms(_pct([p for p, _, _ in flow.pauses], 0.5)),
+            "pause_p95_ms": _ms(_pct([p for p, _, _ in flow.pauses], 0.95)),
+            "pause_over_prefill_p95": _pct([p / one for p, one, _ in flow.pauses if one], 0.95),
+            "engine_over_prefill_p95": _pct([e / one for _, one, e in flow.pauses if one], 0.95),
         }
     return out
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1000.0
 
 
 def _pct(values: Sequence[float], q: float) -> float | None:
@@ -129,7 +142,14 @@ def table(scenario: Scenario, outcomes: Sequence[Outcome]) -> dict[str, dict[str
 def cell(name: str, value: float | None) -> str:
     if value is None:
         return "-"
-    if name in ("p95_over_baseline", "hit_rate", "sticky_share", "slo_share"):
+    if name in (
+        "p95_over_baseline",
+        "hit_rate",
+        "sticky_share",
+        "slo_share",
+        "pause_over_prefill_p95",
+        "engine_over_prefill_p95",
+    ):
         return f"{value:.2f}"
     if name == "available":
         return f"{value:.4f}"

@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from bench.dispatch_sim import _Engine, _Seq, main, simulate, simulate_run
+from bench.dispatch_sim import main, simulate, simulate_run
 from bench.preempt_sweep import measure
 from bench.scenario import load
+from bench.sim_engine import Engine, EngineOptions, Seq
 from bench.sim_preempt import TakeBack
 from bench.sim_report import Flow, flow_table, table
 from bench.workload import Planned
@@ -63,10 +64,12 @@ def test_a_step_prefills_every_newcomer_and_slows_everyone_running() -> None:
     timing = TimingModel(
         prefill_tps=b.prefill_tps, decode_a_ms=b.decode_a_ms, decode_b_ms=b.decode_b_ms
     )
-    engine = _Engine(running=[_seq(prompt_tokens=10)], fresh=[])
-    assert engine.duration(timing) == pytest.approx((10 + 0.5 * 1) / 1000)  # decode only
-    engine.fresh = [_seq(prompt_tokens=500), _seq(prompt_tokens=1500)]
-    assert engine.duration(timing) == pytest.approx(2000 / 5000 + (10 + 0.5 * 3) / 1000)
+    engine = Engine(running=[_seq(prompt_tokens=10)])
+    assert engine.schedule(timing) == pytest.approx((10 + 0.5 * 1) / 1000)  # decode only
+    engine.finish()
+    engine.waiting = [_seq(prompt_tokens=500), _seq(prompt_tokens=1500)]
+    assert engine.schedule(timing) == pytest.approx(2000 / 5000 + (10 + 0.5 * 3) / 1000)
+    assert len(engine.finish()) == 3  # everyone has a token: the newcomers their first
 
 
 def test_another_seed_plays_another_schedule(capsys: pytest.CaptureFixture[str]) -> None:
@@ -78,10 +81,10 @@ def test_another_seed_plays_another_schedule(capsys: pytest.CaptureFixture[str])
     assert other != default
 
 
-def _seq(*, prompt_tokens: int) -> _Seq:
+def _seq(*, prompt_tokens: int, band: int = 0) -> Seq:
     planned = Planned(index=0, at=0.0, tenant="t", klass="interactive",
                       prompt_tokens=prompt_tokens, max_tokens=4, stream=True)  # fmt: skip
-    return _Seq(grant=None, planned=planned, arrived=0.0, left=4)  # type: ignore[arg-type]
+    return Seq(grant=None, planned=planned, arrived=0.0, left=4, band=band)  # type: ignore[arg-type]
 
 
 def test_preemption_lends_slots_takes_them_back_and_counts_each_token_once() -> None:
@@ -130,8 +133,8 @@ def test_a_resumed_generation_prefills_its_prompt_and_what_it_generated() -> Non
     )
     resumed = _seq(prompt_tokens=500)
     resumed.generated, resumed.prefill = 100, 600
-    engine = _Engine(running=[], fresh=[resumed])
-    assert engine.duration(timing) == pytest.approx(600 / 5000 + (10 + 0.5 * 1) / 1000)
+    engine = Engine(waiting=[resumed])
+    assert engine.schedule(timing) == pytest.approx(600 / 5000 + (10 + 0.5 * 1) / 1000)
 
 
 def test_the_command_takes_preempt_on(capsys: pytest.CaptureFixture[str]) -> None:
@@ -148,7 +151,73 @@ def test_the_command_takes_preempt_on(capsys: pytest.CaptureFixture[str]) -> Non
 
 def test_the_sweep_compares_fcfs_the_flood_limit_and_preemption() -> None:
     m = measure(CONTENTION, "smoke", 1, lend_reserve=4)
-    assert set(m) == {"fcfs", "off", "on", "reserve"}
+    assert set(m) == {"fcfs", "off", "prio", "on", "reserve"}
     assert m["off"]["preemptions"] == m["fcfs"]["preemptions"] == 0
     assert m["on"]["preemptions"] > m["reserve"]["preemptions"] > 0
     assert all(row["tps"] > 0 for row in m.values())
+
+
+def _timing() -> TimingModel:
+    b = load(CONTENTION).backends  # prefill 5000 tok/s, decode 10 + 0.5 * batch ms
+    return TimingModel(prefill_tps=b.prefill_tps, decode_a_ms=b.decode_a_ms,
+                       decode_b_ms=b.decode_b_ms)  # fmt: skip
+
+
+def test_chunked_prefill_decodes_first_and_cuts_a_long_prompt_to_the_budget() -> None:
+    timing = _timing()
+    decoding = [_seq(prompt_tokens=10) for _ in range(3)]
+    engine = Engine(running=list(decoding), budget=2048)
+    long, short = _seq(prompt_tokens=3000), _seq(prompt_tokens=100)
+    engine.waiting = [long, short]
+    # the three decodes take 3 tokens of the budget, the long prompt the other 2045
+    assert engine.schedule(timing) == pytest.approx(2045 / 5000 + (10 + 0.5 * 4) / 1000)
+    assert engine.waiting == [short]  # no budget left for it this step
+    assert engine.finish() == decoding  # the long prompt has no token yet
+    # next step: the decodes, the long prompt's last 955 tokens, then the short prompt whole
+    assert engine.schedule(timing) == pytest.approx(1055 / 5000 + (10 + 0.5 * 5) / 1000)
+    assert engine.finish() == [*decoding, long, short]
+
+
+def test_a_budget_no_step_reaches_plays_exactly_the_whole_prefill_model() -> None:
+    scenario = load(CONTENTION)
+    settings = PoolSettings.from_policies({}, ())
+    whole = asyncio.run(simulate_run(scenario, settings, phase_s=2.5))
+    huge = asyncio.run(simulate_run(scenario, settings, phase_s=2.5,
+                                    engine=EngineOptions(budget=10**9)))  # fmt: skip
+    vllm = asyncio.run(simulate_run(scenario, settings, phase_s=2.5,
+                                    engine=EngineOptions(budget=256)))  # fmt: skip
+    assert huge.outcomes == whole.outcomes
+    assert vllm.outcomes != whole.outcomes  # a budget steps reach does change the steps
+    assert vllm.flow["flood"].tokens == whole.flow["flood"].tokens  # not the work
+
+
+def test_engine_priority_orders_only_the_engines_waiting_queue() -> None:
+    timing = _timing()
+    batch, interactive = _seq(prompt_tokens=300, band=2), _seq(prompt_tokens=300, band=0)
+    fifo = Engine(waiting=[batch, interactive], budget=400)
+    fifo.schedule(timing)
+    assert fifo.running == [batch, interactive]  # oldest first: the batch prompt whole
+    assert fifo.finish() == [batch]
+    batch, interactive = _seq(prompt_tokens=300, band=2), _seq(prompt_tokens=300, band=0)
+    prio = Engine(waiting=[batch, interactive], budget=400, priority=True)
+    prio.schedule(timing)
+    assert prio.finish() == [interactive]  # the lower band first
+    with pytest.raises(ValueError, match="budget"):
+        EngineOptions(budget=0)
+
+
+def test_a_resume_pause_is_recorded_against_one_prefill_of_its_context() -> None:
+    scenario = dataclasses.replace(load(CONTENTION), seed=1)
+    settings = PoolSettings.from_policies({}, ())
+    on = asyncio.run(simulate_run(scenario, settings, phase_s=2.5, preempt=True,
+                                  engine=EngineOptions(budget=2048)))  # fmt: skip
+    flood = on.flow["flood"]
+    assert 0 < len(flood.pauses) <= flood.preemptions
+    # a resume cannot come back faster than it re-prefills its prompt and generated tokens,
+    # and its engine part (from the new grant) is within its pause
+    assert all(pause >= engine >= one > 0 for pause, one, engine in flood.pauses)
+    assert any(pause > engine for pause, _, engine in flood.pauses)  # some waited for a slot
+    row = flow_table(on)["flood flow"]
+    ratio = row["pause_over_prefill_p95"]
+    assert ratio is not None
+    assert ratio >= 1.0
