@@ -84,8 +84,10 @@ class AdapterHeartbeats:
         snapshot: Callable[[], Snapshot | None],
         *,
         interval_s: float = POLL_S,
+        after_poll: Callable[[], None] | None = None,
     ) -> None:
         self._redis_url = redis_url
+        self._after_poll = after_poll  # e.g. the adapter metrics' copy into this worker's files
         self._fleet = fleet
         self._snapshot = snapshot
         self._interval_s = interval_s
@@ -123,6 +125,8 @@ class AdapterHeartbeats:
                 self._failing = True
             else:
                 self._failing = False
+            if self._after_poll is not None:
+                self._after_poll()
             await asyncio.sleep(self._interval_s)
 
     def start(self) -> None:

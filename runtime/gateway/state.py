@@ -421,7 +421,9 @@ def build_state(config: RouterConfig) -> RouterState:
     metrics.attach_fleet(state.endpoint_views)
     metrics.attach_admission(lambda: limits.degraded)
     metrics.attach_adapters(adapters.rows)
-    state.adapter_heartbeats = AdapterHeartbeats(config.redis_url, adapters, current)
+    state.adapter_heartbeats = AdapterHeartbeats(
+        config.redis_url, adapters, current, after_poll=metrics.sync_adapters
+    )
     telemetry.live = LiveAggregator(config.redis_url, config.namespace, live_sources(state))
     return state
 

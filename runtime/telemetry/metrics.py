@@ -64,7 +64,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 from runtime.snapshot import Snapshot
-from runtime.telemetry.adapter_metrics import AdapterCollector, AdapterRows
+from runtime.telemetry.adapter_metrics import AdapterCollector, AdapterCounters, AdapterRows
 from runtime.telemetry.children import Children
 from runtime.telemetry.collectors import (
     AdmissionCollector,
@@ -303,6 +303,7 @@ class RouterMetrics:
             registry=self.registry,
         )
         self._scheduling: _SchedulingCollector | None = None
+        self._adapter_counters: AdapterCounters | None = None
         self.slis = SliCounters(self.registry)
         self._stages = Children(self.stage_seconds)
         self._requests = Children(self.requests_total)
@@ -326,8 +327,18 @@ class RouterMetrics:
         self._register_view(FleetCollector(views))
 
     def attach_adapters(self, rows: AdapterRows) -> None:
-        """Export the LoRA residency book's counters (:mod:`.adapter_metrics`) at every scrape."""
-        self._register_view(AdapterCollector(rows))
+        """Export the LoRA residency book's counters (:mod:`.adapter_metrics`): read at every
+        scrape; with several workers, copied into the per-process files (:meth:`sync_adapters`)."""
+        if self._multiprocess_dir is None:
+            self._register_view(AdapterCollector(rows))
+        else:
+            self._adapter_counters = AdapterCounters(self.registry, rows)
+
+    def sync_adapters(self) -> None:
+        """With several workers: this worker's adapter counts into its metric files (called
+        at every adapter heartbeat poll and before a scrape this worker answers)."""
+        if self._adapter_counters is not None:
+            self._adapter_counters.sync()
 
     def attach_admission(self, degraded: Callable[[], bool]) -> None:
         """Export whether admission runs on its Redis-down fallback, read at every scrape."""
@@ -366,6 +377,7 @@ class RouterMetrics:
         """The exposition text and its content type, for ``GET /metrics``."""
         if self._multiprocess_dir is None:
             return generate_latest(self.registry), CONTENT_TYPE_LATEST
+        self.sync_adapters()
         registry = CollectorRegistry()  # every worker's files, then this worker's views
         MultiProcessCollector(registry, path=self._multiprocess_dir)  # type: ignore[no-untyped-call]
         for view in self._views:
