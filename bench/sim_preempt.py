@@ -16,28 +16,15 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections import Counter
-from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from bench.sim_report import Flow
-from runtime.scheduling.headroom import Gate
-from runtime.scheduling.preempt import Running, Standing, VictimPolicy
+from runtime.scheduling.preempt import Running, VictimPolicy, standing
 
 if TYPE_CHECKING:
     from bench.dispatch_sim import _Run, _Waiting
     from bench.sim_engine import Seq
 
-
-def standing(
-    gate: Gate, held: Mapping[str, int], shares: Mapping[str, float], arriving: str
-) -> dict[str, Standing]:
-    """What the victim policy is told: over are the tenants holding slots lent to them
-    (:meth:`Gate.lent`), and the arriving tenant when the gate, lending, blocks it."""
-    lent = gate.lent(held)
-    out = {t: Standing(share, held.get(t, 0), over=t in lent) for t, share in shares.items()}
-    blocked = gate.blocks(arriving, held, lending=True)
-    out[arriving] = Standing(shares.get(arriving, 0.0), held.get(arriving, 0), over=blocked)
-    return out
 
 
 class TakeBack:
