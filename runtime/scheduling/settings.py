@@ -15,7 +15,13 @@ Pool policy keys (all optional; values are strings, as in ``PoolSnap.policies``)
   work-conserving isolation: the flood limit lends idle slots and takes them back by
   preempting a running stream (:mod:`.takeback`); ``off`` (the default) lends nothing;
 - ``lend_reserve``: lend only while more than this many of the pool's slots are free
-  (default 0).
+  (default 0);
+- ``resume_first`` (``on``/``off``, default ``off``): a preempted request waits again in
+  the most urgent band, ahead of its tenant's other requests, so it takes the next slot its
+  tenant gets (:mod:`.takeback`);
+- ``pace_prefill_tps``: with lending, a lent slot goes to an endpoint only once the
+  prefills sent there are estimated done at this many prompt tokens per second (about
+  half an engine's prefill rate measured best; 0, the default: no pacing, :mod:`.pacing`).
 
 Per band, the queue bound is the largest ``max_queue_length`` of the classes in that band;
 bands no class names use ``default_limit``. Unparseable values are refused with
@@ -53,6 +59,8 @@ class PoolSettings:
     band_shares: Mapping[int, float] = field(default_factory=dict)
     preemption: str = "off"
     lend_reserve: int = 0
+    resume_first: bool = False
+    pace_prefill_tps: float = 0.0
 
     def headroom_for(self, *, isolating: bool) -> float:
         if self.headroom is not None:
@@ -116,6 +124,8 @@ class PoolSettings:
             band_shares=_band_shares(policies.get("band_shares"), sorted(limits)),
             preemption=policies.get("preemption", "off").strip(),
             lend_reserve=_count(policies, "lend_reserve"),
+            resume_first=_switch(policies, "resume_first"),
+            pace_prefill_tps=_rate(policies, "pace_prefill_tps"),
         )
 
 
@@ -141,6 +151,26 @@ def _count(policies: Mapping[str, str], key: str) -> int:
     except ValueError:
         raise SettingsError(f"pool policy {key!r} must be an integer, got {raw!r}") from None
     if value < 0:
+        raise SettingsError(f"pool policy {key!r} must be >= 0, got {raw!r}")
+    return value
+
+
+def _switch(policies: Mapping[str, str], key: str) -> bool:
+    raw = (policies.get(key) or "off").strip()
+    if raw not in ("on", "off"):
+        raise SettingsError(f"pool policy {key!r} must be 'on' or 'off', got {raw!r}")
+    return raw == "on"
+
+
+def _rate(policies: Mapping[str, str], key: str) -> float:
+    raw = policies.get(key)
+    if raw is None or not raw.strip():
+        return 0.0
+    try:
+        value = float(raw)
+    except ValueError:
+        raise SettingsError(f"pool policy {key!r} must be a number, got {raw!r}") from None
+    if not (math.isfinite(value) and value >= 0):
         raise SettingsError(f"pool policy {key!r} must be >= 0, got {raw!r}")
     return value
 
