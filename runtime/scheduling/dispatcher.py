@@ -137,8 +137,8 @@ class PoolDispatcher:
         self._detector = policies.saturation
         # Lend: what the headroom gate would hold back may take a slot nobody else waits
         # for; it is taken back by preemption when a tenant the gate lets through arrives
-        # (:mod:`.takeback`). On with a pool's ``preemption`` policy (``lend`` overrides it:
-        # the simulator preempts itself). It lends only while more than ``lend_reserve`` of
+        # (:mod:`.takeback`). On with a pool's ``preemption`` policy (``lend`` overrides it).
+        # It lends only while more than ``lend_reserve`` of
         # the pool's slots are free: those stay for the others' next arrivals, which then
         # need no preemption (each one costs a re-prefill).
         self._lend_override = (lend, lend_reserve)

@@ -129,29 +129,48 @@ class PoolSettings:
         )
 
 
-def _positive_int(policies: Mapping[str, str], key: str) -> int | None:
+def _parsed(policies: Mapping[str, str], key: str, kind: type[float], what: str) -> float | None:
+    """``policies[key]`` read by ``kind`` (None when absent or blank); refused when not."""
     raw = policies.get(key)
     if raw is None or not raw.strip():
         return None
     try:
-        value = int(raw)
+        value = kind(raw)
     except ValueError:
-        raise SettingsError(f"pool policy {key!r} must be an integer, got {raw!r}") from None
-    if value < 1:
-        raise SettingsError(f"pool policy {key!r} must be >= 1, got {raw!r}")
+        raise SettingsError(f"pool policy {key!r} must be {what}, got {raw!r}") from None
+    if not math.isfinite(value):
+        raise SettingsError(f"pool policy {key!r} must be finite, got {raw!r}")
     return value
 
 
+def _within(value: float, key: str, ok: bool, bound: str) -> None:
+    if not ok:
+        raise SettingsError(f"pool policy {key!r} must be {bound}, got {value!r}")
+
+
+def _positive_int(policies: Mapping[str, str], key: str) -> int | None:
+    value = _parsed(policies, key, int, "an integer")
+    if value is not None:
+        _within(value, key, value >= 1, ">= 1")
+    return None if value is None else int(value)
+
+
 def _count(policies: Mapping[str, str], key: str) -> int:
-    raw = policies.get(key)
-    if raw is None or not raw.strip():
-        return 0
-    try:
-        value = int(raw)
-    except ValueError:
-        raise SettingsError(f"pool policy {key!r} must be an integer, got {raw!r}") from None
-    if value < 0:
-        raise SettingsError(f"pool policy {key!r} must be >= 0, got {raw!r}")
+    value = _parsed(policies, key, int, "an integer") or 0
+    _within(value, key, value >= 0, ">= 0")
+    return int(value)
+
+
+def _rate(policies: Mapping[str, str], key: str) -> float:
+    value = _parsed(policies, key, float, "a number") or 0.0
+    _within(value, key, value >= 0, ">= 0")
+    return value
+
+
+def _fraction(policies: Mapping[str, str], key: str) -> float | None:
+    value = _parsed(policies, key, float, "a number")
+    if value is not None:
+        _within(value, key, 0 <= value < 1, "in [0, 1)")
     return value
 
 
@@ -160,32 +179,6 @@ def _switch(policies: Mapping[str, str], key: str) -> bool:
     if raw not in ("on", "off"):
         raise SettingsError(f"pool policy {key!r} must be 'on' or 'off', got {raw!r}")
     return raw == "on"
-
-
-def _rate(policies: Mapping[str, str], key: str) -> float:
-    raw = policies.get(key)
-    if raw is None or not raw.strip():
-        return 0.0
-    try:
-        value = float(raw)
-    except ValueError:
-        raise SettingsError(f"pool policy {key!r} must be a number, got {raw!r}") from None
-    if not (math.isfinite(value) and value >= 0):
-        raise SettingsError(f"pool policy {key!r} must be >= 0, got {raw!r}")
-    return value
-
-
-def _fraction(policies: Mapping[str, str], key: str) -> float | None:
-    raw = policies.get(key)
-    if raw is None or not raw.strip():
-        return None
-    try:
-        value = float(raw)
-    except ValueError:
-        raise SettingsError(f"pool policy {key!r} must be a number, got {raw!r}") from None
-    if not (math.isfinite(value) and 0 <= value < 1):
-        raise SettingsError(f"pool policy {key!r} must be in [0, 1), got {raw!r}")
-    return value
 
 
 def _band_shares(raw: str | None, bands: list[int]) -> dict[int, float]:
