@@ -51,7 +51,7 @@ from pathlib import Path
 from bench.prefix_placement import Mode, PrefixFleet
 from bench.scenario import Scenario, load
 from bench.sim_engine import VLLM_BUDGET, Engine, EngineOptions, Seq
-from bench.sim_preempt import TakeBack
+from bench.sim_preempt import SimStream
 from bench.sim_report import Flow, Outcome, cell, flow_table, prefix_table, table
 from bench.workload import Planned, chat_messages, plan_phase
 from runtime.degradation import DegradeSettings, Limits, PoolState
@@ -142,11 +142,16 @@ class _Run:
         self.placements: dict[str, tuple[int, int]] = {}  # phase -> (sticky, by load)
         if preempt and self.prefix is not None:
             raise ValueError("preemption is not modelled with prefix caches")
-        self.take_back = TakeBack(preemption_policy(victim)) if preempt else None
+        self.preempt = preempt  # the dispatcher takes lent slots back (bench.sim_preempt)
+        if preempt:
+            preemption_policy(victim)  # (an unknown name fails here)
+            settings = dataclasses.replace(settings, preemption=victim)
+        self.waiting: dict[int, _Waiting] = {}  # the phase's requests waiting for a grant
         self.dispatcher = PoolDispatcher(
             "p", settings, fleet, clock=self.clock, tick_s=3600.0, lend=preempt,
             lend_reserve=lend_reserve,
         )  # fmt: skip
+        self.paced = preempt and settings.pace_prefill_tps > 0
         self.phase_s = float("inf")  # tokens count as "under the phase" up to this long
         self.flow: dict[str, Flow] = {}  # phase -> output tokens, preemptions, re-prefill
         self.weights = {t.name: t.weight for t in scenario.tenants}
@@ -167,6 +172,8 @@ class _Run:
         flow = self.flow.setdefault(phase, Flow())
         in_window = self.clock.now - flow.start <= self.phase_s
         for seq in engine.finish():
+            if seq not in engine.running:  # preempted by a release earlier in this loop
+                continue
             if seq.paused_at is not None:  # its first token since it was preempted
                 one_prefill = self.timing.prefill_seconds(seq.prefill or 0)
                 pause, engine_part = self.clock.now - seq.paused_at, self.clock.now - seq.resumed_at
@@ -174,6 +181,7 @@ class _Run:
                 seq.paused_at = None
             seq.prefill = None
             seq.generated += 1
+            seq.grant.charged_output = seq.generated  # what the victim policy reads
             flow.tokens += 1
             flow.window_tokens += in_window
             if not seq.started:
@@ -198,6 +206,7 @@ class _Run:
         for p in requests:
             heapq.heappush(self.events, (start + p.at, next(self.order), p))
         waiting: dict[int, _Waiting] = {}
+        self.waiting = waiting
         self.flow[phase] = Flow(start=start)
         try:
             await self._play(phase, loop, waiting)
@@ -220,11 +229,17 @@ class _Run:
                 ticket = _ticket(self.scenario, item, at, self.weights[item.tenant], affinity)
                 task = loop.create_task(self.dispatcher.acquire(ticket))
                 waiting[key] = (task, item, at, None)
-            else:
+            elif item:
                 self.step_ended(item, phase)
+            if self.paced:  # a paced lent slot may go now; else wake when the next may
+                self.wake(self.dispatcher.poke(), waiting)
             await self._settle(phase, waiting)
-            if self.take_back is not None and self.take_back(self, phase, loop, waiting):
-                await self._settle(phase, waiting)
+
+    def wake(self, at: float | None, waiting: dict[int, _Waiting]) -> None:
+        """An event (endpoint 0: none) at ``at``, unless one is due by then anyway."""
+        if at is None or not waiting or (self.events and self.events[0][0] <= at):
+            return
+        heapq.heappush(self.events, (at, next(self.order), 0))
 
     async def _settle(self, phase: str, waiting: dict[int, _Waiting]) -> None:
         for _ in range(4):  # let the woken acquire() calls return
@@ -276,6 +291,12 @@ class _Run:
         self.rendered[key] = (tokens, text_block_hashes(render_chat(pairs), self.block_size))
         return key
 
+    def offer(self, seq: Seq, phase: str) -> None:
+        """With preemption: offer the generation to the dispatcher's take-back."""
+        if self.preempt:
+            flow = self.flow.setdefault(phase, Flow())
+            seq.grant.preemptible(SimStream(self, seq, flow, self.waiting))
+
     def granted(
         self,
         task: asyncio.Task[Grant],
@@ -285,6 +306,8 @@ class _Run:
         paused: Seq | None = None,
     ) -> None:
         if isinstance(task.exception(), SchedulingError):
+            if paused is not None:  # a preempted generation could not resume: it ends
+                paused.grant.release()
             if paused is None or not paused.started:
                 self.outcomes.append(Outcome(phase, p.tenant, p.klass, None))
             return
@@ -293,6 +316,7 @@ class _Run:
         if paused is not None:  # a preempted generation resumes (its prefill is set)
             paused.grant, paused.started_at = grant, self.clock.now
             paused.resumed_at = self.clock.now
+            self.offer(paused, phase)
             self.engines[endpoint_id].waiting.append(paused)
             if not self.engines[endpoint_id].stepping:
                 self.step(endpoint_id)
@@ -302,6 +326,7 @@ class _Run:
         if self.prefix is not None:
             seq.prompt_tokens, seq.block_hashes = self.rendered.pop(str(p.index))
         seq.band = grant.ticket.band
+        self.offer(seq, phase)
         self.engines[endpoint_id].waiting.append(seq)
         if not self.engines[endpoint_id].stepping:
             self.step(endpoint_id)

@@ -1,19 +1,23 @@
 """Preemption against the flood limit and FCFS, over several schedules, in virtual time.
 
 ``python -m bench.preempt_sweep [--seeds 0-7] [--size full] [--lend-reserve 3]
-[--max-batched-tokens 2048] [--victim fair]`` plays the contention scenario
-(:mod:`bench.dispatch_sim`) per seed five ways: FCFS (``fairness=fcfs``), the flood limit
-(default policies, no lending: ``off``), the flood limit with the engines' priority
+[--max-batched-tokens 2048] [--victim fair] [--pace-prefill-tps 2500]`` plays the contention
+scenario (:mod:`bench.dispatch_sim`) per seed six ways: FCFS (``fairness=fcfs``), the flood
+limit (default policies, no lending: ``off``), the flood limit with the engines' priority
 scheduling (``upstream_priority=on``: ``prio``), the flood limit lending every idle slot and
-taking them back by preemption (``on``), and the same keeping ``--lend-reserve`` free slots
-unlent (``reserve``). The engines chunk their prefills as vLLM V1 does
-(:mod:`bench.sim_engine`, ``--max-batched-tokens``, default vLLM's 2,048; 0: whole prefills,
-as the simulator worker). Per seed it prints the flood phase's output tokens/s (within the
-phase's duration) and each over FCFS's, the well-behaved tenants' interactive TTFT SLO share,
-their worst TTFT p95 under the flood over their baseline, the preemptions (and how many of
-them preempted a generation preempted before), the tokens the resumes re-prefilled, the
-resumes' pause p50 / p95, the p95 of each pause over one prefill of its context and of its
-engine part (from the new grant to the token) over the same; then whether
+taking them back by preemption (``on``), the same keeping ``--lend-reserve`` free slots
+unlent (``reserve``), and that with the lent slots paced by prefill and preempted requests
+resuming first (``paced``: the pool policies ``pace_prefill_tps`` and ``resume_first=on``,
+:mod:`runtime.scheduling.pacing`). The take-back is the router's own
+(:mod:`runtime.scheduling.takeback`, driven by :mod:`bench.sim_preempt`). The engines chunk
+their prefills as vLLM V1 does (:mod:`bench.sim_engine`, ``--max-batched-tokens``, default
+vLLM's 2,048; 0: whole prefills, as the simulator worker). Per seed it prints the flood
+phase's output tokens/s (within the phase's duration) and each over FCFS's, the well-behaved
+tenants' interactive TTFT SLO share, their worst TTFT p95 under the flood over their
+baseline, the preemptions (and how many of them preempted a generation preempted before),
+the tokens the resumes re-prefilled, the resumes' pause p50 / p95, the p95 of each pause
+over one prefill of its context and of its engine part (from the new grant to the token)
+over the same; then whether
 each arm meets issue #34's goals (tokens/s >= 95% of FCFS's, SLO >= 99%, worst p95 <= 1.2x),
 and at the end on how many seeds.
 
@@ -39,7 +43,7 @@ from runtime.scheduling.registry import preemption_names
 from runtime.scheduling.settings import PoolSettings
 
 GOAL_TPS, GOAL_SLO, GOAL_P95 = 0.95, 0.99, 1.2
-ARMS = ("fcfs", "off", "prio", "on", "reserve")
+ARMS = ("fcfs", "off", "prio", "on", "reserve", "paced")
 
 
 def _seeds(text: str) -> list[int]:
@@ -55,6 +59,7 @@ def measure(
     lend_reserve: int = 3,
     budget: int | None = VLLM_BUDGET,
     victim: str = "fair",
+    pace_prefill_tps: float = 2500.0,
 ) -> dict[str, dict[str, float]]:
     """``{arm: {tps, slo, worst_p95, preemptions, repeated, reprefilled, pause_p50_ms,
     pause_p95_ms, pause_ratio, engine_ratio}}`` for each of :data:`ARMS` (module docstring);
@@ -63,12 +68,14 @@ def measure(
     phase_s = scenario.size(size).phase_duration_s
     flood = scenario.phases[-1].name
     out: dict[str, dict[str, float]] = {}
+    paced = {"pace_prefill_tps": str(pace_prefill_tps), "resume_first": "on"}
     arms: tuple[tuple[str, dict[str, str], bool, int], ...] = (
         ("fcfs", {"fairness": "fcfs"}, False, 0),
         ("off", {}, False, 0),
         ("prio", {"upstream_priority": "on"}, False, 0),
         ("on", {}, True, 0),
         ("reserve", {}, True, lend_reserve),
+        ("paced", paced, True, lend_reserve),
     )
     for arm, policies, preempt, reserve in arms:
         settings = PoolSettings.from_policies(
@@ -119,12 +126,18 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--victim", choices=[n for n in preemption_names() if n != "off"], default="fair",
         help="the victim choice of the on and reserve arms (runtime.scheduling.preempt)",
     )  # fmt: skip
+    parser.add_argument(
+        "--pace-prefill-tps", type=float, default=2500.0, metavar="TPS",
+        help="the paced arm's pace_prefill_tps (the engines prefill 5,000 tokens/s)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     if args.lend_reserve < 0 or args.max_batched_tokens < 0:
         parser.error("--lend-reserve and --max-batched-tokens must be >= 0")
     budget = args.max_batched_tokens or None
     print(f"arms: fcfs, off (flood limit), prio (flood limit, engine priority), on (lend all), "
-          f"reserve (lend, {args.lend_reserve} free slots kept); victim {args.victim}; "
+          f"reserve (lend, {args.lend_reserve} free slots kept), paced (reserve, lent "
+          f"prefills paced at {args.pace_prefill_tps:g} tokens/s, resumes first); "
+          f"victim {args.victim}; "
           f"engines: {f'chunked prefill, {budget} tokens a step' if budget else 'whole prefills'}"
           "; tokens/s (% of FCFS's), SLO share, worst p95 over baseline, preemptions "
           "(repeated), re-prefilled tokens, resume pause p50/p95 (ms), p95 of pause over one "
@@ -133,7 +146,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     met = dict.fromkeys(ARMS, 0)
     for seed in args.seeds:
         m = measure(args.scenario, args.size, seed, lend_reserve=args.lend_reserve,
-                    budget=budget, victim=args.victim)  # fmt: skip
+                    budget=budget, victim=args.victim,
+                    pace_prefill_tps=args.pace_prefill_tps)  # fmt: skip
         fcfs_tps = m["fcfs"]["tps"]
         for arm in ARMS:
             r = m[arm]

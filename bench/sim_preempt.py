@@ -1,95 +1,74 @@
-"""Preemption in the simulator (:mod:`bench.dispatch_sim`): the flood limit lends idle slots
-and takes them back by stopping a running generation.
+"""Preemption in the simulator (:mod:`bench.dispatch_sim`): the router's own take-back.
 
-:class:`TakeBack` runs after every event: for each request still waiting (no free slot took
-it) whose tenant the headroom gate lets through, it stops a generation the victim policy
-(:mod:`runtime.scheduling.preempt`) chooses among the tenants holding slots lent to them.
-The victim keeps its tokens so far, gives its slot to the waiting request and re-queues with
-its ticket's deadline; when it gets a slot again its first step prefills its prompt plus
-what it generated (the resume cost, counted in full: the resumed generation's ``prefill``).
-The pause, from its preemption to its next token, is recorded against one prefill of that
-context (``Flow.pauses``).
+With ``--preempt on`` the pool's ``preemption`` policy is set, so the dispatcher
+(:class:`~runtime.scheduling.dispatcher.PoolDispatcher`) lends idle slots and takes them back
+itself, as in the router (:mod:`runtime.scheduling.takeback`: the victim policy among the
+offered streams of the tenants holding lent slots, at most
+:data:`~runtime.scheduling.takeback.MAX_PREEMPTIONS` times per stream; a resume waits parked
+in the queue with its place and deadline). Each generation offers itself when it is
+granted (:class:`SimStream`, the :class:`~runtime.scheduling.grant.Preemptee` the gateway's
+migrating stream is in the router; every simulated request is treated as a stream). When the
+dispatcher stops it, it leaves its engine at once, keeps its tokens so far and waits for
+:meth:`~runtime.scheduling.grant.Grant.resumed`; when it gets a slot again its first step
+prefills its prompt plus what it generated (the resume cost, counted in full: the resumed
+generation's ``prefill``). The pause, from its preemption to its next token, is recorded
+against one prefill of that context (``Flow.pauses``).
+
+The grant's ``charged_output`` (what the victim policy reads as generated) is set to the
+tokens generated without charging the fairness counters: the simulator charges no output
+tokens in any arm, so the arms stay comparable.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-from collections import Counter
 from typing import TYPE_CHECKING
 
 from bench.sim_report import Flow
-from runtime.scheduling.preempt import Running, VictimPolicy, standing
 
 if TYPE_CHECKING:
     from bench.dispatch_sim import _Run, _Waiting
     from bench.sim_engine import Seq
+    from runtime.scheduling.grant import Grant
 
 
+async def _resumed(grant: Grant) -> Grant:
+    await grant.resumed()
+    return grant
 
-class TakeBack:
-    """Takes lent slots back by preemption, the victims chosen by ``victims``."""
 
-    def __init__(self, victims: VictimPolicy) -> None:
-        self.victims = victims
+class SimStream:
+    """One simulated generation as the dispatcher's take-back sees it (module docstring)."""
 
-    def __call__(
-        self,
-        run: _Run,
-        phase: str,
-        loop: asyncio.AbstractEventLoop,
-        waiting: dict[int, _Waiting],
-    ) -> bool:
-        """Preempt for the requests still waiting (module docstring); whether any was."""
-        arriving = [p.tenant for task, p, _, paused in waiting.values()
-                    if paused is None and not task.done()]  # fmt: skip
-        if not arriving:
-            return False
-        gate = run.dispatcher.held_back()
-        if not gate:
-            return False
-        held = Counter(run.dispatcher.inflight())
-        shares = run.dispatcher.shares()
-        by_key: dict[str, tuple[int, Seq]] = {}
-        running: list[Running] = []
-        for endpoint_id, engine in run.engines.items():
-            for seq in engine.running + engine.waiting:
-                key = f"{seq.planned.index}"
-                by_key[key] = (endpoint_id, seq)
-                running.append(Running(
-                    key, seq.planned.tenant, seq.grant.ticket.band, seq.generated,
-                    seq.planned.prompt_tokens, seq.started_at,
-                ))  # fmt: skip
-        flow = run.flow.setdefault(phase, Flow())
-        preempted = False
-        for tenant in arriving:
-            victim = self.victims.victim(tenant, running, standing(gate, held, shares, tenant))
-            if victim is None:
-                continue
-            running.remove(victim)
-            endpoint_id, seq = by_key[victim.key]
-            run.engines[endpoint_id].remove(seq)
-            held[victim.tenant] -= 1
-            held[tenant] += 1
-            seq.grant.release()
-            self.resumes(flow, seq, victim.resume_tokens)
-            seq.paused_at = run.clock.now
-            ticket = dataclasses.replace(
-                seq.grant.ticket, input_tokens=victim.resume_tokens, max_output_tokens=seq.left,
-                deadline=seq.deadline,
-            )  # fmt: skip
-            task = loop.create_task(run.dispatcher.acquire(ticket))
-            waiting[next(run.order)] = (task, seq.planned, seq.arrived, seq)
-            preempted = True
-        return preempted
+    __slots__ = ("_flow", "_run", "_seq", "_waiting")
 
-    @staticmethod
-    def resumes(flow: Flow, seq: Seq, tokens: int) -> None:
-        """The resume accounting: ``seq``'s next admission prefills ``tokens`` (its prompt
-        plus what it generated); the phase counts the preemption, the re-prefilled tokens
-        and whether the generation had been preempted before."""
-        seq.prefill = tokens
-        flow.preemptions += 1
-        flow.repeated += seq.preempted > 0
-        flow.reprefilled += tokens
-        seq.preempted += 1
+    def __init__(self, run: _Run, seq: Seq, flow: Flow, waiting: dict[int, _Waiting]) -> None:
+        self._run, self._seq, self._flow, self._waiting = run, seq, flow, waiting
+
+    def preemptible(self) -> bool:
+        """On an engine, with tokens left (the dispatcher withdraws it when it ends)."""
+        seq = self._seq
+        return seq.left > 0 and any(seq in e.running or seq in e.waiting
+                                    for e in self._run.engines.values())  # fmt: skip
+
+    def preempt(self) -> None:
+        """Leave the engine now and wait, parked, for a slot again."""
+        run, seq = self._run, self._seq
+        for engine in run.engines.values():
+            if seq in engine.running or seq in engine.waiting:
+                engine.remove(seq)
+        resumes(self._flow, seq, seq.planned.prompt_tokens + seq.generated)
+        seq.paused_at = run.clock.now
+        task = asyncio.get_running_loop().create_task(_resumed(seq.grant))
+        self._waiting[next(run.order)] = (task, seq.planned, seq.arrived, seq)
+
+
+def resumes(flow: Flow, seq: Seq, tokens: int) -> None:
+    """The resume accounting: ``seq``'s next admission prefills ``tokens`` (its prompt plus
+    what it generated); the phase counts the preemption, the re-prefilled tokens and whether
+    the generation had been preempted before."""
+    seq.prefill = tokens
+    flow.preemptions += 1
+    flow.repeated += seq.preempted > 0
+    flow.reprefilled += tokens
+    seq.preempted += 1

@@ -26,6 +26,7 @@ The *pump* (synchronous, run on every push and release and on the loop's ticks):
 3. with a ``preemption`` policy, when a request of a tenant the gate lets through still
    waits with no room: stop a stream holding a lent slot and give the slot to it
    (:mod:`.takeback`; the stopped one waits again, parked, and resumes by continuation).
+   A lent slot's prefill may be paced (``pace_prefill_tps``, :mod:`.pacing`).
 
 Room: the pool's :class:`~runtime.scheduling.interfaces.SaturationDetector` over the router's
 in-flight count against the endpoint's capacity and the scraped engine gauges. Tenants over
@@ -44,7 +45,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import functools
 import itertools
 import logging
@@ -67,6 +67,7 @@ from runtime.scheduling.grant import (
 from runtime.scheduling.headroom import Gate, HeadroomRule
 from runtime.scheduling.holdings import Holdings
 from runtime.scheduling.interfaces import DropReason, QueuedRequest
+from runtime.scheduling.pacing import PacedRoom, PrefillPacer
 from runtime.scheduling.ports import CounterSink, Placement
 from runtime.scheduling.queue import QueueFull
 from runtime.scheduling.registry import PoolPolicies
@@ -78,16 +79,9 @@ from runtime.snapshot import EndpointSnap
 
 logger = logging.getLogger(__name__)
 
-__all__ = [
-    "CounterSink",
-    "Grant",
-    "NoEndpointError",
-    "Placement",
-    "PoolDispatcher",
-    "QueueDropError",
-    "QueueRejectedError",
-    "Ticket",
-]
+__all__ = ["CounterSink", "Grant", "NoEndpointError", "Placement", "PoolDispatcher",
+           "QueueDropError", "QueueRejectedError", "Ticket"]  # fmt: skip
+_EXPIRED = "the request's deadline passed; dropped from the queue before dispatch"
 
 
 class _Waiter:
@@ -143,12 +137,12 @@ class PoolDispatcher:
         self._detector = policies.saturation
         # Lend: what the headroom gate would hold back may take a slot nobody else waits
         # for; it is taken back by preemption when a tenant the gate lets through arrives
-        # (:mod:`.takeback`). On with a pool's ``preemption`` policy (``lend`` overrides it:
-        # the simulator preempts itself). It lends only while more than ``lend_reserve`` of
+        # (:mod:`.takeback`). On with a pool's ``preemption`` policy (``lend`` overrides it).
+        # It lends only while more than ``lend_reserve`` of
         # the pool's slots are free: those stay for the others' next arrivals, which then
         # need no preemption (each one costs a re-prefill).
         self._lend_override = (lend, lend_reserve)
-        self._takeback = TakeBack(policies.preemption)
+        self._takeback = TakeBack(policies.preemption, resume_first=settings.resume_first)
         self._held = Holdings(self._headroom_rule(settings, policies),
                               lend=self._takeback.armed if lend is None else lend,
                               lend_reserve=settings.lend_reserve if lend_reserve is None
@@ -156,6 +150,7 @@ class PoolDispatcher:
         self._queue = settings.new_queue(policies)
         self._charges = Charges(pool, self._queue, sink)
         self.served = self._charges.served
+        self._pacer = PrefillPacer(settings.pace_prefill_tps)
 
     # -- configuration ------------------------------------------------------------------
 
@@ -173,6 +168,8 @@ class PoolDispatcher:
         if headroom.fraction != self._held.rule.fraction:
             self._held.rule = headroom  # (else keep what it learned: weights, peaks)
         self._takeback.policy = policies.preemption
+        self._pacer.prefill_tps, self._takeback.resume_first = (settings.pace_prefill_tps,
+                                                                settings.resume_first)  # fmt: skip
         lend, reserve = self._lend_override
         self._held.lend = self._takeback.armed if lend is None else lend
         self._held.lend_reserve = settings.lend_reserve if reserve is None else reserve
@@ -258,8 +255,10 @@ class PoolDispatcher:
         self._held.note(ticket.tenant, ticket.weight, now)
         capacity = self.placement.capacity()
         gate = self._held.gate(capacity, now, arriving=ticket.tenant)
-        if self._held.blocks(gate, ticket.tenant) and not self._held.lendable(capacity):
+        lent = self._held.blocks(gate, ticket.tenant)  # if anything: paced (:mod:`.pacing`)
+        if lent and not (self._held.lendable(capacity) and self._pacer.allowed(roomy, now)):
             return None
+        roomy = self._pacer.allowed(roomy, now) if lent else roomy
         req = self._request(ticket, now, over_quota=False)
         self._queue.pass_through(req)
         self._drain.observe(now=now, queued=0)
@@ -268,6 +267,7 @@ class PoolDispatcher:
             roomy, ticket.affinity_key, adapter=ticket.adapter, prefix=ticket.prefix
         )
         self.placement.acquire(endpoint.id)
+        self._pacer.sent(endpoint.id, ticket.input_tokens, now)
         self._held.took(req.tenant)
         self._note_dispatched(req.band, 0.0)
         return Grant(self, ticket, req, endpoint, waited_s=0.0, started_at=now)
@@ -369,14 +369,7 @@ class PoolDispatcher:
     def _pump(self, now: float | None = None) -> None:
         now = self._clock() if now is None else now
         for expired in self._queue.expire(now):
-            self._drop(
-                expired,
-                QueueDropError(
-                    DropReason.DEADLINE_EXPIRED,
-                    "the request's deadline passed; dropped from the queue before dispatch",
-                ),
-                now,
-            )
+            self._drop(expired, QueueDropError(DropReason.DEADLINE_EXPIRED, _EXPIRED), now)
         if not self._waiting:
             return
         capacity = self.placement.capacity()
@@ -397,10 +390,11 @@ class PoolDispatcher:
                 req = self._queue.pop(
                     lambda r: not held.blocks(gate, r.tenant) and has_room(r)  # noqa: B023
                 )
+            lent = PacedRoom(self._pacer, has_room, rooms.of, gate.tenants, now)
             if req is None and gate and held.lendable(capacity):  # taken back by preemption
-                req = self._queue.pop(has_room)
+                req = self._queue.pop(lent)  # paced by prefill (:mod:`.pacing`)
             if req is not None:
-                self._send(req, now, rooms.of(req))
+                self._send(req, now, lent.of(req))
             elif not (gate and self._takeback.armed and self._take_back(gate, capacity, now)):
                 return
 
@@ -418,6 +412,8 @@ class PoolDispatcher:
             to, ticket.affinity_key, adapter=ticket.adapter, prefix=ticket.prefix
         )  # fmt: skip
         self.placement.acquire(endpoint.id)
+        self._pacer.sent(endpoint.id, ticket.input_tokens + (waiter.grant.charged_output
+                         if waiter.grant is not None else 0), now)  # fmt: skip
         self._held.took(req.tenant)
         if waiter.grant is not None:  # a preempted request resumes
             waiter.grant.endpoint, waiter.grant.parked = endpoint, False
@@ -443,7 +439,9 @@ class PoolDispatcher:
                 return False  # a preempted request never preempts; a gated one waits
             ids = {e.id for e in self.placement.candidates(waiter.ticket.version, frozenset())}
             victim = self._takeback.victim(req.tenant, ids, gate, held.inflight, shares)
-            if victim is None or not self._queue.has_room_for(victim.request.band):
+            if victim is None or not self._queue.has_room_for(
+                self._takeback.requeued(victim.request).band
+            ):
                 return False
             victims[req.id] = victim
             return True
@@ -468,7 +466,7 @@ class PoolDispatcher:
         self._held.gave(grant.ticket.tenant)
         grant.parked = True
         grant.preemptions += 1
-        req = dataclasses.replace(grant.request, input_tokens=0, over_quota=False)
+        req = self._takeback.requeued(grant.request)
         future: asyncio.Future[Grant] = asyncio.get_running_loop().create_future()
         grant.resume = future
         self._waiting[req.id] = _Waiter(grant.ticket, req, future, grant)
@@ -545,9 +543,9 @@ class PoolDispatcher:
             timeout: float | None = None
             if self._waiting:
                 timeout = self._tick_s
-                deadline = self._queue.next_deadline()
-                if deadline is not None:
-                    timeout = max(0.0, min(timeout, deadline - self._clock()))
+                for at in (self._queue.next_deadline(), self._pacer.next_clear(self._clock())):
+                    if at is not None:
+                        timeout = max(0.0, min(timeout, at - self._clock()))
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(timeout):
                     await self._wake.wait()
@@ -584,6 +582,11 @@ class PoolDispatcher:
     def shares(self) -> dict[str, float]:
         """Each active tenant's share of the pool's slots now (:meth:`.HeadroomRule.shares`)."""
         return self._held.shares(self.placement.capacity(), self._clock())
+
+    def poke(self) -> float | None:
+        """Pump now (a virtual clock moved); when a paced lent slot may go next (:mod:`.pacing`)."""
+        self._pump()
+        return self._pacer.next_clear(self._clock()) if self._waiting else None
 
     def held_back(self) -> Gate:
         """The headroom gate as of now: who is held back, and the limits (:mod:`.headroom`).

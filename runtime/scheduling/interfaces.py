@@ -48,6 +48,7 @@ class QueuedRequest:
     is_shadow: bool = False
     over_quota: bool = False
     expected_output_tokens: int | None = None  # a better guess than max_output_tokens, if any
+    resumes: bool = False  # a preempted request that goes first among its tenant's (resume_first)
 
     def __post_init__(self) -> None:
         if self.input_tokens < 0 or self.max_output_tokens < 0:

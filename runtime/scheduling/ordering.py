@@ -1,4 +1,7 @@
-"""Ordering policies: which of one tenant's queued requests goes first."""
+"""Ordering policies: which of one tenant's queued requests goes first.
+
+A preempted request re-queued to resume first (``QueuedRequest.resumes``, the pool policy
+``resume_first``, :mod:`.takeback`) goes before its tenant's others under either policy."""
 
 from __future__ import annotations
 
@@ -15,7 +18,7 @@ class EarliestDeadlineFirst:
     __slots__ = ()
 
     def less(self, a: QueuedRequest, b: QueuedRequest) -> bool:
-        return (a.deadline, a.seq) < (b.deadline, b.seq)
+        return (not a.resumes, a.deadline, a.seq) < (not b.resumes, b.deadline, b.seq)
 
 
 class ArrivalOrder:
@@ -26,4 +29,4 @@ class ArrivalOrder:
     __slots__ = ()
 
     def less(self, a: QueuedRequest, b: QueuedRequest) -> bool:
-        return a.seq < b.seq
+        return (not a.resumes, a.seq) < (not b.resumes, b.seq)

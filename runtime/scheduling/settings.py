@@ -15,7 +15,13 @@ Pool policy keys (all optional; values are strings, as in ``PoolSnap.policies``)
   work-conserving isolation: the flood limit lends idle slots and takes them back by
   preempting a running stream (:mod:`.takeback`); ``off`` (the default) lends nothing;
 - ``lend_reserve``: lend only while more than this many of the pool's slots are free
-  (default 0).
+  (default 0);
+- ``resume_first`` (``on``/``off``, default ``off``): a preempted request waits again in
+  the most urgent band, ahead of its tenant's other requests, so it takes the next slot its
+  tenant gets (:mod:`.takeback`);
+- ``pace_prefill_tps``: with lending, a lent slot goes to an endpoint only once the
+  prefills sent there are estimated done at this many prompt tokens per second (about
+  half an engine's prefill rate measured best; 0, the default: no pacing, :mod:`.pacing`).
 
 Per band, the queue bound is the largest ``max_queue_length`` of the classes in that band;
 bands no class names use ``default_limit``. Unparseable values are refused with
@@ -53,6 +59,8 @@ class PoolSettings:
     band_shares: Mapping[int, float] = field(default_factory=dict)
     preemption: str = "off"
     lend_reserve: int = 0
+    resume_first: bool = False
+    pace_prefill_tps: float = 0.0
 
     def headroom_for(self, *, isolating: bool) -> float:
         if self.headroom is not None:
@@ -116,46 +124,61 @@ class PoolSettings:
             band_shares=_band_shares(policies.get("band_shares"), sorted(limits)),
             preemption=policies.get("preemption", "off").strip(),
             lend_reserve=_count(policies, "lend_reserve"),
+            resume_first=_switch(policies, "resume_first"),
+            pace_prefill_tps=_rate(policies, "pace_prefill_tps"),
         )
 
 
-def _positive_int(policies: Mapping[str, str], key: str) -> int | None:
+def _parsed(policies: Mapping[str, str], key: str, kind: type[float], what: str) -> float | None:
+    """``policies[key]`` read by ``kind`` (None when absent or blank); refused when not."""
     raw = policies.get(key)
     if raw is None or not raw.strip():
         return None
     try:
-        value = int(raw)
+        value = kind(raw)
     except ValueError:
-        raise SettingsError(f"pool policy {key!r} must be an integer, got {raw!r}") from None
-    if value < 1:
-        raise SettingsError(f"pool policy {key!r} must be >= 1, got {raw!r}")
+        raise SettingsError(f"pool policy {key!r} must be {what}, got {raw!r}") from None
+    if not math.isfinite(value):
+        raise SettingsError(f"pool policy {key!r} must be finite, got {raw!r}")
     return value
 
 
+def _within(value: float, key: str, ok: bool, bound: str) -> None:
+    if not ok:
+        raise SettingsError(f"pool policy {key!r} must be {bound}, got {value!r}")
+
+
+def _positive_int(policies: Mapping[str, str], key: str) -> int | None:
+    value = _parsed(policies, key, int, "an integer")
+    if value is not None:
+        _within(value, key, value >= 1, ">= 1")
+    return None if value is None else int(value)
+
+
 def _count(policies: Mapping[str, str], key: str) -> int:
-    raw = policies.get(key)
-    if raw is None or not raw.strip():
-        return 0
-    try:
-        value = int(raw)
-    except ValueError:
-        raise SettingsError(f"pool policy {key!r} must be an integer, got {raw!r}") from None
-    if value < 0:
-        raise SettingsError(f"pool policy {key!r} must be >= 0, got {raw!r}")
+    value = _parsed(policies, key, int, "an integer") or 0
+    _within(value, key, value >= 0, ">= 0")
+    return int(value)
+
+
+def _rate(policies: Mapping[str, str], key: str) -> float:
+    value = _parsed(policies, key, float, "a number") or 0.0
+    _within(value, key, value >= 0, ">= 0")
     return value
 
 
 def _fraction(policies: Mapping[str, str], key: str) -> float | None:
-    raw = policies.get(key)
-    if raw is None or not raw.strip():
-        return None
-    try:
-        value = float(raw)
-    except ValueError:
-        raise SettingsError(f"pool policy {key!r} must be a number, got {raw!r}") from None
-    if not (math.isfinite(value) and 0 <= value < 1):
-        raise SettingsError(f"pool policy {key!r} must be in [0, 1), got {raw!r}")
+    value = _parsed(policies, key, float, "a number")
+    if value is not None:
+        _within(value, key, 0 <= value < 1, "in [0, 1)")
     return value
+
+
+def _switch(policies: Mapping[str, str], key: str) -> bool:
+    raw = (policies.get(key) or "off").strip()
+    if raw not in ("on", "off"):
+        raise SettingsError(f"pool policy {key!r} must be 'on' or 'off', got {raw!r}")
+    return raw == "on"
 
 
 def _band_shares(raw: str | None, bands: list[int]) -> dict[int, float]:

@@ -13,6 +13,15 @@ tokens so far kept by the stream), parks its grant, queues its request again wit
 place, deadline and fairness charge (no new admission, no second charge) and gives its slot
 to the arrival at once (:meth:`.dispatcher.PoolDispatcher.offer` and the pump).
 
+Resume first (the pool policy ``resume_first``): a preempted request waits again in the most
+urgent band and ahead of its tenant's other requests (:func:`requeued`), so it takes the next
+slot its tenant gets, a lent one included, before any new request of that tenant. Measured
+in virtual time (``python -m bench.preempt_sweep``, 8 seeds, 3 slots unlent): the resume
+pause's p95 over one prefill of its context falls from 90-1,899x to 69-229x (median over
+the seeds 689x to 92x), at the same tokens/s; the well-behaved tenants' worst p95 moves
+either way by seed. The stream stays offered up to :data:`MAX_PREEMPTIONS` times, which
+bounds the churn of a resumed, cheap victim.
+
 Limits: a stream is preempted at most :data:`MAX_PREEMPTIONS` times (each costs a prefill of
 its prompt plus what it generated); only streams past their first byte and not ending are
 offered; ``generated`` is what the relay charged so far (counted in batches of 8 chunks).
@@ -20,23 +29,37 @@ offered; ``generated`` is what the relay charged so far (counted in batches of 8
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Collection, Mapping
 from typing import Final
 
 from runtime.scheduling.grant import Grant, Preemptee
 from runtime.scheduling.headroom import Gate
+from runtime.scheduling.interfaces import QueuedRequest
 from runtime.scheduling.preempt import Running, VictimPolicy, standing
 
 MAX_PREEMPTIONS: Final = 2  # per stream: after that it runs to its end
+URGENT_BAND: Final = 0  # the most urgent band, where a resume-first request waits
+
+
+def requeued(request: QueuedRequest, *, resume_first: bool) -> QueuedRequest:
+    """A preempted stream's request as it waits again: same id, place and deadline, its
+    input tokens already charged; with ``resume_first``, in the most urgent band and ahead
+    of its tenant's other requests (``QueuedRequest.resumes``, the ordering policies)."""
+    req = dataclasses.replace(request, input_tokens=0, over_quota=False)
+    if resume_first:
+        req = dataclasses.replace(req, band=min(req.band, URGENT_BAND), resumes=True)
+    return req
 
 
 class TakeBack:
     """The offered running streams of one pool and the victim choice over them."""
 
-    __slots__ = ("_offered", "policy")
+    __slots__ = ("_offered", "policy", "resume_first")
 
-    def __init__(self, policy: VictimPolicy) -> None:
+    def __init__(self, policy: VictimPolicy, *, resume_first: bool = False) -> None:
         self.policy = policy
+        self.resume_first = resume_first  # the pool policy ``resume_first``
         self._offered: dict[str, tuple[Grant, Preemptee]] = {}
 
     @property
@@ -47,6 +70,10 @@ class TakeBack:
     def offer(self, grant: Grant, preemptee: Preemptee) -> None:
         if self.armed and grant.preemptions < MAX_PREEMPTIONS:
             self._offered[grant.request.id] = (grant, preemptee)
+
+    def requeued(self, request: QueuedRequest) -> QueuedRequest:
+        """``request`` of a stream being preempted, as it waits again (:func:`requeued`)."""
+        return requeued(request, resume_first=self.resume_first)
 
     def withdraw(self, grant: Grant) -> Preemptee | None:
         """Forget ``grant``'s stream (it ended or is being preempted); its preemptee."""

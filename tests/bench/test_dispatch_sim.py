@@ -12,7 +12,7 @@ from bench.dispatch_sim import main, simulate, simulate_run
 from bench.preempt_sweep import measure
 from bench.scenario import load
 from bench.sim_engine import Engine, EngineOptions, Seq
-from bench.sim_preempt import TakeBack
+from bench.sim_preempt import resumes
 from bench.sim_report import Flow, flow_table, table
 from bench.workload import Planned
 from runtime.scheduling.settings import PoolSettings
@@ -109,9 +109,9 @@ def test_preemption_lends_slots_takes_them_back_and_counts_each_token_once() -> 
 
 def test_the_resume_accounting_counts_each_preemption_and_the_repeated_ones() -> None:
     flow, seq = Flow(), _seq(prompt_tokens=500)
-    TakeBack.resumes(flow, seq, 520)
+    resumes(flow, seq, 520)
     assert (seq.prefill, seq.preempted, flow.preemptions, flow.repeated) == (520, 1, 1, 0)
-    TakeBack.resumes(flow, seq, 540)
+    resumes(flow, seq, 540)
     assert (seq.prefill, seq.preempted, flow.preemptions, flow.repeated) == (540, 2, 2, 1)
     assert flow.reprefilled == 520 + 540
 
@@ -151,7 +151,7 @@ def test_the_command_takes_preempt_on(capsys: pytest.CaptureFixture[str]) -> Non
 
 def test_the_sweep_compares_fcfs_the_flood_limit_and_preemption() -> None:
     m = measure(CONTENTION, "smoke", 1, lend_reserve=4)
-    assert set(m) == {"fcfs", "off", "prio", "on", "reserve"}
+    assert set(m) == {"fcfs", "off", "prio", "on", "reserve", "paced"}
     assert m["off"]["preemptions"] == m["fcfs"]["preemptions"] == 0
     assert m["on"]["preemptions"] > m["reserve"]["preemptions"] > 0
     assert all(row["tps"] > 0 for row in m.values())
@@ -221,3 +221,26 @@ def test_a_resume_pause_is_recorded_against_one_prefill_of_its_context() -> None
     ratio = row["pause_over_prefill_p95"]
     assert ratio is not None
     assert ratio >= 1.0
+
+
+def test_the_routers_take_back_preempts_at_most_twice_per_generation() -> None:
+    # the simulator drives runtime.scheduling.takeback: its MAX_PREEMPTIONS holds
+    scenario = dataclasses.replace(load(CONTENTION), seed=1)
+    settings = PoolSettings.from_policies({}, ())
+    on = asyncio.run(simulate_run(scenario, settings, phase_s=2.5, preempt=True))
+    flood = on.flow["flood"]
+    assert flood.preemptions > 0
+    assert flood.repeated <= flood.preemptions // 2  # a repeat needs a first, at most one
+
+
+def test_resume_first_and_paced_lending_shorten_the_pause_and_keep_the_work() -> None:
+    scenario = dataclasses.replace(load(CONTENTION), seed=1)
+    plain = PoolSettings.from_policies({}, ())
+    paced = PoolSettings.from_policies({"pace_prefill_tps": "2500", "resume_first": "on"}, ())
+    runs = [asyncio.run(simulate_run(scenario, s, phase_s=5.0, preempt=True, lend_reserve=3,
+                                     engine=EngineOptions(budget=2048)))
+            for s in (plain, paced)]  # fmt: skip
+    before, after = (flow_table(r)["flood flow"] for r in runs)
+    assert after["tokens"] == before["tokens"]  # every token generated once either way
+    assert 0 < (after["preemptions"] or 0) <= (before["preemptions"] or 0)
+    assert (after["pause_p95_ms"] or 0) < (before["pause_p95_ms"] or 0)

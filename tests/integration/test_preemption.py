@@ -6,7 +6,8 @@ tenant arrives: it is served at once, from ``B``'s slot (its stream stopped, its
 queued again); ``B`` resumes by continuation when a slot frees and its client sees one stream
 (one id, one role chunk, every token once in the usage, billed once). The exits of a parked
 stream settle once: its client going away while it waits, its deadline passing while it
-waits.
+waits. With ``resume_first`` the stopped stream takes the next slot before the flooder's
+queued requests, even those due earlier.
 """
 
 from __future__ import annotations
@@ -20,7 +21,16 @@ import aiohttp
 import msgspec
 import pytest
 import redis
-from fixtures.router import Process, World, http_get, redis_url, routers, start_simulator
+from fixtures.router import (
+    Process,
+    Publisher,
+    World,
+    http_get,
+    redis_url,
+    routers,
+    start_simulator,
+    wait_ready,
+)
 from fixtures.wait import async_eventually
 from integration_support import add_class, set_policies, tenant_limits
 
@@ -38,6 +48,13 @@ class Fleet:
     router: Process
     keys: dict[str, str]
     prefix: str
+    world: World
+    publisher: Publisher
+
+    def policies(self, **policies: str) -> None:
+        """Publish the pool's policies; wait (bounded) until the router serves them."""
+        set_policies(self.world, "p", **policies)
+        wait_ready(self.router, self.publisher.publish(self.world.snapshot()))
 
     def metric(self, name: str, **labels: str) -> float:
         _status, body = http_get(f"{self.router.base_url}/metrics")
@@ -66,15 +83,17 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
         world = World()
         add_class(world, "standard", band=0, deadline_ms=60_000)
         add_class(world, "short", band=0, deadline_ms=2_500)
+        add_class(world, "long", band=0, deadline_ms=600_000)
         world.add_model(MODEL, 1)
         world.add_endpoint(1, 1, sim.base_url, pool="p", capacity=2)
         set_policies(world, "p", saturation="inflight_only", preemption="fair")
         for tenant in ("flooder", "polite"):
-            world.add_tenant(tenant, classes=("standard", "short"), default_class="standard",
+            world.add_tenant(tenant, classes=("standard", "short", "long"),
+                             default_class="standard",
                              tenant_limits=tenant_limits())  # fmt: skip
             world.add_key(tenant, tenant)
         with routers(world, tmp_path_factory.mktemp("preempt")) as ([router], publisher):
-            yield Fleet(router, dict(world.secrets), publisher.prefix)
+            yield Fleet(router, dict(world.secrets), publisher.prefix, world, publisher)
     finally:
         sim.stop()
 
@@ -230,3 +249,27 @@ async def test_a_deadline_passing_while_the_stream_waits_ends_it_and_settles_onc
     assert b.tokens <= event["tokens_out"] < B_TOKENS  # type: ignore[operator]
     assert fleet.metric("switchyard_stream_resumes_total", cause="preemption",
                         outcome="deadline") >= 1  # fmt: skip
+
+
+async def test_with_resume_first_the_stopped_stream_goes_before_the_queued_requests(
+    fleet: Fleet,
+) -> None:
+    # B's class is due last (600 s): by its deadline alone the four queued requests (60 s)
+    # would take the slot the polite request frees before B resumed
+    fleet.policies(saturation="inflight_only", preemption="fair", resume_first="on")
+    try:
+        async with aiohttp.ClientSession() as http:
+            run = Scenario(http, fleet, "first")
+            await run.preempt_b(b_class="long")
+            await run.finish()
+    finally:
+        fleet.policies(saturation="inflight_only", preemption="fair")
+    b = run.b
+    assert b.done
+    assert b.tokens == B_TOKENS
+    assert all("error" not in c for c in b.chunks), b.chunks[-2:]
+    assert all(q.done and q.tokens == 5 for q in run.queued)
+    # no queued request began before B had all its tokens: B resumed on the freed slot first
+    assert b.last_at is not None
+    assert all(q.first_token_at is not None and q.first_token_at > b.last_at
+               for q in run.queued)  # fmt: skip

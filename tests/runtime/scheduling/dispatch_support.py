@@ -37,3 +37,13 @@ async def settle() -> None:
     """Let the tasks started so far run up to their next wait."""
     for _ in range(5):
         await asyncio.sleep(0)
+
+
+class HandClock:
+    """A clock the test moves by hand (``now``), from 0."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from dispatch_support import settle, ticket, waiting
+from dispatch_support import HandClock, settle, ticket, waiting
 
 from runtime.scheduling.dispatcher import PoolDispatcher
 from runtime.scheduling.settings import PoolSettings
@@ -12,14 +12,6 @@ from runtime.testing.fleet import HandFleet
 pytestmark = pytest.mark.unit
 
 FAR = 1e6  # deadlines: the hand clock starts at 0
-
-
-class HandClock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.mark.asyncio

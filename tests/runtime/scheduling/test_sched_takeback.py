@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from dispatch_support import settle, ticket, waiting
+from dispatch_support import HandClock, settle, ticket, waiting
 
 from runtime.pool_policies import pool_policy_errors
 from runtime.scheduling.dispatcher import PoolDispatcher
@@ -21,14 +21,6 @@ from runtime.testing.fleet import HandFleet
 pytestmark = [pytest.mark.unit, pytest.mark.asyncio]
 
 FAR = 1e6
-
-
-class HandClock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class Stream:
