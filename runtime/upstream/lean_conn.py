@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import httptools
 from multidict import CIMultiDict, CIMultiDictProxy
@@ -59,8 +59,7 @@ class LeanConnection(asyncio.Protocol):
 
     # -- asyncio.Protocol --------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
         if not self.active or self.complete:
@@ -180,7 +179,11 @@ class LeanConnection(asyncio.Protocol):
             self.abort()
 
     def abort(self) -> None:
-        """Cut the connection now (no TLS close_notify exchange, no reuse)."""
+        """Cut the connection now (no TLS close_notify exchange, no reuse); a reader of an
+        unfinished response gets DisconnectedError."""
+        if self.active and not self.complete and self.error is None:
+            self.error = DisconnectedError("the connection was closed by the router")
+            self._wake()
         self.active = False
         self._return_when_complete = False
         if self.transport is not None:

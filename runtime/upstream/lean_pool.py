@@ -86,9 +86,11 @@ class Pool:
         try:
             async with asyncio.timeout(limit_s):
                 if self.tls is None:
-                    await loop.create_connection(lambda: conn, self.host, self.port)
+                    transport, _ = await loop.create_connection(
+                        lambda: conn, self.host, self.port
+                    )
                 else:
-                    await loop.create_connection(
+                    transport, _ = await loop.create_connection(
                         lambda: conn,
                         self.host,
                         self.port,
@@ -98,6 +100,7 @@ class Pool:
                         # close() is not awaited for close_notify: a short wait at most
                         ssl_shutdown_timeout=1.0,
                     )
+            conn.connection_made(transport)  # uvloop calls it a loop turn later
         except TimeoutError as exc:
             raise ConnectTimeoutError(
                 f"Connection timeout to host {self.host}:{self.port} after {limit_s:g}s"
