@@ -26,6 +26,7 @@ from runtime.upstream.client import (
     TLS_HANG_UP,
     ClientConfig,
     UpstreamClient,
+    _first_events,  # the aiohttp path's, on any RawResponse
     join_url,
     tls_failure,
 )
@@ -201,16 +202,6 @@ def _discard(resp: LeanResponse | None) -> None:
         resp.release()  # fully read (an error body): the connection can be reused
     else:
         resp.close()
-
-
-async def _first_events(resp: LeanResponse, decoder: SSEDecoder, eid: int) -> list[bytes]:
-    while True:
-        chunk = await resp.readany()
-        if not chunk:
-            raise ConnectionDropped("stream ended before its first event", endpoint_id=eid)
-        events = decoder.feed(chunk)
-        if events:
-            return events
 
 
 def _classify(

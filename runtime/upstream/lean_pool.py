@@ -86,9 +86,7 @@ class Pool:
         try:
             async with asyncio.timeout(limit_s):
                 if self.tls is None:
-                    transport, _ = await loop.create_connection(
-                        lambda: conn, self.host, self.port
-                    )
+                    transport, _ = await loop.create_connection(lambda: conn, self.host, self.port)
                 else:
                     transport, _ = await loop.create_connection(
                         lambda: conn,
