@@ -99,6 +99,11 @@ class LeanUpstreamClient(UpstreamClient):
         found = self._endpoints[base_url] = _Endpoint(pool, tls=secure)
         return found
 
+    def pool(self, base_url: str) -> Pool | None:
+        """The endpoint's connection pool, once a request was sent to it."""
+        target = self._endpoints.get(base_url)
+        return None if target is None else target.pool
+
     def _system_tls(self) -> ssl.SSLContext:
         if self._default_tls is None:
             self._default_tls = ssl.create_default_context()

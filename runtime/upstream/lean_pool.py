@@ -49,6 +49,11 @@ class Pool:
     def idle_count(self) -> int:
         return len(self._idle)
 
+    @property
+    def waiting(self) -> int:
+        """Acquirers waiting for a connection (the pool is at its limit)."""
+        return sum(1 for waiter in self._waiters if not waiter.done())
+
     async def acquire(self, connect_timeout: float) -> LeanConnection:
         """An open connection for one exchange: the most recently idle one still fresh, or a
         new one (TCP, then TLS for an https endpoint) within ``connect_timeout``."""
