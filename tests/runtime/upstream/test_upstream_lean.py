@@ -1,19 +1,24 @@
 """What only the lean client has: its pool's connection cap and queue, a stream released at
 ``[DONE]`` before the chunked terminator came still going back to the pool, and request
-headers checked for line breaks. The contract both clients share is
+headers checked for line breaks; the setting that picks it. The contract both clients share is
 test_upstream_conformance.py's."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 import pytest_asyncio
 from aiohttp import web
 from fixtures.wait import async_eventually
 
-from runtime.upstream.client import ClientConfig
+from runtime.gateway.config import UPSTREAM_CLIENTS, ConfigError, RouterConfig
+from runtime.gateway.state import build_state
+from runtime.upstream.choice import CLIENTS
+from runtime.upstream.client import ClientConfig, UpstreamClient
 from runtime.upstream.lean import LeanUpstreamClient
 from tests.runtime.upstream.conftest import drain, endpoint
 
@@ -120,3 +125,21 @@ async def test_a_header_with_a_line_break_is_refused() -> None:
             )  # fmt: skip
     finally:
         await client.close()
+
+
+@pytest.mark.unit
+async def test_the_setting_picks_the_client(tmp_path: Path) -> None:
+    assert set(UPSTREAM_CLIENTS) == set(CLIENTS)
+    with pytest.raises(ConfigError, match="SWITCHYARD_UPSTREAM_CLIENT must be one of"):
+        RouterConfig.from_env({"SWITCHYARD_UPSTREAM_CLIENT": "curl"})
+    cache = {"snapshot_cache_path": tmp_path / "snapshot.json"}
+    for env, kind in (({}, LeanUpstreamClient), ({"SWITCHYARD_UPSTREAM_CLIENT": "AIOHTTP"}, None)):
+        config = dataclasses.replace(RouterConfig.from_env(env), **cache)
+        state = build_state(config)
+        try:
+            if kind is None:
+                assert type(state.client) is UpstreamClient
+            else:
+                assert type(state.client) is kind
+        finally:
+            await state.client.close()
