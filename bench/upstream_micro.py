@@ -1,10 +1,14 @@
 """CPU per upstream request of the router's client (issue #27): open a streamed chat
-completion on a simulator backend (another process) with :class:`UpstreamClient`, relay it
-into a sink that drops the bytes (:func:`relay_stream`, as the relay stage does), ``--requests``
-times one after another; ``time.process_time`` of this process per request (the simulator's
-CPU is its own). Best and median of ``--rounds`` rounds, in microseconds.
+completion on a simulator backend (another process) with each client of ``--clients``
+(``SWITCHYARD_UPSTREAM_CLIENT``'s kinds, :mod:`runtime.upstream.choice`), relay it into a sink
+that drops the bytes (:func:`relay_stream`, as the relay stage does), ``--requests`` times one
+after another; ``time.process_time`` of this process per request (the simulator's CPU is its
+own). The clients alternate within every round, so a machine's load drifts over all of them
+alike. Best and median of ``--rounds`` rounds per client, in microseconds, and each client's
+median over the first's.
 
-``python -m bench.upstream_micro [--requests 2000] [--rounds 5] [--tokens 8]``
+``python -m bench.upstream_micro [--requests 2000] [--rounds 5] [--tokens 8]
+[--clients aiohttp,lean]``
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from runtime.gateway.relay import relay_stream
 from runtime.snapshot import EndpointSnap
 from runtime.telemetry.metrics import RouterMetrics, StageLabels
 from runtime.upstream import ClientConfig, TimeoutPolicy, UpstreamClient
+from runtime.upstream.choice import CLIENTS, new_client
 
 
 class _Sink:
@@ -37,14 +42,15 @@ class _Sink:
         return None
 
 
-async def run(args: argparse.Namespace) -> list[float]:
+async def run(args: argparse.Namespace) -> dict[str, list[float]]:
     scenario = load(SCENARIO)
     spec = dataclasses.replace(scenario.backends, count=1)
     work = Path(tempfile.mkdtemp(prefix="switchyard-upstream-micro-"))
     session = aiohttp.ClientSession()
     backends = await start_backends(spec, session=session, log_dir=work, cpus=(),
                                     timeout_s=60.0)  # fmt: skip
-    client = UpstreamClient(ClientConfig(timeouts=TimeoutPolicy(first_byte_cap=10.0)))
+    config = ClientConfig(timeouts=TimeoutPolicy(first_byte_cap=10.0))
+    clients = {kind: new_client(kind, config) for kind in args.clients}
     endpoint = EndpointSnap(id=1, pool="p", version=1, base_url=backends[0].base_url,
                             state="ready", capacity=256)  # fmt: skip
     body = (b'{"model":"' + spec.model.encode() + b'","messages":[{"role":"user","content":'
@@ -53,7 +59,7 @@ async def run(args: argparse.Namespace) -> list[float]:
     metrics, labels, sink = RouterMetrics(), StageLabels(model="m"), _Sink()
     loop = asyncio.get_running_loop()
 
-    async def one() -> None:
+    async def one(client: UpstreamClient) -> None:
         upstream = await client.open_stream(
             endpoint, "/v1/chat/completions", body, deadline=loop.time() + 30.0,
             headers={"X-Request-Id": "r-1"},
@@ -61,17 +67,20 @@ async def run(args: argparse.Namespace) -> list[float]:
         await relay_stream(sink, upstream, kind="chat", include_usage=True, headers=(),
                            metrics=metrics, labels=labels)  # fmt: skip
 
-    figures = []
+    figures: dict[str, list[float]] = {kind: [] for kind in clients}
     try:
-        for _ in range(50):
-            await one()
+        for client in clients.values():
+            for _ in range(50):
+                await one(client)
         for _ in range(args.rounds):
-            start = time.process_time()
-            for _ in range(args.requests):
-                await one()
-            figures.append((time.process_time() - start) / args.requests * 1e6)
+            for kind, client in clients.items():
+                start = time.process_time()
+                for _ in range(args.requests):
+                    await one(client)
+                figures[kind].append((time.process_time() - start) / args.requests * 1e6)
     finally:
-        await client.close()
+        for client in clients.values():
+            await client.close()
         for child in backends:
             await asyncio.to_thread(child.stop)
         await session.close()
@@ -83,9 +92,23 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--tokens", type=int, default=8, help="max_tokens of each request")
+    parser.add_argument("--clients", type=_kinds, default=["aiohttp", "lean"],
+                        help=f"comma-separated, of {', '.join(CLIENTS)}")  # fmt: skip
     figures = asyncio.run(run(parser.parse_args()))
-    print(f"upstream request + relay, CPU us per request: best {min(figures):.1f}, median "
-          f"{statistics.median(figures):.1f} (rounds: {' / '.join(f'{f:.1f}' for f in figures)})")
+    base = statistics.median(next(iter(figures.values())))
+    for kind, rounds in figures.items():
+        median = statistics.median(rounds)
+        print(f"{kind}: upstream request + relay, CPU us per request: best {min(rounds):.1f}, "
+              f"median {median:.1f} ({median / base:.2f}x; rounds: "
+              f"{' / '.join(f'{f:.1f}' for f in rounds)})")  # fmt: skip
+
+
+def _kinds(text: str) -> list[str]:
+    kinds = [k.strip() for k in text.split(",") if k.strip()]
+    unknown = [k for k in kinds if k not in CLIENTS]
+    if unknown or not kinds:
+        raise argparse.ArgumentTypeError(f"clients must be of {', '.join(CLIENTS)}")
+    return kinds
 
 
 if __name__ == "__main__":

@@ -181,6 +181,9 @@ MEANINGS: dict[str, str] = {
     "SWITCHYARD_WORKER_TLS_KEY": "the key of `SWITCHYARD_WORKER_TLS_CERT`",
     "SWITCHYARD_WORKER_TLS_CLIENT_CA": "a worker requires client certificates signed by this CA "
     "(mTLS)",
+    "SWITCHYARD_UPSTREAM_CLIENT": "the router's client for inference requests to workers: "
+    "`aiohttp` or `lean` (its own HTTP/1.1 client, `runtime/upstream/lean.py`; health probes "
+    "stay on aiohttp); see [the performance report](../performance/2026-11-27-upstream-client.md)",
     "SWITCHYARD_UPSTREAM_TLS_CA": "CA that signs the workers' certificates (router, supervisors, "
     "measurements); unset: the system's",
     "SWITCHYARD_UPSTREAM_TLS_CERT": "client certificate presented to workers (mTLS)",

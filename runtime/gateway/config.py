@@ -30,6 +30,7 @@
 | ``SWITCHYARD_AT_REST_KEYS`` | *var dir*``/at_rest_keys`` | cache encryption keys, newest first |
 | ``SWITCHYARD_AT_REST_KEYS_FILE`` | | a file holding them instead |
 | ``SWITCHYARD_ROUTER_HTTP`` | ``asgi`` | HTTP entry: ``asgi`` (pure) or ``channels`` (the A/B) |
+| ``SWITCHYARD_UPSTREAM_CLIENT`` | ``lean`` | upstream client: ``lean`` (ours) or ``aiohttp`` |
 | ``SWITCHYARD_UPSTREAM_TLS_*`` | unset | https workers: CA, client cert (:mod:`runtime.tls`) |
 
 The *namespace* is the snapshot prefix without a trailing ``:snapshot`` (``switchyard`` by
@@ -55,6 +56,8 @@ DEFAULT_SNAPSHOT_PREFIX = contract.SNAPSHOT_PREFIX
 KEY_USAGE_HASH = contract.KEY_USAGE_HASH
 ENV_WORKERS = "SWITCHYARD_ROUTER_WORKERS"  # set by ``python -m runtime.gateway`` for its workers
 HTTP_FLAVOURS = ("asgi", "channels")  # runtime/gateway/routes.py, runtime/gateway/channels_http.py
+UPSTREAM_CLIENTS = ("aiohttp", "lean")  # runtime/upstream/choice.py's registry
+DEFAULT_UPSTREAM_CLIENT = "lean"  # docs/performance/2026-11-27-upstream-client.md
 
 
 class ConfigError(ValueError):
@@ -123,12 +126,20 @@ class RouterConfig:
     # once, in a lane of their own, apart from its online caps (runtime/contract.batch_lane).
     batch_concurrency: int = 16
     router_http: str = "asgi"  # the HTTP entry: "asgi" (pure, the default) or "channels"
+    upstream_client: str = (
+        DEFAULT_UPSTREAM_CLIENT  # inference requests' client (runtime/upstream/choice.py)
+    )
 
     def __post_init__(self) -> None:
         if self.router_http not in HTTP_FLAVOURS:
             raise ConfigError(
                 f"SWITCHYARD_ROUTER_HTTP must be one of {', '.join(HTTP_FLAVOURS)},"
                 f" got {self.router_http!r}"
+            )
+        if self.upstream_client not in UPSTREAM_CLIENTS:
+            raise ConfigError(
+                f"SWITCHYARD_UPSTREAM_CLIENT must be one of {', '.join(UPSTREAM_CLIENTS)},"
+                f" got {self.upstream_client!r}"
             )
         if self.max_body_bytes < 1:
             raise ConfigError("max_body_bytes must be >= 1")
@@ -210,6 +221,9 @@ class RouterConfig:
             max_upload_bytes=int(_number(env, "SWITCHYARD_MAX_UPLOAD_BYTES", 104857600, minimum=1)),
             batch_concurrency=int(_number(env, "SWITCHYARD_BATCH_CONCURRENCY", 16, minimum=1)),
             router_http=(env.get("SWITCHYARD_ROUTER_HTTP") or "asgi").strip().lower(),
+            upstream_client=(env.get("SWITCHYARD_UPSTREAM_CLIENT") or DEFAULT_UPSTREAM_CLIENT)
+            .strip()
+            .lower(),
         )
 
 

@@ -66,6 +66,7 @@ from runtime.telemetry.resume_metrics import ResumeMetrics
 from runtime.telemetry.tracing import Tracing
 from runtime.telemetry.versions import VersionStats
 from runtime.upstream.breaker import BreakerBook, BreakerState
+from runtime.upstream.choice import new_client
 from runtime.upstream.client import ClientConfig, UpstreamClient
 from runtime.upstream.control import ControlPlaneClient
 from runtime.upstream.drain import DrainClient
@@ -281,13 +282,14 @@ class RouterState:
 def build_state(config: RouterConfig) -> RouterState:
     """Create (not start) every component from ``config``."""
     tls = None if config.upstream_tls is None else config.upstream_tls.context()
-    client = UpstreamClient(
+    client = new_client(
+        config.upstream_client,
         ClientConfig(
             timeouts=TimeoutPolicy(
                 connect_cap=config.connect_timeout_s, first_byte_cap=config.ttft_timeout_s
             ),
             tls=tls,
-        )
+        ),
     )
     health = HealthMonitor(client, HealthConfig(interval_s=config.health_interval_s))
     breakers = BreakerBook(on_success=health.note_success)  # real successes: passive health

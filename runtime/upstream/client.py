@@ -32,7 +32,7 @@ from runtime.upstream.errors import (
     UpstreamError,
     UpstreamHTTPError,
 )
-from runtime.upstream.response import UpstreamResponse
+from runtime.upstream.response import RawResponse, UpstreamResponse
 from runtime.upstream.sse import SSEDecoder
 from runtime.upstream.timeouts import TimeoutPolicy, attempt_timeouts
 
@@ -212,7 +212,7 @@ async def _read_capped(resp: aiohttp.ClientResponse, cap: int) -> bytes:
     return b"".join(parts)
 
 
-async def _first_events(resp: aiohttp.ClientResponse, decoder: SSEDecoder, eid: int) -> list[bytes]:
+async def _first_events(resp: RawResponse, decoder: SSEDecoder, eid: int) -> list[bytes]:
     while True:
         chunk = await resp.content.readany()
         if not chunk:

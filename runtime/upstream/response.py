@@ -16,9 +16,10 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncGenerator, Callable
 from types import TracebackType
-from typing import Protocol
+from typing import Any, Protocol
 
 import aiohttp
+from multidict import CIMultiDictProxy
 
 from runtime.upstream.errors import StreamBroken
 from runtime.upstream.sse import DONE, SSEDecoder
@@ -30,6 +31,31 @@ _ERROR_EVENT_STARTS = (b'{"error"', b'{"object": "error"', b'{"object":"error"')
 BrokenListener = Callable[[StreamBroken], None]
 # A chunk's payloads, with the chunk when it is exactly their framing (None otherwise).
 Batch = tuple[bytes | None, list[bytes]]
+
+
+class ReadIdleError(TimeoutError):
+    """A raw response's read waited the idle cap without a byte (aiohttp says it with its
+    ``SocketTimeoutError``; the lean client with this)."""
+
+
+class RawContent(Protocol):
+    async def readany(self) -> bytes: ...
+
+
+class RawResponse(Protocol):
+    """What this module uses of a client's response: aiohttp's ``ClientResponse`` or the
+    lean client's (:class:`runtime.upstream.lean_conn.LeanResponse`)."""
+
+    @property
+    def status(self) -> int: ...
+    @property
+    def headers(self) -> CIMultiDictProxy[str]: ...
+    @property
+    def closed(self) -> bool: ...
+    @property
+    def content(self) -> RawContent: ...
+    def release(self) -> Any: ...  # aiohttp's returns an awaitable no one awaits
+    def close(self) -> None: ...
 
 
 class EventSource(Protocol):
@@ -62,13 +88,12 @@ class UpstreamResponse:
         "_listener",
         "_resp",
         "endpoint_id",
-        "headers",
         "status",
     )
 
     def __init__(
         self,
-        resp: aiohttp.ClientResponse,
+        resp: RawResponse,
         *,
         endpoint_id: int,
         decoder: SSEDecoder | None = None,
@@ -78,13 +103,16 @@ class UpstreamResponse:
         self._resp = resp
         self.endpoint_id = endpoint_id
         self.status = resp.status
-        self.headers = resp.headers
         self._decoder = decoder
         self._first = first_events or []
         self._body = body
         self._consumed = False
         self._done = body is not None  # a unary body was read to the end
         self._listener: BrokenListener | None = None
+
+    @property
+    def headers(self) -> CIMultiDictProxy[str]:
+        return self._resp.headers
 
     @property
     def is_stream(self) -> bool:
@@ -181,7 +209,7 @@ class UpstreamResponse:
     async def _read_chunk(self) -> bytes:
         try:
             chunk = await self._resp.content.readany()
-        except aiohttp.SocketTimeoutError as exc:
+        except (aiohttp.SocketTimeoutError, ReadIdleError) as exc:
             raise self._broken("no bytes from upstream within the idle cap", "stalled") from exc
         except TimeoutError as exc:
             raise self._broken("the request deadline passed mid-stream", "deadline") from exc

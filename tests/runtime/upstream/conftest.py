@@ -6,6 +6,7 @@ Simulators run as subprocesses of ``python -m runtime.workers.simulator`` on fre
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
@@ -13,17 +14,28 @@ import pytest_asyncio
 from fixtures.net import free_port
 from fixtures.router import Process, spawn, wait_until_up
 
+from runtime.gateway.config import DEFAULT_UPSTREAM_CLIENT
 from runtime.snapshot import EndpointSnap
 from runtime.testing.snapshots import endpoint_snap
 from runtime.upstream import UpstreamClient, UpstreamResponse
+from runtime.upstream.choice import new_client
+from runtime.upstream.client import ClientConfig
 
 SIM_MODEL = "sim-model"
+
+
+def make_client(config: ClientConfig | None = None) -> UpstreamClient:
+    """The router's upstream client: ``SWITCHYARD_UPSTREAM_CLIENT``'s kind (the router's
+    default when unset), so these tests run against either (test_upstream_conformance.py
+    runs its cases against both)."""
+    kind = os.environ.get("SWITCHYARD_UPSTREAM_CLIENT") or DEFAULT_UPSTREAM_CLIENT
+    return new_client(kind.strip().lower(), config)
 
 
 @pytest_asyncio.fixture
 async def client() -> AsyncIterator[UpstreamClient]:
     """An upstream client with the default configuration (a test file may define its own)."""
-    c = UpstreamClient()
+    c = make_client()
     yield c
     await c.close()
 

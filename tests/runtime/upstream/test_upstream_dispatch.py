@@ -30,7 +30,7 @@ from runtime.upstream import (
     backoff_delay,
     open_with_retry,
 )
-from tests.runtime.upstream.conftest import SIM_MODEL, Simulator, drain, endpoint
+from tests.runtime.upstream.conftest import SIM_MODEL, Simulator, drain, endpoint, make_client
 
 pytestmark = pytest.mark.integration
 
@@ -73,7 +73,7 @@ def test_backoff_is_full_jitter_under_an_exponential_cap() -> None:
 
 @pytest_asyncio.fixture
 async def client() -> AsyncIterator[UpstreamClient]:
-    c = UpstreamClient(ClientConfig(timeouts=TimeoutPolicy(first_byte_cap=10.0)))
+    c = make_client(ClientConfig(timeouts=TimeoutPolicy(first_byte_cap=10.0)))
     yield c
     await c.close()
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 from aiohttp import web
+from fixtures.wait import async_eventually
 
 from runtime.gateway.config import RouterConfig
 from runtime.gateway.state import build_state
@@ -106,11 +107,27 @@ def clock() -> Clock:
 
 @pytest_asyncio.fixture
 async def monitor(client: UpstreamClient, worker: Worker, clock: Clock) -> HealthMonitor:
-    """A monitor watching the worker as endpoint ``ID``, healthy after one answered probe."""
+    """A monitor watching the worker as endpoint ``ID``, after a clean probe: both probes
+    answered and no failure counted. A first probe that missed the 0.25 s timeout on a loaded
+    machine is still "healthy" but counts one failure, and a test counting to
+    ``unhealthy_after`` would see the eject one probe early; so probe until one is clean."""
     watching = HealthMonitor(client, CONFIG, clock=clock)
     watching.set_endpoints([endpoint(ID, await worker.start())])
-    assert (await watching.check_once(ID)).healthy
+
+    async def clean() -> bool:
+        status = await watching.check_once(ID)
+        return status.healthy and _clean(status)
+
+    await async_eventually(clean, timeout=20, interval=0.05, what="a clean first probe")
     return watching
+
+
+def _clean(status: EndpointStatus) -> bool:
+    return (
+        status.consecutive_failures == status.health_failures == 0
+        and status.last_scrape is not None
+        and status.last_health is not None
+    )
 
 
 async def probe_times(monitor: HealthMonitor, n: int) -> list[EndpointStatus]:

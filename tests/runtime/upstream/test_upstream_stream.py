@@ -19,7 +19,7 @@ from runtime.upstream import (
     UpstreamClient,
     UpstreamHTTPError,
 )
-from tests.runtime.upstream.conftest import SIM_MODEL, Simulator, drain, endpoint
+from tests.runtime.upstream.conftest import SIM_MODEL, Simulator, drain, endpoint, make_client
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
 
@@ -41,7 +41,7 @@ def deadline_in(seconds: float) -> float:
 
 @pytest_asyncio.fixture
 async def client() -> AsyncIterator[UpstreamClient]:
-    c = UpstreamClient(ClientConfig(timeouts=TimeoutPolicy(first_byte_cap=10.0)))
+    c = make_client(ClientConfig(timeouts=TimeoutPolicy(first_byte_cap=10.0)))
     yield c
     await c.close()
 
@@ -252,7 +252,7 @@ async def test_stalled_stream_breaks_after_the_idle_cap(
         return await _one_event_then(request, lambda: asyncio.sleep(30))
 
     base = await serve(stall)
-    client = UpstreamClient(ClientConfig(timeouts=TimeoutPolicy(idle_cap=0.3)))
+    client = make_client(ClientConfig(timeouts=TimeoutPolicy(idle_cap=0.3)))
     try:
         loop = asyncio.get_running_loop()
         async with asyncio.timeout(10):
