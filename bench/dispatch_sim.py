@@ -152,6 +152,7 @@ class _Run:
             lend_reserve=lend_reserve,
         )  # fmt: skip
         self.paced = preempt and settings.pace_prefill_tps > 0
+        self.free_resume = options.free_resume  # an oracle (bench.sim_preempt)
         self.phase_s = float("inf")  # tokens count as "under the phase" up to this long
         self.flow: dict[str, Flow] = {}  # phase -> output tokens, preemptions, re-prefill
         self.weights = {t.name: t.weight for t in scenario.tenants}
@@ -224,16 +225,21 @@ class _Run:
             at, key, item = heapq.heappop(self.events)
             self.clock.now = at
             if isinstance(item, Planned):
-                item = self.degraded(phase, item)
-                affinity = self.expect(item)
-                ticket = _ticket(self.scenario, item, at, self.weights[item.tenant], affinity)
-                task = loop.create_task(self.dispatcher.acquire(ticket))
-                waiting[key] = (task, item, at, None)
+                self.arrive(phase, item, key, waiting)
             elif item:
                 self.step_ended(item, phase)
             if self.paced:  # a paced lent slot may go now; else wake when the next may
                 self.wake(self.dispatcher.poke(), waiting)
             await self._settle(phase, waiting)
+
+    def arrive(self, phase: str, item: Planned, key: int, waiting: dict[int, _Waiting]) -> None:
+        """A request arrives now: it asks the dispatcher for a slot."""
+        item = self.degraded(phase, item)
+        affinity = self.expect(item)
+        at = self.clock.now
+        ticket = _ticket(self.scenario, item, at, self.weights[item.tenant], affinity)
+        task = asyncio.get_running_loop().create_task(self.dispatcher.acquire(ticket))
+        waiting[key] = (task, item, at, None)
 
     def wake(self, at: float | None, waiting: dict[int, _Waiting]) -> None:
         """An event (endpoint 0: none) at ``at``, unless one is due by then anyway."""
@@ -362,16 +368,22 @@ async def simulate_run(
     prefills, FCFS)."""
     run = _Run(scenario, settings, routing, rule, preempt=preempt, victim=victim,
                degrade=degrade, lend_reserve=lend_reserve, engine=engine)  # fmt: skip
+    await play(run, phase_s=phase_s, max_requests=max_requests)
+    return run
+
+
+async def play(run: _Run, *, phase_s: float, max_requests: int = 100_000) -> None:
+    """Play every phase of ``run``'s scenario through it, each once the previous one has
+    drained (as in ``bench run``)."""
     run.phase_s = phase_s
     run.dispatcher.start()
     try:
-        for phase in scenario.phases:  # each starts once the previous one drained, as in `run`
-            plan = plan_phase(scenario, phase, duration_s=phase_s, max_requests=max_requests)
+        for phase in run.scenario.phases:
+            plan = plan_phase(run.scenario, phase, duration_s=phase_s, max_requests=max_requests)
             run.reset_caches()  # as `bench run` does before every measured phase
             await run.phase(phase.name, plan.requests)
     finally:
         await run.dispatcher.stop()
-    return run
 
 
 def _sticky_rule(parser: argparse.ArgumentParser, items: Sequence[str]) -> StickyRule:

@@ -34,6 +34,7 @@ import asyncio
 import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from bench.dispatch_sim import simulate_run
 from bench.scenario import load
@@ -41,6 +42,9 @@ from bench.sim_engine import VLLM_BUDGET, EngineOptions
 from bench.sim_report import flow_table, table
 from runtime.scheduling.registry import preemption_names
 from runtime.scheduling.settings import PoolSettings
+
+if TYPE_CHECKING:
+    from bench.dispatch_sim import _Run
 
 GOAL_TPS, GOAL_SLO, GOAL_P95 = 0.95, 0.99, 1.2
 ARMS = ("fcfs", "off", "prio", "on", "reserve", "paced")
@@ -66,7 +70,6 @@ def measure(
     ``budget``: the engines' ``max_num_batched_tokens`` (None: whole prefills)."""
     scenario = dataclasses.replace(load(scenario_path), seed=seed)
     phase_s = scenario.size(size).phase_duration_s
-    flood = scenario.phases[-1].name
     out: dict[str, dict[str, float]] = {}
     paced = {"pace_prefill_tps": str(pace_prefill_tps), "resume_first": "on"}
     arms: tuple[tuple[str, dict[str, str], bool, int], ...] = (
@@ -85,22 +88,28 @@ def measure(
         run = asyncio.run(simulate_run(scenario, settings, phase_s=phase_s, preempt=preempt,
                                        victim=victim, lend_reserve=reserve,
                                        engine=engine))  # fmt: skip
-        flow = flow_table(run)[f"{flood} flow"]
-        ratios = [r["p95_over_baseline"] for k, r in table(scenario, run.outcomes).items()
-                  if k.startswith("ratio")]  # fmt: skip
-        out[arm] = {
-            "tps": flow["tokens_per_s"] or 0.0,
-            "slo": flow["slo_share"] or 0.0,
-            "worst_p95": max((r for r in ratios if r is not None), default=float("nan")),
-            "preemptions": flow["preemptions"] or 0.0,
-            "repeated": flow["repeated"] or 0.0,
-            "reprefilled": flow["reprefilled"] or 0.0,
-            "pause_p50_ms": flow["pause_p50_ms"] or 0.0,
-            "pause_p95_ms": flow["pause_p95_ms"] or 0.0,
-            "pause_ratio": flow["pause_over_prefill_p95"] or 0.0,
-            "engine_ratio": flow["engine_over_prefill_p95"] or 0.0,
-        }
+        out[arm] = summarise(run)
     return out
+
+
+def summarise(run: _Run) -> dict[str, float]:
+    """One arm's figures on one seed (:func:`measure`'s keys) from its finished run."""
+    scenario = run.scenario
+    flow = flow_table(run)[f"{scenario.phases[-1].name} flow"]
+    ratios = [r["p95_over_baseline"] for k, r in table(scenario, run.outcomes).items()
+              if k.startswith("ratio")]  # fmt: skip
+    return {
+        "tps": flow["tokens_per_s"] or 0.0,
+        "slo": flow["slo_share"] or 0.0,
+        "worst_p95": max((r for r in ratios if r is not None), default=float("nan")),
+        "preemptions": flow["preemptions"] or 0.0,
+        "repeated": flow["repeated"] or 0.0,
+        "reprefilled": flow["reprefilled"] or 0.0,
+        "pause_p50_ms": flow["pause_p50_ms"] or 0.0,
+        "pause_p95_ms": flow["pause_p95_ms"] or 0.0,
+        "pause_ratio": flow["pause_over_prefill_p95"] or 0.0,
+        "engine_ratio": flow["engine_over_prefill_p95"] or 0.0,
+    }
 
 
 def meets(row: dict[str, float], fcfs_tps: float) -> bool:
@@ -109,18 +118,24 @@ def meets(row: dict[str, float], fcfs_tps: float) -> bool:
             and row["worst_p95"] <= GOAL_P95)  # fmt: skip
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.preempt_sweep")
+def common_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options this sweep shares with :mod:`bench.preempt_bound`: ``--scenario``,
+    ``--size``, ``--seeds`` and ``--max-batched-tokens``."""
     parser.add_argument("--scenario", type=Path, default=Path("bench/scenarios/contention.toml"))
     parser.add_argument("--size", default="full")
     parser.add_argument("--seeds", type=_seeds, default=_seeds("0-7"), help="e.g. 0-7 or 1,3")
     parser.add_argument(
-        "--lend-reserve", type=int, default=3, metavar="N",
-        help="the reserve arm: lend only while more than N of the pool's slots are free",
-    )  # fmt: skip
-    parser.add_argument(
         "--max-batched-tokens", type=int, default=VLLM_BUDGET, metavar="N",
         help="the engines' token budget per step (chunked prefill); 0: whole prefills",
+    )  # fmt: skip
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.preempt_sweep")
+    common_arguments(parser)
+    parser.add_argument(
+        "--lend-reserve", type=int, default=3, metavar="N",
+        help="the reserve arm: lend only while more than N of the pool's slots are free",
     )  # fmt: skip
     parser.add_argument(
         "--victim", choices=[n for n in preemption_names() if n != "off"], default="fair",

@@ -38,10 +38,13 @@ VLLM_BUDGET = 2048  # max_num_batched_tokens, vLLM V1's OpenAI server under 70 G
 class EngineOptions:
     """How the simulated engines schedule: ``budget`` vLLM's ``max_num_batched_tokens``
     (None: whole prefills, the simulator worker), ``priority`` its waiting queue by band
-    (the pool policy ``upstream_priority=on``)."""
+    (the pool policy ``upstream_priority=on``); ``free_resume``, an oracle no engine has: a
+    resumed generation prefills only what it had not prefilled when it was preempted (its
+    KV cache survives the preemption at no cost; :mod:`bench.preempt_bound`)."""
 
     budget: int | None = None
     priority: bool = False
+    free_resume: bool = False  # an oracle: a preempted generation keeps its KV for free
 
     def __post_init__(self) -> None:
         if self.budget is not None and self.budget < 1:

@@ -11,7 +11,8 @@ migrating stream is in the router; every simulated request is treated as a strea
 dispatcher stops it, it leaves its engine at once, keeps its tokens so far and waits for
 :meth:`~runtime.scheduling.grant.Grant.resumed`; when it gets a slot again its first step
 prefills its prompt plus what it generated (the resume cost, counted in full: the resumed
-generation's ``prefill``). The pause, from its preemption to its next token, is recorded
+generation's ``prefill``; with the oracle ``EngineOptions.free_resume`` only what it had
+not prefilled yet). The pause, from its preemption to its next token, is recorded
 against one prefill of that context (``Flow.pauses``).
 
 The grant's ``charged_output`` (what the victim policy reads as generated) is set to the
@@ -54,13 +55,21 @@ class SimStream:
     def preempt(self) -> None:
         """Leave the engine now and wait, parked, for a slot again."""
         run, seq = self._run, self._seq
+        tokens = seq.planned.prompt_tokens + seq.generated
         for engine in run.engines.values():
             if seq in engine.running or seq in engine.waiting:
+                if run.free_resume:  # the oracle: only what it had not prefilled yet
+                    tokens = max(seq.todo, 0) if seq in engine.running else _need(seq)
                 engine.remove(seq)
-        resumes(self._flow, seq, seq.planned.prompt_tokens + seq.generated)
+        resumes(self._flow, seq, tokens)
         seq.paused_at = run.clock.now
         task = asyncio.get_running_loop().create_task(_resumed(seq.grant))
         self._waiting[next(run.order)] = (task, seq.planned, seq.arrived, seq)
+
+
+def _need(seq: Seq) -> int:
+    """What ``seq`` prefills when next scheduled (it has not been since its grant)."""
+    return seq.planned.prompt_tokens if seq.prefill is None else seq.prefill
 
 
 def resumes(flow: Flow, seq: Seq, tokens: int) -> None:
