@@ -12,7 +12,9 @@ Per inference request it records, in wall and thread-CPU microseconds:
   connection, request written, its response head read, retries);
 - ``relay->first byte``: the relay stage until the first body chunk goes to uvicorn
   (``relay`` then holds only what comes after the first byte);
-- ``after pipeline``: the exit stack's releases and ``account``, after the last byte.
+- ``(relay) end releases``: the early releases before the last chunk (settling, the grant,
+  the freed slot's write), inside the ``relay`` row;
+- ``releases`` and ``account``: the exit stack and the accounting, after the last byte.
 
 and per stage the Redis commands written (``send_packed_command``) and the tasks created, each
 attributed to the stage running when it happened (the background tasks' as ``background``).
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import gc
 import json
 import os
 import runpy
@@ -66,11 +69,14 @@ class Book:
         self.redis: defaultdict[str, int] = defaultdict(int)
         self.tasks: defaultdict[str, int] = defaultdict(int)
         self.connects: defaultdict[str, int] = defaultdict(int)
+        self.gc: defaultdict[str, list[float]] = defaultdict(list)  # generation -> ms each
+        self._gc_started = 0
         self.cpu_start = 0.0
 
     def start(self) -> None:
         self.traces, self.redis, self.tasks = [], defaultdict(int), defaultdict(int)
         self.connects = defaultdict(int)
+        self.gc = defaultdict(list)
         self.cpu_start = time.process_time()
         self.on = True
 
@@ -82,10 +88,20 @@ class Book:
             "redis_commands": dict(self.redis),
             "tasks_created": dict(self.tasks),
             "upstream_connects": dict(self.connects),
+            "gc_ms": dict(self.gc),
         }
         with open(out + ".part", "w") as fh:
             json.dump(data, fh)
         os.replace(out + ".part", out)
+
+    def on_gc(self, phase: str, info: dict[str, int]) -> None:
+        """A ``gc.callbacks`` hook: how long each collection took, by generation."""
+        if phase == "start":
+            self._gc_started = time.perf_counter_ns()
+        elif self.on:
+            self.gc[str(info["generation"])].append(
+                (time.perf_counter_ns() - self._gc_started) / 1e6
+            )
 
 
 BOOK = Book()
@@ -184,7 +200,22 @@ def _wrap_request_path() -> None:
 
 def _wrap_edges() -> None:
     from runtime.gateway.consumers import GatewayConsumer  # noqa: PLC0415
+    from runtime.gateway.pipeline.context import RequestContext  # noqa: PLC0415
     from runtime.gateway.pipeline.stage import Pipeline  # noqa: PLC0415
+
+    release_early = RequestContext.release_early
+
+    async def traced_release_early(self: Any) -> None:
+        trace = TRACE.get()
+        if trace is None:
+            await release_early(self)
+            return
+        wall, cpu = _now()
+        await release_early(self)
+        end_wall, end_cpu = _now()  # inside the relay row, not subtracted from it
+        trace.rows.append(("(relay) end releases", end_wall - wall, end_cpu - cpu))
+
+    RequestContext.release_early = traced_release_early  # type: ignore[method-assign]
 
     send_chunk = GatewayConsumer.send_chunk
 
@@ -243,6 +274,7 @@ def main() -> None:
     out, args = sys.argv[1], sys.argv[2:]
     sys.argv = ["runtime.gateway", *args]
     install()
+    gc.callbacks.append(BOOK.on_gc)
 
     def start(_signum: int, _frame: FrameType | None) -> None:
         loop = asyncio.get_event_loop()

@@ -217,6 +217,7 @@ def table(rounds: list[dict[str, Any]]) -> str:
     redis: dict[str, int] = {}
     tasks: dict[str, int] = {}
     connects: dict[str, int] = {}
+    collections: dict[str, list[float]] = {}
     pre_wall: list[float] = []
     pre_cpu: list[float] = []
     for result in rounds:
@@ -230,7 +231,7 @@ def table(rounds: list[dict[str, Any]]) -> str:
             for name, wall, cpu in trace["rows"]:
                 walls.setdefault(name, []).append(wall / 1000)
                 cpus.setdefault(name, []).append(cpu / 1000)
-                if before:
+                if before and not name.startswith("("):  # "(relay) ...": inside a later row
                     wall_sum += wall / 1000
                     cpu_sum += cpu / 1000
                 if name == PRE_FIRST_BYTE_AFTER:
@@ -242,6 +243,8 @@ def table(rounds: list[dict[str, Any]]) -> str:
             redis[stage] = redis.get(stage, 0) + n
         for stage, n in data["tasks_created"].items():
             tasks[stage] = tasks.get(stage, 0) + n
+        for generation, pauses in data.get("gc_ms", {}).items():
+            collections.setdefault(generation, []).extend(pauses)
         for stage, n in data.get("upstream_connects", {}).items():
             connects[stage] = connects.get(stage, 0) + n
     lines = [f"{'row':<20} {'n':>6} {'wall p50':>9} {'p90':>9} {'mean':>9} {'cpu mean':>9}"]
@@ -252,6 +255,10 @@ def table(rounds: list[dict[str, Any]]) -> str:
     lines.append(_counts("redis commands per request", redis, per))
     lines.append(_counts("tasks per request", tasks, per))
     lines.append(_counts("upstream connections opened per request", connects, per))
+    lines.append("gc per request (generation: collections, ms total, ms max): " + ", ".join(
+        f"{g}: {len(v) / per:.2f}, {sum(v) / per:.3f}, {max(v):.2f}"
+        for g, v in sorted(collections.items())
+    ))  # fmt: skip
     return "\n".join(lines)
 
 
