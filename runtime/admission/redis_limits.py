@@ -426,12 +426,19 @@ class RedisLimits:
         (at once when none is queued, or Redis is down: the local fallback decides then). The
         gateway awaits this before a response's last byte, so a client that sees its response
         end finds its slot free (issue #27)."""
+        waiter = self.slot_writes()
+        if waiter is not None:
+            await waiter
+
+    def slot_writes(self) -> asyncio.Future[None] | None:
+        """:meth:`slots_freed`'s wait, or None when there is nothing to wait for (the common
+        case on the memory path: the caller then sets up no wait at all)."""
         urgent = self._settles and self._settles_due == -math.inf
         if not urgent or self._task is None or self._health.down or self._stopping:
-            return
+            return None
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._flushed.append(waiter)
-        await waiter
+        return waiter
 
     def _wake_flushed(self, waiters: list[asyncio.Future[None]]) -> None:
         for waiter in waiters:
