@@ -10,7 +10,7 @@ stage causes. Each round sends ``rate`` streamed chat completions per second for
 every other one to the router and the rest straight to a backend, and takes the client's
 time to the first content token of both (the router's added TTFT in the same seconds), the
 router's CPU per request (``/proc``) and the stage rows. ``--baseline DIR`` runs the checkout
-at ``DIR`` the same way, its rounds alternating with ours (copy this file and
+at ``DIR`` the same way, its rounds alternating with ours (ABBA) (copy this file and
 ``bench/staged_router.py`` into it, and ``bench/targets/switchyard.py``'s ``runner``).
 ``--idle S``: the router's CPU per second with no request at all for ``S`` seconds (its
 background tasks), before the rounds.
@@ -163,8 +163,9 @@ async def measure(args: argparse.Namespace) -> dict[str, list[dict[str, Any]]]:
                 idle = await _idle(target, args.idle)
                 print(f"{name}: idle CPU {idle:.1f} ms/s", flush=True)
                 results[name].append({"idle_cpu_ms_per_s": idle})
-        for _ in range(args.rounds):
-            for name, target in targets.items():
+        for turn in range(args.rounds):
+            order = list(targets.items())
+            for name, target in order if turn % 2 == 0 else order[::-1]:  # ABBA: no order bias
                 assert target.profile is not None
                 await _round(target, direct, session, target.profile, key=key, model=model,
                              rate=args.rate, seconds=1.0)  # fmt: skip  # warm
