@@ -29,24 +29,17 @@ import json
 import os
 import signal
 import statistics
-import tempfile
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
-from bench.backends import start_backends
-from bench.procs import CpuSampler, router_cpus
-from bench.runner import DEFAULT_REDIS_URL, client_cpus, new_key
-from bench.scenario import load
-from bench.targets import TargetContext
+from bench.procs import CpuSampler
+from bench.request_profile import rig, start_simulators
 from bench.targets.switchyard import SwitchyardTarget
-from bench.tls_micro import SCENARIO
 
 PRE_FIRST_BYTE_AFTER = "relay->first byte"  # the last row before the first byte
-LAG_BUDGET_MS = 10.0
 
 
 async def _ttft(session: aiohttp.ClientSession, url: str, key: str, model: str) -> float | None:
@@ -124,31 +117,15 @@ async def _idle(target: SwitchyardTarget, seconds: float) -> float:
 
 
 async def measure(args: argparse.Namespace) -> dict[str, list[dict[str, Any]]]:
-    scenario = load(SCENARIO)
-    work = Path(tempfile.mkdtemp(prefix="switchyard-ttft-stages-"))
-    (work / "logs").mkdir()
-    routers = router_cpus()
-    if routers:
-        os.sched_setaffinity(0, client_cpus(routers))
-    session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
-    keys = {t.name: new_key() for t in scenario.tenants}
+    bench = rig("switchyard-ttft-stages-")
+    scenario, session, keys, work = bench.scenario, bench.session, bench.keys, bench.work
     sources: dict[str, Path | None] = {"this checkout": None}
     if args.baseline is not None:
         sources["baseline"] = args.baseline
     targets: dict[str, SwitchyardTarget] = {}
     results: dict[str, list[dict[str, Any]]] = {name: [] for name in sources}
-    backends = []
     try:
-        backends = await start_backends(
-            scenario.backends, session=session, log_dir=work / "logs",
-            cpus=client_cpus(routers) if routers else (), timeout_s=60.0,
-        )  # fmt: skip
-        ctx = TargetContext(
-            scenario=scenario, backend_urls=[b.base_url for b in backends], work_dir=work / "logs",
-            redis_url=os.environ.get("REDIS_URL", DEFAULT_REDIS_URL), run_id=uuid.uuid4().hex[:8],
-            router_cpus=routers, session=session, keys=keys, pki=None,
-            backend_cpus=client_cpus(routers) if routers else (),
-        )  # fmt: skip
+        ctx = await start_simulators(bench)
         for i, (name, source) in enumerate(sources.items()):
             target = SwitchyardTarget(name=f"switchyard-{i}", source=source,
                                       profile=work / f"stages-{i}.json",
@@ -157,7 +134,7 @@ async def measure(args: argparse.Namespace) -> dict[str, list[dict[str, Any]]]:
             targets[name] = target
         key = next(iter(keys.values()))
         model = scenario.backends.model
-        direct = [b.base_url for b in backends]
+        direct = [b.base_url for b in bench.backends]
         for name, target in targets.items():
             if args.idle > 0:
                 idle = await _idle(target, args.idle)
@@ -178,7 +155,7 @@ async def measure(args: argparse.Namespace) -> dict[str, list[dict[str, Any]]]:
     finally:
         for target in targets.values():
             await target.stop()
-        for child in backends:
+        for child in bench.backends:
             await asyncio.to_thread(child.stop)
         await session.close()
     return results
