@@ -247,10 +247,7 @@ class Allowances:
             if not a.hungry or a.asking or now < a.backoff_until or a.demand + a.rate < 2:
                 continue
             target = min(self.max_requests, max(MIN_GRANT, math.ceil(rate * self.ttl_s * 2)))
-            # entries that outlive half a validity (the next refill's point): the ones about
-            # to expire are no stock to count on
-            lasting = now + self.ttl_s / 2
-            valid = sum(1 for _, until in a.entries if until > lasting)
+            valid = sum(1 for _, until in a.entries if until > now)
             requests = max(MIN_GRANT, target - valid)
             tokens = max(1, math.ceil((valid + requests) * a.avg_tokens - max(a.tokens, 0.0)))
             held = len(a.busy) + len(a.free)

@@ -191,9 +191,6 @@ def test_a_steady_tenant_gets_its_next_grant_before_the_last_one_expires() -> No
         assert lease is not None
         allowances.put_back(lease, 0)
         if allowances.wants:  # the background round
-            (ask,) = allowances.asks()
-            # sized for a validity's demand: the entries about to expire are not counted
-            assert ask.requests >= 10
-            allowances.granted(ask, 20, 10_000, 8)
+            granted(allowances, requests=20, tokens=10_000, slots=8)
             grants += 1
     assert grants <= 5  # one every half validity, not one per request
