@@ -202,10 +202,6 @@ class Allowances:
         low = max(2, a.target // 2)  # refill at half, so the next chunk comes before it ends
         if (
             len(a.entries) < low
-            # or at half its validity: a grant's entries expire together, and a tenant whose
-            # rate leaves some unused would otherwise find none left once a second (its next
-            # request then waits on the exact path's round trip)
-            or (a.target > MIN_GRANT and a.entries[-1][1] - now < self.ttl_s / 2)
             or len(a.free) < max(2, a.slot_target // 4)
             or (a.tokens < low * a.avg_tokens)
         ):

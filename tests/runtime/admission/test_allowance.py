@@ -172,25 +172,3 @@ def test_an_allowance_lease_reports_redis_view_with_the_unspent_part_given_back(
     # 9 entries still in hand: 41 really used; 960 granted tokens unspent.
     assert (lease.rates.requests_limit, lease.rates.requests_left) == (6000, 6000 - 41)
     assert (lease.rates.tokens_limit, lease.rates.tokens_left) == (1_000_000, 900_960)
-
-
-def test_a_steady_tenant_gets_its_next_grant_before_the_last_one_expires() -> None:
-    """A grant's entries expire together: a tenant that leaves some unused asks for the next
-    one at half their validity, so none of its requests finds the allowance empty (each
-    would wait on the exact path's round trip)."""
-    clock = Clock()
-    allowances = Allowances(ttl_s=1.0, clock=clock)
-    for _ in range(2):
-        allowances.take("acme", QUOTA, 10)
-    clock.now += 0.2  # a demand of 10 requests/s
-    granted(allowances, requests=20, tokens=10_000, slots=8)
-    grants = 1
-    for _ in range(20):  # 10 requests/s for 2 s
-        clock.now += 0.1
-        lease = allowances.take("acme", QUOTA, 10)
-        assert lease is not None
-        allowances.put_back(lease, 0)
-        if allowances.wants:  # the background round
-            granted(allowances, requests=20, tokens=10_000, slots=8)
-            grants += 1
-    assert grants <= 5  # one every half validity, not one per request
