@@ -22,43 +22,69 @@ import pstats
 import signal
 import tempfile
 import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
 from bench.backends import start_backends
-from bench.procs import router_cpus
+from bench.procs import Child, router_cpus
 from bench.runner import DEFAULT_REDIS_URL, client_cpus, new_key
-from bench.scenario import load
+from bench.scenario import Scenario, load
 from bench.targets import TargetContext
 from bench.targets.switchyard import SwitchyardTarget
 from bench.tls_micro import SCENARIO, paced
 
 
-async def profile(args: argparse.Namespace, source: Path | None, out: Path) -> dict[str, Any]:
+@dataclass
+class Rig:
+    """What a bench over the latency scenario's simulators holds: the load generator pinned
+    off the routers' core, its session, one key per tenant, the backends once started."""
+
+    scenario: Scenario
+    work: Path
+    routers: tuple[int, ...]
+    session: aiohttp.ClientSession
+    keys: dict[str, str]
+    backends: list[Child] = field(default_factory=list)
+
+
+def rig(prefix: str) -> Rig:
+    """A :class:`Rig` in a fresh work directory (call it in the running event loop)."""
     scenario = load(SCENARIO)
-    work = Path(tempfile.mkdtemp(prefix="switchyard-request-profile-"))
+    work = Path(tempfile.mkdtemp(prefix=prefix))
     (work / "logs").mkdir()
     routers = router_cpus()
     if routers:
         os.sched_setaffinity(0, client_cpus(routers))
     session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
-    keys = {t.name: new_key() for t in scenario.tenants}
-    backends = []
+    return Rig(scenario, work, routers, session, {t.name: new_key() for t in scenario.tenants})
+
+
+async def start_simulators(bench: Rig) -> TargetContext:
+    """The scenario's simulator backends (in ``bench.backends`` as they start, for the caller
+    to stop) off the routers' core, and the context a target starts in."""
+    routers, work = bench.routers, bench.work
+    bench.backends += await start_backends(
+        bench.scenario.backends, session=bench.session, log_dir=work / "logs",
+        cpus=client_cpus(routers) if routers else (), timeout_s=60.0,
+    )  # fmt: skip
+    return TargetContext(
+        scenario=bench.scenario, backend_urls=[b.base_url for b in bench.backends],
+        work_dir=work / "logs", redis_url=os.environ.get("REDIS_URL", DEFAULT_REDIS_URL),
+        run_id=uuid.uuid4().hex[:8], router_cpus=routers, session=bench.session,
+        keys=bench.keys, pki=None, backend_cpus=client_cpus(routers) if routers else (),
+    )  # fmt: skip
+
+
+async def profile(args: argparse.Namespace, source: Path | None, out: Path) -> dict[str, Any]:
+    bench = rig("switchyard-request-profile-")
+    scenario, session, keys = bench.scenario, bench.session, bench.keys
     target = SwitchyardTarget(name="switchyard", source=source, profile=out)
     await asyncio.to_thread(out.unlink, missing_ok=True)
     try:
-        backends = await start_backends(
-            scenario.backends, session=session, log_dir=work / "logs",
-            cpus=client_cpus(routers) if routers else (), timeout_s=60.0,
-        )  # fmt: skip
-        ctx = TargetContext(
-            scenario=scenario, backend_urls=[b.base_url for b in backends], work_dir=work / "logs",
-            redis_url=os.environ.get("REDIS_URL", DEFAULT_REDIS_URL), run_id=uuid.uuid4().hex[:8],
-            router_cpus=routers, session=session, keys=keys, pki=None,
-            backend_cpus=client_cpus(routers) if routers else (),
-        )  # fmt: skip
+        ctx = await start_simulators(bench)
         await target.start(ctx)
         key = next(iter(keys.values()))
         model = scenario.backends.model
@@ -75,7 +101,7 @@ async def profile(args: argparse.Namespace, source: Path | None, out: Path) -> d
         return result
     finally:
         await target.stop()
-        for child in backends:
+        for child in bench.backends:
             await asyncio.to_thread(child.stop)
         await session.close()
 

@@ -114,6 +114,7 @@ class SwitchyardTarget(Target):
     http: str | None = None  # SWITCHYARD_ROUTER_HTTP (asgi | channels); None: the default
     source: Path | None = None  # run the router from this checkout (a baseline), not ours
     profile: Path | None = None  # run the router under cProfile, its stats written here at stop
+    runner: str = "bench.profiled_router"  # the wrapper module that writes ``profile``
     _backends: list[Child] = field(default_factory=list)
     _prefix: str = ""
     _redis_url: str = ""
@@ -174,8 +175,8 @@ class SwitchyardTarget(Target):
             "--workers", str(self.workers),
             "--log-level", ctx.scenario.switchyard.log_level, "--graceful-shutdown-s", "2",
         )  # fmt: skip
-        if self.profile is not None:  # the router under cProfile (bench.profiled_router)
-            argv = [argv[0], "-m", "bench.profiled_router", str(self.profile), *argv[3:]]
+        if self.profile is not None:  # the router under cProfile (or another bench wrapper)
+            argv = [argv[0], "-m", self.runner, str(self.profile), *argv[3:]]
         child = spawn(self.name, pinned(argv, cpus), port=port,
                       log_dir=ctx.work_dir, env=env, cwd=self.source or REPO_ROOT)  # fmt: skip
         self.children.append(child)

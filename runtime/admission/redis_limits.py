@@ -17,10 +17,14 @@ spool (:mod:`runtime.metering.spool`) — and sent by a background task in one p
 batch; the settle script appends the usage event to the stream in the same
 atomic step that charges the balance (the usage stream is a second key outside the tenant's
 slot: one Redis, not a cluster).
-A batch waits at most ``settle_linger_s`` (default 20 ms) from its first settlement, or until
-``_FLUSH_AT`` are queued, so under load one script call pipeline (and one spool rotation) carries
-many requests instead of one each; a settlement that frees a concurrency slot held in Redis (the
-exact path) is sent at once, so a client at its concurrency limit never waits on the linger.
+A batch waits at most ``settle_linger_s`` (default 250 ms) from its first settlement, or until
+``_FLUSH_AT`` are queued, or until the allowance tick (every ``allowance_ttl_s / 4``) takes it
+along, so one script call pipeline (and one spool rotation) carries many requests instead of
+one each, at low rates too (issue #27: at 20 req/s a 20 ms linger sent each settlement alone,
+the largest share of the router's CPU per request). What lingers is a settlement the router's
+memory already applied (an allowance's slot and tokens are back at once; what goes to Redis is
+its usage event): a settlement that frees a concurrency slot held in Redis (the exact path) is
+sent at once, so a client at its concurrency limit never waits on the linger.
 The same task renews the leases of this router's running requests every third of the lease
 TTL, so only a crashed router's leases expire.
 
@@ -153,7 +157,7 @@ class RedisLimits:
         fail_after: int = 3,
         fail_for_s: float = 1.0,
         allowance_ttl_s: float | None = 1.0,
-        settle_linger_s: float = 0.02,
+        settle_linger_s: float = 0.25,
         adopt_every_s: float = 5.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -422,12 +426,19 @@ class RedisLimits:
         (at once when none is queued, or Redis is down: the local fallback decides then). The
         gateway awaits this before a response's last byte, so a client that sees its response
         end finds its slot free (issue #27)."""
+        waiter = self.slot_writes()
+        if waiter is not None:
+            await waiter
+
+    def slot_writes(self) -> asyncio.Future[None] | None:
+        """:meth:`slots_freed`'s wait, or None when there is nothing to wait for (the common
+        case on the memory path: the caller then sets up no wait at all)."""
         urgent = self._settles and self._settles_due == -math.inf
         if not urgent or self._task is None or self._health.down or self._stopping:
-            return
+            return None
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._flushed.append(waiter)
-        await waiter
+        return waiter
 
     def _wake_flushed(self, waiters: list[asyncio.Future[None]]) -> None:
         for waiter in waiters:
@@ -452,11 +463,13 @@ class RedisLimits:
                 async with asyncio.timeout(max(0.0, wake_at - self._clock())):
                     await self._wake.wait()
             self._wake.clear()
-            if self._settles and (self._health.down or self._clock() >= self._settles_due):
+            ticked = self._clock() >= next_tick
+            if self._settles and (
+                self._health.down or ticked or self._clock() >= self._settles_due
+            ):  # the tick takes a lingering batch along: one wake-up, not two
                 await self.flush()
-            if self.allowances is not None and (
-                self.allowances.wants or self._clock() >= next_tick
-            ):  # grants asked for, entries past validity, idle tenants (see .allowance)
+            if self.allowances is not None and (self.allowances.wants or ticked):
+                # grants asked for, entries past validity, idle tenants (see .allowance)
                 await self.allowance_round()
                 next_tick = self._clock() + tick
             if self._clock() >= next_renew:

@@ -104,7 +104,7 @@ class RouterConfig:
     assumed_replicas: int = 2  # router replicas (machines or pods), each with ``workers``
     workers: int = 1  # this router's worker processes (``--workers``, via the environment)
     lease_ttl_s: float = 30.0
-    settle_linger_s: float = 0.02  # runtime/admission: a settlement batch's longest wait
+    settle_linger_s: float = 0.25  # runtime/admission: a settlement batch's longest wait
     default_queue_limit: int = 1000
     default_band: int = 1
     dispatch_tick_s: float = 0.05
@@ -205,7 +205,7 @@ class RouterConfig:
             default_queue_limit=int(_number(env, "SWITCHYARD_QUEUE_LIMIT", 1000, minimum=1)),
             default_band=int(_number(env, "SWITCHYARD_DEFAULT_BAND", 1, minimum=0)),
             coalesce_window_s=_number(env, "SWITCHYARD_COALESCE_WINDOW_MS", 2.0, minimum=0) / 1000,
-            settle_linger_s=_number(env, "SWITCHYARD_SETTLE_LINGER_MS", 20.0, minimum=0) / 1000,
+            settle_linger_s=_number(env, "SWITCHYARD_SETTLE_LINGER_MS", 250.0, minimum=0) / 1000,
             snapshot_stale_after_s=_number(
                 env, "SWITCHYARD_SNAPSHOT_STALE_AFTER_S", 120.0, minimum=0.001
             ),

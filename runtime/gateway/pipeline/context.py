@@ -133,7 +133,7 @@ class RequestContext:
     response_headers: list[tuple[bytes, bytes]] = field(default_factory=list)
     sink: ResponseSink = field(init=False)
     _early: list[Callable[[], None]] = field(default_factory=list)
-    _early_waits: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
+    _early_waits: list[Callable[[], Awaitable[None] | None]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.sink = EndGuard(self.client, self.release_early, self.response_headers)
@@ -200,9 +200,10 @@ class RequestContext:
         reads)."""
         self._early.append(step)
 
-    def wait_before_end(self, written: Callable[[], Awaitable[None]]) -> None:
-        """After the early releases, await ``written`` (bounded by :data:`END_WAIT_S`) before
-        the last chunk goes out: e.g. the freed concurrency slot reaching Redis."""
+    def wait_before_end(self, written: Callable[[], Awaitable[None] | None]) -> None:
+        """After the early releases, await what ``written()`` returns (None: nothing to wait
+        for; bounded by :data:`END_WAIT_S`) before the last chunk goes out: e.g. the freed
+        concurrency slot reaching Redis."""
         self._early_waits.append(written)
 
     async def release_early(self) -> None:
@@ -215,11 +216,12 @@ class RequestContext:
         for step in reversed(early):
             step()
         waits, self._early_waits = self._early_waits, []
-        if waits:
+        pending = [wait for wait in (written() for written in waits) if wait is not None]
+        if pending:  # no timer at all for the common case, where nothing is in flight
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(END_WAIT_S):
-                    for written in waits:
-                        await written()
+                    for wait in pending:
+                        await wait
 
 
 class EndGuard:

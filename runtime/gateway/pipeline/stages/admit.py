@@ -33,7 +33,7 @@ class Admit:
             headers = ratelimit_headers(rates)
             ctx.response_headers.extend(headers)
             ctx.on_failure(lambda error: _on_error(error, headers))
-        ctx.wait_before_end(deps.limits.slots_freed)  # the freed slot is in Redis at the end
+        ctx.wait_before_end(deps.limits.slot_writes)  # the freed slot is in Redis at the end
 
 
 async def _on_error(error: BaseException, headers: Headers) -> None:
