@@ -74,6 +74,11 @@ class PrefixPlacer:
         inflight: Callable[[int], int],
     ) -> EndpointSnap | None:
         """The endpoint the rule keeps the request on, or None: route by load."""
+        rule = match.rule or self.rule
+        most = max(match.matched.values(), default=0) * match.block_chars // CHARS_PER_TOKEN
+        if most < rule.min_saved_tokens:  # the rule names none: skip building its candidates
+            self.by_load += 1
+            return None
         candidates = [
             Candidate(
                 endpoint_id=e.id,
@@ -84,7 +89,7 @@ class PrefixPlacer:
             )
             for e in endpoints
         ]
-        chosen = sticky_choice(candidates, match.rule or self.rule)
+        chosen = sticky_choice(candidates, rule)
         found = next((e for e in endpoints if e.id == chosen), None)
         if found is None:
             self.by_load += 1
