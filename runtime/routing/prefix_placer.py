@@ -20,7 +20,9 @@ waiting for a slot there (the hold of :func:`~runtime.routing.sticky.prefix_hold
 dispatcher asks it which endpoints with room the request may take now.
 
 Queued prefill is the router's own estimate, tokens as ``PromptPrefix.uncached_tokens`` (4
-characters a token), per endpoint; it is a sum over this process's requests only.
+characters a token), per endpoint; it is a sum over this process's streamed requests only (a
+unary request's first byte is its whole answer, which says nothing of when its prefill ended:
+``PromptPrefix.queues``).
 """
 
 from __future__ import annotations
@@ -128,7 +130,7 @@ class PrefixPlacer:
         self.started(prefix)  # a retry moves it
         self.index.record(endpoint_id, prefix.hashes, self._clock())
         uncached = prefix.uncached_tokens(match.matched.get(endpoint_id, 0))
-        if uncached > 0:
+        if uncached > 0 and prefix.queues:
             self._queued.setdefault(endpoint_id, {})[prefix] = uncached
             self._where[prefix] = endpoint_id
 

@@ -222,3 +222,22 @@ def test_nothing_cached_anywhere_routes_by_load_without_weighing_candidates() ->
     chosen = placer.sticky(eps, placer.match(short, eps), lambda _: 0)  # 64 >= 64: it sticks
     assert chosen is not None
     assert chosen.id == 1
+
+
+def test_a_unary_requests_prefill_is_not_counted_as_queued() -> None:
+    """Its first byte is its whole answer: counting its prefill until then would make its
+    endpoint look loaded for its whole decode."""
+    version = version_snap(1, "m")
+    request = chat(("system", SYSTEM), ("user", "hi"))
+    unary = prompt_prefix(request, version, stream=False)
+    streamed = prompt_prefix(request, version)
+    assert unary is not None
+    assert streamed is not None
+    placer = PrefixPlacer(clock=Clock())
+    eps = [endpoint_snap(1, capacity=4)]
+    placer.sent(1, unary, placer.match(unary, eps))
+    assert placer.queued_prefill(1) == 0
+    assert placer.index.blocks(1) == len(unary.hashes)  # the index still learns
+    fresh = PrefixPlacer(clock=Clock())
+    fresh.sent(1, streamed, fresh.match(streamed, eps))
+    assert fresh.queued_prefill(1) == streamed.prompt_tokens

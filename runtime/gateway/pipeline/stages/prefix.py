@@ -14,7 +14,8 @@ one block), an embedding or a batch of completion prompts carries none.
 
 ``prefix_started`` (after ``dispatch``): the upstream answered (its first byte), so the
 request's prefill no longer counts as queued at its endpoint; the request's end does the
-same if it never gets there (a refusal, a failure).
+same if it never gets there (a refusal, a failure). A unary request's prefill is not counted
+as queued at all (``PromptPrefix.queues``): its first byte is its whole answer.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ def rendered_prompt(request: object, version: VersionSnap) -> str | None:
 
 
 def prompt_prefix(
-    request: object, version: VersionSnap, rule: StickyRule | None = None
+    request: object, version: VersionSnap, rule: StickyRule | None = None, *, stream: bool = True
 ) -> PromptPrefix | None:
     """The request's :class:`PromptPrefix`, or None when it has no full block.
 
@@ -67,7 +68,9 @@ def prompt_prefix(
     hashes = block_hashes(rendered)
     if not hashes:
         return None
-    return PromptPrefix(hashes=hashes, prompt_tokens=estimate_tokens(rendered), rule=rule)
+    return PromptPrefix(
+        hashes=hashes, prompt_tokens=estimate_tokens(rendered), rule=rule, queues=stream
+    )
 
 
 class PoolRules:
@@ -118,7 +121,7 @@ class PrefixBlocks:
         if not prefix_routing_on(policies):
             return
         view: Any = ctx.request.request
-        prefix = prompt_prefix(view, version, self._rules.rule(policies))
+        prefix = prompt_prefix(view, version, self._rules.rule(policies), stream=plan.streaming)
         if prefix is None:
             return
         plan.prefix = prefix
