@@ -47,10 +47,12 @@ the request to one that must prefill the whole prefix, a long step that stalls t
 batch and its newcomers, which at the knee starts a cascade: more uncached prefill, longer
 steps, more requests in flight, more endpoints full. :func:`prefix_hold` instead keeps such a
 request waiting in the router's queue (other tenants' requests pass it; its own tenant's later
-ones stay behind it, as the queue keeps each tenant's order) for a slot on a full endpoint that holds at least ``hold_min_tokens`` more of its prefix than any
-endpoint with room, for at most ``hold_ms`` since it arrived; after that it goes wherever
-there is room. A slot frees every few tens of milliseconds on a saturated engine, much less
-than a prefill of thousands of tokens takes.
+ones stay behind it, as the queue keeps each tenant's order) for a slot on a full endpoint
+that holds at least ``hold_min_tokens`` more of its prefix than any endpoint with room, for
+at most ``hold_ms`` since it arrived; after that it goes wherever there is room. A slot frees
+every few tens of milliseconds on a saturated engine, much less than a prefill of thousands of
+tokens takes on the engines it was tuned on (5,000 prefill tokens/s, unchunked); a pool of
+engines that prefill such a prefix in a few tens of milliseconds should lower ``hold_ms``.
 
 - ``hold_ms`` (default 250; 0 turns holding off): in ``python -m bench.prefix_diagnose
   --seeds 35,1,2,3,4,5,6,7,8,9,10,11 [--policy prefix_hold_ms=500]`` (virtual time, 12
