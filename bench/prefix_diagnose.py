@@ -21,12 +21,21 @@ a system prompt prefilled once per engine: the hit rate of "a conversation alway
 engine, system prompts replicated", to compare with what the placer reaches. Last, per phase,
 the median uncached prompt tokens per request by kind (unique, a conversation's first turn, a
 later turn), round robin against pinned: what any placement can save at most.
+
+``--seeds 35,1,2`` instead plays the scenario's schedule drawn from each seed (one knee is one
+schedule's bursts: a rule tuned on one should hold on others) with load-only routing,
+prefix-aware routing, the same without the prefix hold (``hold_ms = 0``) and, if given, with
+``--policy KEY=VALUE`` (the sticky rule's pool policies, e.g. ``prefix_hold_ms=500``), and
+prints per phase the share within the TTFT SLO (mean and least over the seeds), then per seed
+that share at ``--phase`` (default ``load-24``, load-only's knee) and its goodput over
+load-only's.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import itertools
 import statistics
 from collections.abc import Callable, Iterator
@@ -131,14 +140,75 @@ def replay_hit_rates(scenario: Scenario, phase_s: float) -> dict[str, float]:
     }  # fmt: skip
 
 
+def slo_shares(
+    scenario: Scenario, settings: PoolSettings, phase_s: float, routing: str,
+    rule: StickyRule | None,
+) -> dict[str, float]:  # fmt: skip
+    """Per phase, the share of requests within their TTFT SLO, in virtual time."""
+    run = asyncio.run(
+        simulate_run(scenario, settings, phase_s=phase_s, routing=routing, rule=rule)  # type: ignore[arg-type]
+    )
+    return {key.split()[0]: row["slo_share"] or 0.0 for key, row in prefix_table(run).items()}
+
+
+def seed_table(
+    scenario: Scenario, settings: PoolSettings, phase_s: float, *, seeds: list[int], knee: str,
+    extra: StickyRule | None,
+) -> None:  # fmt: skip
+    """Print the SLO shares of load-only, prefix-aware, no hold (and ``extra``) per seed."""
+    ways: dict[str, tuple[str, StickyRule | None]] = {
+        "load": ("load", None), "prefix": ("prefix", StickyRule()),
+        "no-hold": ("prefix", StickyRule(hold_ms=0.0)),
+    }  # fmt: skip
+    if extra is not None:
+        ways["--policy"] = ("prefix", extra)
+    shares = {
+        name: [
+            slo_shares(dataclasses.replace(scenario, seed=seed), settings, phase_s, *how)
+            for seed in seeds
+        ]
+        for name, how in ways.items()
+    }
+    print(f"{scenario.name} ({phase_s:g} s phases), seeds {','.join(map(str, seeds))}: "
+          "share within the TTFT SLO, mean [least]")  # fmt: skip
+    print(f"{'phase':8} " + "  ".join(f"{name:>14}" for name in ways))
+    for phase in scenario.phases:
+        cells = [[run[phase.name] for run in runs] for runs in shares.values()]
+        print(f"{phase.name:8} " + "  ".join(
+            f"{statistics.mean(c):.3f} [{min(c):.2f}]".rjust(14) for c in cells
+        ))  # fmt: skip
+    print(f"at {knee}, per seed: share (goodput / load-only's)")
+    for i, seed in enumerate(seeds):
+        base = shares["load"][i][knee]
+        print(f"seed {seed:<4} " + "  ".join(
+            f"{runs[i][knee]:.2f} ({runs[i][knee] / base if base else 0:.2f}x)".rjust(14)
+            for runs in shares.values()
+        ))  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.prefix_diagnose")
     parser.add_argument("--scenario", type=Path, default=Path("bench/scenarios/prefix.toml"))
     parser.add_argument("--size", default="medium", help="whose phase_duration_s to use")
+    parser.add_argument("--seeds", default="", help="comma-separated: the per-seed table")
+    parser.add_argument("--phase", default="load-24", help="with --seeds: the knee's phase")
+    parser.add_argument(
+        "--policy", action="append", default=[], metavar="KEY=VALUE",
+        help="with --seeds: a sticky rule's pool policy (prefix_hold_ms=500) for a 4th column",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     scenario = load(args.scenario)
     phase_s = scenario.size(args.size).phase_duration_s
     settings = PoolSettings.from_policies(dict(scenario.switchyard.policies), ())
+    if args.seeds:
+        policies = dict(item.partition("=")[::2] for item in args.policy)
+        try:
+            extra = StickyRule.from_policies(policies, strict=True) if policies else None
+        except ValueError as exc:
+            parser.error(str(exc))
+        seeds = [int(s) for s in args.seeds.split(",")]
+        seed_table(scenario, settings, phase_s, seeds=seeds, knee=args.phase, extra=extra)
+        return
     ways: dict[str, dict[str, dict[str, float | None]]] = {}
     for name, routing, rule in (
         ("load", "load", None),

@@ -10,7 +10,10 @@ the router does (:class:`runtime.routing.prefix_placer.PrefixPlacer`, the same o
    sent there that has no first token yet;
 3. if it names no endpoint, fall back to load (the least in flight over capacity, as
    ``HandFleet``);
-4. record the request's blocks for the chosen endpoint and its estimated uncached prefill.
+4. record the request's blocks for the chosen endpoint and its estimated uncached prefill;
+
+and, while some endpoint is full, the dispatcher's room for a request is the placer's
+(:meth:`PrefixFleet.prefix_room`): it may hold for a full endpoint holding its prefix.
 
 The simulation sets each ticket's key to the request's index and registers its hashes with
 :meth:`expect` before the ticket is queued (a ticket's own ``prefix`` is used when it has
@@ -83,6 +86,23 @@ class PrefixFleet(HandFleet):
         prefix = self._sent.pop(key, None)
         if prefix is not None:
             self.placer.started(prefix)
+
+    def prefix_room(
+        self,
+        roomy: Sequence[EndpointSnap],
+        candidates: Sequence[EndpointSnap],
+        affinity_key: str | None,
+        *,
+        prefix: PromptPrefix | None,
+        waited_s: float,
+    ) -> Sequence[EndpointSnap]:
+        """As the router's placement: the placer may hold the request for a full endpoint
+        (:meth:`PrefixPlacer.room`); its prefix is the one :meth:`expect` registered."""
+        if prefix is None and affinity_key:
+            prefix = self._expected.get(affinity_key)
+        if prefix is None or self.mode != "prefix":
+            return roomy
+        return self.placer.room(prefix, roomy, candidates, waited_s=waited_s)
 
     def choose(
         self,

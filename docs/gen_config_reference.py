@@ -207,6 +207,10 @@ PREFIX_POLICY_MEANINGS: dict[str, str] = {
     "prefix_slack_tokens": "queued prefill tolerated at the cached endpoint beyond that",
     "prefix_max_load": "the chosen endpoint is saturated at `in_flight >= capacity x max_load`: "
     "route by load",
+    "prefix_hold_ms": "while the endpoint holding the request's prefix is full, the request waits "
+    "up to this long (since it arrived) for a slot there; `0`: never",
+    "prefix_hold_min_tokens": "the hold applies only when the full endpoint holds at least this "
+    "many more cached tokens of the prompt than any endpoint with room",
 }
 
 

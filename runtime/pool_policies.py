@@ -8,7 +8,8 @@ scheduling (:mod:`runtime.scheduling.settings`: ``fairness``, ``ordering``, ``sa
 ``filters``, ``scorers``, ``picker``; :mod:`runtime.gateway.plan`: ``upstream_priority``;
 :mod:`runtime.gateway.pipeline.stages.prefix`: ``prefix_routing``, on unless ``off``, and
 the sticky rule's ``prefix_stickiness``, ``prefix_min_saved_tokens``, ``prefix_slack_tokens``,
-``prefix_max_load``: :mod:`runtime.routing.sticky`) and
+``prefix_max_load``, ``prefix_hold_ms``, ``prefix_hold_min_tokens``:
+:mod:`runtime.routing.sticky`) and
 degradation (:mod:`runtime.degradation`: ``degrade``, ``degrade_wait_ms``,
 ``degrade_max_tokens``) and LoRA adapter slots (:mod:`runtime.workers.adapters`:
 ``max_loras``, ``max_cpu_loras``, read by the launcher and the routers).

@@ -98,6 +98,10 @@ class PromptPrefix:
     prompt_tokens: int
     block_chars: int = DEFAULT_BLOCK_CHARS
     rule: StickyRule | None = None  # its pool's sticky rule (pool policies); None: the default
+    # Its uncached prefill counts as queued at its endpoint until its first byte: a stream's
+    # first token. A unary answer's first byte is its end, seconds after its prefill, so it
+    # would hold the estimate up for its whole decode: the prefix stage sets False for those.
+    queues: bool = True
 
     def uncached_tokens(self, matched_blocks: int) -> int:
         """The prompt tokens an engine holding ``matched_blocks`` leading blocks must prefill."""

@@ -15,8 +15,14 @@ stages (:mod:`runtime.gateway.pipeline.stages.prefix`). For a request that carri
    (the index learns them) and must first prefill its uncached tokens (counted as queued
    prefill there until :meth:`PrefixPlacer.started`: the first byte came, or the request ended).
 
+While the endpoint holding the request's prefix is full, :meth:`PrefixPlacer.room` may keep it
+waiting for a slot there (the hold of :func:`~runtime.routing.sticky.prefix_hold`): the
+dispatcher asks it which endpoints with room the request may take now.
+
 Queued prefill is the router's own estimate, tokens as ``PromptPrefix.uncached_tokens`` (4
-characters a token), per endpoint; it is a sum over this process's requests only.
+characters a token), per endpoint; it is a sum over this process's streamed requests only (a
+unary request's first byte is its whole answer, which says nothing of when its prefill ended:
+``PromptPrefix.queues``).
 """
 
 from __future__ import annotations
@@ -24,9 +30,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Sequence
 
-from runtime.routing.prefix import PrefixMatch, PromptPrefix
+from runtime.routing.prefix import CHARS_PER_TOKEN, PrefixMatch, PromptPrefix
 from runtime.routing.prefix_index import PrefixIndex
-from runtime.routing.sticky import Candidate, StickyRule, sticky_choice
+from runtime.routing.sticky import Candidate, StickyRule, prefix_hold, sticky_choice
 from runtime.snapshot import EndpointSnap
 
 
@@ -70,6 +76,11 @@ class PrefixPlacer:
         inflight: Callable[[int], int],
     ) -> EndpointSnap | None:
         """The endpoint the rule keeps the request on, or None: route by load."""
+        rule = match.rule or self.rule
+        most = max(match.matched.values(), default=0) * match.block_chars // CHARS_PER_TOKEN
+        if most < rule.min_saved_tokens:  # the rule names none: skip building its candidates
+            self.by_load += 1
+            return None
         candidates = [
             Candidate(
                 endpoint_id=e.id,
@@ -80,7 +91,7 @@ class PrefixPlacer:
             )
             for e in endpoints
         ]
-        chosen = sticky_choice(candidates, match.rule or self.rule)
+        chosen = sticky_choice(candidates, rule)
         found = next((e for e in endpoints if e.id == chosen), None)
         if found is None:
             self.by_load += 1
@@ -88,12 +99,38 @@ class PrefixPlacer:
             self.sticky_count += 1
         return found
 
+    def room(
+        self,
+        prefix: PromptPrefix,
+        roomy: Sequence[EndpointSnap],
+        candidates: Sequence[EndpointSnap],
+        *,
+        waited_s: float,
+    ) -> Sequence[EndpointSnap]:
+        """Those of ``roomy`` (the ``candidates`` with room) the request may take now, having
+        waited ``waited_s``: none while it holds for a full endpoint
+        (:func:`~runtime.routing.sticky.prefix_hold`), else all of them."""
+        rule = prefix.rule or self.rule
+        if not roomy or len(roomy) >= len(candidates) or waited_s * 1000.0 >= rule.hold_ms:
+            return roomy  # nothing full, or it has waited long enough: no lookup
+        matched = self.index.match(prefix.hashes, self._clock(), [e.id for e in candidates])
+        if not matched:
+            return roomy
+        room_ids = {e.id for e in roomy}
+        best_room = max((matched.get(i, 0) for i in room_ids), default=0)
+        best_full = max((n for i, n in matched.items() if i not in room_ids), default=0)
+        chars = prefix.block_chars
+        full, room = best_full * chars // CHARS_PER_TOKEN, best_room * chars // CHARS_PER_TOKEN
+        if prefix_hold(full, room, waited_s, rule):
+            return ()
+        return roomy
+
     def sent(self, endpoint_id: int, prefix: PromptPrefix, match: PrefixMatch) -> None:
         """The request goes to ``endpoint_id``: learn its blocks there, queue its prefill."""
         self.started(prefix)  # a retry moves it
         self.index.record(endpoint_id, prefix.hashes, self._clock())
         uncached = prefix.uncached_tokens(match.matched.get(endpoint_id, 0))
-        if uncached > 0:
+        if uncached > 0 and prefix.queues:
             self._queued.setdefault(endpoint_id, {})[prefix] = uncached
             self._where[prefix] = endpoint_id
 

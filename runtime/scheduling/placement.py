@@ -145,6 +145,19 @@ class FleetPlacement:
             waited_s=waited_s, typical_wait_s=typical_wait_s,
         )  # fmt: skip
 
+    def prefix_room(
+        self,
+        roomy: Sequence[EndpointSnap],
+        candidates: Sequence[EndpointSnap],
+        affinity_key: str | None,
+        *,
+        prefix: PromptPrefix | None,
+        waited_s: float,
+    ) -> Sequence[EndpointSnap]:
+        if prefix is None or self._prefix is None:
+            return roomy
+        return self._prefix.room(prefix, roomy, candidates, waited_s=waited_s)
+
     def _sent_before(self, endpoint_id: int, scraped: float) -> int:
         """Requests dispatched to the endpoint within ``fresh_s`` before ``scraped``."""
         count = 0

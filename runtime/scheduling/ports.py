@@ -57,6 +57,20 @@ class Placement(Protocol):
         rule, :func:`runtime.routing.adapters.adapter_room`); empty: it waits."""
         ...
 
+    def prefix_room(
+        self,
+        roomy: Sequence[EndpointSnap],
+        candidates: Sequence[EndpointSnap],
+        affinity_key: str | None,
+        *,
+        prefix: PromptPrefix | None,
+        waited_s: float,
+    ) -> Sequence[EndpointSnap]:
+        """Those of ``roomy`` (some of ``candidates`` are full) a request may take now, having
+        waited ``waited_s``; empty: it waits for a full endpoint that holds its prompt's
+        prefix (:meth:`runtime.routing.prefix_placer.PrefixPlacer.room`)."""
+        ...
+
     def fallback(
         self,
         version: int,

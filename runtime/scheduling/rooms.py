@@ -7,11 +7,13 @@ version it looks at. A request for a LoRA adapter gets room of its own: the endp
 adapters' hold rule allows after the time it has waited (:meth:`Placement.adapter_room`: a
 replica holding the adapter with a batch slot, or any with room once it has waited about as long
 as requests usually wait here, less the adapter's load time), so it is computed per request.
+So is a request's room while some endpoint of its version is full: it may hold for a full one
+that holds its prompt's prefix (:meth:`Placement.prefix_room`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from runtime.routing.adapters import RecentWaits
 from runtime.scheduling.grant import Ticket
@@ -24,12 +26,35 @@ def roomy(
     placement: Placement, detector: SaturationDetector, version: int, exclude: frozenset[int]
 ) -> list[EndpointSnap]:
     """The endpoints of ``version`` (less ``exclude``) that have room now."""
+    return _room(placement, detector, version, exclude)[0]
+
+
+def _room(
+    placement: Placement, detector: SaturationDetector, version: int, exclude: frozenset[int]
+) -> tuple[list[EndpointSnap], Sequence[EndpointSnap]]:
+    """:func:`roomy` and the candidates it looked at."""
     out: list[EndpointSnap] = []
-    for endpoint in placement.candidates(version, exclude):
+    candidates = placement.candidates(version, exclude)
+    for endpoint in candidates:
         inflight, load = placement.load(endpoint)
         if detector.has_room(inflight=inflight, capacity=endpoint.capacity, metrics=load):
             out.append(endpoint)
-    return out
+    return out, candidates
+
+
+def _prefix_room(
+    placement: Placement,
+    ticket: Ticket,
+    found: Sequence[EndpointSnap],
+    candidates: Sequence[EndpointSnap],
+    waited_s: float,
+) -> list[EndpointSnap]:
+    """``found``, or none while the request holds for a full endpoint (some are full)."""
+    if not found or len(found) >= len(candidates):
+        return list(found)
+    return list(placement.prefix_room(
+        found, candidates, ticket.affinity_key, prefix=ticket.prefix, waited_s=waited_s,
+    ))  # fmt: skip
 
 
 def room_for(
@@ -41,9 +66,12 @@ def room_for(
     waits: RecentWaits,
 ) -> list[EndpointSnap]:
     """The endpoints with room for ``ticket``; for a LoRA adapter, those the adapters' hold
-    rule allows after ``waited_s`` in the queue."""
-    found = roomy(placement, detector, ticket.version, frozenset())
-    if ticket.adapter is None or not found:
+    rule allows after ``waited_s`` in the queue; for another request, none while it holds for
+    a full endpoint holding its prompt's prefix."""
+    found, candidates = _room(placement, detector, ticket.version, frozenset())
+    if ticket.adapter is None:
+        return _prefix_room(placement, ticket, found, candidates, waited_s)
+    if not found:
         return found
     return list(placement.adapter_room(
         ticket.version, found, ticket.adapter,
@@ -54,7 +82,8 @@ def room_for(
 class Rooms:
     """One pump round's room per queued request (the round's ``has_room`` predicate)."""
 
-    __slots__ = ("_by_key", "_detector", "_now", "_placement", "_ticket_of", "_waits")
+    __slots__ = ("_by_key", "_detector", "_now", "_placement", "_ticket_of", "_versions",
+                 "_waits")  # fmt: skip
 
     def __init__(
         self,
@@ -67,6 +96,7 @@ class Rooms:
         self._placement, self._detector = placement, detector
         self._ticket_of, self._waits, self._now = ticket_of, waits, now
         self._by_key: dict[int | str, list[EndpointSnap]] = {}
+        self._versions: dict[int, Sequence[EndpointSnap]] = {}  # version -> its candidates
 
     def has_room(self, req: QueuedRequest) -> bool:
         """Whether some endpoint can take ``req`` now (remembered for :meth:`of`)."""
@@ -77,13 +107,21 @@ class Rooms:
                 waited_s=self._now - req.arrived_at, waits=self._waits,
             )  # fmt: skip
             return bool(self._by_key[req.id])
-        if ticket.version not in self._by_key:
-            self._by_key[ticket.version] = roomy(
-                self._placement, self._detector, ticket.version, frozenset()
+        version = ticket.version
+        if version not in self._by_key:
+            self._by_key[version], self._versions[version] = _room(
+                self._placement, self._detector, version, frozenset()
             )
-        return bool(self._by_key[ticket.version])
+        found, candidates = self._by_key[version], self._versions[version]
+        if found and len(found) < len(candidates):  # some are full: its own room
+            self._by_key[req.id] = _prefix_room(
+                self._placement, ticket, found, candidates, self._now - req.arrived_at
+            )
+            return bool(self._by_key[req.id])
+        self._by_key.pop(req.id, None)
+        return bool(found)
 
     def of(self, req: QueuedRequest) -> list[EndpointSnap]:
         """The endpoints :meth:`has_room` found for ``req`` (it must have been asked)."""
-        ticket = self._ticket_of(req.id)
-        return self._by_key[req.id if ticket.adapter is not None else ticket.version]
+        own = self._by_key.get(req.id)
+        return own if own is not None else self._by_key[self._ticket_of(req.id).version]

@@ -73,6 +73,17 @@ class HandFleet:
             waited_s=waited_s, typical_wait_s=typical_wait_s,
         )  # fmt: skip
 
+    def prefix_room(
+        self,
+        roomy: Sequence[EndpointSnap],
+        candidates: Sequence[EndpointSnap],
+        affinity_key: str | None,
+        *,
+        prefix: PromptPrefix | None,
+        waited_s: float,
+    ) -> Sequence[EndpointSnap]:
+        return roomy  # no prefix index: never holds
+
     def fallback(
         self,
         version: int,

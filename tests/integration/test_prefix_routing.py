@@ -6,7 +6,8 @@ engines' own ``vllm:prompt_tokens_total`` counters. With the policy on, two requ
 long system prompt land on the same engine (and the second hits that engine's prefix cache);
 with it off, the pool's load scorer spreads them (ties go round-robin); when the engine
 holding the prefix is saturated (its one slot taken by a long stream), the next request with
-that prefix goes to the other engine.
+that prefix goes to the other engine once it has held for a slot there ``prefix_hold_ms``
+(250 ms by default).
 """
 
 from __future__ import annotations
@@ -109,7 +110,8 @@ def test_shared_prefixes_stick_to_one_engine_until_it_is_saturated(
             assert prefix_hits(on[first]) > hits  # the engine reused the cached prompt
             assert engine_of(http, on, body(ON, "And screws?")) == first
 
-            # Saturated: a long stream holds the engine's one slot; the next request moves.
+            # Saturated: a long stream holds the engine's one slot; the next request moves
+            # (after holding 250 ms for that slot: the stream takes seconds).
             long_stream = body(ON, "Tell me a story.", max_tokens=400, stream=True)
             with http.stream("POST", "/v1/chat/completions", json=long_stream) as stream:
                 assert stream.status_code == 200

@@ -190,3 +190,54 @@ def test_prefix_routing_is_on_unless_the_pool_turns_it_off() -> None:
     assert pool_policy_errors({"prefix_routing": "sometimes"}) == [
         "prefix_routing must be 'on' or 'off', got 'sometimes'."
     ]
+
+
+def test_a_pools_rule_is_parsed_once_and_follows_a_new_snapshots_policies() -> None:
+    rules = PoolRules()
+    policies = {"prefix_stickiness": "4"}
+    rule = rules.rule(policies)
+    assert rule == StickyRule(stickiness=4.0)
+    assert rules.rule(policies) is rule  # the same snapshot's policies: remembered
+    assert rules.rule({"prefix_stickiness": "4"}) is rule  # equal values: parsed once
+    assert rules.rule({"prefix_stickiness": "3"}) == StickyRule(stickiness=3.0)
+    assert rules.rule({}) is None  # no key set: the placer's default
+
+
+def test_nothing_cached_anywhere_routes_by_load_without_weighing_candidates() -> None:
+    placer = PrefixPlacer(clock=Clock())
+    eps = [endpoint_snap(i, capacity=4) for i in (1, 2)]
+    short = PromptPrefix(hashes=chat_block_hashes([("user", "x" * 300)]), prompt_tokens=80)
+    placer.sent(1, short, placer.match(short, eps))  # one block (64 tokens) cached at 1
+    placer.started(short)
+
+    def no_inflight_lookup(endpoint_id: int) -> int:
+        raise AssertionError("the rule has nothing to weigh")
+
+    fresh = PromptPrefix(hashes=chat_block_hashes([("user", "y" * 300)]), prompt_tokens=80)
+    assert placer.sticky(eps, placer.match(fresh, eps), no_inflight_lookup) is None
+    rule = StickyRule(min_saved_tokens=65)  # the one cached block saves too little
+    again = PromptPrefix(hashes=short.hashes, prompt_tokens=80, rule=rule)
+    assert placer.sticky(eps, placer.match(again, eps), no_inflight_lookup) is None
+    assert placer.by_load == 2
+    chosen = placer.sticky(eps, placer.match(short, eps), lambda _: 0)  # 64 >= 64: it sticks
+    assert chosen is not None
+    assert chosen.id == 1
+
+
+def test_a_unary_requests_prefill_is_not_counted_as_queued() -> None:
+    """Its first byte is its whole answer: counting its prefill until then would make its
+    endpoint look loaded for its whole decode."""
+    version = version_snap(1, "m")
+    request = chat(("system", SYSTEM), ("user", "hi"))
+    unary = prompt_prefix(request, version, stream=False)
+    streamed = prompt_prefix(request, version)
+    assert unary is not None
+    assert streamed is not None
+    placer = PrefixPlacer(clock=Clock())
+    eps = [endpoint_snap(1, capacity=4)]
+    placer.sent(1, unary, placer.match(unary, eps))
+    assert placer.queued_prefill(1) == 0
+    assert placer.index.blocks(1) == len(unary.hashes)  # the index still learns
+    fresh = PrefixPlacer(clock=Clock())
+    fresh.sent(1, streamed, fresh.match(streamed, eps))
+    assert fresh.queued_prefill(1) == streamed.prompt_tokens

@@ -14,7 +14,8 @@ one block), an embedding or a batch of completion prompts carries none.
 
 ``prefix_started`` (after ``dispatch``): the upstream answered (its first byte), so the
 request's prefill no longer counts as queued at its endpoint; the request's end does the
-same if it never gets there (a refusal, a failure).
+same if it never gets there (a refusal, a failure). A unary request's prefill is not counted
+as queued at all (``PromptPrefix.queues``): its first byte is its whole answer.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ def rendered_prompt(request: object, version: VersionSnap) -> str | None:
 
 
 def prompt_prefix(
-    request: object, version: VersionSnap, rule: StickyRule | None = None
+    request: object, version: VersionSnap, rule: StickyRule | None = None, *, stream: bool = True
 ) -> PromptPrefix | None:
     """The request's :class:`PromptPrefix`, or None when it has no full block.
 
@@ -67,20 +68,33 @@ def prompt_prefix(
     hashes = block_hashes(rendered)
     if not hashes:
         return None
-    return PromptPrefix(hashes=hashes, prompt_tokens=estimate_tokens(rendered), rule=rule)
+    return PromptPrefix(
+        hashes=hashes, prompt_tokens=estimate_tokens(rendered), rule=rule, queues=stream
+    )
 
 
 class PoolRules:
-    """The sticky rule of each pool's policies, parsed once per set of values (bounded)."""
+    """The sticky rule of each pool's policies, parsed once per set of values (bounded); the
+    last policies object asked is remembered by identity (a snapshot's are immutable), so a
+    run of requests to one pool does not even read the keys again."""
 
-    __slots__ = ("_rules",)
+    __slots__ = ("_last", "_rules")
     LIMIT: Final = 256
 
     def __init__(self) -> None:
         self._rules: dict[tuple[str | None, ...], StickyRule | None] = {}
+        self._last: tuple[Mapping[str, str], StickyRule | None] | None = None
 
     def rule(self, policies: Mapping[str, str]) -> StickyRule | None:
         """None where the pool sets none of the rule's keys (the placer's default applies)."""
+        last = self._last
+        if last is not None and last[0] is policies:
+            return last[1]
+        rule = self._parse(policies)
+        self._last = (policies, rule)
+        return rule
+
+    def _parse(self, policies: Mapping[str, str]) -> StickyRule | None:
         values = tuple(policies.get(key) for key in STICKY_POLICY_KEYS)
         if values in self._rules:
             return self._rules[values]
@@ -107,7 +121,7 @@ class PrefixBlocks:
         if not prefix_routing_on(policies):
             return
         view: Any = ctx.request.request
-        prefix = prompt_prefix(view, version, self._rules.rule(policies))
+        prefix = prompt_prefix(view, version, self._rules.rule(policies), stream=plan.streaming)
         if prefix is None:
             return
         plan.prefix = prefix
