@@ -2,13 +2,13 @@
 
 ``python -m bench.preempt_sweep [--seeds 0-7] [--size full] [--lend-reserve 3]
 [--max-batched-tokens 2048] [--victim fair] [--pace-prefill-tps 2500]`` plays the contention
-scenario (:mod:`bench.dispatch_sim`) per seed six ways: FCFS (``fairness=fcfs``), the flood
+scenario (:mod:`bench.dispatch_sim`) per seed seven ways: FCFS (``fairness=fcfs``), the flood
 limit (default policies, no lending: ``off``), the flood limit with the engines' priority
 scheduling (``upstream_priority=on``: ``prio``), the flood limit lending every idle slot and
 taking them back by preemption (``on``), the same keeping ``--lend-reserve`` free slots
-unlent (``reserve``), and that with the lent slots paced by prefill and preempted requests
-resuming first (``paced``: the pool policies ``pace_prefill_tps`` and ``resume_first=on``,
-:mod:`runtime.scheduling.pacing`). The take-back is the router's own
+unlent (``reserve``), that with the lent slots paced by prefill (``pace``: the pool policy
+``pace_prefill_tps``, :mod:`runtime.scheduling.pacing`), and that with preempted requests
+resuming first as well (``paced``: ``resume_first=on``). The take-back is the router's own
 (:mod:`runtime.scheduling.takeback`, driven by :mod:`bench.sim_preempt`). The engines chunk
 their prefills as vLLM V1 does (:mod:`bench.sim_engine`, ``--max-batched-tokens``, default
 vLLM's 2,048; 0: whole prefills, as the simulator worker). Per seed it prints the flood
@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from bench.dispatch_sim import _Run
 
 GOAL_TPS, GOAL_SLO, GOAL_P95 = 0.95, 0.99, 1.2
-ARMS = ("fcfs", "off", "prio", "on", "reserve", "paced")
+ARMS = ("fcfs", "off", "prio", "on", "reserve", "pace", "paced")
 
 
 def _seeds(text: str) -> list[int]:
@@ -71,13 +71,15 @@ def measure(
     scenario = dataclasses.replace(load(scenario_path), seed=seed)
     phase_s = scenario.size(size).phase_duration_s
     out: dict[str, dict[str, float]] = {}
-    paced = {"pace_prefill_tps": str(pace_prefill_tps), "resume_first": "on"}
+    pace = {"pace_prefill_tps": str(pace_prefill_tps)}
+    paced = {**pace, "resume_first": "on"}
     arms: tuple[tuple[str, dict[str, str], bool, int], ...] = (
         ("fcfs", {"fairness": "fcfs"}, False, 0),
         ("off", {}, False, 0),
         ("prio", {"upstream_priority": "on"}, False, 0),
         ("on", {}, True, 0),
         ("reserve", {}, True, lend_reserve),
+        ("pace", pace, True, lend_reserve),
         ("paced", paced, True, lend_reserve),
     )
     for arm, policies, preempt, reserve in arms:
@@ -143,15 +145,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     )  # fmt: skip
     parser.add_argument(
         "--pace-prefill-tps", type=float, default=2500.0, metavar="TPS",
-        help="the paced arm's pace_prefill_tps (the engines prefill 5,000 tokens/s)",
+        help="the pace and paced arms' pace_prefill_tps (the engines prefill 5,000 tokens/s)",
     )  # fmt: skip
     args = parser.parse_args(argv)
     if args.lend_reserve < 0 or args.max_batched_tokens < 0:
         parser.error("--lend-reserve and --max-batched-tokens must be >= 0")
     budget = args.max_batched_tokens or None
     print(f"arms: fcfs, off (flood limit), prio (flood limit, engine priority), on (lend all), "
-          f"reserve (lend, {args.lend_reserve} free slots kept), paced (reserve, lent "
-          f"prefills paced at {args.pace_prefill_tps:g} tokens/s, resumes first); "
+          f"reserve (lend, {args.lend_reserve} free slots kept), pace (reserve, lent "
+          f"prefills paced at {args.pace_prefill_tps:g} tokens/s), paced (pace, resumes "
+          f"first); "
           f"victim {args.victim}; "
           f"engines: {f'chunked prefill, {budget} tokens a step' if budget else 'whole prefills'}"
           "; tokens/s (% of FCFS's), SLO share, worst p95 over baseline, preemptions "
