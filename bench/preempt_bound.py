@@ -6,7 +6,9 @@ for this scenario and engine model. The baseline phase is played as in every oth
 the flood phase:
 
 - ``alone``: the flooder's requests are dropped; the well-behaved traffic runs on its own.
-  Its p95 over baseline is the metric's own spread (the two phases draw different arrivals).
+  With the scenario's paired draws (the flood phase's ``arrivals_from``) its p95 over
+  baseline is what the flooder's baseline share costs; without them, also the metric's own
+  spread between two draws of the same traffic.
 - ``full`` (the brief's oracle c): ``alone``, with every engine step costing a full batch's
   decode (``decode_b_ms`` x ``max_num_seqs``) and the engines never idle within the phase
   (phantom sequences that only decode: no prefill, and they give their slots up at once).

@@ -1,14 +1,15 @@
 """Preemption against the flood limit and FCFS, over several schedules, in virtual time.
 
 ``python -m bench.preempt_sweep [--seeds 0-7] [--size full] [--lend-reserve 3]
-[--max-batched-tokens 2048] [--victim fair] [--pace-prefill-tps 2500]`` plays the contention
-scenario (:mod:`bench.dispatch_sim`) per seed six ways: FCFS (``fairness=fcfs``), the flood
-limit (default policies, no lending: ``off``), the flood limit with the engines' priority
-scheduling (``upstream_priority=on``: ``prio``), the flood limit lending every idle slot and
-taking them back by preemption (``on``), the same keeping ``--lend-reserve`` free slots
-unlent (``reserve``), and that with the lent slots paced by prefill and preempted requests
-resuming first (``paced``: the pool policies ``pace_prefill_tps`` and ``resume_first=on``,
-:mod:`runtime.scheduling.pacing`). The take-back is the router's own
+[--max-batched-tokens 2048] [--victim fair] [--pace-prefill-tps 2500] [--arms fcfs,...]``
+plays the contention scenario (:mod:`bench.dispatch_sim`) per seed up to seven ways (``--arms``,
+default all): FCFS (``fairness=fcfs``), the flood limit (default policies, no lending:
+``off``), the flood limit with the engines' priority scheduling (``upstream_priority=on``:
+``prio``), the flood limit lending every idle slot and taking them back by preemption
+(``on``), the same keeping ``--lend-reserve`` free slots unlent (``reserve``), that with
+the lent slots paced by prefill (``pace``: the pool policy ``pace_prefill_tps``,
+:mod:`runtime.scheduling.pacing`), and that with preempted requests resuming first as well
+(``paced``: ``resume_first=on``). The take-back is the router's own
 (:mod:`runtime.scheduling.takeback`, driven by :mod:`bench.sim_preempt`). The engines chunk
 their prefills as vLLM V1 does (:mod:`bench.sim_engine`, ``--max-batched-tokens``, default
 vLLM's 2,048; 0: whole prefills, as the simulator worker). Per seed it prints the flood
@@ -47,7 +48,7 @@ if TYPE_CHECKING:
     from bench.dispatch_sim import _Run
 
 GOAL_TPS, GOAL_SLO, GOAL_P95 = 0.95, 0.99, 1.2
-ARMS = ("fcfs", "off", "prio", "on", "reserve", "paced")
+ARMS = ("fcfs", "off", "prio", "on", "reserve", "pace", "paced")
 
 
 def _seeds(text: str) -> list[int]:
@@ -64,23 +65,28 @@ def measure(
     budget: int | None = VLLM_BUDGET,
     victim: str = "fair",
     pace_prefill_tps: float = 2500.0,
+    arms: Sequence[str] = ARMS,
 ) -> dict[str, dict[str, float]]:
     """``{arm: {tps, slo, worst_p95, preemptions, repeated, reprefilled, pause_p50_ms,
-    pause_p95_ms, pause_ratio, engine_ratio}}`` for each of :data:`ARMS` (module docstring);
-    ``budget``: the engines' ``max_num_batched_tokens`` (None: whole prefills)."""
+    pause_p95_ms, pause_ratio, engine_ratio}}`` for each of ``arms`` (of :data:`ARMS`, module
+    docstring); ``budget``: the engines' ``max_num_batched_tokens`` (None: whole prefills)."""
     scenario = dataclasses.replace(load(scenario_path), seed=seed)
     phase_s = scenario.size(size).phase_duration_s
     out: dict[str, dict[str, float]] = {}
-    paced = {"pace_prefill_tps": str(pace_prefill_tps), "resume_first": "on"}
-    arms: tuple[tuple[str, dict[str, str], bool, int], ...] = (
+    pace = {"pace_prefill_tps": str(pace_prefill_tps)}
+    paced = {**pace, "resume_first": "on"}
+    specs: tuple[tuple[str, dict[str, str], bool, int], ...] = (
         ("fcfs", {"fairness": "fcfs"}, False, 0),
         ("off", {}, False, 0),
         ("prio", {"upstream_priority": "on"}, False, 0),
         ("on", {}, True, 0),
         ("reserve", {}, True, lend_reserve),
+        ("pace", pace, True, lend_reserve),
         ("paced", paced, True, lend_reserve),
     )
-    for arm, policies, preempt, reserve in arms:
+    for arm, policies, preempt, reserve in specs:
+        if arm not in arms:
+            continue
         settings = PoolSettings.from_policies(
             {k: v for k, v in policies.items() if k != "upstream_priority"}, ()
         )
@@ -143,28 +149,35 @@ def main(argv: Sequence[str] | None = None) -> None:
     )  # fmt: skip
     parser.add_argument(
         "--pace-prefill-tps", type=float, default=2500.0, metavar="TPS",
-        help="the paced arm's pace_prefill_tps (the engines prefill 5,000 tokens/s)",
+        help="the pace and paced arms' pace_prefill_tps (the engines prefill 5,000 tokens/s)",
     )  # fmt: skip
+    parser.add_argument(
+        "--arms", default=",".join(ARMS), help=f"comma-separated, fcfs first; of {', '.join(ARMS)}"
+    )
     args = parser.parse_args(argv)
+    arms = [a.strip() for a in args.arms.split(",") if a.strip()]
+    if not arms or arms[0] != "fcfs" or any(a not in ARMS for a in arms):
+        parser.error(f"--arms: fcfs first, then of {', '.join(ARMS)}")
     if args.lend_reserve < 0 or args.max_batched_tokens < 0:
         parser.error("--lend-reserve and --max-batched-tokens must be >= 0")
     budget = args.max_batched_tokens or None
     print(f"arms: fcfs, off (flood limit), prio (flood limit, engine priority), on (lend all), "
-          f"reserve (lend, {args.lend_reserve} free slots kept), paced (reserve, lent "
-          f"prefills paced at {args.pace_prefill_tps:g} tokens/s, resumes first); "
+          f"reserve (lend, {args.lend_reserve} free slots kept), pace (reserve, lent "
+          f"prefills paced at {args.pace_prefill_tps:g} tokens/s), paced (pace, resumes "
+          f"first); "
           f"victim {args.victim}; "
           f"engines: {f'chunked prefill, {budget} tokens a step' if budget else 'whole prefills'}"
           "; tokens/s (% of FCFS's), SLO share, worst p95 over baseline, preemptions "
           "(repeated), re-prefilled tokens, resume pause p50/p95 (ms), p95 of pause over one "
           "prefill of its context (and of the pause's engine part, from the new grant), "
           "goals met")  # fmt: skip
-    met = dict.fromkeys(ARMS, 0)
+    met = dict.fromkeys(arms, 0)
     for seed in args.seeds:
         m = measure(args.scenario, args.size, seed, lend_reserve=args.lend_reserve,
                     budget=budget, victim=args.victim,
-                    pace_prefill_tps=args.pace_prefill_tps)  # fmt: skip
+                    pace_prefill_tps=args.pace_prefill_tps, arms=arms)  # fmt: skip
         fcfs_tps = m["fcfs"]["tps"]
-        for arm in ARMS:
+        for arm in arms:
             r = m[arm]
             met[arm] += meets(r, fcfs_tps)
             print(f"seed {seed}  {arm:8} {r['tps']:6.0f} ({r['tps'] / fcfs_tps:4.0%})  "

@@ -135,12 +135,20 @@ class ArrivalSpec:
 
 @dataclass(frozen=True, slots=True)
 class PhaseSpec:
-    """One offered load. Exactly one of ``rate_rps`` and ``load_factor`` (x capacity)."""
+    """One offered load. Exactly one of ``rate_rps`` and ``load_factor`` (x capacity).
+
+    ``arrivals_from`` (a phase's name, "" for none) pairs this phase with that one: every
+    tenant whose rate here equals its rate there draws its requests from that phase's seed
+    (the same arrival times, classes, lengths and streaming), so a figure of this phase over
+    that one compares one draw with itself; a tenant whose rate differs (a flooder) draws its
+    own. See :func:`bench.workload.plan_phase`.
+    """
 
     name: str
     rate_rps: float | None = None
     load_factor: float | None = None
     flood_load_factor: float | None = None  # flooding tenants raise the total to this
+    arrivals_from: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,6 +200,13 @@ class Scenario:
         if name not in self.sizes:
             raise ScenarioError(f"scenario '{self.name}' has no size '{name}'")
         return self.sizes[name]
+
+    def phase(self, name: str) -> PhaseSpec:
+        """The phase called ``name``."""
+        for phase in self.phases:
+            if phase.name == name:
+                return phase
+        raise ScenarioError(f"scenario '{self.name}' has no phase '{name}'")
 
     def phases_for(self, size: str) -> tuple[PhaseSpec, ...]:
         wanted = self.size(size).phases
@@ -246,10 +261,25 @@ def _phase(table: Mapping[str, Any], where: str) -> PhaseSpec:
         rate_rps=None if rate is None else float(rate),
         load_factor=None if factor is None else float(factor),
         flood_load_factor=None if flood is None else float(flood),
+        arrivals_from=str(_opt(table, "arrivals_from", "", where)),
     )
     if not ((phase.rate_rps or 0) > 0 or (phase.load_factor or 0) > 0):
         raise ScenarioError(f"{where}: the rate must be > 0")
     return phase
+
+
+def _check_pairing(phases: tuple[PhaseSpec, ...]) -> None:
+    """Each ``arrivals_from`` names another phase, one that draws its own arrivals."""
+    own = {p.name: p for p in phases}
+    for i, phase in enumerate(phases):
+        source = phase.arrivals_from
+        if not source:
+            continue
+        where = f"phases[{i}].arrivals_from"
+        if source not in own:
+            raise ScenarioError(f"{where}: no phase named '{source}' (phases: {sorted(own)})")
+        if source == phase.name or own[source].arrivals_from:
+            raise ScenarioError(f"{where}: '{source}' must be another phase drawing its own")
 
 
 def _tenant(table: Mapping[str, Any], classes: Mapping[str, ClassSpec], where: str) -> TenantSpec:
@@ -346,6 +376,7 @@ def parse(doc: Mapping[str, Any]) -> Scenario:
     phases = tuple(
         _phase(p, f"phases[{i}]") for i, p in enumerate(_get(doc, "phases", list, "scenario"))
     )
+    _check_pairing(phases)
     sizes = {k: _size(v, f"sizes.{k}") for k, v in _get(doc, "sizes", dict, "scenario").items()}
     missing = [s for s in SIZES if s not in sizes]
     if missing or not phases:

@@ -3,7 +3,11 @@
 Each tenant is an independent Poisson process whose rate steps up by ``burst_factor`` for
 ``burst_length_s`` out of every ``burst_every_s`` (normalised so the mean rate is the stated
 one). The schedule does not depend on any response, and the same phase of the same scenario
-gives every target exactly the same requests.
+gives every target exactly the same requests. A phase with ``arrivals_from``
+(:class:`~bench.scenario.PhaseSpec`) replays the named phase's draw for every tenant whose
+rate is the same in both (:func:`drawn_from`): its requests arrive at the same offsets with
+the same classes, lengths and streaming, so a per-tenant figure of one phase over the other
+compares the same traffic under another load.
 
 Shared prefixes (a scenario's ``[prefix]`` table, :class:`~bench.scenario.PrefixSpec`): a
 request that is not unique carries its tenant's system prompt and, as the next turn of one of
@@ -17,6 +21,7 @@ prefix of the next one.
 
 from __future__ import annotations
 
+import math
 import random
 import zlib
 from dataclasses import dataclass
@@ -130,10 +135,33 @@ class _Conversations:
         return f"{self.tenant.name}/{self.phase}/c{self.started}", []
 
 
+def drawn_from(scenario: Scenario, phase: PhaseSpec) -> dict[str, str]:
+    """Per tenant, the phase whose seed draws its requests in ``phase``: the phase named by
+    ``phase.arrivals_from`` for a tenant with the same rate in both (paired draws), else
+    ``phase`` itself."""
+    rates = tenant_rates(scenario, phase)
+    if not phase.arrivals_from:
+        return dict.fromkeys(rates, phase.name)
+    source = scenario.phase(phase.arrivals_from)
+    theirs = tenant_rates(scenario, source)
+    return {
+        name: source.name if math.isclose(rate, theirs[name], rel_tol=1e-9) else phase.name
+        for name, rate in rates.items()
+    }
+
+
 def _tenant_requests(
-    scenario: Scenario, tenant: TenantSpec, phase: str, rate: float, duration: float
+    scenario: Scenario,
+    tenant: TenantSpec,
+    phase: str,
+    rate: float,
+    duration: float,
+    *,
+    seed_phase: str,
 ) -> list[_Drawn]:
-    seed = zlib.crc32(f"{scenario.seed}:{phase}:{tenant.name}".encode())
+    """``tenant``'s requests in ``phase``, drawn from ``seed_phase``'s seed (conversations
+    are named after ``phase`` all the same, so two phases never share a prefix)."""
+    seed = zlib.crc32(f"{scenario.seed}:{seed_phase}:{tenant.name}".encode())
     rng = random.Random(seed)
     prefix = scenario.prefix
     conversations = _Conversations(prefix, tenant, phase, scenario.backends.max_model_len)
@@ -158,9 +186,11 @@ def plan_phase(
 ) -> PhasePlan:
     """The deterministic schedule of ``phase`` lasting ``duration_s``, cut at ``max_requests``."""
     rates = tenant_rates(scenario, phase)
+    seeds = drawn_from(scenario, phase)
     drawn: list[_Drawn] = []
     for tenant in scenario.tenants:
-        drawn.extend(_tenant_requests(scenario, tenant, phase.name, rates[tenant.name], duration_s))
+        drawn.extend(_tenant_requests(scenario, tenant, phase.name, rates[tenant.name],
+                                      duration_s, seed_phase=seeds[tenant.name]))  # fmt: skip
     drawn.sort(key=lambda d: (d[0], d[1]))
     truncated = len(drawn) > max_requests
     requests = tuple(

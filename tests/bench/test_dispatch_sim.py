@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from bench.dispatch_sim import main, simulate, simulate_run
+from bench.preempt_sweep import main as sweep
 from bench.preempt_sweep import measure
 from bench.scenario import load
 from bench.sim_engine import Engine, EngineOptions, Seq
@@ -151,10 +152,19 @@ def test_the_command_takes_preempt_on(capsys: pytest.CaptureFixture[str]) -> Non
 
 def test_the_sweep_compares_fcfs_the_flood_limit_and_preemption() -> None:
     m = measure(CONTENTION, "smoke", 1, lend_reserve=4)
-    assert set(m) == {"fcfs", "off", "prio", "on", "reserve", "paced"}
+    assert set(m) == {"fcfs", "off", "prio", "on", "reserve", "pace", "paced"}
     assert m["off"]["preemptions"] == m["fcfs"]["preemptions"] == 0
     assert m["on"]["preemptions"] > m["reserve"]["preemptions"] > 0
     assert all(row["tps"] > 0 for row in m.values())
+
+
+def test_the_sweep_plays_only_the_arms_asked_for(capsys: pytest.CaptureFixture[str]) -> None:
+    assert set(measure(CONTENTION, "smoke", 1, arms=("fcfs", "pace"))) == {"fcfs", "pace"}
+    with pytest.raises(SystemExit):
+        sweep(["--scenario", str(CONTENTION), "--arms", "pace,fcfs"])  # fcfs first
+    with pytest.raises(SystemExit):
+        sweep(["--scenario", str(CONTENTION), "--arms", "fcfs,nope"])
+    assert "--arms: fcfs first" in capsys.readouterr().err
 
 
 def _timing() -> TimingModel:
