@@ -206,18 +206,29 @@ def _answer_error(name: str, body: dict[str, Any], status: int, raw: bytes) -> s
     return None if choices and "usage" in document else "the answer has no choice or usage"
 
 
+def _call(warmup: Warmup, url: str, body: dict[str, Any] | None, cap: float) -> tuple[int, bytes]:
+    """One warm-up request bounded by what is left of the warm-up (at most ``cap`` seconds).
+    A request that failed once the warm-up's time was up (a replica that started in time but
+    could not answer before the deadline) aborts with the timeout's own reason, not the
+    request's."""
+    try:
+        return _http(url, body, timeout=min(warmup.remaining(), cap))
+    except WarmupError:
+        warmup.remaining()
+        raise
+
+
 def _warm(endpoint: Endpoint, model: Model, warmup: Warmup) -> None:
     for name, path, body in _shapes(model):
-        timeout = min(warmup.remaining(), 60.0)
         started = time.monotonic()
-        status, raw = _http(f"{endpoint.base_url}{path}", body, timeout=timeout)
+        status, raw = _call(warmup, f"{endpoint.base_url}{path}", body, 60.0)
         problem = _answer_error(name, body, status, raw)
         if problem is not None:
             raise WarmupError(f"warm-up request {name!r} to {endpoint.base_url}: {problem}")
         warmup.checks.append(
             {"check": name, "endpoint": endpoint.pk, "ms": (time.monotonic() - started) * 1000}
         )
-    status, raw = _http(f"{endpoint.base_url}/health", None, timeout=min(warmup.remaining(), 5))
+    status, raw = _call(warmup, f"{endpoint.base_url}/health", None, 5.0)
     if status != 200:
         raise WarmupError(f"{endpoint.base_url}/health answered HTTP {status}")
     warmup.checks.append({"check": "health", "endpoint": endpoint.pk})

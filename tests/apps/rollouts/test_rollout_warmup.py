@@ -5,6 +5,8 @@ is drained and stopped; stable's endpoint is never touched."""
 
 from __future__ import annotations
 
+import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,7 +19,7 @@ from apps.models.services import endpoint_register, endpoint_set_state
 from apps.rollouts.models import Rollout, RolloutEvent
 from apps.rollouts.services import rollout_create
 from apps.rollouts.transitions import rollout_rollback, rollout_start
-from apps.rollouts.warmup import rollout_warm_up
+from apps.rollouts.warmup import Warmup, WarmupError, _call, rollout_warm_up
 from apps.scaling.tasks import ENV_ACTUATOR, actuator_from_env
 from config.celery import app
 from tests.apps.rollouts.support import answers, start_simulator
@@ -181,3 +183,15 @@ def test_an_abort_after_the_actuator_started_a_replica_drains_it(
     assert not answers(endpoint.base_url)
     drain = RolloutEvent.objects.get(rollout=rollout, kind="drain")
     assert (drain.data, drain.to_state) == ({"endpoints": [started]}, "aborted")
+
+
+def test_a_request_cut_by_the_warmup_deadline_says_the_time_ran_out() -> None:
+    # A replica that accepts the connection but never answers: the request's socket timeout is
+    # what was left of the warm-up, so the abort names the warm-up's timeout, not the socket's.
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(1)
+        port = silent.getsockname()[1]
+        warmup = Warmup(deadline=time.monotonic() + 0.2)
+        with pytest.raises(WarmupError, match="ran out of time"):
+            _call(warmup, f"http://127.0.0.1:{port}/health", None, 5.0)
