@@ -74,27 +74,16 @@ def prompt_prefix(
 
 
 class PoolRules:
-    """The sticky rule of each pool's policies, parsed once per set of values (bounded); the
-    last policies object asked is remembered by identity (a snapshot's are immutable), so a
-    run of requests to one pool does not even read the keys again."""
+    """The sticky rule of each pool's policies, parsed once per set of values (bounded)."""
 
-    __slots__ = ("_last", "_rules")
+    __slots__ = ("_rules",)
     LIMIT: Final = 256
 
     def __init__(self) -> None:
         self._rules: dict[tuple[str | None, ...], StickyRule | None] = {}
-        self._last: tuple[Mapping[str, str], StickyRule | None] | None = None
 
     def rule(self, policies: Mapping[str, str]) -> StickyRule | None:
         """None where the pool sets none of the rule's keys (the placer's default applies)."""
-        last = self._last
-        if last is not None and last[0] is policies:
-            return last[1]
-        rule = self._parse(policies)
-        self._last = (policies, rule)
-        return rule
-
-    def _parse(self, policies: Mapping[str, str]) -> StickyRule | None:
         values = tuple(policies.get(key) for key in STICKY_POLICY_KEYS)
         if values in self._rules:
             return self._rules[values]
