@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from dataclasses import replace
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import replace
 
 import msgspec
 import pytest
@@ -293,7 +293,8 @@ async def test_an_idle_endpoint_is_scraped_only_with_its_health_checks(
         # busy, it would be scraped 4x per /health check (see the next test)
         assert worker.scrapes <= worker.checks + 1
         status = monitor.status(6)
-        assert status is not None and status.healthy
+        assert status is not None
+        assert status.healthy
     finally:
         await monitor.stop()
 
