@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
@@ -279,24 +280,34 @@ async def test_set_endpoints_follows_the_snapshot(
 ADAPTIVE = HealthConfig(interval_s=0.05, health_every=4, unhealthy_after=3, probe_timeout_s=0.5)
 
 
+@contextlib.asynccontextmanager
+async def watching(
+    client: UpstreamClient, serve: Serve, worker: FakeWorker, endpoint_id: int,
+    config: HealthConfig = ADAPTIVE,
+) -> AsyncIterator[HealthMonitor]:  # fmt: skip
+    """A started monitor of ``worker`` served as endpoint ``endpoint_id``; stopped after."""
+    monitor = HealthMonitor(client, config)
+    monitor.set_endpoints([endpoint(endpoint_id, await serve(worker.app()))])
+    await monitor.start()
+    try:
+        yield monitor
+    finally:
+        await monitor.stop()
+
+
 @pytest.mark.integration
 @pytest.mark.asyncio
 async def test_an_idle_endpoint_is_scraped_only_with_its_health_checks(
     client: UpstreamClient, serve: Serve
 ) -> None:
     worker = FakeWorker()  # nothing running, nothing waiting
-    monitor = HealthMonitor(client, ADAPTIVE)
-    monitor.set_endpoints([endpoint(6, await serve(worker.app()))])
-    await monitor.start()
-    try:
+    async with watching(client, serve, worker, 6) as monitor:
         await async_eventually(lambda: worker.checks >= 5, timeout=10)
         # busy, it would be scraped 4x per /health check (see the next test)
         assert worker.scrapes <= worker.checks + 1
         status = monitor.status(6)
         assert status is not None
         assert status.healthy
-    finally:
-        await monitor.stop()
 
 
 @pytest.mark.integration
@@ -306,14 +317,9 @@ async def test_a_busy_endpoint_is_scraped_at_interval_s(
 ) -> None:
     worker = FakeWorker()
     worker.metrics = "vllm:num_requests_running 1\nvllm:num_requests_waiting 0\n"
-    monitor = HealthMonitor(client, ADAPTIVE)
-    monitor.set_endpoints([endpoint(7, await serve(worker.app()))])
-    await monitor.start()
-    try:
+    async with watching(client, serve, worker, 7):
         await async_eventually(lambda: worker.checks >= 3, timeout=10)
         assert worker.scrapes >= 2 * worker.checks
-    finally:
-        await monitor.stop()
 
 
 @pytest.mark.integration
@@ -322,16 +328,12 @@ async def test_a_first_byte_wakes_an_idle_endpoints_scrape(
     client: UpstreamClient, serve: Serve
 ) -> None:
     worker = FakeWorker()
-    monitor = HealthMonitor(client, replace(ADAPTIVE, idle_interval_s=60.0))
-    monitor.set_endpoints([endpoint(8, await serve(worker.app()))])
-    await monitor.start()
-    try:
+    config = replace(ADAPTIVE, idle_interval_s=60.0)
+    async with watching(client, serve, worker, 8, config) as monitor:
         await async_eventually(lambda: worker.scrapes >= 1 and monitor._wakers, timeout=10)
         scraped = worker.scrapes
         monitor.note_success(8)  # a real request's first byte: scraped now, not in 60 s
         await async_eventually(lambda: worker.scrapes >= scraped + 2, timeout=10)
-    finally:
-        await monitor.stop()
 
 
 @pytest.mark.integration
@@ -340,18 +342,14 @@ async def test_a_failing_scrape_of_an_idle_endpoint_is_counted_at_interval_s(
     client: UpstreamClient, serve: Serve
 ) -> None:
     worker = FakeWorker()
-    monitor = HealthMonitor(client, replace(ADAPTIVE, idle_interval_s=0.3))
-    monitor.set_endpoints([endpoint(9, await serve(worker.app()))])
-    await monitor.start()
-    try:
+    config = replace(ADAPTIVE, idle_interval_s=0.3)
+    async with watching(client, serve, worker, 9, config) as monitor:
         await async_eventually(lambda: worker.checks >= 2, timeout=10)
         worker.metrics_status = 500
         checks = worker.checks
         await wait_until(monitor, 9, lambda s: not s.healthy, within=10)
         # the run of 3 failures came at interval_s: at most one /health check per 4 scrapes
         assert worker.checks - checks <= 2
-    finally:
-        await monitor.stop()
 
 
 @pytest.mark.unit
