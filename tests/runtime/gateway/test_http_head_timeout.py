@@ -56,26 +56,27 @@ async def server() -> AsyncIterator[int]:
             await task
 
 
-async def refused_408(reader: asyncio.StreamReader) -> dict[str, Any]:
-    """Read until the server closes; the 408's error document."""
+async def stalled_head_refused(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, partial: bytes
+) -> None:
+    """Send ``partial`` (a head that never ends): a 408 ``request_timeout`` after the bound,
+    then the server closes the connection."""
+    writer.write(partial)
+    started = asyncio.get_running_loop().time()
     async with asyncio.timeout(10):
         answer = await reader.read()  # to EOF: the connection is closed after the refusal
+    waited = asyncio.get_running_loop().time() - started
+    writer.close()
     head, _, body = answer.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 408"), answer
-    document: dict[str, Any] = json.loads(body)
-    return document
+    assert json.loads(body)["error"]["code"] == "request_timeout"
+    assert waited >= HEAD_TIMEOUT_S * 0.9
 
 
 async def test_a_head_that_never_ends_is_refused_408() -> None:
     async with server() as port:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(b"GET /x HTTP/1.1\r\nHost: t\r\n")  # the blank line never comes
-        started = asyncio.get_running_loop().time()
-        document = await refused_408(reader)
-        waited = asyncio.get_running_loop().time() - started
-        writer.close()
-    assert document["error"]["code"] == "request_timeout"
-    assert waited >= HEAD_TIMEOUT_S * 0.9
+        await stalled_head_refused(reader, writer, b"GET /x HTTP/1.1\r\nHost: t\r\n")
 
 
 async def test_a_later_slow_head_on_a_kept_alive_connection_is_timed_from_its_start() -> None:
@@ -85,14 +86,8 @@ async def test_a_later_slow_head_on_a_kept_alive_connection_is_timed_from_its_st
             writer.write(REQUEST)
             async with asyncio.timeout(10):
                 assert (await reader.readuntil(b"ok")).startswith(b"HTTP/1.1 200")
-        await asyncio.sleep(HEAD_TIMEOUT_S * 2)  # idle between requests: not refused
-        writer.write(REQUEST)
+        await asyncio.sleep(HEAD_TIMEOUT_S * 2)  # the scenario: idle between requests
+        writer.write(REQUEST)  # not refused: the gap was no head
         async with asyncio.timeout(10):
             assert (await reader.readuntil(b"ok")).startswith(b"HTTP/1.1 200")
-        writer.write(b"GET /x HTTP/1.1\r\n")  # then a head that stalls
-        started = asyncio.get_running_loop().time()
-        document = await refused_408(reader)
-        waited = asyncio.get_running_loop().time() - started
-        writer.close()
-    assert document["error"]["code"] == "request_timeout"
-    assert waited >= HEAD_TIMEOUT_S * 0.9
+        await stalled_head_refused(reader, writer, b"GET /x HTTP/1.1\r\n")
