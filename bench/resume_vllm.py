@@ -209,8 +209,10 @@ def start_engine(model_path: Path, port: int, log: Path) -> subprocess.Popen[byt
                       extra_args=("--enable-prefix-caching",))  # fmt: skip
     env = {**os.environ, **OFFLINE_ENV, **ENGINE_ENV}
     with log.open("wb") as out:
-        return subprocess.Popen(build_command(spec)  # noqa: S603 - our own argv, stdout=out, stderr=subprocess.STDOUT,
-                                env=env, start_new_session=True)  # fmt: skip
+        argv = build_command(spec)
+        return subprocess.Popen(  # noqa: S603 - our own argv
+            argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
 
 
 def wait_healthy(proc: subprocess.Popen[bytes], base: str, log: Path) -> None:
