@@ -12,8 +12,16 @@ followed by the text so far, ``max_tokens`` the rest. Two arms, ABBA over the ro
 - ``cold``: the prefix cache is reset first (``POST /reset_prefix_cache``), so the resume
   prefills prompt + generated text in full: one prefill of its context.
 
-Per resume it reads ``vllm:prefix_cache_hits`` / ``queries`` (tokens) from ``/metrics``
-before and after, and the resume's TTFT (first token chunk, wall clock, client side). It
+Both resume by token ids (the prompt's and the generated ones, ``return_token_ids``), which
+hit whatever the tokenizer does. Two more arms send what ``runtime.gateway.resume`` sends,
+the prompt followed by the text so far, to the same engine at once: ``text`` on the random
+words prompt (the demo model's continuation of it holds partial UTF-8 characters and does not
+round-trip through the tokenizer) and ``phrase`` on a prompt of the phrases the demo
+tokenizer was trained on (whose continuation mostly round-trips).
+
+Per resume it reads ``vllm:prefix_cache_hits`` / ``queries`` (tokens) and the engine's own
+prefill time (``vllm:request_prefill_time_seconds``'s sum) from ``/metrics`` before and
+after, and the resume's TTFT (first token chunk, wall clock, client side). It
 prints the hit tokens against what a full hit could be (vLLM hashes full blocks only, and
 always computes the last token: ``(n - 1) // block * block``), whether the blocks of the
 generated tokens were hit, and the TTFT ratio warm ÷ cold per ABBA pair::
@@ -44,15 +52,19 @@ from pathlib import Path
 import httpx
 
 MODEL = "demo-llama"
-ARMS = ("warm", "cold", "text")
+ARMS = ("warm", "cold", "text", "phrase")
+PHRASES = ("user: hello", "assistant: songs", "user: what is", "assistant: credits",
+           "user: scheduler")  # fmt: skip
 MAX_LEN = 2048  # the demo model's context
 BLOCK_TOKENS = 128  # vLLM's KV block on CPU (the block size hashed by its prefix cache)
 START_TIMEOUT_S = 420.0
 ENGINE_ENV = {"VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
 HIT_METRIC = "vllm:prefix_cache_hits_total"
 QUERY_METRIC = "vllm:prefix_cache_queries_total"
+PREFILL_METRIC = "vllm:request_prefill_time_seconds_sum"
 RESET_TIMEOUT_S = 10.0
 RESET_POLL_S = 0.05
+METRICS_WAIT_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -67,6 +79,7 @@ class Resume:
     hit_tokens: int
     query_tokens: int
     ttft_s: float
+    prefill_s: float  # the engine's prefill time of the resume (its histogram's sum)
 
     @property
     def full_hit(self) -> int:
@@ -93,12 +106,20 @@ def metric_total(text: str, name: str) -> float:
     return total
 
 
-def words_prompt(seed: int, tokens: int, client: httpx.Client, base: str) -> tuple[str, int]:
-    """Random words (its own seed) trimmed to about ``tokens`` demo tokens; (text, tokens)."""
+def words_prompt(
+    seed: int, tokens: int, client: httpx.Client, base: str, *, phrases: bool = False
+) -> tuple[str, int]:
+    """Random words (its own seed) trimmed to about ``tokens`` demo tokens; (text, tokens).
+    With ``phrases``, random phrases the demo tokenizer was trained on instead: the demo
+    model's greedy continuation of those mostly round-trips through its tokenizer (random
+    words' continuation does not: it holds partial UTF-8 characters)."""
     rng = random.Random(seed)
     letters = "abcdefghijklmnopqrstuvwxyz"
-    words = ["".join(rng.choice(letters) for _ in range(rng.randint(2, 7)))
-             for _ in range(tokens)]  # fmt: skip
+    if phrases:
+        words = [rng.choice(PHRASES) for _ in range(tokens)]
+    else:
+        words = ["".join(rng.choice(letters) for _ in range(rng.randint(2, 7)))
+                 for _ in range(tokens)]  # fmt: skip
     text = " ".join(words)
     ids = tokenize(client, base, text)
     while len(ids) > tokens:
@@ -179,12 +200,12 @@ def one_round(
     """Cut a fresh prompt's stream after ``cut`` tokens and resume it (module docstring);
     None when the text continuation would not fit the context (it did not round-trip)."""
     reset_prefix_cache(client, base)  # nothing from an earlier round
-    prompt, _ = words_prompt(seed, prompt_tokens, client, base)
+    prompt, _ = words_prompt(seed, prompt_tokens, client, base, phrases=arm == "phrase")
     first = stream(client, base, prompt, cut + tail, cut)
     expected = first.prompt_ids + first.ids
     resumed: str | list[int] = expected  # by token ids: exact whatever the tokenizer does
     ids = expected
-    if arm == "text":  # what runtime.gateway.resume sends: the prompt then the text so far
+    if arm in ("text", "phrase"):  # what runtime.gateway.resume sends: prompt, text so far
         resumed = prompt + first.text
         ids = tokenize(client, base, resumed)
         if len(ids) + tail > max_len:
@@ -194,11 +215,19 @@ def one_round(
     before = client.get(f"{base}/metrics").text
     second = stream(client, base, resumed, tail, None)
     after = client.get(f"{base}/metrics").text
+    deadline = time.monotonic() + METRICS_WAIT_S  # the stat logger may lag a step
+    while metric_total(after, PREFILL_METRIC) == metric_total(before, PREFILL_METRIC):
+        if time.monotonic() > deadline:
+            break
+        time.sleep(RESET_POLL_S)
+        after = client.get(f"{base}/metrics").text
     hits = metric_total(after, HIT_METRIC) - metric_total(before, HIT_METRIC)
     queries = metric_total(after, QUERY_METRIC) - metric_total(before, QUERY_METRIC)
+    prefill = metric_total(after, PREFILL_METRIC) - metric_total(before, PREFILL_METRIC)
     return Resume(arm=arm, prompt_tokens=len(first.prompt_ids), generated=len(first.ids),
                   context_tokens=len(ids), round_trips=ids == expected, hit_tokens=int(hits),
-                  query_tokens=int(queries), ttft_s=second.ttft_s)  # fmt: skip
+                  query_tokens=int(queries), ttft_s=second.ttft_s,
+                  prefill_s=prefill)  # fmt: skip
 
 
 def start_engine(model_path: Path, port: int, log: Path) -> subprocess.Popen[bytes]:
@@ -232,11 +261,11 @@ def wait_healthy(proc: subprocess.Popen[bytes], base: str, log: Path) -> None:
 def report(resumes: Sequence[Resume]) -> list[str]:
     """A line per resume, then the hits and the TTFT ratio warm / cold (ABBA pairs)."""
     lines = [f"{'arm':<5} {'prompt':>6} {'gen':>4} {'ctx':>5} {'rt':>3} {'hits':>5} "
-             f"{'full':>5} {'gen hit':>7} {'TTFT ms':>8}"]  # fmt: skip
+             f"{'full':>5} {'gen hit':>7} {'TTFT ms':>8} {'prefill ms':>10}"]  # fmt: skip
     lines += [
         f"{r.arm:<5} {r.prompt_tokens:>6} {r.generated:>4} {r.context_tokens:>5} "
         f"{'y' if r.round_trips else 'n':>3} {r.hit_tokens:>5} {r.full_hit:>5} "
-        f"{r.generated_hit:>7} {r.ttft_s * 1000:>8.1f}"
+        f"{r.generated_hit:>7} {r.ttft_s * 1000:>8.1f} {r.prefill_s * 1000:>10.1f}"
         for r in resumes
     ]
     by_arm = {arm: [r for r in resumes if r.arm == arm] for arm in ARMS}
@@ -248,12 +277,17 @@ def report(resumes: Sequence[Resume]) -> list[str]:
                 f"{sum(r.generated_hit for r in rows)} of "
                 f"{sum(r.full_hit - prompt_blocks(r) for r in rows)}"
                 f"; TTFT median {statistics.median(r.ttft_s for r in rows) * 1000:.1f} ms"
+                f", engine prefill median "
+                f"{statistics.median(r.prefill_s for r in rows) * 1000:.1f} ms"
             )
     warm, cold = by_arm["warm"], by_arm["cold"]
-    if warm and cold:
-        ratios = [w.ttft_s / c.ttft_s for w, c in zip(warm, cold, strict=False)]
-        lines.append("TTFT warm / cold per pair: " + ", ".join(f"{x:.2f}" for x in ratios)
-                     + f"; median {statistics.median(ratios):.2f}")  # fmt: skip
+    pairs = list(zip(warm, cold, strict=False))
+    for what, value in (("TTFT", "ttft_s"), ("engine prefill", "prefill_s")):
+        ratios = [getattr(w, value) / getattr(c, value) for w, c in pairs
+                  if getattr(c, value) > 0]  # fmt: skip
+        if ratios:
+            lines.append(f"{what} warm / cold per pair: " + ", ".join(f"{x:.2f}" for x in ratios)
+                         + f"; median {statistics.median(ratios):.2f}")  # fmt: skip
     return lines
 
 
