@@ -2,30 +2,29 @@
 
 ``python -m bench.preempt_sweep [--seeds 0-7] [--size full] [--lend-reserve 3]
 [--max-batched-tokens 2048] [--victim fair] [--pace-prefill-tps 2500] [--arms fcfs,...]``
-plays the contention scenario (:mod:`bench.dispatch_sim`) per seed up to seven ways (``--arms``,
-default all): FCFS (``fairness=fcfs``), the flood limit (default policies, no lending:
-``off``), the flood limit with the engines' priority scheduling (``upstream_priority=on``:
-``prio``), the flood limit lending every idle slot and taking them back by preemption
-(``on``), the same keeping ``--lend-reserve`` free slots unlent (``reserve``), that with
-the lent slots paced by prefill (``pace``: the pool policy ``pace_prefill_tps``,
-:mod:`runtime.scheduling.pacing`), and that with preempted requests resuming first as well
-(``paced``: ``resume_first=on``); then ``paced`` on engines with prefix caching over the
-resumes' own tokens (``EngineOptions.resume_cache``: a resume prefills what its engine's
-cache does not hold): placed as any request (``cache``), on the endpoint it ran on
-(``home``: ``resume_affinity=on``) and with a hold for a full home (``hold``:
-``resume_hold_ms``, ``--resume-hold-ms``, :mod:`runtime.scheduling.resume_home`). The take-back is the router's own
-(:mod:`runtime.scheduling.takeback`, driven by :mod:`bench.sim_preempt`). The engines chunk
-their prefills as vLLM V1 does (:mod:`bench.sim_engine`, ``--max-batched-tokens``, default
-vLLM's 2,048; 0: whole prefills, as the simulator worker). Per seed it prints the flood
-phase's output tokens/s (within the phase's duration) and each over FCFS's, the well-behaved
-tenants' interactive TTFT SLO share, their worst TTFT p95 under the flood over their
-baseline, the preemptions (and how many of them preempted a generation preempted before),
-the tokens the resumes re-prefilled (and those their engines' caches held, in how many
-resumes), the resumes' pause p50 / p95, the p95 of each pause
-over one prefill of its context and of its engine part (from the new grant to the token)
-over the same; then whether
-each arm meets issue #34's goals (tokens/s >= 95% of FCFS's, SLO >= 99%, worst p95 <= 1.2x),
-and at the end on how many seeds.
+plays the contention scenario (:mod:`bench.dispatch_sim`) per seed up to ten ways
+(``--arms``, default all): FCFS (``fairness=fcfs``), the flood limit (default policies, no
+lending: ``off``), the flood limit with the engines' priority scheduling
+(``upstream_priority=on``: ``prio``), the flood limit lending every idle slot and taking
+them back by preemption (``on``), the same keeping ``--lend-reserve`` free slots unlent
+(``reserve``), that with the lent slots paced by prefill (``pace``: the pool policy
+``pace_prefill_tps``, :mod:`runtime.scheduling.pacing`), and that with preempted requests
+resuming first as well (``paced``: ``resume_first=on``); then ``paced`` on engines with
+prefix caching over the resumes' own tokens (``EngineOptions.resume_cache``: a resume
+prefills what its engine's cache does not hold): placed as any request (``cache``), on the
+endpoint it ran on (``home``: ``resume_affinity=on``) and with a hold for a full home
+(``hold``: ``resume_hold_ms``, ``--resume-hold-ms``, :mod:`runtime.scheduling.resume_home`).
+The take-back is the router's own (:mod:`runtime.scheduling.takeback`, driven by
+:mod:`bench.sim_preempt`). The engines chunk their prefills as vLLM V1 does
+(:mod:`bench.sim_engine`, ``--max-batched-tokens``, default vLLM's 2,048; 0: whole prefills,
+as the simulator worker). Per seed it prints the flood phase's output tokens/s (within the
+phase's duration) and each over FCFS's, the well-behaved tenants' interactive TTFT SLO
+share, their worst TTFT p95 under the flood over their baseline, the preemptions (and how
+many of them preempted a generation preempted before), the tokens the resumes re-prefilled
+(and those their engines' caches held, in how many resumes), the resumes' pause p50 / p95,
+the p95 of each pause over one prefill of its context and of its engine part (from the new
+grant to the token) over the same; then whether each arm meets issue #34's goals (tokens/s
+>= 95% of FCFS's, SLO >= 99%, worst p95 <= 1.2x), and at the end on how many seeds.
 
 Engine-side priority orders only the engine's waiting queue (vLLM preempts a running request
 only when its blocks cannot grow, not modelled): the router's slots equal the engines'

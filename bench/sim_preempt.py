@@ -13,8 +13,9 @@ dispatcher stops it, it leaves its engine at once, keeps its tokens so far and w
 prefills its prompt plus what it generated (the resume cost, counted in full: the resumed
 generation's ``prefill``; with the oracle ``EngineOptions.free_resume`` only what it had
 not prefilled yet; with ``EngineOptions.resume_cache`` the engine it resumes on prefills
-what its prefix cache does not hold, :mod:`bench.sim_engine`). The pause, from its preemption to its next token, is recorded
-against one prefill of that context (``Flow.pauses``).
+what its prefix cache does not hold, :mod:`bench.sim_engine`). The pause, from its
+preemption to its next token, is recorded against one prefill of that context
+(``Flow.pauses``).
 
 The grant's ``charged_output`` (what the victim policy reads as generated) is set to the
 tokens generated without charging the fairness counters: the simulator charges no output

@@ -19,9 +19,9 @@ The rule, with the pool policy ``resume_affinity=on`` (:mod:`.settings`):
   routing filters drop it) is ignored at once: a migration never waits for a dead endpoint.
 
 A resume sent to its home is paced (:mod:`.pacing`) as a prefill of nothing: its engine
-holds its context. The home is forgotten when the request leaves the queue (it resumes, ends or is dropped).
-With ``resume_affinity=off`` (the default) a resume goes where the placement puts any
-request.
+holds its context. The home is forgotten when the request leaves the queue (it resumes,
+ends or is dropped). With ``resume_affinity=off`` (the default) a resume goes where the
+placement puts any request.
 """
 
 from __future__ import annotations
