@@ -199,7 +199,6 @@ def one_round(
 ) -> Resume | None:  # fmt: skip
     """Cut a fresh prompt's stream after ``cut`` tokens and resume it (module docstring);
     None when the text continuation would not fit the context (it did not round-trip)."""
-    reset_prefix_cache(client, base)  # nothing from an earlier round
     prompt, _ = words_prompt(seed, prompt_tokens, client, base, phrases=arm == "phrase")
     first = stream(client, base, prompt, cut + tail, cut)
     expected = first.prompt_ids + first.ids
