@@ -142,7 +142,8 @@ class PoolDispatcher:
         # the pool's slots are free: those stay for the others' next arrivals, which then
         # need no preemption (each one costs a re-prefill).
         self._lend_override = (lend, lend_reserve)
-        self._takeback = TakeBack(policies.preemption, resume_first=settings.resume_first)
+        self._takeback = TakeBack(policies.preemption, resume_first=settings.resume_first,
+                                  resume_home=settings.resume_home())  # fmt: skip
         self._held = Holdings(self._headroom_rule(settings, policies),
                               lend=self._takeback.armed if lend is None else lend,
                               lend_reserve=settings.lend_reserve if lend_reserve is None
@@ -170,6 +171,7 @@ class PoolDispatcher:
         self._takeback.policy = policies.preemption
         self._pacer.prefill_tps, self._takeback.resume_first = (settings.pace_prefill_tps,
                                                                 settings.resume_first)  # fmt: skip
+        self._takeback.homes.rule = settings.resume_home()
         lend, reserve = self._lend_override
         self._held.lend = self._takeback.armed if lend is None else lend
         self._held.lend_reserve = settings.lend_reserve if reserve is None else reserve
@@ -377,7 +379,8 @@ class PoolDispatcher:
         for _ in range(len(self._waiting)):
             gate = held.gate(capacity, now)
             gated_full = held.all_blocked(gate)
-            rooms = Rooms(self.placement, self._detector, self._ticket_of, self._recent_waits, now)
+            rooms = Rooms(self.placement, self._detector, self._ticket_of, self._recent_waits, now,
+                          homes=self._takeback.homes)  # fmt: skip
             has_room = rooms.has_room
 
             def under(req: QueuedRequest) -> bool:
@@ -402,6 +405,7 @@ class PoolDispatcher:
         """Dispatch ``req``, just popped, to ``to`` (or the choice among them): a new grant,
         or the parked grant of a preempted request (no second admission, no second charge)."""
         waiter = self._waiting[req.id]
+        home = self._takeback.homes.forget(req.id)  # a resume's (resume affinity), or None
         self._forget(req)
         self._drain.observe(now=now, queued=len(self._queue), dispatched_cost=req.cost)
         self._charges.dispatched(req, now)
@@ -412,8 +416,9 @@ class PoolDispatcher:
             to, ticket.affinity_key, adapter=ticket.adapter, prefix=ticket.prefix
         )  # fmt: skip
         self.placement.acquire(endpoint.id)
-        self._pacer.sent(endpoint.id, ticket.input_tokens + (waiter.grant.charged_output
-                         if waiter.grant is not None else 0), now)  # fmt: skip
+        prefill = ticket.input_tokens + (waiter.grant.charged_output
+                                         if waiter.grant is not None else 0)  # fmt: skip
+        self._pacer.sent(endpoint.id, 0 if endpoint.id == home else prefill, now)  # cached
         self._held.took(req.tenant)
         if waiter.grant is not None:  # a preempted request resumes
             waiter.grant.endpoint, waiter.grant.parked = endpoint, False
@@ -461,6 +466,7 @@ class PoolDispatcher:
         place and deadline, its input tokens already charged."""
         preemptee = self._takeback.withdraw(grant)
         if grant.endpoint is not None:
+            self._takeback.homes.left(grant.request.id, grant.endpoint.id, now)
             self.placement.release(grant.endpoint.id)
             grant.endpoint = None
         self._held.gave(grant.ticket.tenant)
@@ -491,6 +497,7 @@ class PoolDispatcher:
 
     def _forget(self, req: QueuedRequest) -> None:
         self._waiting.pop(req.id, None)
+        self._takeback.homes.forget(req.id)
         self._held.left(req.tenant)
 
     def _drop(self, req: QueuedRequest, error: Exception, now: float) -> None:
