@@ -49,7 +49,7 @@ import functools
 import itertools
 import logging
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from runtime.routing.adapters import RecentWaits
 from runtime.scheduling.admission import Rejected, admit
@@ -198,10 +198,11 @@ class PoolDispatcher:
         if self._closed:
             raise NoEndpointError(f"the pool '{self.pool}' is not serving")
         now = self._clock()
-        if not self.placement.candidates(ticket.version, frozenset()):
+        candidates = self.placement.candidates(ticket.version, frozenset())
+        if not candidates:
             hold_or_refuse(self._cold_start, self.pool, ticket, now)
-        if not self._waiting:
-            direct = self._direct(ticket, now)
+        elif not self._waiting:
+            direct = self._direct(ticket, now, candidates)
             if direct is not None:
                 return direct
         self._pump(now)
@@ -246,12 +247,15 @@ class PoolDispatcher:
             return None
         return self._queue.position(req_id)
 
-    def _direct(self, ticket: Ticket, now: float) -> Grant | None:
-        """The fast path (module docstring) when it applies; None: take the queued path."""
+    def _direct(
+        self, ticket: Ticket, now: float, candidates: Sequence[EndpointSnap]
+    ) -> Grant | None:
+        """The fast path (module docstring) when it applies; None: take the queued path.
+        ``candidates``: the version's, as ``acquire`` just looked them up (once)."""
         if not now < ticket.deadline:
             return None
         roomy = room_for(self.placement, self._detector, ticket, waited_s=0.0,
-                         waits=self._recent_waits)  # fmt: skip
+                         waits=self._recent_waits, candidates=candidates)  # fmt: skip
         if not roomy:
             return None
         self._held.note(ticket.tenant, ticket.weight, now)

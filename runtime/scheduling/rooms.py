@@ -33,11 +33,16 @@ def roomy(
 
 
 def _room(
-    placement: Placement, detector: SaturationDetector, version: int, exclude: frozenset[int]
+    placement: Placement,
+    detector: SaturationDetector,
+    version: int,
+    exclude: frozenset[int],
+    candidates: Sequence[EndpointSnap] | None = None,
 ) -> tuple[list[EndpointSnap], Sequence[EndpointSnap]]:
-    """:func:`roomy` and the candidates it looked at."""
+    """:func:`roomy` and the candidates it looked at (``candidates``: already looked up)."""
     out: list[EndpointSnap] = []
-    candidates = placement.candidates(version, exclude)
+    if candidates is None:
+        candidates = placement.candidates(version, exclude)
     for endpoint in candidates:
         inflight, load = placement.load(endpoint)
         if detector.has_room(inflight=inflight, capacity=endpoint.capacity, metrics=load):
@@ -67,11 +72,13 @@ def room_for(
     *,
     waited_s: float,
     waits: RecentWaits,
+    candidates: Sequence[EndpointSnap] | None = None,
 ) -> list[EndpointSnap]:
     """The endpoints with room for ``ticket``; for a LoRA adapter, those the adapters' hold
     rule allows after ``waited_s`` in the queue; for another request, none while it holds for
-    a full endpoint holding its prompt's prefix."""
-    found, candidates = _room(placement, detector, ticket.version, frozenset())
+    a full endpoint holding its prompt's prefix. ``candidates``: its version's candidates,
+    when the caller already looked them up (the dispatcher's fast path)."""
+    found, candidates = _room(placement, detector, ticket.version, frozenset(), candidates)
     if ticket.adapter is None:
         return _prefix_room(placement, ticket, found, candidates, waited_s)
     if not found:
