@@ -119,8 +119,7 @@ class PoolDispatcher:
         self._clock = clock
         self._tick_s = tick_s
         self._headroom_window_s = headroom_window_s
-        # Scale from zero: version -> expected start seconds of a replica (None: cannot).
-        self._cold_start = cold_start
+        self._cold_start = cold_start  # scale from zero: version -> a replica's start seconds
         self._seq = itertools.count(1)
         self._waiting: dict[str, _Waiter] = {}
         self._drain = DrainRate()
@@ -135,12 +134,10 @@ class PoolDispatcher:
         self.settings = settings
         policies = settings.policies()
         self._detector = policies.saturation
-        # Lend: what the headroom gate would hold back may take a slot nobody else waits
-        # for; it is taken back by preemption when a tenant the gate lets through arrives
-        # (:mod:`.takeback`). On with a pool's ``preemption`` policy (``lend`` overrides it).
-        # It lends only while more than ``lend_reserve`` of
-        # the pool's slots are free: those stay for the others' next arrivals, which then
-        # need no preemption (each one costs a re-prefill).
+        # Lend: what the headroom gate would hold back may take a slot nobody else waits for,
+        # taken back by preemption when a tenant the gate lets through arrives (:mod:`.takeback`);
+        # on with a ``preemption`` policy (``lend`` overrides), only while more than
+        # ``lend_reserve`` slots are free (the others' next arrivals then need no preemption).
         self._lend_override = (lend, lend_reserve)
         self._takeback = TakeBack(policies.preemption, resume_first=settings.resume_first,
                                   resume_home=settings.resume_home())  # fmt: skip
@@ -409,8 +406,7 @@ class PoolDispatcher:
         """Dispatch ``req``, just popped, to ``to`` (or the choice among them): a new grant,
         or the parked grant of a preempted request (no second admission, no second charge)."""
         waiter = self._waiting[req.id]
-        home = self._takeback.homes.forget(req.id)  # a resume's (resume affinity), or None
-        self._forget(req)
+        home = self._forget(req)  # a resume's home endpoint (resume affinity), or None
         self._drain.observe(now=now, queued=len(self._queue), dispatched_cost=req.cost)
         self._charges.dispatched(req, now)
         if waiter.future.done():
@@ -420,9 +416,8 @@ class PoolDispatcher:
             to, ticket.affinity_key, adapter=ticket.adapter, prefix=ticket.prefix
         )  # fmt: skip
         self.placement.acquire(endpoint.id)
-        prefill = ticket.input_tokens + (waiter.grant.charged_output
-                                         if waiter.grant is not None else 0)  # fmt: skip
-        self._pacer.sent(endpoint.id, 0 if endpoint.id == home else prefill, now)  # cached
+        self._pacer.sent(endpoint.id, 0 if endpoint.id == home else ticket.input_tokens + (
+            waiter.grant.charged_output if waiter.grant is not None else 0), now)  # fmt: skip
         self._held.took(req.tenant)
         if waiter.grant is not None:  # a preempted request resumes
             waiter.grant.endpoint, waiter.grant.parked = endpoint, False
@@ -499,10 +494,10 @@ class PoolDispatcher:
         if future is not None and future.done() and not future.cancelled():
             future.exception()  # (seen: no "never retrieved" warning)
 
-    def _forget(self, req: QueuedRequest) -> None:
+    def _forget(self, req: QueuedRequest) -> int | None:
         self._waiting.pop(req.id, None)
-        self._takeback.homes.forget(req.id)
         self._held.left(req.tenant)
+        return self._takeback.homes.forget(req.id)  # its home, when a resume
 
     def _drop(self, req: QueuedRequest, error: Exception, now: float) -> None:
         """``req`` left the queue without an endpoint: answer its waiter with ``error``."""
@@ -600,8 +595,6 @@ class PoolDispatcher:
         return self._pacer.next_clear(self._clock()) if self._waiting else None
 
     def held_back(self) -> Gate:
-        """The headroom gate as of now: who is held back, and the limits (:mod:`.headroom`).
-
-        Computing it is one more look for the rule's averages and peaks (as every dispatch
-        is): harmless at any moment, since they integrate what was held between looks."""
+        """The headroom gate as of now: who is held back, and the limits (:mod:`.headroom`);
+        one more look for the rule's averages and peaks, harmless at any moment."""
         return self._held.gate(self.placement.capacity(), self._clock())
