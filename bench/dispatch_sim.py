@@ -134,6 +134,7 @@ class _Run:
                 budget=options.budget,
                 max_num_seqs=b.max_num_seqs,
                 cache=engine_cache,
+                own=PrefixCache(cache) if options.resume_cache else None,
                 priority=options.priority,
             )
         self.cache_tokens: dict[str, list[int]] = {}  # phase -> [queried, hit] tokens
@@ -153,6 +154,7 @@ class _Run:
         )  # fmt: skip
         self.paced = preempt and settings.pace_prefill_tps > 0
         self.free_resume = options.free_resume  # an oracle (bench.sim_preempt)
+        self.resume_hits: dict[str, list[int]] = {}  # phase -> [resumes, cached tokens]
         self.phase_s = float("inf")  # tokens count as "under the phase" up to this long
         self.flow: dict[str, Flow] = {}  # phase -> output tokens, preemptions, re-prefill
         self.weights = {t.name: t.weight for t in scenario.tenants}
@@ -180,6 +182,9 @@ class _Run:
                 pause, engine_part = self.clock.now - seq.paused_at, self.clock.now - seq.resumed_at
                 flow.pauses.append((pause, one_prefill, engine_part))
                 seq.paused_at = None
+                hits = self.resume_hits.setdefault(phase, [0, 0])
+                hits[0] += seq.cached > 0
+                hits[1] += seq.cached
             seq.prefill = None
             seq.generated += 1
             seq.grant.charged_output = seq.generated  # what the victim policy reads
@@ -196,6 +201,7 @@ class _Run:
                     counts[1] += seq.cached
             seq.left -= 1
             if seq.left <= 0:
+                engine.freed(seq, seq.context())
                 engine.running.remove(seq)
                 seq.grant.release()
         self.step(endpoint_id)
@@ -259,6 +265,8 @@ class _Run:
         for engine in self.engines.values():
             if engine.cache is not None:
                 engine.cache.reset()
+            if engine.own is not None:
+                engine.own.reset()
         if self.prefix is not None:
             self.prefix.index = PrefixIndex(
                 max_blocks_per_endpoint=self.prefix.index.max_blocks_per_endpoint,
@@ -327,7 +335,7 @@ class _Run:
             if not self.engines[endpoint_id].stepping:
                 self.step(endpoint_id)
             return
-        seq = Seq(grant, p, arrived, max(p.max_tokens, 1))
+        seq = Seq(grant, p, arrived, max(p.max_tokens, 1), key=next(self.order))
         seq.deadline, seq.started_at = grant.ticket.deadline, self.clock.now
         if self.prefix is not None:
             seq.prompt_tokens, seq.block_hashes = self.rendered.pop(str(p.index))

@@ -2,25 +2,29 @@
 
 ``python -m bench.preempt_sweep [--seeds 0-7] [--size full] [--lend-reserve 3]
 [--max-batched-tokens 2048] [--victim fair] [--pace-prefill-tps 2500] [--arms fcfs,...]``
-plays the contention scenario (:mod:`bench.dispatch_sim`) per seed up to seven ways (``--arms``,
-default all): FCFS (``fairness=fcfs``), the flood limit (default policies, no lending:
-``off``), the flood limit with the engines' priority scheduling (``upstream_priority=on``:
-``prio``), the flood limit lending every idle slot and taking them back by preemption
-(``on``), the same keeping ``--lend-reserve`` free slots unlent (``reserve``), that with
-the lent slots paced by prefill (``pace``: the pool policy ``pace_prefill_tps``,
-:mod:`runtime.scheduling.pacing`), and that with preempted requests resuming first as well
-(``paced``: ``resume_first=on``). The take-back is the router's own
-(:mod:`runtime.scheduling.takeback`, driven by :mod:`bench.sim_preempt`). The engines chunk
-their prefills as vLLM V1 does (:mod:`bench.sim_engine`, ``--max-batched-tokens``, default
-vLLM's 2,048; 0: whole prefills, as the simulator worker). Per seed it prints the flood
-phase's output tokens/s (within the phase's duration) and each over FCFS's, the well-behaved
-tenants' interactive TTFT SLO share, their worst TTFT p95 under the flood over their
-baseline, the preemptions (and how many of them preempted a generation preempted before),
-the tokens the resumes re-prefilled, the resumes' pause p50 / p95, the p95 of each pause
-over one prefill of its context and of its engine part (from the new grant to the token)
-over the same; then whether
-each arm meets issue #34's goals (tokens/s >= 95% of FCFS's, SLO >= 99%, worst p95 <= 1.2x),
-and at the end on how many seeds.
+plays the contention scenario (:mod:`bench.dispatch_sim`) per seed up to ten ways
+(``--arms``, default all): FCFS (``fairness=fcfs``), the flood limit (default policies, no
+lending: ``off``), the flood limit with the engines' priority scheduling
+(``upstream_priority=on``: ``prio``), the flood limit lending every idle slot and taking
+them back by preemption (``on``), the same keeping ``--lend-reserve`` free slots unlent
+(``reserve``), that with the lent slots paced by prefill (``pace``: the pool policy
+``pace_prefill_tps``, :mod:`runtime.scheduling.pacing`), and that with preempted requests
+resuming first as well (``paced``: ``resume_first=on``); then ``paced`` on engines with
+prefix caching over the resumes' own tokens (``EngineOptions.resume_cache``: a resume
+prefills what its engine's cache does not hold): placed as any request (``cache``), on the
+endpoint it ran on (``home``: ``resume_affinity=on``) and with a hold for a full home
+(``hold``: ``resume_hold_ms``, ``--resume-hold-ms``, :mod:`runtime.scheduling.resume_home`).
+The take-back is the router's own (:mod:`runtime.scheduling.takeback`, driven by
+:mod:`bench.sim_preempt`). The engines chunk their prefills as vLLM V1 does
+(:mod:`bench.sim_engine`, ``--max-batched-tokens``, default vLLM's 2,048; 0: whole prefills,
+as the simulator worker). Per seed it prints the flood phase's output tokens/s (within the
+phase's duration) and each over FCFS's, the well-behaved tenants' interactive TTFT SLO
+share, their worst TTFT p95 under the flood over their baseline, the preemptions (and how
+many of them preempted a generation preempted before), the tokens the resumes re-prefilled
+(and those their engines' caches held, in how many resumes), the resumes' pause p50 / p95,
+the p95 of each pause over one prefill of its context and of its engine part (from the new
+grant to the token) over the same; then whether each arm meets issue #34's goals (tokens/s
+>= 95% of FCFS's, SLO >= 99%, worst p95 <= 1.2x), and at the end on how many seeds.
 
 Engine-side priority orders only the engine's waiting queue (vLLM preempts a running request
 only when its blocks cannot grow, not modelled): the router's slots equal the engines'
@@ -48,7 +52,8 @@ if TYPE_CHECKING:
     from bench.dispatch_sim import _Run
 
 GOAL_TPS, GOAL_SLO, GOAL_P95 = 0.95, 0.99, 1.2
-ARMS = ("fcfs", "off", "prio", "on", "reserve", "pace", "paced")
+ARMS = ("fcfs", "off", "prio", "on", "reserve", "pace", "paced", "cache", "home", "hold")
+CACHE_ARMS = ("cache", "home", "hold")  # engines with prefix caching over resumes
 
 
 def _seeds(text: str) -> list[int]:
@@ -65,6 +70,7 @@ def measure(
     budget: int | None = VLLM_BUDGET,
     victim: str = "fair",
     pace_prefill_tps: float = 2500.0,
+    resume_hold_ms: float = 100.0,
     arms: Sequence[str] = ARMS,
 ) -> dict[str, dict[str, float]]:
     """``{arm: {tps, slo, worst_p95, preemptions, repeated, reprefilled, pause_p50_ms,
@@ -75,6 +81,8 @@ def measure(
     out: dict[str, dict[str, float]] = {}
     pace = {"pace_prefill_tps": str(pace_prefill_tps)}
     paced = {**pace, "resume_first": "on"}
+    home = {**paced, "resume_affinity": "on"}
+    hold = {**home, "resume_hold_ms": str(resume_hold_ms)}
     specs: tuple[tuple[str, dict[str, str], bool, int], ...] = (
         ("fcfs", {"fairness": "fcfs"}, False, 0),
         ("off", {}, False, 0),
@@ -83,6 +91,9 @@ def measure(
         ("reserve", {}, True, lend_reserve),
         ("pace", pace, True, lend_reserve),
         ("paced", paced, True, lend_reserve),
+        ("cache", paced, True, lend_reserve),
+        ("home", home, True, lend_reserve),
+        ("hold", hold, True, lend_reserve),
     )
     for arm, policies, preempt, reserve in specs:
         if arm not in arms:
@@ -90,7 +101,8 @@ def measure(
         settings = PoolSettings.from_policies(
             {k: v for k, v in policies.items() if k != "upstream_priority"}, ()
         )
-        engine = EngineOptions(budget=budget, priority="upstream_priority" in policies)
+        engine = EngineOptions(budget=budget, priority="upstream_priority" in policies,
+                               resume_cache=arm in CACHE_ARMS)  # fmt: skip
         run = asyncio.run(simulate_run(scenario, settings, phase_s=phase_s, preempt=preempt,
                                        victim=victim, lend_reserve=reserve,
                                        engine=engine))  # fmt: skip
@@ -101,7 +113,9 @@ def measure(
 def summarise(run: _Run) -> dict[str, float]:
     """One arm's figures on one seed (:func:`measure`'s keys) from its finished run."""
     scenario = run.scenario
-    flow = flow_table(run)[f"{scenario.phases[-1].name} flow"]
+    last = scenario.phases[-1].name
+    flow = flow_table(run)[f"{last} flow"]
+    resumes, cached = run.resume_hits.get(last, [0, 0])
     ratios = [r["p95_over_baseline"] for k, r in table(scenario, run.outcomes).items()
               if k.startswith("ratio")]  # fmt: skip
     return {
@@ -110,7 +124,9 @@ def summarise(run: _Run) -> dict[str, float]:
         "worst_p95": max((r for r in ratios if r is not None), default=float("nan")),
         "preemptions": flow["preemptions"] or 0.0,
         "repeated": flow["repeated"] or 0.0,
-        "reprefilled": flow["reprefilled"] or 0.0,
+        "reprefilled": (flow["reprefilled"] or 0.0) - cached,
+        "cached": float(cached),
+        "cache_hits": float(resumes),
         "pause_p50_ms": flow["pause_p50_ms"] or 0.0,
         "pause_p95_ms": flow["pause_p95_ms"] or 0.0,
         "pause_ratio": flow["pause_over_prefill_p95"] or 0.0,
@@ -152,19 +168,25 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="the pace and paced arms' pace_prefill_tps (the engines prefill 5,000 tokens/s)",
     )  # fmt: skip
     parser.add_argument(
+        "--resume-hold-ms", type=float, default=100.0, metavar="MS",
+        help="the hold arm's resume_hold_ms (a resume waits this long for its full home)",
+    )  # fmt: skip
+    parser.add_argument(
         "--arms", default=",".join(ARMS), help=f"comma-separated, fcfs first; of {', '.join(ARMS)}"
     )
     args = parser.parse_args(argv)
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
     if not arms or arms[0] != "fcfs" or any(a not in ARMS for a in arms):
         parser.error(f"--arms: fcfs first, then of {', '.join(ARMS)}")
-    if args.lend_reserve < 0 or args.max_batched_tokens < 0:
-        parser.error("--lend-reserve and --max-batched-tokens must be >= 0")
+    if args.lend_reserve < 0 or args.max_batched_tokens < 0 or args.resume_hold_ms < 0:
+        parser.error("--lend-reserve, --max-batched-tokens and --resume-hold-ms must be >= 0")
     budget = args.max_batched_tokens or None
     print(f"arms: fcfs, off (flood limit), prio (flood limit, engine priority), on (lend all), "
           f"reserve (lend, {args.lend_reserve} free slots kept), pace (reserve, lent "
           f"prefills paced at {args.pace_prefill_tps:g} tokens/s), paced (pace, resumes "
-          f"first); "
+          f"first), cache (paced, engines with prefix caching: a resume prefills what its "
+          f"engine does not hold), home (cache, resume_affinity=on), hold (home, "
+          f"resume_hold_ms={args.resume_hold_ms:g}); "
           f"victim {args.victim}; "
           f"engines: {f'chunked prefill, {budget} tokens a step' if budget else 'whole prefills'}"
           "; tokens/s (% of FCFS's), SLO share, worst p95 over baseline, preemptions "
@@ -175,7 +197,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     for seed in args.seeds:
         m = measure(args.scenario, args.size, seed, lend_reserve=args.lend_reserve,
                     budget=budget, victim=args.victim,
-                    pace_prefill_tps=args.pace_prefill_tps, arms=arms)  # fmt: skip
+                    pace_prefill_tps=args.pace_prefill_tps,
+                    resume_hold_ms=args.resume_hold_ms, arms=arms)  # fmt: skip
         fcfs_tps = m["fcfs"]["tps"]
         for arm in arms:
             r = m[arm]
@@ -183,7 +206,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             print(f"seed {seed}  {arm:8} {r['tps']:6.0f} ({r['tps'] / fcfs_tps:4.0%})  "
                   f"slo {r['slo']:.2f}  worst_p95 {r['worst_p95']:5.2f}  "
                   f"preempt {r['preemptions']:4.0f} ({r['repeated']:4.0f})  "
-                  f"reprefilled {r['reprefilled']:6.0f}  "
+                  f"reprefilled {r['reprefilled']:6.0f} (hit {r['cached']:6.0f} in "
+                  f"{r['cache_hits']:3.0f})  "
                   f"pause p50/p95 {r['pause_p50_ms']:5.0f}/{r['pause_p95_ms']:5.0f} ms "
                 f"({r['pause_ratio']:5.1f}x, engine {r['engine_ratio']:4.1f}x)  "
                   f"goals {'yes' if meets(r, fcfs_tps) else 'no'}", flush=True)  # fmt: skip

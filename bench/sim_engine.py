@@ -11,6 +11,19 @@ last one admitted may prefill only a chunk of its prompt. The step lasts
 step), and at its end every sequence it decoded, or whose prompt it finished prefilling, has a
 new token. Nothing preempts inside the engine (KV blocks are not modelled).
 
+Prefix caching over each sequence's own tokens (``EngineOptions.resume_cache``, the
+faithful model of a free resume through vLLM's prefix cache, issue #34): every engine keeps
+a :class:`~runtime.workers.simulator.prefix_cache.PrefixCache` (LRU over blocks, the
+backends' ``block_size`` and ``prefix_cache_blocks``). A sequence's full blocks of prompt and
+generated tokens go into its engine's cache when they are freed (it ends, or it is preempted:
+what it had computed by then), as vLLM V1 frees an aborted request's blocks into its free
+queue, cached until evicted; its tokens are its own, so only a resume of the same sequence
+hits them (:func:`~runtime.workers.simulator.prefix_cache.sequence_block_hashes`). A resume
+admitted on an engine prefills its prompt plus what it generated less the cached run (at most
+the context less one token, as vLLM recomputes the last); on another engine, or after
+eviction, all of it. Unlike vLLM, cached blocks do not compete with the running sequences'
+blocks for the capacity.
+
 vLLM V1's defaults: chunked prefill always on; ``max_num_batched_tokens`` 2,048 for the
 OpenAI server on GPUs under 70 GiB or A100s, 8,192 on H100-class ones (``EngineArgs``'s
 usage-context defaults); ``long_prefill_token_threshold`` 0 (no cap below the budget).
@@ -24,7 +37,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from runtime.workers.simulator.prefix_cache import PrefixCache
+from runtime.workers.simulator.prefix_cache import PrefixCache, sequence_block_hashes
 from runtime.workers.simulator.timing import TimingModel
 
 if TYPE_CHECKING:
@@ -40,11 +53,15 @@ class EngineOptions:
     (None: whole prefills, the simulator worker), ``priority`` its waiting queue by band
     (the pool policy ``upstream_priority=on``); ``free_resume``, an oracle no engine has: a
     resumed generation prefills only what it had not prefilled when it was preempted (its
-    KV cache survives the preemption at no cost; :mod:`bench.preempt_bound`)."""
+    KV cache survives the preemption at no cost; :mod:`bench.preempt_bound`);
+    ``resume_cache``, the faithful model of that: each engine's prefix cache holds the
+    blocks its sequences freed, and a resume there prefills only what it does not hold
+    (module docstring)."""
 
     budget: int | None = None
     priority: bool = False
     free_resume: bool = False  # an oracle: a preempted generation keeps its KV for free
+    resume_cache: bool = False  # engines cache freed sequences' blocks (prompt + generated)
 
     def __post_init__(self) -> None:
         if self.budget is not None and self.budget < 1:
@@ -72,6 +89,11 @@ class Seq:
     todo: int = 0  # prompt tokens still to prefill since its admission to the engine
     paused_at: float | None = None  # when it was last preempted, until its next token
     resumed_at: float = 0.0  # when it got a slot again after its last preemption
+    key: int = 0  # names its own tokens in the engines' caches (``resume_cache``)
+
+    def context(self) -> int:
+        """Its prompt plus what it generated: a resume's whole prefill."""
+        return self.planned.prompt_tokens + self.generated
 
 
 @dataclass(slots=True)
@@ -85,6 +107,7 @@ class Engine:
     max_num_seqs: int = 1 << 30
     priority: bool = False
     cache: PrefixCache | None = None
+    own: PrefixCache | None = None  # freed sequences' own blocks (``resume_cache``)
     plan: list[tuple[Seq, int]] = field(default_factory=list)  # (sequence, prompt tokens)
     stepping: bool = False
 
@@ -92,7 +115,26 @@ class Engine:
         """Take ``seq`` off the engine (a preemption); the step in flight gives it nothing."""
         (self.running if seq in self.running else self.waiting).remove(seq)
 
+    def freed(self, seq: Seq, computed: int) -> None:
+        """``seq`` leaves this engine (it ended or was preempted) having computed the KV of
+        its first ``computed`` tokens: their full blocks stay cached (``resume_cache``)."""
+        own = self.own
+        if own is not None and computed > 0:
+            own.admit(sequence_block_hashes(seq.key, computed, own.config.block_size), computed)
+
+    def computed(self, seq: Seq) -> int:
+        """Tokens of ``seq``'s context whose KV this engine holds now (0 while it waits)."""
+        if seq not in self.running:
+            return 0
+        return seq.context() - max(seq.todo, 0)
+
     def _need(self, seq: Seq) -> int:
+        if self.own is not None and seq.prefill is not None:  # a resume: what is not cached
+            size = self.own.config.block_size
+            seq.cached = self.own.hit_tokens(
+                sequence_block_hashes(seq.key, seq.prefill, size), seq.prefill
+            )
+            return seq.prefill - seq.cached
         if self.cache is not None and seq.prefill is None:
             seq.cached = self.cache.admit(seq.block_hashes, seq.prompt_tokens)
             return seq.prompt_tokens - seq.cached

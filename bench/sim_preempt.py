@@ -12,8 +12,10 @@ dispatcher stops it, it leaves its engine at once, keeps its tokens so far and w
 :meth:`~runtime.scheduling.grant.Grant.resumed`; when it gets a slot again its first step
 prefills its prompt plus what it generated (the resume cost, counted in full: the resumed
 generation's ``prefill``; with the oracle ``EngineOptions.free_resume`` only what it had
-not prefilled yet). The pause, from its preemption to its next token, is recorded
-against one prefill of that context (``Flow.pauses``).
+not prefilled yet; with ``EngineOptions.resume_cache`` the engine it resumes on prefills
+what its prefix cache does not hold, :mod:`bench.sim_engine`). The pause, from its
+preemption to its next token, is recorded against one prefill of that context
+(``Flow.pauses``).
 
 The grant's ``charged_output`` (what the victim policy reads as generated) is set to the
 tokens generated without charging the fairness counters: the simulator charges no output
@@ -58,6 +60,7 @@ class SimStream:
         tokens = seq.planned.prompt_tokens + seq.generated
         for engine in run.engines.values():
             if seq in engine.running or seq in engine.waiting:
+                engine.freed(seq, engine.computed(seq))  # its blocks stay cached there
                 if run.free_resume:  # the oracle: only what it had not prefilled yet
                     tokens = max(seq.todo, 0) if seq in engine.running else _need(seq)
                 engine.remove(seq)

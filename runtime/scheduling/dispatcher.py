@@ -49,7 +49,7 @@ import functools
 import itertools
 import logging
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from runtime.routing.adapters import RecentWaits
 from runtime.scheduling.admission import Rejected, admit
@@ -119,8 +119,7 @@ class PoolDispatcher:
         self._clock = clock
         self._tick_s = tick_s
         self._headroom_window_s = headroom_window_s
-        # Scale from zero: version -> expected start seconds of a replica (None: cannot).
-        self._cold_start = cold_start
+        self._cold_start = cold_start  # scale from zero: version -> a replica's start seconds
         self._seq = itertools.count(1)
         self._waiting: dict[str, _Waiter] = {}
         self._drain = DrainRate()
@@ -135,14 +134,13 @@ class PoolDispatcher:
         self.settings = settings
         policies = settings.policies()
         self._detector = policies.saturation
-        # Lend: what the headroom gate would hold back may take a slot nobody else waits
-        # for; it is taken back by preemption when a tenant the gate lets through arrives
-        # (:mod:`.takeback`). On with a pool's ``preemption`` policy (``lend`` overrides it).
-        # It lends only while more than ``lend_reserve`` of
-        # the pool's slots are free: those stay for the others' next arrivals, which then
-        # need no preemption (each one costs a re-prefill).
+        # Lend: what the headroom gate would hold back may take a slot nobody else waits for,
+        # taken back by preemption when a tenant the gate lets through arrives (:mod:`.takeback`);
+        # on with a ``preemption`` policy (``lend`` overrides), only while more than
+        # ``lend_reserve`` slots are free (the others' next arrivals then need no preemption).
         self._lend_override = (lend, lend_reserve)
-        self._takeback = TakeBack(policies.preemption, resume_first=settings.resume_first)
+        self._takeback = TakeBack(policies.preemption, resume_first=settings.resume_first,
+                                  resume_home=settings.resume_home())  # fmt: skip
         self._held = Holdings(self._headroom_rule(settings, policies),
                               lend=self._takeback.armed if lend is None else lend,
                               lend_reserve=settings.lend_reserve if lend_reserve is None
@@ -170,6 +168,7 @@ class PoolDispatcher:
         self._takeback.policy = policies.preemption
         self._pacer.prefill_tps, self._takeback.resume_first = (settings.pace_prefill_tps,
                                                                 settings.resume_first)  # fmt: skip
+        self._takeback.homes.rule = settings.resume_home()
         lend, reserve = self._lend_override
         self._held.lend = self._takeback.armed if lend is None else lend
         self._held.lend_reserve = settings.lend_reserve if reserve is None else reserve
@@ -196,10 +195,11 @@ class PoolDispatcher:
         if self._closed:
             raise NoEndpointError(f"the pool '{self.pool}' is not serving")
         now = self._clock()
-        if not self.placement.candidates(ticket.version, frozenset()):
+        candidates = self.placement.candidates(ticket.version, frozenset())
+        if not candidates:
             hold_or_refuse(self._cold_start, self.pool, ticket, now)
-        if not self._waiting:
-            direct = self._direct(ticket, now)
+        elif not self._waiting:
+            direct = self._direct(ticket, now, candidates)
             if direct is not None:
                 return direct
         self._pump(now)
@@ -244,12 +244,15 @@ class PoolDispatcher:
             return None
         return self._queue.position(req_id)
 
-    def _direct(self, ticket: Ticket, now: float) -> Grant | None:
-        """The fast path (module docstring) when it applies; None: take the queued path."""
+    def _direct(
+        self, ticket: Ticket, now: float, candidates: Sequence[EndpointSnap]
+    ) -> Grant | None:
+        """The fast path (module docstring) when it applies; None: take the queued path.
+        ``candidates``: the version's, as ``acquire`` just looked them up (once)."""
         if not now < ticket.deadline:
             return None
         roomy = room_for(self.placement, self._detector, ticket, waited_s=0.0,
-                         waits=self._recent_waits)  # fmt: skip
+                         waits=self._recent_waits, candidates=candidates)  # fmt: skip
         if not roomy:
             return None
         self._held.note(ticket.tenant, ticket.weight, now)
@@ -377,7 +380,8 @@ class PoolDispatcher:
         for _ in range(len(self._waiting)):
             gate = held.gate(capacity, now)
             gated_full = held.all_blocked(gate)
-            rooms = Rooms(self.placement, self._detector, self._ticket_of, self._recent_waits, now)
+            rooms = Rooms(self.placement, self._detector, self._ticket_of, self._recent_waits, now,
+                          homes=self._takeback.homes)  # fmt: skip
             has_room = rooms.has_room
 
             def under(req: QueuedRequest) -> bool:
@@ -402,7 +406,7 @@ class PoolDispatcher:
         """Dispatch ``req``, just popped, to ``to`` (or the choice among them): a new grant,
         or the parked grant of a preempted request (no second admission, no second charge)."""
         waiter = self._waiting[req.id]
-        self._forget(req)
+        home = self._forget(req)  # a resume's home endpoint (resume affinity), or None
         self._drain.observe(now=now, queued=len(self._queue), dispatched_cost=req.cost)
         self._charges.dispatched(req, now)
         if waiter.future.done():
@@ -412,8 +416,8 @@ class PoolDispatcher:
             to, ticket.affinity_key, adapter=ticket.adapter, prefix=ticket.prefix
         )  # fmt: skip
         self.placement.acquire(endpoint.id)
-        self._pacer.sent(endpoint.id, ticket.input_tokens + (waiter.grant.charged_output
-                         if waiter.grant is not None else 0), now)  # fmt: skip
+        self._pacer.sent(endpoint.id, 0 if endpoint.id == home else ticket.input_tokens + (
+            waiter.grant.charged_output if waiter.grant is not None else 0), now)  # fmt: skip
         self._held.took(req.tenant)
         if waiter.grant is not None:  # a preempted request resumes
             waiter.grant.endpoint, waiter.grant.parked = endpoint, False
@@ -461,6 +465,7 @@ class PoolDispatcher:
         place and deadline, its input tokens already charged."""
         preemptee = self._takeback.withdraw(grant)
         if grant.endpoint is not None:
+            self._takeback.homes.left(grant.request.id, grant.endpoint.id, now)
             self.placement.release(grant.endpoint.id)
             grant.endpoint = None
         self._held.gave(grant.ticket.tenant)
@@ -489,9 +494,10 @@ class PoolDispatcher:
         if future is not None and future.done() and not future.cancelled():
             future.exception()  # (seen: no "never retrieved" warning)
 
-    def _forget(self, req: QueuedRequest) -> None:
+    def _forget(self, req: QueuedRequest) -> int | None:
         self._waiting.pop(req.id, None)
         self._held.left(req.tenant)
+        return self._takeback.homes.forget(req.id)  # its home, when a resume
 
     def _drop(self, req: QueuedRequest, error: Exception, now: float) -> None:
         """``req`` left the queue without an endpoint: answer its waiter with ``error``."""
@@ -589,8 +595,6 @@ class PoolDispatcher:
         return self._pacer.next_clear(self._clock()) if self._waiting else None
 
     def held_back(self) -> Gate:
-        """The headroom gate as of now: who is held back, and the limits (:mod:`.headroom`).
-
-        Computing it is one more look for the rule's averages and peaks (as every dispatch
-        is): harmless at any moment, since they integrate what was held between looks."""
+        """The headroom gate as of now: who is held back, and the limits (:mod:`.headroom`);
+        one more look for the rule's averages and peaks, harmless at any moment."""
         return self._held.gate(self.placement.capacity(), self._clock())

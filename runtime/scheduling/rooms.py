@@ -8,7 +8,9 @@ adapters' hold rule allows after the time it has waited (:meth:`Placement.adapte
 replica holding the adapter with a batch slot, or any with room once it has waited about as long
 as requests usually wait here, less the adapter's load time), so it is computed per request.
 So is a request's room while some endpoint of its version is full: it may hold for a full one
-that holds its prompt's prefix (:meth:`Placement.prefix_room`).
+that holds its prompt's prefix (:meth:`Placement.prefix_room`). A preempted request that
+waits to resume gets its own room too, with resume affinity: its home endpoint alone, or
+none while it holds for it (:mod:`.resume_home`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from runtime.routing.adapters import RecentWaits
 from runtime.scheduling.grant import Ticket
 from runtime.scheduling.interfaces import QueuedRequest, SaturationDetector
 from runtime.scheduling.ports import Placement
+from runtime.scheduling.resume_home import ResumeHomes
 from runtime.snapshot import EndpointSnap
 
 
@@ -30,11 +33,16 @@ def roomy(
 
 
 def _room(
-    placement: Placement, detector: SaturationDetector, version: int, exclude: frozenset[int]
+    placement: Placement,
+    detector: SaturationDetector,
+    version: int,
+    exclude: frozenset[int],
+    candidates: Sequence[EndpointSnap] | None = None,
 ) -> tuple[list[EndpointSnap], Sequence[EndpointSnap]]:
-    """:func:`roomy` and the candidates it looked at."""
+    """:func:`roomy` and the candidates it looked at (``candidates``: already looked up)."""
     out: list[EndpointSnap] = []
-    candidates = placement.candidates(version, exclude)
+    if candidates is None:
+        candidates = placement.candidates(version, exclude)
     for endpoint in candidates:
         inflight, load = placement.load(endpoint)
         if detector.has_room(inflight=inflight, capacity=endpoint.capacity, metrics=load):
@@ -64,11 +72,13 @@ def room_for(
     *,
     waited_s: float,
     waits: RecentWaits,
+    candidates: Sequence[EndpointSnap] | None = None,
 ) -> list[EndpointSnap]:
     """The endpoints with room for ``ticket``; for a LoRA adapter, those the adapters' hold
     rule allows after ``waited_s`` in the queue; for another request, none while it holds for
-    a full endpoint holding its prompt's prefix."""
-    found, candidates = _room(placement, detector, ticket.version, frozenset())
+    a full endpoint holding its prompt's prefix. ``candidates``: its version's candidates,
+    when the caller already looked them up (the dispatcher's fast path)."""
+    found, candidates = _room(placement, detector, ticket.version, frozenset(), candidates)
     if ticket.adapter is None:
         return _prefix_room(placement, ticket, found, candidates, waited_s)
     if not found:
@@ -82,8 +92,8 @@ def room_for(
 class Rooms:
     """One pump round's room per queued request (the round's ``has_room`` predicate)."""
 
-    __slots__ = ("_by_key", "_detector", "_now", "_placement", "_ticket_of", "_versions",
-                 "_waits")  # fmt: skip
+    __slots__ = ("_by_key", "_detector", "_homes", "_now", "_placement", "_ticket_of",
+                 "_versions", "_waits")  # fmt: skip
 
     def __init__(
         self,
@@ -92,8 +102,10 @@ class Rooms:
         ticket_of: Callable[[str], Ticket],
         waits: RecentWaits,
         now: float,
+        *,
+        homes: ResumeHomes | None = None,
     ) -> None:
-        self._placement, self._detector = placement, detector
+        self._placement, self._detector, self._homes = placement, detector, homes
         self._ticket_of, self._waits, self._now = ticket_of, waits, now
         self._by_key: dict[int | str, list[EndpointSnap]] = {}
         self._versions: dict[int, Sequence[EndpointSnap]] = {}  # version -> its candidates
@@ -113,6 +125,9 @@ class Rooms:
                 self._placement, self._detector, version, frozenset()
             )
         found, candidates = self._by_key[version], self._versions[version]
+        if self._homes is not None and self._homes.home(req.id) is not None:  # a resume
+            self._by_key[req.id] = list(self._homes.room(req.id, found, candidates, self._now))
+            return bool(self._by_key[req.id])
         if found and len(found) < len(candidates):  # some are full: its own room
             self._by_key[req.id] = _prefix_room(
                 self._placement, ticket, found, candidates, self._now - req.arrived_at

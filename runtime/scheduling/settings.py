@@ -21,7 +21,11 @@ Pool policy keys (all optional; values are strings, as in ``PoolSnap.policies``)
   tenant gets (:mod:`.takeback`);
 - ``pace_prefill_tps``: with lending, a lent slot goes to an endpoint only once the
   prefills sent there are estimated done at this many prompt tokens per second (about
-  half an engine's prefill rate measured best; 0, the default: no pacing, :mod:`.pacing`).
+  half an engine's prefill rate measured best; 0, the default: no pacing, :mod:`.pacing`);
+- ``resume_affinity`` (``on``/``off``, default ``off``): a preempted request resumes on the
+  endpoint it ran on, whose prefix cache still holds its prompt and generated text
+  (:mod:`.resume_home`); ``resume_hold_ms`` (default 0): how long after its preemption it
+  waits for that endpoint when it is full before it resumes elsewhere.
 
 Per band, the queue bound is the largest ``max_queue_length`` of the classes in that band;
 bands no class names use ``default_limit``. Unparseable values are refused with
@@ -36,6 +40,7 @@ from dataclasses import dataclass, field
 
 from runtime.scheduling.queue import PoolQueue
 from runtime.scheduling.registry import DEFAULTS, PoolPolicies
+from runtime.scheduling.resume_home import ResumeHomeRule
 from runtime.snapshot import RequestClassSnap
 
 DEFAULT_HEADROOM = 0.25
@@ -61,11 +66,17 @@ class PoolSettings:
     lend_reserve: int = 0
     resume_first: bool = False
     pace_prefill_tps: float = 0.0
+    resume_affinity: bool = False
+    resume_hold_ms: float = 0.0
 
     def headroom_for(self, *, isolating: bool) -> float:
         if self.headroom is not None:
             return self.headroom
         return DEFAULT_HEADROOM if isolating else 0.0
+
+    def resume_home(self) -> ResumeHomeRule:
+        """The resume affinity rule (:mod:`.resume_home`) these settings ask for."""
+        return ResumeHomeRule(affinity=self.resume_affinity, hold_s=self.resume_hold_ms / 1000)
 
     def policies(self) -> PoolPolicies:
         """The named implementations (``UnknownPolicyError`` for a name not registered)."""
@@ -126,6 +137,8 @@ class PoolSettings:
             lend_reserve=_count(policies, "lend_reserve"),
             resume_first=_switch(policies, "resume_first"),
             pace_prefill_tps=_rate(policies, "pace_prefill_tps"),
+            resume_affinity=_switch(policies, "resume_affinity"),
+            resume_hold_ms=_rate(policies, "resume_hold_ms"),
         )
 
 

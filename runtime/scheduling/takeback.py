@@ -22,6 +22,11 @@ the seeds 689x to 92x), at the same tokens/s; the well-behaved tenants' worst p9
 either way by seed. The stream stays offered up to :data:`MAX_PREEMPTIONS` times, which
 bounds the churn of a resumed, cheap victim.
 
+Resume affinity (the pool policies ``resume_affinity``, ``resume_hold_ms``): the take-back
+keeps where each preempted stream ran (:attr:`TakeBack.homes`,
+:class:`~.resume_home.ResumeHomes`) so that it resumes there, on the prefix cache that still
+holds its context.
+
 Limits: a stream is preempted at most :data:`MAX_PREEMPTIONS` times (each costs a prefill of
 its prompt plus what it generated); only streams past their first byte and not ending are
 offered; ``generated`` is what the relay charged so far (counted in batches of 8 chunks).
@@ -37,6 +42,7 @@ from runtime.scheduling.grant import Grant, Preemptee
 from runtime.scheduling.headroom import Gate
 from runtime.scheduling.interfaces import QueuedRequest
 from runtime.scheduling.preempt import Running, VictimPolicy, standing
+from runtime.scheduling.resume_home import ResumeHomeRule, ResumeHomes
 
 MAX_PREEMPTIONS: Final = 2  # per stream: after that it runs to its end
 URGENT_BAND: Final = 0  # the most urgent band, where a resume-first request waits
@@ -55,11 +61,18 @@ def requeued(request: QueuedRequest, *, resume_first: bool) -> QueuedRequest:
 class TakeBack:
     """The offered running streams of one pool and the victim choice over them."""
 
-    __slots__ = ("_offered", "policy", "resume_first")
+    __slots__ = ("_offered", "homes", "policy", "resume_first")
 
-    def __init__(self, policy: VictimPolicy, *, resume_first: bool = False) -> None:
+    def __init__(
+        self,
+        policy: VictimPolicy,
+        *,
+        resume_first: bool = False,
+        resume_home: ResumeHomeRule | None = None,
+    ) -> None:
         self.policy = policy
         self.resume_first = resume_first  # the pool policy ``resume_first``
+        self.homes = ResumeHomes(resume_home)  # where preempted streams ran (resume affinity)
         self._offered: dict[str, tuple[Grant, Preemptee]] = {}
 
     @property

@@ -45,6 +45,12 @@ class LeanConnection(asyncio.Protocol):
         self._buffered = 0
         self._paused = False
         self._waiter: asyncio.Future[None] | None = None
+        # One read timer per connection, re-armed only when it fires before the wait it
+        # now bounds is due (a chunk per wait would otherwise arm and cancel one each).
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0
+        self._due: float | None = None  # when the current wait fails (None: unbounded)
+        self._due_error: type[TimeoutError] = TimeoutError
         self.status = 0
         self.content_type = ""
         self.headers_done = False
@@ -75,6 +81,7 @@ class LeanConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
+        self._disarm()
         if self.active and not self.complete:
             if self.headers_done and not self._framed and self.error is None:
                 self.complete = True  # a body delimited by the connection's end
@@ -155,19 +162,42 @@ class LeanConnection(asyncio.Protocol):
         (``idle``) or TimeoutError."""
         loop = asyncio.get_running_loop()
         waiter = self._waiter = loop.create_future()
-        timer = None
+        self._due = when
         if when is not None:
-            timer = loop.call_at(when, _expire, waiter, ReadIdleError if idle else TimeoutError)
+            self._due_error = ReadIdleError if idle else TimeoutError
+            if self._timer is None or self._timer_at > when:
+                self._arm(loop, when)
         try:
             await waiter
         finally:
             self._waiter = None
-            if timer is not None:
-                timer.cancel()
+
+    def _arm(self, loop: asyncio.AbstractEventLoop, when: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer, self._timer_at = loop.call_at(when, self._expire), when
+
+    def _expire(self) -> None:
+        """The read timer: fail the wait now due; re-arm for one due later; else lapse."""
+        self._timer = None
+        due, waiter = self._due, self._waiter
+        if due is None or waiter is None or waiter.done():
+            return
+        loop = waiter.get_loop()
+        if loop.time() < due:  # armed for an earlier wait: the current one is due later
+            self._arm(loop, due)
+        else:
+            waiter.set_exception(self._due_error())
+
+    def _disarm(self) -> None:
+        timer, self._timer = self._timer, None
+        if timer is not None:
+            timer.cancel()
 
     def finish(self) -> None:
         """The response was read (or is being read) to its end: back to the pool once the
         message completed with keep-alive, else closed."""
+        self._disarm()
         if not self.complete and self.reusable:
             self._return_when_complete = True  # the last chunk's terminator is still coming
             self.pool.linger(self)
@@ -181,6 +211,7 @@ class LeanConnection(asyncio.Protocol):
     def abort(self) -> None:
         """Cut the connection now (no TLS close_notify exchange, no reuse); a reader of an
         unfinished response gets DisconnectedError."""
+        self._disarm()
         if self.active and not self.complete and self.error is None:
             self.error = DisconnectedError("the connection was closed by the router")
             self._wake()
@@ -201,11 +232,6 @@ class LeanConnection(asyncio.Protocol):
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
-
-
-def _expire(waiter: asyncio.Future[None], error: type[TimeoutError]) -> None:
-    if not waiter.done():
-        waiter.set_exception(error())
 
 
 class LeanResponse:

@@ -38,6 +38,11 @@ class ReadIdleError(TimeoutError):
     ``SocketTimeoutError``; the lean client with this)."""
 
 
+# What a failed body read raises (an idle cap, the deadline, a broken connection).
+_READ_ERRORS = (aiohttp.SocketTimeoutError, ReadIdleError, TimeoutError, aiohttp.ClientError,
+                OSError)  # fmt: skip
+
+
 class RawContent(Protocol):
     async def readany(self) -> bytes: ...
 
@@ -150,6 +155,7 @@ class UpstreamResponse:
             raise RuntimeError("events() can be iterated only once")
         self._consumed = True
         decoder = self._decoder
+        read = self._resp.content.readany
         try:
             pending, self._first = self._first, []
             raw: bytes | None = None  # the opening events were decoded when it opened
@@ -170,7 +176,13 @@ class UpstreamResponse:
                                 "engine_error",
                             )
                     yield raw, pending
-                raw, pending = decoder.feed_framed(await self._read_chunk())
+                try:  # inline, not a coroutine of its own: this runs once per chunk
+                    chunk = await read()
+                except _READ_ERRORS as exc:
+                    raise self._read_failed(exc) from exc
+                if not chunk:
+                    raise self._broken("upstream ended the stream without [DONE]", "truncated")
+                raw, pending = decoder.feed_framed(chunk)
         finally:
             if not self._done:
                 self.close()
@@ -206,18 +218,13 @@ class UpstreamResponse:
         self._done = True
         self._resp.release()
 
-    async def _read_chunk(self) -> bytes:
-        try:
-            chunk = await self._resp.content.readany()
-        except (aiohttp.SocketTimeoutError, ReadIdleError) as exc:
-            raise self._broken("no bytes from upstream within the idle cap", "stalled") from exc
-        except TimeoutError as exc:
-            raise self._broken("the request deadline passed mid-stream", "deadline") from exc
-        except (aiohttp.ClientError, OSError) as exc:
-            raise self._broken(f"upstream stream failed: {exc!r}", "disconnected") from exc
-        if not chunk:
-            raise self._broken("upstream ended the stream without [DONE]", "truncated")
-        return chunk
+    def _read_failed(self, exc: BaseException) -> StreamBroken:
+        """The break a failed read is (``exc`` is one of :data:`_READ_ERRORS`)."""
+        if isinstance(exc, (aiohttp.SocketTimeoutError, ReadIdleError)):
+            return self._broken("no bytes from upstream within the idle cap", "stalled")
+        if isinstance(exc, TimeoutError):
+            return self._broken("the request deadline passed mid-stream", "deadline")
+        return self._broken(f"upstream stream failed: {exc!r}", "disconnected")
 
     def _broken(self, message: str, reason: str) -> StreamBroken:
         error = StreamBroken(message, reason=reason, endpoint_id=self.endpoint_id)

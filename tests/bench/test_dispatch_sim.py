@@ -152,7 +152,8 @@ def test_the_command_takes_preempt_on(capsys: pytest.CaptureFixture[str]) -> Non
 
 def test_the_sweep_compares_fcfs_the_flood_limit_and_preemption() -> None:
     m = measure(CONTENTION, "smoke", 1, lend_reserve=4)
-    assert set(m) == {"fcfs", "off", "prio", "on", "reserve", "pace", "paced"}
+    assert set(m) == {"fcfs", "off", "prio", "on", "reserve", "pace", "paced", "cache", "home",
+                      "hold"}
     assert m["off"]["preemptions"] == m["fcfs"]["preemptions"] == 0
     assert m["on"]["preemptions"] > m["reserve"]["preemptions"] > 0
     assert all(row["tps"] > 0 for row in m.values())

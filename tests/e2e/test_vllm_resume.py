@@ -5,7 +5,9 @@ tokens and resumed is the uninterrupted stream, when the tokenization round-trip
 router's two endpoints are two cut proxies (tests/fixtures/cut_proxy.py) in front of the
 session's one engine; an armed proxy cuts the next stream after k events, and the router
 resumes it on the other. The chaos test starts a second engine, puts 8 streams on the two
-engines and kills -9 the second one mid-stream: every stream completes on the survivor.
+engines and kills -9 the second one mid-stream: every stream completes on the survivor. A
+stream cut and resumed by token ids on the same engine hits every full block of its prompt
+and generated tokens in the engine's prefix cache (what resume affinity relies on).
 """
 
 from __future__ import annotations
@@ -208,6 +210,25 @@ def second_engine(vllm_demo_engine: VllmEngine) -> Iterator[SupervisorThread]:
 
 
 @pytest.mark.timeout(900)  # a second vLLM CPU engine starts in it (~1 min quiet, more loaded)
+def test_a_resume_on_the_same_engine_hits_its_prompt_and_generated_blocks(
+    vllm_demo_engine: VllmEngine,
+) -> None:
+    # what resume affinity relies on (runtime/scheduling/resume_home.py): vLLM keeps an
+    # aborted request's blocks cached, the generated tokens' full blocks included
+    from bench.resume_vllm import BLOCK_TOKENS, one_round  # noqa: PLC0415
+
+    with httpx.Client(timeout=120) as client:
+        resume = one_round(client, vllm_demo_engine.base_url, arm="warm",
+                           seed=uuid.uuid4().int % 10**9, prompt_tokens=600, cut=300, tail=4,
+                           max_len=vllm_demo_engine.artifact.spec.max_context)  # fmt: skip
+    assert resume is not None
+    assert resume.generated == 300
+    assert resume.round_trips  # by token ids: always
+    assert resume.context_tokens == resume.prompt_tokens + 300
+    assert resume.hit_tokens == resume.full_hit  # every full block of the context
+    assert resume.generated_hit >= 2 * BLOCK_TOKENS  # the generated tokens' blocks among them
+
+
 def test_kill_9_of_one_engine_under_8_streams_every_stream_completes_on_the_survivor(
     vllm_demo_engine: VllmEngine, second_engine: SupervisorThread,
     tmp_path_factory: pytest.TempPathFactory,

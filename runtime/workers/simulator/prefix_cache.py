@@ -89,6 +89,18 @@ def token_block_hashes(token_ids: Sequence[int], block_size: int) -> tuple[int, 
     return tuple(hashes)
 
 
+def sequence_block_hashes(key: int, tokens: int, block_size: int) -> tuple[int, ...]:
+    """The chained hashes of the full blocks of ``tokens`` tokens that belong to one
+    sequence alone (its ``key``): the bench's engines cache a preempted generation's prompt
+    and generated tokens without rendering them (``bench.sim_engine``)."""
+    hashes: list[int] = []
+    parent = _ROOT_HASH
+    for index in range(tokens // block_size):
+        parent = hash((parent, key, index))
+        hashes.append(parent)
+    return tuple(hashes)
+
+
 @dataclass(frozen=True, slots=True)
 class PrefixCacheConfig:
     """``block_size`` tokens per block; ``capacity_blocks`` cached blocks (0: caching off)."""

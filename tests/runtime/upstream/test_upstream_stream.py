@@ -271,6 +271,52 @@ async def test_stalled_stream_breaks_after_the_idle_cap(
         await client.close()
 
 
+async def test_the_idle_cap_counts_from_the_last_event_not_the_first(
+    serve: Callable[[Handler], Awaitable[str]],
+) -> None:
+    """Events 0.15 s apart under a 0.4 s idle cap for longer than the cap: the read timer
+    (armed once, re-armed when it fires early) must not break the stream on the first
+    wait's due time; it breaks "stalled" about the cap after the last event."""
+
+    async def trickle(request: web.Request) -> web.StreamResponse:
+        async def more() -> None:
+            for n in range(2, 8):
+                await asyncio.sleep(0.15)
+                await resp.write(b'data: {"n": %d}\n\n' % n)
+            await asyncio.sleep(30)
+
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(b'data: {"n": 1}\n\n')
+        await more()
+        return resp
+
+    base = await serve(trickle)
+    client = make_client(ClientConfig(timeouts=TimeoutPolicy(idle_cap=0.4)))
+    try:
+        loop = asyncio.get_running_loop()
+        got: list[bytes] = []
+        last = loop.time()
+
+        async def read_all() -> None:
+            nonlocal last
+            async for payload in resp.events():
+                got.append(payload)
+                last = loop.time()
+
+        async with asyncio.timeout(10):
+            resp = await client.open_stream(
+                endpoint(1, base), "/v1/chat/completions", b"{}", deadline=deadline_in(20)
+            )
+            with pytest.raises(StreamBroken) as info:
+                await read_all()
+        assert got == [b'{"n": %d}' % n for n in range(1, 8)]
+        assert 0.3 < loop.time() - last < 2.0
+        assert info.value.reason == "stalled"
+    finally:
+        await client.close()
+
+
 async def test_deadline_mid_stream_breaks_without_blaming_the_endpoint(
     serve: Callable[[Handler], Awaitable[str]], client: UpstreamClient
 ) -> None:
