@@ -62,7 +62,8 @@ class PeriodicFlusher(abc.ABC):
 
     async def _run(self) -> None:
         while not self._stopping.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stopping.wait(), timeout=self._interval_s)
+            with contextlib.suppress(TimeoutError):  # asyncio.timeout: no task per wait
+                async with asyncio.timeout(self._interval_s):
+                    await self._stopping.wait()
             if not self._stopping.is_set():
                 await self.flush()

@@ -94,7 +94,7 @@ class RouterConfig:
     ttft_timeout_s: float = 30.0
     default_deadline_s: float = 300.0
     max_deadline_s: float = 600.0
-    health_interval_s: float = 0.25  # the engines' gauges are at most this old
+    health_interval_s: float = 0.25  # a busy engine's gauges are at most this old; an idle one's 4x
     snapshot_retry_s: float = 0.5  # first retry while no snapshot exists; doubles ...
     snapshot_retry_max_s: float = 5.0  # ... up to this
     max_tenant_labels: int = 50

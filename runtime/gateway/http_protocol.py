@@ -5,7 +5,10 @@ httptools. Here the request line plus headers may hold :data:`MAX_HEAD_BYTES`; p
 client gets a 431 ``headers_too_large`` and the connection closes, before any of it reaches
 the app. A head still incomplete after the router's ``body_timeout_s`` (a slow-loris client)
 gets a 408 ``request_timeout`` and the connection closes (the body's own bound is the
-consumer's). A request the parser cannot read (a malformed request line, bad chunked framing)
+consumer's). The head's bound is one timer per connection, not one per request: a request's
+head marks when it began, and the timer, when it fires, refuses the head in progress if it
+is due, re-arms for one that began later, or lapses when none is being read (the next head
+arms it again). A request the parser cannot read (a malformed request line, bad chunked framing)
 gets uvicorn's 400, but as an OpenAI error document (``bad_http_request``), not plain text.
 
 Each request's scope also carries a :class:`~runtime.gateway.consumers.ConnectionHook`: the
@@ -57,6 +60,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self._head_bytes = 0
         self._head_too_large = False
         self._head_timer: asyncio.TimerHandle | None = None
+        self._head_since: float | None = None  # when the head being read began; None: none
         self._hooks: list[ConnectionHook] = []  # requests not yet answered, oldest first
 
     def _head_timeout_s(self) -> float:
@@ -64,26 +68,31 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         config = getattr(state, "config", None)
         return float(getattr(config, "body_timeout_s", DEFAULT_HEAD_TIMEOUT_S))
 
-    def _arm_head_timer(self) -> None:
-        self._disarm_head_timer()
-        self._head_timer = self.loop.call_later(self._head_timeout_s(), self._head_timed_out)
+    def _head_begins(self) -> None:
+        self._head_since = self.loop.time()
+        if self._head_timer is None:
+            self._head_timer = self.loop.call_later(self._head_timeout_s(), self._head_check)
 
-    def _disarm_head_timer(self) -> None:
-        if self._head_timer is not None:
-            self._head_timer.cancel()
-            self._head_timer = None
+    def _head_ends(self) -> None:
+        self._head_since = None  # the timer stays: it lapses or re-arms when it fires
 
-    def _head_timed_out(self) -> None:
+    def _head_check(self) -> None:
         self._head_timer = None
-        if not self.transport.is_closing():
-            seconds = f"{self._head_timeout_s():g}"
-            self._refuse(ApiError.of("request_timeout", seconds=seconds))
+        since = self._head_since
+        if since is None:
+            return  # no head being read
+        timeout_s = self._head_timeout_s()
+        left = since + timeout_s - self.loop.time()
+        if left > 0:  # a later head: its own deadline
+            self._head_timer = self.loop.call_later(left, self._head_check)
+        elif not self.transport.is_closing():
+            self._refuse(ApiError.of("request_timeout", seconds=f"{timeout_s:g}"))
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         if transport.get_extra_info("ssl_object") is not None:  # one TLS record per loop turn
             self.transport = CoalescingTransport(transport, self.loop)
-        self._arm_head_timer()
+        self._head_begins()  # the first request's head: from the connection on
 
     def handle_websocket_upgrade(self) -> None:
         if isinstance(self.transport, CoalescingTransport):  # the websocket gets the socket's
@@ -92,7 +101,10 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         super().handle_websocket_upgrade()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._disarm_head_timer()
+        self._head_since = None
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
         super().connection_lost(exc)
         hooks, self._hooks = self._hooks, []
         for hook in hooks:
@@ -105,12 +117,12 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         self._head_bytes = 0
-        if self._head_timer is None:
-            self._arm_head_timer()
+        if self._head_since is None:  # else the first request's, timed from the connection
+            self._head_begins()
         super().on_message_begin()
 
     def on_headers_complete(self) -> None:
-        self._disarm_head_timer()
+        self._head_ends()
         hook = ConnectionHook()
         scope: dict[str, Any] = self.scope  # type: ignore[assignment]  # uvicorn: a TypedDict
         scope[HOOK_KEY] = hook  # the cycle made below holds this same scope
@@ -121,7 +133,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         super().on_response_complete()
         if self._hooks:
             self._hooks.pop(0)  # responses complete in request order
-        self._disarm_head_timer()  # idle between requests: uvicorn's keep-alive timeout rules
+        self._head_ends()  # idle between requests: uvicorn's keep-alive timeout rules
 
     def _count(self, size: int) -> None:
         self._head_bytes += size

@@ -1,7 +1,18 @@
 """Active health checks and load gauges for every endpoint in the snapshot, plus passive evidence.
 
 One task per endpoint scrapes ``/metrics`` every ``interval_s`` (vLLM's gauges: requests
-running and waiting, KV-cache use) and checks ``/health`` every ``health_every`` scrapes.
+running and waiting, KV-cache use) and checks ``/health`` every ``health_every`` intervals.
+An *idle* endpoint is scraped only at ``idle_interval_s`` (by default the ``/health`` period,
+``interval_s x health_every``), each time with ``/health``: idle means its last scrape
+answered with nothing running and nothing waiting (or without gauges), no probe failure is
+pending, and this router got no first byte from it since the scrape before. A first byte
+(:meth:`note_success`) wakes an idle endpoint's scrape at once and it is scraped at
+``interval_s`` again. Freshness: a busy endpoint's gauges are at most ``interval_s`` old (as
+before); an idle one's at most ``idle_interval_s`` (they say "idle", and placement counts the
+router's own requests in flight on top); ``/health`` runs every ``health_every x interval_s``
+in both modes, so the detection of a failing ``/health`` is unchanged, and a failing scrape of
+an idle endpoint is seen at most ``idle_interval_s`` later, its run then counted at
+``interval_s``.
 The router reads the latest :class:`EndpointStatus` synchronously (:meth:`status`). An
 endpoint is healthy once a scrape and a health check have succeeded and until
 ``unhealthy_after`` consecutive failures of either; one success of that kind recovers it.
@@ -54,6 +65,19 @@ class HealthConfig:
     probe_timeout_s: float = 1.0
     # Probe timeouts are excused while a real request succeeded this recently; 0 turns it off.
     passive_window_s: float = 5.0
+    # The scrape period of an idle endpoint; None: the /health period (interval_s x
+    # health_every); interval_s (or less): no idle mode.
+    idle_interval_s: float | None = None
+
+    @property
+    def health_period_s(self) -> float:
+        return self.interval_s * self.health_every
+
+    @property
+    def idle_period_s(self) -> float:
+        """The scrape period while idle (never shorter than ``interval_s``)."""
+        idle = self.health_period_s if self.idle_interval_s is None else self.idle_interval_s
+        return max(idle, self.interval_s)
 
     def __post_init__(self) -> None:
         if not (self.interval_s > 0 and self.probe_timeout_s > 0):
@@ -62,6 +86,8 @@ class HealthConfig:
             raise ValueError("health_every and unhealthy_after must be >= 1")
         if not self.passive_window_s >= 0:
             raise ValueError("passive_window_s must be >= 0")
+        if self.idle_interval_s is not None and not self.idle_interval_s > 0:
+            raise ValueError("idle_interval_s must be > 0")
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +133,7 @@ class HealthMonitor:
         self._last_success: dict[int, float] = {}  # per watched endpoint, from note_success
         self._states: dict[int, str] = {}  # each watched endpoint's state in the snapshot
         self._tasks: dict[int, asyncio.Task[None]] = {}
+        self._wakers: dict[int, asyncio.Event] = {}  # the idle endpoints' sleeps
         self._running = False
 
     def status(self, endpoint_id: int) -> EndpointStatus | None:
@@ -123,6 +150,9 @@ class HealthMonitor:
         """
         if endpoint_id in self._statuses:
             self._last_success[endpoint_id] = self._clock()
+            waker = self._wakers.get(endpoint_id)
+            if waker is not None:  # idle until now: scrape at once, then at interval_s
+                waker.set()
 
     def last_success(self, endpoint_id: int) -> float | None:
         """When a real request to this endpoint last succeeded, if it is watched and one did."""
@@ -254,17 +284,47 @@ class HealthMonitor:
 
     async def _watch(self, endpoint_id: int) -> None:
         loop = asyncio.get_running_loop()
-        interval = self.config.interval_s
-        next_at = loop.time()
-        tick = 0
+        config = self.config
+        interval, idle_period = config.interval_s, config.idle_period_s
+        health_period = config.health_period_s
+        next_at = next_health = loop.time()
+        noted: float | None = None  # the last first byte as of the previous scrape
         while endpoint_id in self._statuses:
+            started = loop.time()
+            health = started >= next_health - interval / 2  # float drift: due on its tick
+            status: EndpointStatus | None = None
             try:
-                await self.check_once(endpoint_id, health=tick % self.config.health_every == 0)
+                status = await self.check_once(endpoint_id, health=health)
             except Exception:
                 _log.exception("health check of endpoint %s failed unexpectedly", endpoint_id)
-            tick += 1
-            next_at = max(next_at + interval, loop.time())  # overran: no catch-up burst
-            await asyncio.sleep(next_at - loop.time())
+            if health:
+                next_health = max(next_health + health_period, started)
+            last_success, noted = noted, self._last_success.get(endpoint_id)
+            idle = (
+                idle_period > interval
+                and status is not None
+                and _idle(status)
+                and last_success == noted  # no first byte since the scrape before
+            )
+            if not idle:
+                next_at = max(next_at + interval, loop.time())  # overran: no catch-up burst
+                await asyncio.sleep(next_at - loop.time())
+                continue
+            next_at = max(started + idle_period, loop.time())
+            next_health = min(next_health, next_at)  # every idle scrape checks /health
+            await self._sleep_idle(endpoint_id, next_at - loop.time())
+            next_at = loop.time()
+
+    async def _sleep_idle(self, endpoint_id: int, delay: float) -> None:
+        """Sleep ``delay`` unless a real request's first byte (note_success) comes first."""
+        waker = self._wakers[endpoint_id] = asyncio.Event()
+        try:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(delay):
+                    await waker.wait()
+        finally:
+            if self._wakers.get(endpoint_id) is waker:
+                del self._wakers[endpoint_id]
 
     def _spawn(self, endpoint_id: int) -> None:
         task = asyncio.get_running_loop().create_task(
@@ -276,6 +336,7 @@ class HealthMonitor:
         del self._statuses[endpoint_id]
         self._states.pop(endpoint_id, None)
         self._last_success.pop(endpoint_id, None)
+        self._wakers.pop(endpoint_id, None)
         task = self._tasks.pop(endpoint_id, None)
         if task is not None:
             task.cancel()
@@ -283,6 +344,18 @@ class HealthMonitor:
 
 def _loop_time() -> float:
     return asyncio.get_running_loop().time()
+
+
+def _idle(status: EndpointStatus) -> bool:
+    """Healthy with no failure pending and nothing running or waiting (or no gauges)."""
+    return (
+        status.healthy
+        and not status.passive
+        and status.consecutive_failures == 0
+        and status.health_failures == 0
+        and not status.running
+        and not status.waiting
+    )
 
 
 def _no_answer(exc: UpstreamError) -> bool:

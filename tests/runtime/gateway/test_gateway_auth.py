@@ -9,7 +9,7 @@ import pytest
 from gateway_fleet import World
 
 from runtime.gateway import auth
-from runtime.gateway.auth import authenticate, bearer_token
+from runtime.gateway.auth import PrincipalCache, authenticate, bearer_token
 from runtime.gateway.errors import ApiError
 
 pytestmark = pytest.mark.unit
@@ -79,3 +79,72 @@ def test_bearer_token_missing(header: bytes | None) -> None:
     with pytest.raises(ApiError) as info:
         bearer_token(header)
     assert (info.value.status, info.value.code) == (401, "missing_api_key")
+
+
+# -- the principal cache: the same answers as authenticate, a hit skips the digest -------------
+
+
+def _header(token: str) -> bytes:
+    return b"Bearer " + token.encode()
+
+
+def test_the_cache_answers_a_known_header_with_the_principal_it_kept(world: World) -> None:
+    cache = PrincipalCache()
+    snapshot = world.snapshot()
+    first = cache.principal(snapshot, _header(world.secrets["good"]), now=time.time())
+    assert first == authenticate(snapshot, world.secrets["good"], now=time.time())
+    # kept: the same object (authenticate builds a new one each time)
+    assert cache.principal(snapshot, _header(world.secrets["good"]), now=time.time()) is first
+
+
+@pytest.mark.parametrize(
+    ("token", "code"),
+    [("expired", "expired_api_key"), ("frozen", "tenant_suspended"),
+     ("readonly", "insufficient_scope"), ("orphan", "invalid_api_key"),
+     ("sy_abcdefgh_" + "x" * 40, "invalid_api_key")],
+)  # fmt: skip
+def test_the_cache_keeps_no_refusal(world: World, token: str, code: str) -> None:
+    cache = PrincipalCache()
+    snapshot = world.snapshot()
+    header = _header(world.secrets.get(token, token))
+    for _ in range(2):
+        with pytest.raises(ApiError) as info:
+            cache.principal(snapshot, header, now=time.time())
+        assert info.value.code == code
+
+
+@pytest.mark.parametrize("header", [None, b"", b"Token abc"])
+def test_the_cache_refuses_a_missing_key(world: World, header: bytes | None) -> None:
+    with pytest.raises(ApiError) as info:
+        PrincipalCache().principal(world.snapshot(), header, now=time.time())
+    assert info.value.code == "missing_api_key"
+
+
+def test_a_kept_key_expires_on_time(world: World) -> None:
+    cache = PrincipalCache()
+    snapshot = world.snapshot()
+    header = _header(world.secrets["future"])
+    expires_at = snapshot.api_keys[world.secrets["future"].split("_")[1]].expires_at
+    assert expires_at is not None
+    cache.principal(snapshot, header, now=expires_at - 1)
+    with pytest.raises(ApiError) as info:
+        cache.principal(snapshot, header, now=expires_at)
+    assert info.value.code == "expired_api_key"
+
+
+def test_a_new_snapshot_starts_the_cache_afresh(world: World) -> None:
+    cache = PrincipalCache()
+    header = _header(world.secrets["good"])
+    cache.principal(world.snapshot(), header, now=time.time())
+    world.add_tenant("acme", status="suspended")  # the control plane suspends the tenant
+    with pytest.raises(ApiError) as info:
+        cache.principal(world.snapshot(version=1), header, now=time.time())
+    assert info.value.code == "tenant_suspended"
+
+
+def test_a_full_cache_starts_again_and_stays_right(world: World) -> None:
+    cache = PrincipalCache(limit=1)
+    snapshot = world.snapshot()
+    for name in ("good", "future", "good"):
+        principal = cache.principal(snapshot, _header(world.secrets[name]), now=time.time())
+        assert principal.key.prefix == world.secrets[name].split("_")[1]

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import replace
 
 import msgspec
 import pytest
@@ -129,12 +131,16 @@ class FakeWorker:
         self.health_status = 200
         self.metrics_status = 200
         self.metrics = "vllm:num_requests_running 0\nvllm:num_requests_waiting 0\n"
+        self.checks = 0  # /health requests answered
+        self.scrapes = 0  # /metrics requests answered
 
     def app(self) -> web.Application:
         async def health(request: web.Request) -> web.Response:
+            self.checks += 1
             return web.Response(status=self.health_status)
 
         async def metrics(request: web.Request) -> web.Response:
+            self.scrapes += 1
             return web.Response(status=self.metrics_status, text=self.metrics)
 
         app = web.Application()
@@ -268,6 +274,91 @@ async def test_set_endpoints_follows_the_snapshot(
         await wait_until(monitor, 5, lambda s: s.healthy)
     await monitor.stop()
     assert monitor.status(5) is not None  # stop keeps the last statuses
+
+
+# 50 ms scrapes, /health every 4th: an idle endpoint is scraped every 200 ms, with /health.
+ADAPTIVE = HealthConfig(interval_s=0.05, health_every=4, unhealthy_after=3, probe_timeout_s=2.0)
+
+
+@contextlib.asynccontextmanager
+async def watching(
+    client: UpstreamClient, serve: Serve, worker: FakeWorker, endpoint_id: int,
+    config: HealthConfig = ADAPTIVE,
+) -> AsyncIterator[HealthMonitor]:  # fmt: skip
+    """A started monitor of ``worker`` served as endpoint ``endpoint_id``; stopped after."""
+    monitor = HealthMonitor(client, config)
+    monitor.set_endpoints([endpoint(endpoint_id, await serve(worker.app()))])
+    await monitor.start()
+    try:
+        yield monitor
+    finally:
+        await monitor.stop()
+
+
+@pytest.mark.integration
+@pytest.mark.asyncio
+async def test_an_idle_endpoint_is_scraped_only_with_its_health_checks(
+    client: UpstreamClient, serve: Serve
+) -> None:
+    worker = FakeWorker()  # nothing running, nothing waiting
+    async with watching(client, serve, worker, 6) as monitor:
+        await async_eventually(lambda: worker.checks >= 5, timeout=10)
+        # busy, it would be scraped 4x per /health check (see the next test)
+        assert worker.scrapes <= worker.checks + 1
+        status = monitor.status(6)
+        assert status is not None
+        assert status.healthy
+
+
+@pytest.mark.integration
+@pytest.mark.asyncio
+async def test_a_busy_endpoint_is_scraped_at_interval_s(
+    client: UpstreamClient, serve: Serve
+) -> None:
+    worker = FakeWorker()
+    worker.metrics = "vllm:num_requests_running 1\nvllm:num_requests_waiting 0\n"
+    async with watching(client, serve, worker, 7):
+        await async_eventually(lambda: worker.checks >= 3, timeout=10)
+        # idle, each scrape would come with its /health check (scrapes <= checks + 1)
+        assert worker.scrapes >= worker.checks + 3
+
+
+@pytest.mark.integration
+@pytest.mark.asyncio
+async def test_a_first_byte_wakes_an_idle_endpoints_scrape(
+    client: UpstreamClient, serve: Serve
+) -> None:
+    worker = FakeWorker()
+    config = replace(ADAPTIVE, idle_interval_s=60.0)
+    async with watching(client, serve, worker, 8, config) as monitor:
+        await async_eventually(lambda: worker.scrapes >= 1 and monitor._wakers, timeout=10)
+        scraped = worker.scrapes
+        monitor.note_success(8)  # a real request's first byte: scraped now, not in 60 s
+        await async_eventually(lambda: worker.scrapes >= scraped + 2, timeout=10)
+
+
+@pytest.mark.integration
+@pytest.mark.asyncio
+async def test_a_failing_scrape_of_an_idle_endpoint_is_counted_at_interval_s(
+    client: UpstreamClient, serve: Serve
+) -> None:
+    worker = FakeWorker()
+    config = replace(ADAPTIVE, idle_interval_s=0.3)
+    async with watching(client, serve, worker, 9, config) as monitor:
+        await async_eventually(lambda: worker.checks >= 2, timeout=10)
+        worker.metrics_status = 500
+        checks = worker.checks
+        await wait_until(monitor, 9, lambda s: not s.healthy, within=10)
+        # the run of 3 failures came at interval_s: at most one /health check per 4 scrapes
+        assert worker.checks - checks <= 2
+
+
+@pytest.mark.unit
+def test_idle_period_defaults_to_the_health_period_and_never_under_interval_s() -> None:
+    assert HealthConfig().idle_period_s == 1.0
+    assert HealthConfig(interval_s=0.5, idle_interval_s=0.1).idle_period_s == 0.5
+    with pytest.raises(ValueError, match="idle_interval_s"):
+        HealthConfig(idle_interval_s=0)
 
 
 @pytest.mark.unit

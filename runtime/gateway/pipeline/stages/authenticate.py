@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from runtime.gateway.auth import authenticate, bearer_token
+from runtime.gateway.auth import PrincipalCache
 from runtime.gateway.errors import NO_SNAPSHOT, ApiError
 from runtime.gateway.key_usage import KeyUsageRecorder
 from runtime.gateway.pipeline.context import RequestContext
@@ -20,6 +20,7 @@ class Authenticate:
     ) -> None:
         self._snapshot = snapshot
         self._key_usage = key_usage
+        self._principals = PrincipalCache()
 
     async def __call__(self, ctx: RequestContext) -> None:
         snapshot = self._snapshot()
@@ -28,10 +29,9 @@ class Authenticate:
         ctx.snapshot = snapshot
         record = ctx.record
         started = time.perf_counter()
+        now = time.time()
         try:
-            principal = authenticate(
-                snapshot, bearer_token(ctx.headers(b"authorization")), now=time.time()
-            )
+            principal = self._principals.principal(snapshot, ctx.headers(b"authorization"), now=now)
         finally:
             record.timing("auth", time.perf_counter() - started)
         ctx.principal = principal
@@ -39,4 +39,4 @@ class Authenticate:
         cap = principal.tenant.max_request_bytes
         if 0 < cap < len(ctx.body):  # the tenant's own size cap
             raise ApiError.of("request_too_large", cap=cap)
-        self._key_usage.record(principal.key.prefix, time.time())
+        self._key_usage.record(principal.key.prefix, now)
