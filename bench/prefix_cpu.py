@@ -11,17 +11,30 @@ differs. Then, ``rounds`` times:
   pollers) and whether it runs only with prefix routing on;
 - **loaded**: the phase's schedule (``phase``, cut to ``seconds``) played through one router,
   then the other (the order alternates from round to round), from idle backends; each
-  router's CPU per request over its own window, and its requests' TTFT p50.
+  router's CPU per request over its own window, and its requests' TTFT p50. Every round
+  replays the same schedule, so from the second round on the prefix-aware router's index
+  holds every prompt's blocks (they match, and the sticky rule places them); ``--fresh``
+  plays a schedule of its own in each round (the scenario's seed plus the round), as the
+  harness's phases are, both routers the same one.
 
 It prints one line per round and measurement, with the ratio on / off, then the ratios'
 mean and spread (min-max). On a loaded machine only the ratios within a round mean much.
+
+``--profile DIR`` runs both routers under cProfile (:mod:`bench.profiled_router`), on only
+during the loaded plays, writes their stats to ``DIR/<target>.prof`` and prints the
+functions whose own time per request differs most between the two (on minus off): what
+runs per request only with prefix routing on. cProfile inflates every call, so read the CPU
+lines of such a run as profiled, and the difference's rows for where it goes.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import os
+import pstats
+import signal
 import statistics
 import time
 import uuid
@@ -38,6 +51,7 @@ from bench.procs import CpuSampler
 from bench.runner import DEFAULT_REDIS_URL, new_key, request_headers
 from bench.scenario import Scenario, load
 from bench.targets import FACTORIES, Target, TargetContext
+from bench.targets.switchyard import SwitchyardTarget
 from bench.workload import PhasePlan, plan_phase
 from config.tls import ensure_local_pki
 from runtime.tls import ClientTLS
@@ -54,11 +68,52 @@ async def _cpu_over(targets: Sequence[Target], seconds: float) -> list[float]:
     return [(await s).cpu_s for s in samplers]
 
 
+def _signal(target: Target, signum: int) -> None:
+    """Switch a profiled router's cProfile on (SIGUSR1) or off (SIGUSR2, stats written)."""
+    if isinstance(target, SwitchyardTarget) and target.profile is not None:
+        for pid in target.pids():
+            os.kill(pid, signum)
+
+
+async def _written(path: Path) -> None:
+    for _ in range(100):  # written whole, then renamed into place
+        if await asyncio.to_thread(path.exists):
+            return
+        await asyncio.sleep(0.1)
+
+
+def own_time(path: Path) -> dict[str, float]:
+    """Own seconds per function (``module:line(name)``) in a cProfile stats file."""
+    stats = pstats.Stats(str(path))
+    out: dict[str, float] = {}
+    for (file, line, name), row in stats.stats.items():  # type: ignore[attr-defined]
+        where = f"{'/'.join(file.rsplit('/', 2)[-2:])}:{line}({name})"
+        out[where] = out.get(where, 0.0) + row[2]
+    return out
+
+
+def profile_diff(on: dict[str, float], off: dict[str, float], on_n: int, off_n: int,
+                 top: int = 25) -> list[str]:  # fmt: skip
+    """The ``top`` functions whose own µs per request differ most (on minus off)."""
+    rows = []
+    for where in on.keys() | off.keys():
+        a, b = 1e6 * on.get(where, 0.0) / on_n, 1e6 * off.get(where, 0.0) / off_n
+        rows.append((a - b, a, b, where))
+    rows.sort(key=lambda r: -abs(r[0]))
+    total = (1e6 * sum(on.values()) / on_n, 1e6 * sum(off.values()) / off_n)
+    lines = [f"profiled own time per request: on {total[0]:.0f} us, off {total[1]:.0f} us",
+             f"{'on-off us':>9} {'on us':>8} {'off us':>8}  function"]  # fmt: skip
+    lines += [f"{d:9.1f} {a:8.1f} {b:8.1f}  {w}" for d, a, b, w in rows[:top]]
+    return lines
+
+
 async def _loaded(
     target: Target, plan: PhasePlan, scenario: Scenario, session: aiohttp.ClientSession,
     keys: dict[str, str],
-) -> tuple[float, float]:  # fmt: skip
-    """CPU ms per request and TTFT p50 ms of one play of ``plan`` through ``target``."""
+) -> tuple[float, float, int]:  # fmt: skip
+    """CPU ms per request, TTFT p50 ms and requests of one play of ``plan`` through
+    ``target`` (profiled over the play when the target is)."""
+    _signal(target, signal.SIGUSR1)
     stop = asyncio.Event()
     sampling = asyncio.create_task(CpuSampler(target.pids()).run(stop))
     run = await run_phase(
@@ -67,9 +122,14 @@ async def _loaded(
     )  # fmt: skip
     stop.set()
     usage = await sampling
+    if isinstance(target, SwitchyardTarget) and target.profile is not None:
+        await asyncio.to_thread(target.profile.unlink, missing_ok=True)
+        _signal(target, signal.SIGUSR2)
+        await _written(target.profile)
     ttfts = sorted(r.ttft for r in run.results if r.ttft is not None)
     p50 = percentile(ttfts, 50) or 0.0
-    return 1000.0 * usage.cpu_s / max(len(run.results), 1), 1000.0 * p50
+    n = len(run.results)
+    return 1000.0 * usage.cpu_s / max(n, 1), 1000.0 * p50, n
 
 
 def _summary(label: str, ratios: list[float]) -> str:
@@ -101,22 +161,31 @@ async def measure(args: argparse.Namespace) -> None:
             )  # fmt: skip
             for name in (ON, OFF):
                 target = FACTORIES[name]()
+                if args.profile is not None and isinstance(target, SwitchyardTarget):
+                    args.profile.mkdir(parents=True, exist_ok=True)
+                    stats = (args.profile / f"{name}.prof").resolve()
+                    target = dataclasses.replace(target, profile=stats)
                 targets.append(target)
                 await target.start(ctx)
             print(f"{scenario.name}/{phase.name}: {len(plan.requests)} requests in "
                   f"{args.seconds:g} s per play; idle windows {args.idle_seconds:g} s")  # fmt: skip
             idle, cpu, ttft = [], [], []
+            played = {ON: 0, OFF: 0}
             for round_ in range(args.rounds):
+                if args.fresh and round_ > 0:  # another schedule: prompts the index never saw
+                    drawn = dataclasses.replace(scenario, seed=scenario.seed + round_)
+                    plan = plan_phase(drawn, phase, duration_s=args.seconds, max_requests=100_000)
                 on_s, off_s = await _cpu_over(targets, args.idle_seconds)
                 idle.append(on_s / off_s if off_s > 0 else float("nan"))
                 print(f"round {round_ + 1} idle: on {1000 * on_s / args.idle_seconds:.2f} "
                       f"ms/s, off {1000 * off_s / args.idle_seconds:.2f} ms/s")  # fmt: skip
                 order = targets if round_ % 2 == 0 else targets[::-1]
-                loaded: dict[str, tuple[float, float]] = {}
+                loaded: dict[str, tuple[float, float, int]] = {}
                 for target in order:
                     await wait_idle(backends, session, timeout_s=10.0)
                     loaded[target.name] = await _loaded(target, plan, scenario, session, keys)
-                (on_cpu, on_ttft), (off_cpu, off_ttft) = loaded[ON], loaded[OFF]
+                    played[target.name] += loaded[target.name][2]
+                (on_cpu, on_ttft, _), (off_cpu, off_ttft, _) = loaded[ON], loaded[OFF]
                 cpu.append(on_cpu / off_cpu)
                 ttft.append(on_ttft / off_ttft)
                 print(f"round {round_ + 1} loaded ({order[0].name} first): CPU per request "
@@ -125,6 +194,10 @@ async def measure(args: argparse.Namespace) -> None:
             print(_summary("idle CPU", idle))
             print(_summary("CPU per request", cpu))
             print(_summary("TTFT p50", ttft))
+            if args.profile is not None:
+                stats = {n: args.profile / f"{n}.prof" for n in (ON, OFF)}
+                print("\n".join(profile_diff(own_time(stats[ON]), own_time(stats[OFF]),
+                                             max(played[ON], 1), max(played[OFF], 1))))  # fmt: skip
         finally:
             for target in targets:
                 await target.stop()
@@ -140,6 +213,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--idle-seconds", type=float, default=10.0)
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="run both routers under cProfile; stats and their difference",
+    )
+    parser.add_argument(
+        "--fresh", action="store_true",
+        help="each round plays a schedule of its own (seed + round), as the harness's phases "
+        "do, instead of replaying the first round's prompts to routers that indexed them",
+    )  # fmt: skip
     parser.add_argument("--redis-url", default=os.environ.get("REDIS_URL", DEFAULT_REDIS_URL))
     started = time.monotonic()
     asyncio.run(measure(parser.parse_args(argv)))
