@@ -1,7 +1,8 @@
 """The router's CPU with prefix-aware routing on and off: idle, and at a light load (issue #35).
 
 ``python -m bench.prefix_cpu [--scenario bench/scenarios/latency.toml] [--phase unloaded]
-[--rounds 3] [--seconds 10] [--idle-seconds 10] [--redis-url URL]`` starts the scenario's
+[--rounds 3] [--seconds 10] [--idle-seconds 10] [--fresh] [--twin] [--off-first] [--profile DIR]
+[--redis-url URL]`` starts the scenario's
 backends and two routers in front of them at once: ``switchyard`` (the defaults: prefix-aware
 routing on) and ``switchyard-load-only`` (pool policy ``prefix_routing: off``); nothing else
 differs. Then, ``rounds`` times:
@@ -19,6 +20,10 @@ differs. Then, ``rounds`` times:
 
 It prints one line per round and measurement, with the ratio on / off, then the ratios'
 mean and spread (min-max). On a loaded machine only the ratios within a round mean much.
+
+``--twin`` makes the second router prefix-aware as well (an A/A check of the rig: its
+ratios should be 1 within the machine's noise); ``--off-first`` starts the load-only router
+first (the routers' start order is the rig's other asymmetry).
 
 ``--profile DIR`` runs both routers under cProfile (:mod:`bench.profiled_router`), on only
 during the loaded plays, writes their stats to ``DIR/<target>.prof`` and prints the
@@ -139,6 +144,21 @@ def _summary(label: str, ratios: list[float]) -> str:
     )
 
 
+def _targets(args: argparse.Namespace) -> list[Target]:
+    """The two routers, not started: prefix routing on and off (``--twin``: on twice), under
+    cProfile with ``--profile``."""
+    out: list[Target] = []
+    for name in (ON, OFF):
+        target = FACTORIES[name]()
+        if args.twin and name == OFF:  # the A/A check: the same router twice
+            target = dataclasses.replace(FACTORIES[ON](), name=OFF)
+        if args.profile is not None and isinstance(target, SwitchyardTarget):
+            args.profile.mkdir(parents=True, exist_ok=True)
+            target = dataclasses.replace(target, profile=(args.profile / f"{name}.prof").resolve())
+        out.append(target)
+    return out[::-1] if args.off_first else out
+
+
 async def measure(args: argparse.Namespace) -> None:
     scenario = load(args.scenario)
     phase = next(p for p in scenario.phases if p.name == args.phase)
@@ -159,16 +179,12 @@ async def measure(args: argparse.Namespace) -> None:
                 work_dir=work, redis_url=args.redis_url, run_id=uuid.uuid4().hex[:12],
                 router_cpus=(), session=session, keys=keys, pki=pki,
             )  # fmt: skip
-            for name in (ON, OFF):
-                target = FACTORIES[name]()
-                if args.profile is not None and isinstance(target, SwitchyardTarget):
-                    args.profile.mkdir(parents=True, exist_ok=True)
-                    stats = (args.profile / f"{name}.prof").resolve()
-                    target = dataclasses.replace(target, profile=stats)
+            for target in _targets(args):
                 targets.append(target)
                 await target.start(ctx)
             print(f"{scenario.name}/{phase.name}: {len(plan.requests)} requests in "
-                  f"{args.seconds:g} s per play; idle windows {args.idle_seconds:g} s")  # fmt: skip
+                  f"{args.seconds:g} s per play; idle windows {args.idle_seconds:g} s"
+                  + ("; --twin: 'off' is prefix-aware too" if args.twin else ""))  # fmt: skip
             idle, cpu, ttft = [], [], []
             played = {ON: 0, OFF: 0}
             for round_ in range(args.rounds):
@@ -224,6 +240,15 @@ def main(argv: list[str] | None = None) -> None:
         "--fresh", action="store_true",
         help="each round plays a schedule of its own (seed + round), as the harness's phases "
         "do, instead of replaying the first round's prompts to routers that indexed them",
+    )  # fmt: skip
+    parser.add_argument(
+        "--off-first", action="store_true",
+        help="start the load-only router first (and play it first in odd rounds)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--twin", action="store_true",
+        help="an A/A check: the second router is prefix-aware too, so a ratio away from 1 is "
+        "the rig's own (which router started first, its ports, the machine)",
     )  # fmt: skip
     parser.add_argument("--redis-url", default=os.environ.get("REDIS_URL", DEFAULT_REDIS_URL))
     started = time.monotonic()
