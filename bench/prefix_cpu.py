@@ -15,8 +15,8 @@ differs. Then, ``rounds`` times:
   router's CPU per request over its own window, and its requests' TTFT p50. Every round
   replays the same schedule, so from the second round on the prefix-aware router's index
   holds every prompt's blocks (they match, and the sticky rule places them); ``--fresh``
-  plays a schedule of its own in each round (the scenario's seed plus the round), as the
-  harness's phases are, both routers the same one.
+  plays a schedule of its own in each round with prompts no earlier round sent
+  (:func:`fresh_plan`), as in the harness's first phase, both routers the same one.
 
 It prints one line per round and measurement, with the ratio on / off, then the ratios'
 mean and spread (min-max). On a loaded machine only the ratios within a round mean much.
@@ -54,7 +54,7 @@ from bench.loadgen import run_phase
 from bench.metrics import percentile
 from bench.procs import CpuSampler
 from bench.runner import DEFAULT_REDIS_URL, new_key, request_headers
-from bench.scenario import Scenario, load
+from bench.scenario import PhaseSpec, Scenario, load
 from bench.targets import FACTORIES, Target, TargetContext
 from bench.targets.switchyard import SwitchyardTarget
 from bench.workload import PhasePlan, plan_phase
@@ -144,6 +144,18 @@ def _summary(label: str, ratios: list[float]) -> str:
     )
 
 
+def fresh_plan(scenario: Scenario, phase: PhaseSpec, seconds: float, round_: int) -> PhasePlan:
+    """Round ``round_``'s schedule with ``--fresh``: drawn from the scenario's seed plus the
+    round, its requests' indices moved past every earlier round's. A unique prompt's text is
+    its index and a fixed filler (:func:`bench.workload.prompt_text`), so without the move the
+    first blocks of request ``k`` would repeat those of request ``k`` of every earlier round."""
+    drawn = dataclasses.replace(scenario, seed=scenario.seed + round_)
+    plan = plan_phase(drawn, phase, duration_s=seconds, max_requests=100_000)
+    offset = round_ * 1_000_000
+    moved = tuple(dataclasses.replace(p, index=p.index + offset) for p in plan.requests)
+    return dataclasses.replace(plan, requests=moved)
+
+
 def _targets(args: argparse.Namespace) -> list[Target]:
     """The two routers, not started: prefix routing on and off (``--twin``: on twice), under
     cProfile with ``--profile``."""
@@ -189,8 +201,7 @@ async def measure(args: argparse.Namespace) -> None:
             played = {ON: 0, OFF: 0}
             for round_ in range(args.rounds):
                 if args.fresh and round_ > 0:  # another schedule: prompts the index never saw
-                    drawn = dataclasses.replace(scenario, seed=scenario.seed + round_)
-                    plan = plan_phase(drawn, phase, duration_s=args.seconds, max_requests=100_000)
+                    plan = fresh_plan(scenario, phase, args.seconds, round_)
                 on_s, off_s = await _cpu_over(targets, args.idle_seconds)
                 idle.append(on_s / off_s if off_s > 0 else float("nan"))
                 print(f"round {round_ + 1} idle: on {1000 * on_s / args.idle_seconds:.2f} "

@@ -5,6 +5,7 @@ from __future__ import annotations
 import cProfile
 import dataclasses
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -37,6 +38,7 @@ def test_the_parts_add_up_to_each_ttft_and_no_way_beats_the_floor():
             assert min(p.queue, p.wait_pf, p.wait_dec, p.own, p.others) >= 0
         p50s[way], _, every, middle = summary(parts)
         assert every["decode"] >= 10.0  # decode_a_ms: every first token ends a step
+        assert middle["own"] > 0
     # The prefix-aware placer saves own prefill; the floor is below every placement.
     assert p50s["prefix"] < 0.85 * p50s["load"]
     floor = floor_p50(scenario, 20.0, "load-8")
@@ -99,3 +101,27 @@ def test_the_profile_diff_names_what_runs_only_on_one_side(tmp_path: Path) -> No
     first = lines[2]
     assert "_busy" in first or "genexpr" in first
     assert float(first.split()[0]) > 0  # more own time with "on"
+
+
+def test_fresh_rounds_send_prompts_no_earlier_round_sent():
+    from bench.prefix_cpu import fresh_plan  # noqa: PLC0415
+    from bench.workload import chat_messages, plan_phase  # noqa: PLC0415
+    from runtime.routing.prefix import chat_block_hashes  # noqa: PLC0415
+
+    scenario = load(SCENARIO.with_name("latency.toml"))
+    phase = next(p for p in scenario.phases if p.name == "unloaded")
+
+    def blocks(requests: tuple[Any, ...]) -> set[int]:
+        pairs = ([(m["role"], m["content"]) for m in chat_messages(p)] for p in requests)
+        return {h for messages in pairs for h in chat_block_hashes(messages)}
+
+    first = plan_phase(scenario, phase, duration_s=10.0, max_requests=100_000).requests
+    replayed = plan_phase(
+        dataclasses.replace(scenario, seed=scenario.seed + 1), phase, duration_s=10.0,
+        max_requests=100_000,
+    ).requests  # fmt: skip
+    assert blocks(first) & blocks(replayed)  # another seed alone: request k repeats its blocks
+    fresh = fresh_plan(scenario, phase, 10.0, 1).requests
+    assert len(fresh) == len(replayed)
+    assert blocks(fresh)
+    assert not blocks(first) & blocks(fresh)
