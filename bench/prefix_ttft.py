@@ -8,7 +8,8 @@ whole, unchunked prefills) once per placement ``way`` and splits every request's
 - ``queue``: in the router's queue, from arrival to its grant;
 - ``wait``: from its grant to the start of the engine step that takes it in (the rest of the
   step in flight), split into that step's share of prefill (``wait_pf``: other requests'
-  prefills, in proportion to the step's prefill time) and the rest (``wait_dec``);
+  prefills, in proportion to the step's prefill time) and the rest (``wait_dec``); a request
+  that waits through several steps (a full batch) is split by the last one's share;
 - ``own``: its own uncached prefill in the step that takes it in;
 - ``others``: the other newcomers' prefills in that same step;
 - ``decode``: that step's decode part (``decode_a_ms + decode_b_ms * batch``).
@@ -158,8 +159,8 @@ class DecomposedRun(_Run):
         self.dispatcher = PoolDispatcher("p", settings, fleet, clock=self.clock, tick_s=3600.0)
         self.steps: dict[int, _Step] = {}  # endpoint -> its step in flight (or the last)
         self.parts: dict[str, list[Parts]] = {}  # phase -> requests
-        self.pending: dict[int, tuple[float, float, float, float, float]] = {}  # id(seq) ->
-        self.current = ""
+        # id(seq) -> its parts but the queue, from the step that takes it in to its token
+        self.pending: dict[int, tuple[float, float, float, float, float]] = {}
 
     def step(self, endpoint_id: int) -> None:
         engine = self.engines[endpoint_id]
