@@ -7,22 +7,21 @@ scraped, the in-flight book) and a snapshot of one model with ``--endpoints`` re
 of 64 slots in one pool, at most 32 requests in flight (every request takes the fast path),
 and prints the CPU time (``time.process_time``) per ``acquire`` + ``release``, best of three.
 ``bench.dispatch_micro`` measures the same over an in-memory placement; the difference is the
-placement's. To compare with an older commit, copy this file into a ``git archive`` of it and
-run it there with ``PYTHONPATH`` at that copy.
+placement's. To compare with an older commit, copy this file and ``bench/dispatch_micro.py``
+(its ``passes``) into a ``git archive`` of it and run it there with ``PYTHONPATH`` at that copy.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import time
 from collections.abc import Sequence
 
+from bench.dispatch_micro import passes
 from runtime.routing.inflight import InFlight
 from runtime.routing.signals import FleetSignals
 from runtime.routing.table import RoutingTable
 from runtime.scheduling.dispatcher import PoolDispatcher
-from runtime.scheduling.grant import Grant, Ticket
 from runtime.scheduling.placement import FleetPlacement
 from runtime.scheduling.settings import PoolSettings
 from runtime.testing.snapshots import SnapshotBuilder
@@ -47,27 +46,7 @@ async def measure(requests: int, *, endpoints: int, window: int = 32, repeats: i
         clock=loop.time, on_slot=lambda endpoint_id, delta: None,
     )  # fmt: skip
     dispatcher = PoolDispatcher("p", PoolSettings(), placement, clock=loop.time)
-    dispatcher.start()
-    tickets = [
-        Ticket(tenant=f"t{i % 4}", version=1, input_tokens=10, max_output_tokens=10, band=0,
-               class_name="standard", shed_order=0, weight=1.0, deadline=loop.time() + 3600)
-        for i in range(requests)
-    ]  # fmt: skip
-    best = float("inf")
-    try:
-        for _ in range(repeats):
-            start = time.process_time()
-            held: list[Grant] = []
-            for ticket in tickets:
-                held.append(await dispatcher.acquire(ticket))
-                if len(held) > window:
-                    held.pop(0).release()
-            for grant in held:
-                grant.release()
-            best = min(best, time.process_time() - start)
-    finally:
-        await dispatcher.stop()
-    return best / requests
+    return await passes(dispatcher, requests, window=window, repeats=repeats)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
