@@ -19,6 +19,10 @@ The scraped waiting count is read against the router's own dispatches: a request
 than ``fresh_s`` before the scrape may simply not have reached the engine's next step yet
 (an engine admits new requests only between steps), so up to that many waiting requests are
 not taken as a sign of saturation. A request still waiting longer than that is.
+
+What does not change between snapshots is looked up once per snapshot (:class:`_Layout`: each
+version's endpoints and selector, the pool's endpoints with their filters), so a request pays
+only for the live filters (ready, circuit, health), not for the table's lookups.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ import collections
 from collections.abc import Callable, Sequence
 
 from runtime.routing.adapters import ResidencyBook, adapter_room
-from runtime.routing.endpoints import EndpointSignals
+from runtime.routing.endpoints import EndpointFilter, EndpointSelector, EndpointSignals
 from runtime.routing.inflight import InFlight
 from runtime.routing.prefix import PromptPrefix
 from runtime.routing.prefix_placer import PrefixPlacer
@@ -40,10 +44,46 @@ from runtime.upstream.health import HealthMonitor
 SlotListener = Callable[[int, int], None]
 """Called with (endpoint id, +1 or -1) when a slot is taken or freed (metrics)."""
 
+Filters = tuple[EndpointFilter, ...]
+
+
+def _keeps(endpoint: EndpointSnap, filters: Filters, signals: EndpointSignals) -> bool:
+    """Whether every filter keeps ``endpoint`` (:meth:`EndpointSelector.eligible`'s rule)."""
+    for kept in filters:  # noqa: SIM110 - a loop, not a generator per endpoint (fast path)
+        if not kept.keep(endpoint, signals):
+            return False
+    return True
+
+
+class _Layout:
+    """One snapshot's routing lookups for one pool (snapshots are immutable)."""
+
+    __slots__ = ("members", "snapshot", "versions")
+
+    def __init__(self, snapshot: Snapshot, pool: str, table: RoutingTable) -> None:
+        self.snapshot = snapshot
+        self.versions: dict[int, tuple[tuple[EndpointSnap, ...], EndpointSelector]] = {}
+        self.members: tuple[tuple[EndpointSnap, Filters], ...] = tuple(
+            (endpoint, table.selector(snapshot, endpoint.version).filters)
+            for endpoint in snapshot.endpoints.values()
+            if endpoint.pool == pool
+        )
+
+    def version(
+        self, version: int, table: RoutingTable
+    ) -> tuple[tuple[EndpointSnap, ...], EndpointSelector]:
+        found = self.versions.get(version)
+        if found is None:
+            found = self.versions[version] = (
+                table.endpoints(self.snapshot, version),
+                table.selector(self.snapshot, version),
+            )
+        return found
+
 
 class FleetPlacement:
-    __slots__ = ("_clock", "_fresh_s", "_health", "_inflight", "_on_slot", "_prefix", "_residency",
-                 "_sent",
+    __slots__ = ("_clock", "_fresh_s", "_health", "_inflight", "_layout", "_on_slot", "_prefix",
+                 "_residency", "_sent",
                  "_signals", "_snapshot", "_table", "pool")  # fmt: skip
 
     def __init__(
@@ -73,16 +113,27 @@ class FleetPlacement:
         self._residency = residency
         self._prefix = prefix
         self._sent: dict[int, collections.deque[float]] = {}  # endpoint -> recent dispatches
+        self._layout: _Layout | None = None
 
-    def candidates(self, version: int, exclude: frozenset[int]) -> Sequence[EndpointSnap]:
+    def _current(self) -> _Layout | None:
+        """The current snapshot's layout (built on the first request that sees it)."""
         snapshot = self._snapshot()
         if snapshot is None:
+            return None
+        layout = self._layout
+        if layout is None or layout.snapshot is not snapshot:
+            layout = self._layout = _Layout(snapshot, self.pool, self._table)
+        return layout
+
+    def candidates(self, version: int, exclude: frozenset[int]) -> Sequence[EndpointSnap]:
+        layout = self._current()
+        if layout is None:
             return ()
-        endpoints = self._table.endpoints(snapshot, version)
-        if not endpoints:
-            return ()
-        selector = self._table.selector(snapshot, version)
-        return selector.eligible(endpoints, self._signals, exclude)
+        endpoints, selector = layout.version(version, self._table)
+        signals, filters = self._signals, selector.filters
+        return [
+            e for e in endpoints if e.id not in exclude and _keeps(e, filters, signals)
+        ]  # fmt: skip
 
     def load(self, endpoint: EndpointSnap) -> tuple[int, EndpointLoad]:
         inflight = self._inflight.get(endpoint.id)
@@ -106,8 +157,8 @@ class FleetPlacement:
         adapter: str | None = None,
         prefix: PromptPrefix | None = None,
     ) -> EndpointSnap:
-        snapshot = self._snapshot()
-        if snapshot is None:
+        layout = self._current()
+        if layout is None:
             return endpoints[0]
         placer = self._prefix if prefix is not None else None
         match = None if placer is None or prefix is None else placer.match(prefix, endpoints)
@@ -117,9 +168,9 @@ class FleetPlacement:
         elif placer is not None and match is not None:
             chosen = placer.sticky(endpoints, match, self._inflight.get)
         if chosen is None:
-            selector = self._table.selector(snapshot, endpoints[0].version)
+            selector = layout.version(endpoints[0].version, self._table)[1]
             signals = RequestSignals(
-                self._signals, snapshot, affinity_key, match,
+                self._signals, layout.snapshot, affinity_key, match,
                 adapter=adapter, residency=self._residency,
             )  # fmt: skip
             chosen = selector.picker.pick([(e, selector.score(e, signals)) for e in endpoints])
@@ -187,17 +238,15 @@ class FleetPlacement:
         return chosen
 
     def capacity(self) -> int:
-        snapshot = self._snapshot()
-        if snapshot is None:
+        layout = self._current()
+        if layout is None:
             return 0
-        total = 0
-        for endpoint in snapshot.endpoints.values():
-            if endpoint.pool != self.pool:
-                continue
-            selector = self._table.selector(snapshot, endpoint.version)
-            if selector.eligible((endpoint,), self._signals):
-                total += endpoint.capacity
-        return total
+        signals = self._signals
+        return sum(
+            endpoint.capacity
+            for endpoint, filters in layout.members
+            if _keeps(endpoint, filters, signals)
+        )
 
     def acquire(self, endpoint_id: int) -> None:
         now = self._clock()

@@ -307,7 +307,7 @@ class RouterMetrics:
         self.slis = SliCounters(self.registry)
         self._stages = Children(self.stage_seconds)
         self._requests = Children(self.requests_total)
-        self._inflight = Children(self.inflight)
+        self._inflight: dict[int, Gauge] = {}  # endpoint id -> its child (ids are bounded)
         self._queue_waits = Children(self.queue_wait)
 
     def attach_scheduling(self, views: PoolViews) -> None:
@@ -371,7 +371,10 @@ class RouterMetrics:
 
     def inflight_delta(self, endpoint_id: int, delta: int) -> None:
         """Move ``switchyard_inflight_requests{endpoint}`` by ``delta``."""
-        self._inflight(str(endpoint_id)).inc(delta)
+        child = self._inflight.get(endpoint_id)
+        if child is None:
+            child = self._inflight[endpoint_id] = self.inflight.labels(str(endpoint_id))
+        child.inc(delta)
 
     def render(self) -> tuple[bytes, str]:
         """The exposition text and its content type, for ``GET /metrics``."""

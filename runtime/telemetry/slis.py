@@ -26,21 +26,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Final
+from typing import Final, NamedTuple
 
 from prometheus_client import CollectorRegistry, Counter
 
 from runtime.snapshot import Snapshot
-from runtime.telemetry.children import Children
 from runtime.telemetry.logging import RequestRecord
 
 SLIS: Final = ("availability", "ttft", "itl", "e2e", "stream_completion")
 _NOT_THE_PLATFORM: Final = frozenset({"client_disconnected"})
 
 
-@dataclass(frozen=True, slots=True)
-class SliVerdict:
+class SliVerdict(NamedTuple):
     """Which SLIs one request counts toward (None: not counted) and whether it was good."""
 
     availability: bool | None
@@ -109,8 +106,9 @@ class SliCounters:
             ["sli", "class", "model"],
             registry=registry,
         )
-        self._events = Children(self.events)
-        self._good = Children(self.good)
+        # (class, model) -> the children of each SLI in SliVerdict's field order, events then
+        # good; each made on its first count (a series appears once it counts something).
+        self._rows: dict[tuple[str, str], list[Counter | None]] = {}
 
     def observe(self, record: RequestRecord, snapshot: Snapshot | None) -> None:
         """Count one finished request (``record.klass``/``record.model`` name the series)."""
@@ -121,9 +119,19 @@ class SliCounters:
             e2e_slo_ms=None if klass is None else klass.deadline_ms,
             itl_slo_ms=None if klass is None else klass.itl_slo_ms,
         )
-        for sli, good in verdict.items():
+        series = (record.klass, record.model)
+        row = self._rows.get(series)
+        if row is None:
+            row = self._rows[series] = [None] * (2 * len(SliVerdict._fields))
+        for index, good in enumerate(verdict):
             if good is None:
                 continue
-            self._events(sli, record.klass, record.model).inc()
+            events = row[2 * index]
+            if events is None:
+                events = row[2 * index] = self.events.labels(SliVerdict._fields[index], *series)
+            events.inc()
             if good:
-                self._good(sli, record.klass, record.model).inc()
+                kept = row[2 * index + 1]
+                if kept is None:
+                    kept = row[2 * index + 1] = self.good.labels(SliVerdict._fields[index], *series)
+                kept.inc()

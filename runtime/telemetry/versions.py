@@ -1,8 +1,9 @@
 """Per-version request telemetry for rollout gates, aggregated in the router, flushed to Redis.
 
-The request path calls :meth:`VersionStats.record` once per accounted request (a few dict
-increments, no I/O). A background task flushes the pending counts every ``interval_s`` with one
-pipelined ``HINCRBY`` batch into time buckets::
+The request path calls :meth:`VersionStats.record` once per accounted request (a few
+increments of a preallocated row of counts per version and bucket, no I/O, no field names
+built). A background task folds the rows into field names and flushes the pending counts every
+``interval_s`` with one pipelined ``HINCRBY`` batch into time buckets::
 
     {ns}:vstats:{model}|{version label}:{bucket}   hash, bucket = unix time // BUCKET_S
 
@@ -55,6 +56,39 @@ E2E_BOUNDS_MS: tuple[float, ...] = (
 )  # fmt: skip
 
 
+# A pending row's layout: n, err, pt, ct, then the TTFT, e2e and ITL histograms' buckets.
+_N, _ERR, _PT, _CT = 0, 1, 2, 3
+_TTFT = 4
+_E2E = _TTFT + len(TTFT_BOUNDS_MS) + 1
+_ITL = _E2E + len(E2E_BOUNDS_MS) + 1
+_FIELDS: tuple[str, ...] = (
+    "n", "err", "pt", "ct",
+    *(f"ttft:{i}" for i in range(len(TTFT_BOUNDS_MS) + 1)),
+    *(f"e2e:{i}" for i in range(len(E2E_BOUNDS_MS) + 1)),
+    *(f"itl:{i}" for i in range(len(ITL_BOUNDS_MS) + 1)),
+)  # fmt: skip
+
+
+class _Row:
+    """One version's pending counts in one bucket (``counts`` in :data:`_FIELDS` order)."""
+
+    __slots__ = ("counts", "errors")
+
+    def __init__(self) -> None:
+        self.counts = [0] * len(_FIELDS)
+        self.errors: Counter[str] = Counter()  # "err:<outcome>" -> count
+
+    def fields(self) -> Counter[str]:
+        """The Redis hash fields and their increments (those that moved)."""
+        moved = zip(_FIELDS, self.counts, strict=True)
+        found = Counter({name: value for name, value in moved if value})
+        found.update(self.errors)
+        return found
+
+
+PendingKey = tuple[str, str, int]  # (model, version label, bucket)
+
+
 def ttft_bucket(ms: float) -> int:
     return bisect.bisect_left(TTFT_BOUNDS_MS, ms)
 
@@ -77,7 +111,8 @@ class VersionStats(PeriodicFlusher):
         super().__init__(redis_url, interval_s=interval_s, name="switchyard-version-stats")
         self._namespace = namespace
         self._clock = clock
-        self._pending: dict[str, Counter[str]] = {}
+        self._pending: dict[PendingKey, _Row] = {}
+        self._retry: dict[str, Counter[str]] = {}  # a failed flush's counts, by Redis key
         self._itl_bucket = functools.partial(bisect.bisect_left, ITL_BOUNDS_MS)  # C, no frame
 
     def record(
@@ -97,25 +132,25 @@ class VersionStats(PeriodicFlusher):
         stream, ``e2e_ms`` for a unary request that reached an engine."""
         if not model or not version:
             return  # refused before a version was chosen: nothing to compare
-        key = stats_key(self._namespace, model, version, int(self._clock()) // BUCKET_S)
-        counts = self._pending.get(key)
-        if counts is None:
-            counts = self._pending[key] = Counter()
-        counts["n"] += 1
+        key = (model, version, int(self._clock()) // BUCKET_S)
+        row = self._pending.get(key)
+        if row is None:
+            row = self._pending[key] = _Row()
+        counts = row.counts
+        counts[_N] += 1
         if status >= 500 or status == 0:
-            counts["err"] += 1
-            counts[f"err:{outcome or 'error'}"] += 1
+            counts[_ERR] += 1
+            row.errors[f"err:{outcome or 'error'}"] += 1
         if ttft_ms is not None:
-            counts[f"ttft:{ttft_bucket(ttft_ms)}"] += 1
+            counts[_TTFT + bisect.bisect_left(TTFT_BOUNDS_MS, ttft_ms)] += 1
         if e2e_ms is not None:
-            counts[f"e2e:{bisect.bisect_left(E2E_BOUNDS_MS, e2e_ms)}"] += 1
-        if itl_ms:  # one key per bucket touched, not per gap
-            for index, seen in Counter(map(self._itl_bucket, itl_ms)).items():
-                counts[f"itl:{index}"] += seen
+            counts[_E2E + bisect.bisect_left(E2E_BOUNDS_MS, e2e_ms)] += 1
+        for index in map(self._itl_bucket, itl_ms):
+            counts[_ITL + index] += 1
         if prompt_tokens:
-            counts["pt"] += prompt_tokens
+            counts[_PT] += prompt_tokens
         if completion_tokens:
-            counts["ct"] += completion_tokens
+            counts[_CT] += completion_tokens
 
     def record_request(self, record: RequestRecord) -> None:
         """:meth:`record` from the gateway's finished request record."""
@@ -135,13 +170,28 @@ class VersionStats(PeriodicFlusher):
 
     @property
     def pending(self) -> int:
-        return len(self._pending)
+        """Buckets waiting for a flush (one per version and time bucket)."""
+        return len(self.pending_fields())
+
+    def pending_fields(self) -> dict[str, Counter[str]]:
+        """What the next flush would write: Redis key -> fields and their increments."""
+        batch = {key: Counter(counts) for key, counts in self._retry.items()}
+        for (model, version, bucket), row in self._pending.items():
+            key = stats_key(self._namespace, model, version, bucket)
+            batch.setdefault(key, Counter()).update(row.fields())
+        return batch
+
+    def _batch(self) -> dict[str, Counter[str]]:
+        """:meth:`pending_fields`, and nothing pending any more."""
+        batch = self.pending_fields()
+        self._pending, self._retry = {}, {}
+        return batch
 
     async def flush(self) -> int:
         """Write the pending counts; returns how many buckets were written (0 on failure)."""
-        if not self._pending or self._client is None:
+        if not (self._pending or self._retry) or self._client is None:
             return 0
-        batch, self._pending = self._pending, {}
+        batch = self._batch()
         try:
             async with self._client.pipeline(transaction=False) as pipe:
                 for key, counts in batch.items():
@@ -152,7 +202,7 @@ class VersionStats(PeriodicFlusher):
         except (RedisError, OSError) as exc:
             logger.warning("version stats: flush of %d buckets failed (%r)", len(batch), exc)
             for key, counts in batch.items():
-                self._pending.setdefault(key, Counter()).update(counts)
+                self._retry.setdefault(key, Counter()).update(counts)
             return 0
         return len(batch)
 
