@@ -27,11 +27,11 @@ import asyncio
 import contextlib
 import logging
 import re
-import uuid
 from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from typing import Any, ClassVar
 
 from runtime.gateway.errors import ApiError
+from runtime.gateway.request_ids import RequestIds
 from runtime.gateway.state import STATE_KEY, RouterState
 
 logger = logging.getLogger(__name__)
@@ -56,12 +56,12 @@ def header(scope: Scope, name: bytes) -> bytes | None:
     return None
 
 
-def request_id_for(scope: Scope) -> str:
-    """The client's ``X-Request-Id`` when it is sane, else a fresh one."""
+def request_id_for(scope: Scope, ids: RequestIds) -> str:
+    """The client's ``X-Request-Id`` when it is sane, else a fresh one from ``ids``."""
     given = header(scope, b"x-request-id")
     if given is not None and _REQUEST_ID_RE.fullmatch(given):
         return given.decode("ascii")
-    return uuid.uuid4().hex
+    return ids.next()
 
 
 HOOK_KEY = "switchyard.connection"  # the scope key of the server's ConnectionHook
@@ -115,7 +115,7 @@ class GatewayConsumer(metaclass=abc.ABCMeta):
         self.scope = scope
         self.channel_layer = None  # never touch Redis for one (the Channels flavour)
         self.base_send = send
-        self.request_id = request_id_for(scope)
+        self.request_id = request_id_for(scope, self.state.request_ids)
         if (early := self.early_error(scope)) is not None:
             await self.refuse(early)
             return

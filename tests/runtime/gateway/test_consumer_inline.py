@@ -15,6 +15,7 @@ import pytest
 
 from runtime.gateway.config import RouterConfig
 from runtime.gateway.consumers import HOOK_KEY, ROUTER_SHUTDOWN, ConnectionHook, GatewayConsumer
+from runtime.gateway.request_ids import RequestIds
 from runtime.gateway.state import STATE_KEY
 
 pytestmark = [pytest.mark.unit, pytest.mark.asyncio]
@@ -57,7 +58,8 @@ class Exchange:
         self.ends = ends  # False: the body's last chunk says more is coming, and none does
         self.sent: list[dict[str, Any]] = []
         self.done = asyncio.Event()
-        state = SimpleNamespace(config=RouterConfig(max_body_bytes=64, body_timeout_s=timeout_s))
+        config = RouterConfig(max_body_bytes=64, body_timeout_s=timeout_s)
+        state = SimpleNamespace(config=config, request_ids=RequestIds())
         self.scope: dict[str, Any] = {
             "type": "http", "method": "POST", "path": "/probe", "headers": [],
             "state": {STATE_KEY: state},
