@@ -15,17 +15,13 @@ transport's own buffer is dropped). Every other method is the wrapped transport'
 The router's HTTP protocol (:mod:`runtime.gateway.http_protocol`) wraps the transport of each
 HTTPS connection; plain HTTP is left as uvicorn writes it (there a write is a ``send`` call,
 not a record, and a turn usually holds one write: the wrapper would cost its callback without
-a saving to pay for it). There a response's head alone is held, by :class:`HeadHold`: the
-head and the body's first write (the first event of a stream, which is in hand when the head is
-written; a JSON body) usually come in the same turn, and go out as one ``send`` instead of two
-(issue #27: a write on a plain socket costs the router ~20-30 µs of CPU, more than the head's
-Python). The rest of the response is written as uvicorn writes it.
+a saving to pay for it).
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Protocol
+from typing import Any
 
 
 class CoalescingTransport(asyncio.Transport):
@@ -112,80 +108,3 @@ class CoalescingTransport(asyncio.Transport):
 
     def can_write_eof(self) -> bool:
         return self._transport.can_write_eof()
-
-
-class Cycle(Protocol):
-    """What :class:`HeadHold` needs of uvicorn's ``RequestResponseCycle``: its transport."""
-
-    transport: asyncio.Transport
-
-
-class HeadHold(asyncio.Transport):
-    """One response's writes until its head has gone out: the first write (the head) is kept,
-    and goes out joined to the next write of the same event-loop turn, or alone on the loop's
-    next turn. Then the cycle writes to the socket's transport again (this object steps aside:
-    no wrapper on the rest of the response). ``close`` sends the head first; ``abort`` drops
-    it (as the transport's own buffer is dropped)."""
-
-    __slots__ = ("_cycle", "_head", "_loop", "_transport")
-
-    def __init__(
-        self, transport: asyncio.Transport, cycle: Cycle, loop: asyncio.AbstractEventLoop
-    ) -> None:
-        super().__init__()
-        self._transport = transport
-        self._cycle = cycle
-        self._loop = loop
-        self._head: bytes | None = None
-        cycle.transport = self
-
-    def write(self, data: bytes | bytearray | memoryview) -> None:
-        head = self._head
-        if head is None:
-            if not data:
-                return
-            self._head = bytes(data)
-            self._loop.call_soon(self.flush)
-            return
-        self._done()
-        if not self._transport.is_closing():
-            self._transport.write(head + data)
-
-    def writelines(self, lines: Any) -> None:
-        for data in lines:
-            self.write(data)
-
-    def flush(self) -> None:
-        """Send the head kept (alone), and step aside."""
-        head = self._head
-        if self._cycle.transport is not self:
-            return  # already joined to a write, or dropped
-        self._done()
-        if head is not None and not self._transport.is_closing():
-            self._transport.write(head)
-
-    def _done(self) -> None:
-        self._head = None
-        self._cycle.transport = self._transport
-
-    def close(self) -> None:
-        self.flush()
-        self._transport.close()
-
-    def write_eof(self) -> None:
-        self.flush()
-        self._transport.write_eof()
-
-    def abort(self) -> None:
-        self._done()
-        self._transport.abort()
-
-    def is_closing(self) -> bool:
-        return self._transport.is_closing()
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return self._transport.get_extra_info(name, default)
-
-    def get_write_buffer_size(self) -> int:
-        head = self._head
-        return (len(head) if head is not None else 0) + self._transport.get_write_buffer_size()

@@ -17,9 +17,7 @@ server begins its shutdown, so a consumer answers in the request's own task, wit
 task and no receive loop beside it (issue #27: one task per request).
 Under HTTPS a connection's writes go through
 :class:`~runtime.gateway.coalesce.CoalescingTransport` (what one event-loop turn writes is one
-write: one TLS record); on a plain HTTP connection a response's head is held by
-:class:`~runtime.gateway.coalesce.HeadHold` until the body's first write of the same turn
-(one ``send`` for both), the rest written as uvicorn writes it.
+write: one TLS record); plain HTTP connections write as uvicorn does.
 
 Used by ``python -m runtime.gateway`` (``http=BoundedHttpToolsProtocol``).
 """
@@ -32,7 +30,7 @@ from typing import Any
 import httptools
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
-from runtime.gateway.coalesce import CoalescingTransport, HeadHold
+from runtime.gateway.coalesce import CoalescingTransport
 from runtime.gateway.consumers import HOOK_KEY, ConnectionHook
 from runtime.gateway.errors import ApiError
 from runtime.gateway.state import STATE_KEY
@@ -130,13 +128,6 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         scope[HOOK_KEY] = hook  # the cycle made below holds this same scope
         self._hooks.append(hook)
         super().on_headers_complete()
-        cycle = self.cycle
-        if (
-            cycle is not None
-            and cycle.scope is scope  # made for this request (not an upgrade)
-            and not isinstance(self.transport, CoalescingTransport)  # TLS: every turn's writes
-        ):
-            HeadHold(self.transport, cycle, self.loop)
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
@@ -182,8 +173,6 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     def _refuse(self, error: ApiError) -> None:
         """Write the error document and close, outside the ASGI app (like uvicorn's 400)."""
         cycle = self.cycle
-        if cycle is not None and isinstance(cycle.transport, HeadHold):
-            cycle.transport.flush()  # a head kept goes out before anything else
         if cycle is not None and cycle.response_started and not cycle.response_complete:
             self.transport.close()  # mid-response (pipelined garbage): just end
             return

@@ -1,9 +1,7 @@
 """CoalescingTransport: the writes of one event-loop turn reach the socket as one write, in
 order, on the loop's next turn; close and write_eof send what is kept, abort drops it; a
 closing transport gets nothing more. Then over a real TLS connection: a server writing an
-event at a time sends one TLS record per turn, and the client reads the same bytes. Last,
-HeadHold (plain HTTP): a response's head goes out joined to the next write of its turn, or
-alone on the next turn; close sends it first, abort drops it."""
+event at a time sends one TLS record per turn, and the client reads the same bytes."""
 
 from __future__ import annotations
 
@@ -15,7 +13,7 @@ from typing import Any
 import pytest
 
 from config.tls import ensure_local_pki
-from runtime.gateway.coalesce import CoalescingTransport, HeadHold
+from runtime.gateway.coalesce import CoalescingTransport
 from runtime.tls import ClientTLS, ServerTLS
 
 pytestmark = pytest.mark.unit
@@ -140,65 +138,3 @@ async def test_over_tls_one_record_per_turn(tmp_path: Path) -> None:
         await server.wait_closed()
     assert received == b"".join(events)
     assert encrypted == [len(received)]
-
-
-class FakeCycle:
-    def __init__(self, transport: asyncio.Transport) -> None:
-        self.transport = transport
-
-
-@pytest.mark.asyncio
-async def test_the_head_is_joined_to_the_next_write_then_steps_aside() -> None:
-    raw = Recording()
-    cycle = FakeCycle(raw)
-    hold = HeadHold(raw, cycle, asyncio.get_running_loop())
-    assert cycle.transport is hold
-    hold.write(b"")  # nothing: no head yet
-    hold.write(b"HEAD\r\n\r\n")
-    assert raw.writes == []
-    assert hold.get_write_buffer_size() == 7 + 8
-    hold.write(memoryview(b"5\r\nfirst\r\n"))
-    assert raw.writes == [b"HEAD\r\n\r\n5\r\nfirst\r\n"]
-    assert cycle.transport is raw  # the rest goes straight to the socket's transport
-    await next_turn()  # the scheduled flush finds nothing kept
-    assert raw.writes == [b"HEAD\r\n\r\n5\r\nfirst\r\n"]
-
-
-@pytest.mark.asyncio
-async def test_a_head_alone_goes_out_on_the_next_turn() -> None:
-    raw = Recording()
-    cycle = FakeCycle(raw)
-    hold = HeadHold(raw, cycle, asyncio.get_running_loop())
-    hold.write(b"HEAD")
-    await next_turn()
-    assert raw.writes == [b"HEAD"]
-    assert cycle.transport is raw
-    assert hold.get_write_buffer_size() == 7
-
-
-@pytest.mark.asyncio
-async def test_close_sends_the_head_first_abort_drops_it() -> None:
-    loop = asyncio.get_running_loop()
-    raw = Recording()
-    cycle = FakeCycle(raw)
-    hold = HeadHold(raw, cycle, loop)
-    hold.write(b"HEAD")
-    hold.close()
-    assert (raw.writes, raw.calls) == ([b"HEAD"], ["close"])
-    assert hold.is_closing()
-
-    aborted = Recording()
-    cycle = FakeCycle(aborted)
-    hold = HeadHold(aborted, cycle, loop)
-    hold.write(b"HEAD")
-    hold.abort()
-    await next_turn()
-    assert (aborted.writes, aborted.calls) == ([], ["abort"])
-    assert cycle.transport is aborted
-
-    closing = Recording()
-    hold = HeadHold(closing, FakeCycle(closing), loop)
-    hold.write(b"HEAD")
-    closing.closing = True  # the connection went away meanwhile: nothing is written
-    hold.write(b"body")
-    assert closing.writes == []
