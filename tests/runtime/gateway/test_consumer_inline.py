@@ -144,6 +144,30 @@ async def test_a_body_that_never_ends_is_refused_408_inline() -> None:
     assert task.cancelling() == 0  # its own cancel taken back
 
 
+async def test_a_body_the_server_already_has_is_read_with_no_timer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``body_complete`` (the protocol parsed the whole body before the task ran): no body
+    timer is armed; without it one is, as before."""
+    loop = asyncio.get_running_loop()
+    armed: list[float] = []
+    call_later = loop.call_later
+
+    def recording(delay: float, callback: Any, *args: Any) -> asyncio.TimerHandle:
+        armed.append(delay)
+        return call_later(delay, callback, *args)
+
+    monkeypatch.setattr(loop, "call_later", recording)
+    for complete in (True, False):
+        hook = ConnectionHook()
+        hook.body_complete = complete
+        probe, exchange = Probe(), Exchange([b"{}"], hook=hook, timeout_s=7)
+        armed.clear()
+        await asyncio.wait_for(probe(exchange.scope, exchange.receive, exchange.send), 5)
+        assert exchange.status == 200
+        assert armed.count(7) == (0 if complete else 1)
+
+
 async def test_an_oversized_body_is_refused_413_inline() -> None:
     probe, exchange = Probe(), Exchange([b"x" * 40, b"y" * 40], hook=ConnectionHook())
     await asyncio.wait_for(probe(exchange.scope, exchange.receive, exchange.send), 5)
