@@ -27,11 +27,11 @@ import asyncio
 import contextlib
 import logging
 import re
-import uuid
 from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from typing import Any, ClassVar
 
 from runtime.gateway.errors import ApiError
+from runtime.gateway.request_ids import RequestIds
 from runtime.gateway.state import STATE_KEY, RouterState
 
 logger = logging.getLogger(__name__)
@@ -56,12 +56,12 @@ def header(scope: Scope, name: bytes) -> bytes | None:
     return None
 
 
-def request_id_for(scope: Scope) -> str:
-    """The client's ``X-Request-Id`` when it is sane, else a fresh one."""
+def request_id_for(scope: Scope, ids: RequestIds) -> str:
+    """The client's ``X-Request-Id`` when it is sane, else a fresh one from ``ids``."""
     given = header(scope, b"x-request-id")
     if given is not None and _REQUEST_ID_RE.fullmatch(given):
         return given.decode("ascii")
-    return uuid.uuid4().hex
+    return ids.next()
 
 
 HOOK_KEY = "switchyard.connection"  # the scope key of the server's ConnectionHook
@@ -70,14 +70,17 @@ HOOK_KEY = "switchyard.connection"  # the scope key of the server's ConnectionHo
 class ConnectionHook:
     """What a server that supports it (:mod:`runtime.gateway.http_protocol`) puts in a
     request's scope: it calls ``on_lost`` when the connection is lost before the response
-    completed, and sets ``shutting_down`` when the server starts its shutdown. With it a
-    consumer answers in the server's task (see :meth:`GatewayConsumer._inline`)."""
+    completed, sets ``shutting_down`` when the server starts its shutdown, and sets
+    ``body_complete`` when it has parsed the request's whole body (then the consumer reads it
+    with no time bound: nothing is left to wait for). With it a consumer answers in the
+    server's task (see :meth:`GatewayConsumer._inline`)."""
 
-    __slots__ = ("on_lost", "shutting_down")
+    __slots__ = ("body_complete", "on_lost", "shutting_down")
 
     def __init__(self) -> None:
         self.on_lost: Callable[[], None] | None = None
         self.shutting_down = False
+        self.body_complete = False  # the server has the whole body: reading it cannot stall
 
     def lost(self) -> None:
         on_lost, self.on_lost = self.on_lost, None
@@ -115,7 +118,7 @@ class GatewayConsumer(metaclass=abc.ABCMeta):
         self.scope = scope
         self.channel_layer = None  # never touch Redis for one (the Channels flavour)
         self.base_send = send
-        self.request_id = request_id_for(scope)
+        self.request_id = request_id_for(scope, self.state.request_ids)
         if (early := self.early_error(scope)) is not None:
             await self.refuse(early)
             return
@@ -142,16 +145,20 @@ class GatewayConsumer(metaclass=abc.ABCMeta):
         """The request in the server's own task: the body is read here, then the handler runs
         here too (no handler task, no receive loop). A lost connection cancels this task
         through ``hook`` (``client_gone``); a body still incomplete after ``body_timeout_s``
-        cancels it too (408); any other cancel is the server's shutdown cut."""
+        cancels it too (408: timed only when the server did not have the whole body when this
+        task began); any other cancel is the server's shutdown cut."""
         task = asyncio.current_task()
         assert task is not None
         self._hook = hook
-        timer = asyncio.get_running_loop().call_later(
-            self.state.config.body_timeout_s, self._inline_timed_out, task
-        )
+        timer = None  # the body is in the server's hands already (the usual case): no bound
+        if not hook.body_complete:
+            timer = asyncio.get_running_loop().call_later(
+                self.state.config.body_timeout_s, self._inline_timed_out, task
+            )
         try:
             body = await self._read_body(receive)
-            timer.cancel()
+            if timer is not None:
+                timer.cancel()
             if body is None:
                 return
             hook.on_lost = lambda: self._inline_lost(task)
@@ -165,7 +172,8 @@ class GatewayConsumer(metaclass=abc.ABCMeta):
             await self._cut(ROUTER_SHUTDOWN)
             raise
         finally:
-            timer.cancel()
+            if timer is not None:
+                timer.cancel()
             hook.on_lost = None
 
     async def _read_body(self, receive: Receive) -> bytes | None:

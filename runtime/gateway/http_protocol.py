@@ -14,7 +14,8 @@ gets uvicorn's 400, but as an OpenAI error document (``bad_http_request``), not 
 Each request's scope also carries a :class:`~runtime.gateway.consumers.ConnectionHook`: the
 protocol tells it when the connection is lost before the response completed and when the
 server begins its shutdown, so a consumer answers in the request's own task, with no handler
-task and no receive loop beside it (issue #27: one task per request).
+task and no receive loop beside it (issue #27: one task per request); it also tells it when the
+request's whole body has been parsed (a body that came with its head needs no body timer).
 Under HTTPS a connection's writes go through
 :class:`~runtime.gateway.coalesce.CoalescingTransport` (what one event-loop turn writes is one
 write: one TLS record); plain HTTP connections write as uvicorn does.
@@ -128,6 +129,11 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         scope[HOOK_KEY] = hook  # the cycle made below holds this same scope
         self._hooks.append(hook)
         super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        if self._hooks:  # the request whose head was parsed last: its body is whole
+            self._hooks[-1].body_complete = True
 
     def on_response_complete(self) -> None:
         super().on_response_complete()

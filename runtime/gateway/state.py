@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import logging
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from runtime.admission.redis_limits import RedisLimits
 from runtime.cache.metrics import CacheMetrics
@@ -37,6 +37,7 @@ from runtime.gateway.live_view import live_sources
 from runtime.gateway.pipeline.build import inference_stages
 from runtime.gateway.pipeline.stage import Pipeline
 from runtime.gateway.pipeline.stages.account import Account
+from runtime.gateway.request_ids import RequestIds
 from runtime.gateway.safety_classifier import UpstreamClassifier
 from runtime.gateway.tokens import TokenCounter
 from runtime.gateway.unary import make_coalescer
@@ -97,6 +98,7 @@ class RouterState:
     cache: CacheFront  # the response cache and idempotency records (runtime/cache)
     pipeline: Pipeline
     account: Account
+    request_ids: RequestIds = field(default_factory=RequestIds)  # fresh X-Request-Id values
     snapshot_task: asyncio.Task[None] | None = None
     loop_lag: LoopLagProbe | None = None  # the event loop's lag histogram (issue #14)
     adapter_heartbeats: AdapterHeartbeats | None = None  # LoRA residency from heartbeats

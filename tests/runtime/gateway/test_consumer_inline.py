@@ -15,6 +15,7 @@ import pytest
 
 from runtime.gateway.config import RouterConfig
 from runtime.gateway.consumers import HOOK_KEY, ROUTER_SHUTDOWN, ConnectionHook, GatewayConsumer
+from runtime.gateway.request_ids import RequestIds
 from runtime.gateway.state import STATE_KEY
 
 pytestmark = [pytest.mark.unit, pytest.mark.asyncio]
@@ -57,7 +58,8 @@ class Exchange:
         self.ends = ends  # False: the body's last chunk says more is coming, and none does
         self.sent: list[dict[str, Any]] = []
         self.done = asyncio.Event()
-        state = SimpleNamespace(config=RouterConfig(max_body_bytes=64, body_timeout_s=timeout_s))
+        config = RouterConfig(max_body_bytes=64, body_timeout_s=timeout_s)
+        state = SimpleNamespace(config=config, request_ids=RequestIds())
         self.scope: dict[str, Any] = {
             "type": "http", "method": "POST", "path": "/probe", "headers": [],
             "state": {STATE_KEY: state},
@@ -140,6 +142,30 @@ async def test_a_body_that_never_ends_is_refused_408_inline() -> None:
     task = asyncio.current_task()
     assert task is not None
     assert task.cancelling() == 0  # its own cancel taken back
+
+
+async def test_a_body_the_server_already_has_is_read_with_no_timer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``body_complete`` (the protocol parsed the whole body before the task ran): no body
+    timer is armed; without it one is, as before."""
+    loop = asyncio.get_running_loop()
+    armed: list[float] = []
+    call_later = loop.call_later
+
+    def recording(delay: float, callback: Any, *args: Any) -> asyncio.TimerHandle:
+        armed.append(delay)
+        return call_later(delay, callback, *args)
+
+    monkeypatch.setattr(loop, "call_later", recording)
+    for complete in (True, False):
+        hook = ConnectionHook()
+        hook.body_complete = complete
+        probe, exchange = Probe(), Exchange([b"{}"], hook=hook, timeout_s=7)
+        armed.clear()
+        await asyncio.wait_for(probe(exchange.scope, exchange.receive, exchange.send), 5)
+        assert exchange.status == 200
+        assert armed.count(7) == (0 if complete else 1)
 
 
 async def test_an_oversized_body_is_refused_413_inline() -> None:

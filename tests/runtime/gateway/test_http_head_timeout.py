@@ -1,7 +1,8 @@
 """The request head's time bound in our uvicorn protocol (a slow-loris client gets a 408 and
 the connection closes), with uvicorn serving on this event loop: the first request's head,
 a later one on a kept-alive connection, and a connection idle between requests (not refused:
-uvicorn's keep-alive timeout rules there)."""
+uvicorn's keep-alive timeout rules there). And the hook's ``body_complete``: whether the
+request's whole body was parsed before the app ran (then the consumer arms no body timer)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import uvicorn
 from fixtures.net import free_port
 from fixtures.wait import async_eventually
 
+from runtime.gateway.consumers import HOOK_KEY
 from runtime.gateway.http_protocol import BoundedHttpToolsProtocol
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
@@ -38,11 +40,11 @@ async def ok(scope: dict[str, Any], receive: Any, send: Any) -> None:
 
 
 @contextlib.asynccontextmanager
-async def server() -> AsyncIterator[int]:
+async def server(app: Any = ok) -> AsyncIterator[int]:
     port = free_port()
     served = uvicorn.Server(
         uvicorn.Config(
-            ok, host="127.0.0.1", port=port, loop="none", http=ShortHead, lifespan="off",
+            app, host="127.0.0.1", port=port, loop="none", http=ShortHead, lifespan="off",
             log_config=None, access_log=False, timeout_keep_alive=30,
         )
     )  # fmt: skip
@@ -91,3 +93,38 @@ async def test_a_later_slow_head_on_a_kept_alive_connection_is_timed_from_its_st
         async with asyncio.timeout(10):
             assert (await reader.readuntil(b"ok")).startswith(b"HTTP/1.1 200")
         await stalled_head_refused(reader, writer, b"GET /x HTTP/1.1\r\n")
+
+
+async def test_the_hook_says_whether_the_whole_body_was_parsed_before_the_app_ran() -> None:
+    """A body sent with its head: ``body_complete`` when the app starts (no body timer is
+    needed); a body sent only once the app runs: not yet, then complete once it came."""
+    seen: list[bool] = []
+    entered = asyncio.Event()
+
+    async def body_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        hook = scope[HOOK_KEY]
+        seen.append(hook.body_complete)
+        entered.set()
+        message = await receive()
+        while message.get("more_body"):
+            message = await receive()
+        seen.append(hook.body_complete)
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-length", b"2")]})  # fmt: skip
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    head = b"POST /x HTTP/1.1\r\nHost: t\r\nContent-Length: 2\r\n\r\n"
+    async with server(body_app) as port:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        async with asyncio.timeout(10):
+            writer.write(head + b"{}")
+            await reader.readuntil(b"ok")
+            entered.clear()
+            writer.write(head)
+            await entered.wait()  # the app runs; its body is not sent yet
+            writer.write(b"{}")
+            await reader.readuntil(b"ok")
+        writer.close()
+    assert seen == [True, True, False, True]
