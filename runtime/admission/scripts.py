@@ -100,43 +100,59 @@ return {status, 0, 0, avail, capped and math.max(0, room) or -1, hold, used + 1,
         math.floor(left), window}
 """
 
+# One call settles one or more settlements, each with 7 KEYS and 8 ARGV in turn (one flush is
+# one call: issue #27; the first settlement's are KEYS[1..7] and ARGV[1..8]). Per settlement:
 # KEYS: rpm, tpm, conc, credit, escrow, usage stream, done marker. ARGV: lease id, tokens to
 # credit back, "1" to drop the RPM entry, cost µc, day field, month field, usage event ("" for
 # none), done TTL s. Charges min(cost, available after releasing this lease's escrow), so a
 # balance never goes negative (unless Redis lost the balance: then the full cost, and the
 # reconciliation re-bases it on the ledger); appends the event with the amount charged. A
-# lease settled before (a spool replay) changes nothing. Returns the µc charged (-1: replay).
+# lease settled before (a spool replay) changes nothing. Each settlement is applied in turn,
+# exactly as if it were called alone. Returns the µc charged per settlement, in order (-1: a
+# replay).
 SETTLE_LUA = """
-if redis.call('SET', KEYS[7], '1', 'NX', 'EX', tonumber(ARGV[8])) == false then return -1 end
-redis.call('ZREM', KEYS[3], ARGV[1])
-if ARGV[3] == '1' then redis.call('ZREM', KEYS[1], ARGV[1]) end
-local refund = tonumber(ARGV[2])
-if refund ~= 0 and redis.call('EXISTS', KEYS[2]) == 1 then
-  redis.call('HINCRBYFLOAT', KEYS[2], 'tokens', refund)
+if #KEYS == 0 or #KEYS % 7 ~= 0 or #ARGV * 7 ~= #KEYS * 8 then
+  return redis.error_reply('ERR settle: 7 keys and 8 arguments per settlement')
 end
-local held = tonumber(redis.call('HGET', KEYS[5], ARGV[1]) or '0')
-if held > 0 then
-  redis.call('HDEL', KEYS[5], ARGV[1])
-  redis.call('HINCRBY', KEYS[4], 'escrow', -held)
-end
-local cost, charge = tonumber(ARGV[4]), 0
-if cost > 0 then
-  local c = redis.call('HMGET', KEYS[4], 'balance', 'escrow')
-  if c[1] == false then
-    charge = cost  -- a Redis that lost the balance: charge in full; reconciliation re-bases it
-  else
-    charge = math.max(0, math.min(cost, tonumber(c[1]) - (tonumber(c[2]) or 0)))
+local function settle(k, a)
+  if redis.call('SET', KEYS[k + 7], '1', 'NX', 'EX', tonumber(ARGV[a + 8])) == false then
+    return -1
   end
-  if charge > 0 then
-    redis.call('HINCRBY', KEYS[4], 'balance', -charge)
-    redis.call('HINCRBY', KEYS[4], ARGV[5], charge)
-    redis.call('HINCRBY', KEYS[4], ARGV[6], charge)
+  local lease = ARGV[a + 1]
+  redis.call('ZREM', KEYS[k + 3], lease)
+  if ARGV[a + 3] == '1' then redis.call('ZREM', KEYS[k + 1], lease) end
+  local refund = tonumber(ARGV[a + 2])
+  if refund ~= 0 and redis.call('EXISTS', KEYS[k + 2]) == 1 then
+    redis.call('HINCRBYFLOAT', KEYS[k + 2], 'tokens', refund)
   end
+  local credit = KEYS[k + 4]
+  local held = tonumber(redis.call('HGET', KEYS[k + 5], lease) or '0')
+  if held > 0 then
+    redis.call('HDEL', KEYS[k + 5], lease)
+    redis.call('HINCRBY', credit, 'escrow', -held)
+  end
+  local cost, charge = tonumber(ARGV[a + 4]), 0
+  if cost > 0 then
+    local c = redis.call('HMGET', credit, 'balance', 'escrow')
+    if c[1] == false then
+      charge = cost  -- a Redis that lost the balance: charge in full; reconciliation re-bases it
+    else
+      charge = math.max(0, math.min(cost, tonumber(c[1]) - (tonumber(c[2]) or 0)))
+    end
+    if charge > 0 then
+      redis.call('HINCRBY', credit, 'balance', -charge)
+      redis.call('HINCRBY', credit, ARGV[a + 5], charge)
+      redis.call('HINCRBY', credit, ARGV[a + 6], charge)
+    end
+  end
+  if ARGV[a + 7] ~= '' then
+    redis.call('XADD', KEYS[k + 6], '*', 'event', ARGV[a + 7], 'charged', charge)
+  end
+  return charge
 end
-if ARGV[7] ~= '' then
-  redis.call('XADD', KEYS[6], '*', 'event', ARGV[7], 'charged', charge)
-end
-return charge
+local charged = {}
+for i = 0, #KEYS / 7 - 1 do charged[i + 1] = settle(i * 7, i * 8) end
+return charged
 """
 
 # KEYS: conc. ARGV: lease ms, then lease ids. Pushes the expiry of leases still held.

@@ -1,0 +1,141 @@
+"""One settle script call per flush (issue #27): every settlement of the batch is applied
+exactly once, as if it were sent alone; a large batch goes in a few calls; the script answers
+each settlement's charge (-1: a replay). A private redis-server, so its command counts are the
+router's alone."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+import redis
+from fixtures.private_redis import PrivateRedis
+
+from runtime.admission import redis_limits
+from runtime.admission.limits import Quota
+from runtime.admission.redis_limits import DONE_TTL_S, RedisLimits
+from runtime.admission.scripts import SETTLE_LUA
+from runtime.contract import credit_key, done_key, escrow_key, limits_keys
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+
+PREFIX = "sytest:settle-batch"
+STREAM = f"{PREFIX}:usage"
+QUOTA = Quota(rpm=100_000, tpm=100_000_000, concurrency=100_000)
+BALANCE = 1_000
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[PrivateRedis]:
+    server = PrivateRedis(tmp_path / "redis")
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def client(server: PrivateRedis) -> Iterator[redis.Redis[bytes]]:
+    client: redis.Redis[bytes] = redis.Redis.from_url(server.url)
+    for tenant in ("acme", "beta"):
+        client.hset(credit_key(PREFIX, tenant), "balance", BALANCE)
+    client.script_load(SETTLE_LUA)  # no NOSCRIPT reply in the calls counted
+    yield client
+    client.close()
+
+
+@pytest_asyncio.fixture
+async def limits(server: PrivateRedis) -> AsyncIterator[RedisLimits]:
+    """Started, no allowance (every lease is Redis's), a linger no test waits out."""
+    limits = RedisLimits(server.url, prefix=PREFIX, usage_stream=STREAM, allowance_ttl_s=None,
+                         settle_linger_s=30.0)  # fmt: skip
+    await limits.start()
+    yield limits
+    await limits.stop()
+
+
+def evalsha_calls(client: redis.Redis[bytes]) -> int:
+    return int(client.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0))
+
+
+def balance(client: redis.Redis[bytes], tenant: str) -> int:
+    return int(client.hget(credit_key(PREFIX, tenant), "balance") or 0)
+
+
+def charged_events(client: redis.Redis[bytes]) -> dict[str, int]:
+    """Usage event id -> µc charged, failing on an event appended twice."""
+    events: dict[str, int] = {}
+    for _id, fields in client.xrange(STREAM):
+        name = json.loads(fields[b"event"])["id"]
+        assert name not in events, f"{name} appended twice"
+        events[name] = int(fields[b"charged"])
+    return events
+
+
+@pytest.mark.asyncio
+async def test_the_settlements_of_one_flush_are_one_call_each_applied_once(
+    limits: RedisLimits, client: redis.Redis[bytes]
+) -> None:
+    tenants = ("acme", "acme", "beta")
+    leases = [await limits.acquire(tenant, QUOTA, tokens=10) for tenant in tenants]
+    client.config_resetstat()
+    costs = (100, 250, 40)
+    for n, (lease, cost) in enumerate(zip(leases, costs, strict=True)):
+        limits.settle(lease, actual_tokens=4, served=True, cost_uc=cost,
+                      event=json.dumps({"id": f"e{n}"}).encode())  # fmt: skip
+    assert await limits.flush() == 3  # queued with no await between: one batch
+    assert evalsha_calls(client) == 1
+    assert balance(client, "acme") == BALANCE - 350
+    assert balance(client, "beta") == BALANCE - 40
+    assert charged_events(client) == {"e0": 100, "e1": 250, "e2": 40}
+    for tenant in ("acme", "beta"):
+        assert client.zcard(limits_keys(PREFIX, tenant)[2]) == 0  # every slot is free
+    for lease in leases:
+        assert client.exists(done_key(PREFIX, lease.tenant, lease.id))
+
+
+@pytest.mark.asyncio
+async def test_a_batch_larger_than_one_call_goes_in_a_few_each_applied_once(
+    limits: RedisLimits, client: redis.Redis[bytes], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(redis_limits, "_SETTLES_PER_CALL", 3)
+    leases = [await limits.acquire("acme", QUOTA, tokens=10) for _ in range(7)]
+    client.config_resetstat()
+    for n, lease in enumerate(leases):
+        limits.settle(lease, actual_tokens=4, served=True, cost_uc=10,
+                      event=json.dumps({"id": f"e{n}"}).encode())  # fmt: skip
+    assert await limits.flush() == 7
+    assert evalsha_calls(client) == 3  # 3 + 3 + 1
+    assert balance(client, "acme") == BALANCE - 70
+    assert charged_events(client) == {f"e{n}": 10 for n in range(7)}
+
+
+def settle_call(lease: str, cost: int) -> tuple[list[str], list[object]]:
+    keys = [*limits_keys(PREFIX, "acme"), credit_key(PREFIX, "acme"),
+            escrow_key(PREFIX, "acme"), STREAM, done_key(PREFIX, "acme", lease)]  # fmt: skip
+    return keys, [lease, 0, "0", cost, "d", "m", json.dumps({"id": lease}), DONE_TTL_S]
+
+
+def test_the_script_answers_each_settlements_charge_and_skips_a_replay(
+    client: redis.Redis[bytes],
+) -> None:
+    script = client.register_script(SETTLE_LUA)
+    first_keys, first_args = settle_call("l1", 300)
+    assert script(keys=first_keys, args=first_args) == [300]
+    second_keys, second_args = settle_call("l2", 900)  # more than what is left: all of it
+    answer = script(keys=[*first_keys, *second_keys], args=[*first_args, *second_args])
+    assert answer == [-1, BALANCE - 300]  # l1 again (a spool replay): nothing
+    assert balance(client, "acme") == 0
+    assert charged_events(client) == {"l1": 300, "l2": BALANCE - 300}
+
+
+def test_a_call_whose_arguments_do_not_match_its_keys_is_refused(
+    client: redis.Redis[bytes],
+) -> None:
+    script = client.register_script(SETTLE_LUA)
+    keys, args = settle_call("l1", 300)
+    with pytest.raises(redis.ResponseError, match="7 keys and 8 arguments"):
+        script(keys=keys, args=args[:-1])
+    assert balance(client, "acme") == BALANCE  # nothing applied
