@@ -532,24 +532,38 @@ class RedisLimits:
         return len(batch)
 
     def _settle_calls(self, batch: list[Settlement]) -> list[tuple[list[str], list[Any]]]:
-        """The settle script's calls for ``batch``: up to ``_SETTLES_PER_CALL`` settlements
-        each (7 keys and 8 arguments apiece, see SETTLE_LUA), so a flush is one call, not one
-        per settlement (issue #27: redis-py's packing and parsing per call was most of the
-        settler's CPU). A tenant's keys are built once per call."""
+        """The settle script's calls for ``batch`` (the layout: see SETTLE_LUA): one per
+        ``_SETTLES_PER_CALL`` settlements, and a new one where the budget period fields
+        change (a batch across midnight UTC, a replay), so a flush is one call, not one per
+        settlement (issue #27: redis-py's packing and parsing per call was most of the
+        settler's CPU). A tenant's keys go once per call."""
         calls: list[tuple[list[str], list[Any]]] = []
-        tenant_keys: dict[str, list[str]] = {}
-        for start in range(0, len(batch), _SETTLES_PER_CALL):
-            keys: list[str] = []
-            args: list[Any] = []
-            for item in batch[start : start + _SETTLES_PER_CALL]:
-                base = tenant_keys.get(item.tenant)
-                if base is None:
-                    base = tenant_keys[item.tenant] = [*self.keys(item.tenant), self._stream]
-                keys += base
-                keys.append(done_key(self._prefix, item.tenant, item.lease))
-                args += (item.lease, item.refund, "1" if item.drop_rpm else "0", item.cost_uc,
-                         item.day, item.month, item.event, DONE_TTL_S)  # fmt: skip
-            calls.append((keys, args))
+        keys: list[str] = []
+        args: list[Any] = []
+        dones: list[str] = []
+        blocks: dict[str, int] = {}  # tenant -> its keys' block in this call
+        tenant_keys: list[str] = []  # the blocks after the first
+        period = ("", "")
+        for item in batch:
+            done = done_key(self._prefix, item.tenant, item.lease)
+            drop = "1" if item.drop_rpm else "0"
+            if not args or len(dones) >= _SETTLES_PER_CALL or (item.day, item.month) != period:
+                if args:
+                    calls.append(([*keys, *dones, *tenant_keys], args))
+                keys = [*self.keys(item.tenant), self._stream]
+                args = [item.lease, item.refund, drop, item.cost_uc, item.day, item.month,
+                        item.event, DONE_TTL_S]  # fmt: skip
+                dones, blocks, tenant_keys = [done], {item.tenant: 1}, []
+                period = (item.day, item.month)
+                continue
+            block = blocks.get(item.tenant)
+            if block is None:
+                block = blocks[item.tenant] = len(blocks) + 1
+                tenant_keys += self.keys(item.tenant)
+            dones.append(done)
+            args += (block, item.lease, item.refund, drop, item.cost_uc, item.event)
+        if args:
+            calls.append(([*keys, *dones, *tenant_keys], args))
         return calls
 
     async def renew(self) -> int:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import pytest_asyncio
@@ -16,7 +17,7 @@ from fixtures.private_redis import PrivateRedis
 
 from runtime.admission import redis_limits
 from runtime.admission.limits import Quota
-from runtime.admission.redis_limits import DONE_TTL_S, RedisLimits
+from runtime.admission.redis_limits import DONE_TTL_S, RedisLimits, Settlement
 from runtime.admission.scripts import SETTLE_LUA
 from runtime.contract import credit_key, done_key, escrow_key, limits_keys
 
@@ -112,7 +113,26 @@ async def test_a_batch_larger_than_one_call_goes_in_a_few_each_applied_once(
     assert charged_events(client) == {f"e{n}": 10 for n in range(7)}
 
 
+@pytest.mark.asyncio
+async def test_a_batch_across_midnight_charges_each_settlement_to_its_own_day(
+    limits: RedisLimits, client: redis.Redis[bytes]
+) -> None:
+    """The budget period fields are per call: a new call where they change (a replay of an
+    older spool, a batch across midnight UTC)."""
+    client.config_resetstat()
+    days = [("d:1", "m:1", 100), ("d:1", "m:1", 20), ("d:2", "m:1", 3), ("d:3", "m:2", 7)]
+    for n, (day, month, cost) in enumerate(days):
+        limits._queue(Settlement("acme", f"l{n}", 0, False, cost, day, month, ""))
+    assert await limits.flush() == 4
+    assert evalsha_calls(client) == 3
+    credit = client.hgetall(credit_key(PREFIX, "acme"))
+    assert {k: int(v) for k, v in credit.items() if k != b"balance"} == {
+        b"d:1": 120, b"d:2": 3, b"d:3": 7, b"m:1": 123, b"m:2": 7}  # fmt: skip
+    assert balance(client, "acme") == BALANCE - 130
+
+
 def settle_call(lease: str, cost: int) -> tuple[list[str], list[object]]:
+    """One settlement of acme's, alone (the per-settlement layout)."""
     keys = [*limits_keys(PREFIX, "acme"), credit_key(PREFIX, "acme"),
             escrow_key(PREFIX, "acme"), STREAM, done_key(PREFIX, "acme", lease)]  # fmt: skip
     return keys, [lease, 0, "0", cost, "d", "m", json.dumps({"id": lease}), DONE_TTL_S]
@@ -122,20 +142,35 @@ def test_the_script_answers_each_settlements_charge_and_skips_a_replay(
     client: redis.Redis[bytes],
 ) -> None:
     script = client.register_script(SETTLE_LUA)
-    first_keys, first_args = settle_call("l1", 300)
-    assert script(keys=first_keys, args=first_args) == [300]
-    second_keys, second_args = settle_call("l2", 900)  # more than what is left: all of it
-    answer = script(keys=[*first_keys, *second_keys], args=[*first_args, *second_args])
-    assert answer == [-1, BALANCE - 300]  # l1 again (a spool replay): nothing
+    keys, args = settle_call("l1", 300)
+    assert script(keys=keys, args=args) == [300]
+    # l1 again (a spool replay), l2 (more than what is left: all of it), l3 of beta's
+    beta = [*limits_keys(PREFIX, "beta"), credit_key(PREFIX, "beta"), escrow_key(PREFIX, "beta")]
+    keys = [*keys, done_key(PREFIX, "acme", "l2"), done_key(PREFIX, "beta", "l3"), *beta]
+    args = [*args, 1, "l2", 0, "0", 900, json.dumps({"id": "l2"}),
+            2, "l3", 0, "0", 40, json.dumps({"id": "l3"})]  # fmt: skip
+    assert script(keys=keys, args=args) == [-1, BALANCE - 300, 40]
     assert balance(client, "acme") == 0
-    assert charged_events(client) == {"l1": 300, "l2": BALANCE - 300}
+    assert balance(client, "beta") == BALANCE - 40
+    assert charged_events(client) == {"l1": 300, "l2": BALANCE - 300, "l3": 40}
 
 
-def test_a_call_whose_arguments_do_not_match_its_keys_is_refused(
-    client: redis.Redis[bytes],
+@pytest.mark.parametrize(
+    "mangle",
+    [
+        lambda keys, args: (keys, args[:-1]),  # an argument short
+        lambda keys, args: (keys[:-1], args),  # a key short
+        lambda keys, args: (keys, [*args[:8], 3, *args[9:]]),  # a tenant block not given
+    ],
+    ids=["argument-short", "key-short", "no-such-block"],
+)
+def test_a_call_whose_arguments_do_not_match_its_keys_is_refused_whole(
+    client: redis.Redis[bytes], mangle: Any
 ) -> None:
     script = client.register_script(SETTLE_LUA)
     keys, args = settle_call("l1", 300)
-    with pytest.raises(redis.ResponseError, match="7 keys and 8 arguments"):
-        script(keys=keys, args=args[:-1])
-    assert balance(client, "acme") == BALANCE  # nothing applied
+    keys = [*keys, done_key(PREFIX, "acme", "l2")]
+    args = [*args, 1, "l2", 0, "0", 200, json.dumps({"id": "l2"})]
+    with pytest.raises(redis.ResponseError, match="malformed"):
+        script(*mangle(keys, args))
+    assert balance(client, "acme") == BALANCE  # nothing applied, not even the first
