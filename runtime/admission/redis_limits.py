@@ -184,6 +184,8 @@ class RedisLimits:
         self.local_credits = LocalCredits(replicas=replicas)
         self._spool = None if spool_dir is None else Spool(spool_dir)
         self._segments: list[Path] = []  # spool segments whose settlements are not applied yet
+        self._writes_in_flight = 0
+        self._overlaps = 0  # writes started while another was in flight
         self._client: aioredis.Redis[bytes] | None = None
         self._admit: Any = None
         self._settle: Any = None
@@ -505,10 +507,15 @@ class RedisLimits:
         batch, self._settles = self._settles, []
         waiters, self._flushed = self._flushed, []
         self._settles_due = math.inf
-        if self._spool is not None:
-            segment = self._spool.rotate()
-            if segment is not None:
-                self._segments.append(segment)
+        # what the spool holds of this batch: the current file up to its mark and the
+        # segments so far (see runtime.metering.spool); cleaned up once applied, unless another
+        # write overlapped this one (its batch, in those files too, may not be applied)
+        mark = 0 if self._spool is None else self._spool.mark()
+        segments = list(self._segments)
+        alone = self._writes_in_flight == 0
+        self._writes_in_flight += 1
+        self._overlaps += not alone
+        overlaps = self._overlaps
         calls = self._settle_calls(batch)
         started = self._clock()
         written = False
@@ -521,14 +528,18 @@ class RedisLimits:
             self._settles_due = -math.inf  # retried once Redis answers again
             return -1
         finally:
+            self._writes_in_flight -= 1
             self._writing = None
             writing.set_result(written)
             self._wake_flushed(waiters)
         self._health.answered()
-        if self._spool is not None:
-            for segment in self._segments:  # every settlement they hold is applied now
+        if self._spool is not None and alone and overlaps == self._overlaps:
+            for segment in segments:  # every settlement they hold is applied now
                 self._spool.discard(segment)
-            self._segments.clear()
+            del self._segments[: len(segments)]  # those replayed meanwhile stay
+            segment = self._spool.applied(mark)
+            if segment is not None:
+                self._segments.append(segment)
         return len(batch)
 
     def _settle_calls(self, batch: list[Settlement]) -> list[tuple[list[str], list[Any]]]:

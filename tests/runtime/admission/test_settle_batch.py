@@ -174,3 +174,31 @@ def test_a_call_whose_arguments_do_not_match_its_keys_is_refused_whole(
     with pytest.raises(redis.ResponseError, match="malformed"):
         script(*mangle(keys, args))
     assert balance(client, "acme") == BALANCE  # nothing applied, not even the first
+
+
+@pytest.mark.asyncio
+async def test_an_applied_flush_leaves_an_empty_spool_and_a_failed_one_keeps_it(
+    server: PrivateRedis, client: redis.Redis[bytes], tmp_path: Path
+) -> None:
+    spool = tmp_path / "spool"
+    limits = RedisLimits(server.url, prefix=PREFIX, usage_stream=STREAM, allowance_ttl_s=None,
+                         settle_linger_s=30.0, spool_dir=spool, timeout_s=0.2,
+                         retry_s=0.0)  # fmt: skip
+    await limits.start()
+    try:
+        current = spool / "0" / "current.jsonl"
+        limits._queue(Settlement("acme", "l1", 0, False, 10, "d", "m", '{"id":"l1"}'))
+        assert current.stat().st_size > 0
+        assert await limits.flush() == 1
+        assert current.stat().st_size == 0  # applied: truncated, no segment
+        assert not list(spool.rglob("segment-*.jsonl"))
+        server.kill()
+        limits._queue(Settlement("acme", "l2", 0, False, 20, "d", "m", '{"id":"l2"}'))
+        assert await limits.flush() == 0  # Redis is gone: the line stays on disk
+        assert b'"l2"' in current.read_bytes()
+        server.start()
+        assert await limits.flush() == 1
+        assert current.stat().st_size == 0
+    finally:
+        await limits.stop()
+    assert charged_events(client) == {"l1": 10, "l2": 20}  # each once (append-only Redis)
