@@ -537,9 +537,9 @@ class RedisLimits:
             for segment in segments:  # every settlement they hold is applied now
                 self._spool.discard(segment)
             del self._segments[: len(segments)]  # those replayed meanwhile stay
-            segment = self._spool.applied(mark)
-            if segment is not None:
-                self._segments.append(segment)
+            rotated = self._spool.applied(mark)
+            if rotated is not None:
+                self._segments.append(rotated)
         return len(batch)
 
     def _settle_calls(self, batch: list[Settlement]) -> list[tuple[list[str], list[Any]]]:
