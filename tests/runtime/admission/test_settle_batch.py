@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 import redis
-from fixtures.private_redis import PrivateRedis
+from fixtures.private_redis import PrivateRedis, running
 
 from runtime.admission import redis_limits
 from runtime.admission.limits import Quota
@@ -31,10 +31,8 @@ BALANCE = 1_000
 
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[PrivateRedis]:
-    server = PrivateRedis(tmp_path / "redis")
-    server.start()
-    yield server
-    server.stop()
+    with running(tmp_path / "redis") as server:
+        yield server
 
 
 @pytest.fixture
