@@ -5,6 +5,7 @@ router's alone."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -200,3 +201,34 @@ async def test_an_applied_flush_leaves_an_empty_spool_and_a_failed_one_keeps_it(
     finally:
         await limits.stop()
     assert charged_events(client) == {"l1": 10, "l2": 20}  # each once (append-only Redis)
+
+
+@pytest.mark.asyncio
+async def test_overlapping_writes_leave_the_spool_to_the_next_write_alone(
+    server: PrivateRedis, client: redis.Redis[bytes], tmp_path: Path
+) -> None:
+    """Two writes in flight at once (a fallback refusal's write beside the task's): neither
+    cleans the spool up (either one's batch may fail and go back to memory only); the next
+    write alone does."""
+    spool = tmp_path / "spool"
+    limits = RedisLimits(server.url, prefix=PREFIX, usage_stream=STREAM, allowance_ttl_s=None,
+                         settle_linger_s=30.0, spool_dir=spool)  # fmt: skip
+    await limits.start()
+    try:
+        current = spool / "0" / "current.jsonl"
+        limits._queue(Settlement("acme", "l1", 0, False, 1, "d", "m", '{"id":"l1"}'))
+        first = asyncio.create_task(limits._write())
+        await asyncio.sleep(0)  # the first write is waiting for Redis
+        assert limits._writes_in_flight == 1
+        limits._queue(Settlement("acme", "l2", 0, False, 2, "d", "m", '{"id":"l2"}'))
+        assert await limits._write() == 1
+        assert await first == 1
+        assert b'"l1"' in current.read_bytes()  # applied, but not cleaned up
+        assert b'"l2"' in current.read_bytes()
+        limits._queue(Settlement("acme", "l3", 0, False, 3, "d", "m", '{"id":"l3"}'))
+        assert await limits.flush() == 1  # alone: all three are applied
+        assert current.stat().st_size == 0
+        assert not list(spool.rglob("segment-*.jsonl"))
+    finally:
+        await limits.stop()
+    assert charged_events(client) == {"l1": 1, "l2": 2, "l3": 3}
