@@ -13,14 +13,15 @@ Keys, per tenant (the ``{tenant}`` hash tag keeps them in one cluster slot)::
 
 Settlement (concurrency release, TPM correction, RPM give-back, the credit charge and the
 usage event) is queued by :meth:`settle` without network I/O — it is written to the local
-spool (:mod:`runtime.metering.spool`) — and sent by a background task in one pipeline per
-batch; the settle script appends the usage event to the stream in the same
-atomic step that charges the balance (the usage stream is a second key outside the tenant's
-slot: one Redis, not a cluster).
+spool (:mod:`runtime.metering.spool`) — and sent by a background task, one settle script
+call per batch (each settlement applied in turn as if alone: see ``SETTLE_LUA``); the script
+appends each usage event to the stream in the same atomic step that charges the balance (the
+usage stream is a second key outside the tenant's slot, and a batch spans tenants: one Redis,
+not a cluster).
 A batch waits at most ``settle_linger_s`` (default 250 ms) from its first settlement, or until
 ``_FLUSH_AT`` are queued, or until the allowance tick (every ``allowance_ttl_s / 4``) takes it
-along, so one script call pipeline (and one spool rotation) carries many requests instead of
-one each, at low rates too (issue #27: at 20 req/s a 20 ms linger sent each settlement alone,
+along, so one script call (and one spool rotation) carries many requests instead of one
+each, at low rates too (issue #27: at 20 req/s a 20 ms linger sent each settlement alone,
 the largest share of the router's CPU per request). What lingers is a settlement the router's
 memory already applied (an allowance's slot and tokens are back at once; what goes to Redis is
 its usage event): a settlement that frees a concurrency slot held in Redis (the exact path) is
@@ -116,6 +117,9 @@ _KINDS = {b"rpm": LimitKind.RPM, b"tpm": LimitKind.TPM, b"concurrency": LimitKin
 _CREDIT_KINDS = {b"credits": CreditKind.CREDITS, b"budget": CreditKind.BUDGET}
 _MAX_PENDING_SETTLES = 100_000
 _FLUSH_AT = 256  # queued settlements that are sent without waiting out the linger
+# settlements per settle script call: one call per flush up to _FLUSH_AT; a replay of many
+# goes in calls this size (one pipeline), so no one call holds Redis for long
+_SETTLES_PER_CALL = 256
 DONE_TTL_S = 3600
 
 
@@ -180,6 +184,8 @@ class RedisLimits:
         self.local_credits = LocalCredits(replicas=replicas)
         self._spool = None if spool_dir is None else Spool(spool_dir)
         self._segments: list[Path] = []  # spool segments whose settlements are not applied yet
+        self._writes_in_flight = 0
+        self._overlaps = 0  # writes started while another was in flight
         self._client: aioredis.Redis[bytes] | None = None
         self._admit: Any = None
         self._settle: Any = None
@@ -483,7 +489,7 @@ class RedisLimits:
         await self.flush()
 
     async def flush(self) -> int:
-        """Write the queued settlements in one pipeline; returns how many were written."""
+        """Write the queued settlements (see :meth:`_write`); returns how many were written."""
         if not self._health.may_ask():
             self._wake_flushed(self._flushed)
             self._flushed = []
@@ -491,8 +497,8 @@ class RedisLimits:
         return max(0, await self._write())
 
     async def _write(self) -> int:
-        """Write the queued settlements in one pipeline: how many, -1 when Redis did not
-        answer (they stay queued)."""
+        """Write the queued settlements in one settle script call (a replay of many: a few,
+        in one pipeline): how many, -1 when Redis did not answer (they stay queued)."""
         if not self._settles or self._client is None:
             self._wake_flushed(self._flushed)
             self._flushed = []
@@ -501,11 +507,16 @@ class RedisLimits:
         batch, self._settles = self._settles, []
         waiters, self._flushed = self._flushed, []
         self._settles_due = math.inf
-        if self._spool is not None:
-            segment = self._spool.rotate()
-            if segment is not None:
-                self._segments.append(segment)
-        calls = [(self._settle_keys(item), self._settle_args(item)) for item in batch]
+        # what the spool holds of this batch: the current file up to its mark and the
+        # segments so far (see runtime.metering.spool); cleaned up once applied, unless another
+        # write overlapped this one (its batch, in those files too, may not be applied)
+        mark = 0 if self._spool is None else self._spool.mark()
+        segments = list(self._segments)
+        alone = self._writes_in_flight == 0
+        self._writes_in_flight += 1
+        self._overlaps += not alone
+        overlaps = self._overlaps
+        calls = self._settle_calls(batch)
         started = self._clock()
         written = False
         try:
@@ -517,28 +528,54 @@ class RedisLimits:
             self._settles_due = -math.inf  # retried once Redis answers again
             return -1
         finally:
+            self._writes_in_flight -= 1
             self._writing = None
             writing.set_result(written)
             self._wake_flushed(waiters)
         self._health.answered()
-        if self._spool is not None:
-            for segment in self._segments:  # every settlement they hold is applied now
+        if self._spool is not None and alone and overlaps == self._overlaps:
+            for segment in segments:  # every settlement they hold is applied now
                 self._spool.discard(segment)
-            self._segments.clear()
+            del self._segments[: len(segments)]  # those replayed meanwhile stay
+            rotated = self._spool.applied(mark)
+            if rotated is not None:
+                self._segments.append(rotated)
         return len(batch)
 
-    def _settle_keys(self, item: Settlement) -> list[str]:
-        return [
-            *self.keys(item.tenant),
-            self._stream,
-            done_key(self._prefix, item.tenant, item.lease),
-        ]
-
-    @staticmethod
-    def _settle_args(item: Settlement) -> list[Any]:
-        drop = "1" if item.drop_rpm else "0"
-        return [item.lease, item.refund, drop, item.cost_uc, item.day, item.month, item.event,
-                DONE_TTL_S]  # fmt: skip
+    def _settle_calls(self, batch: list[Settlement]) -> list[tuple[list[str], list[Any]]]:
+        """The settle script's calls for ``batch`` (the layout: see SETTLE_LUA): one per
+        ``_SETTLES_PER_CALL`` settlements, and a new one where the budget period fields
+        change (a batch across midnight UTC, a replay), so a flush is one call, not one per
+        settlement (issue #27: redis-py's packing and parsing per call was most of the
+        settler's CPU). A tenant's keys go once per call."""
+        calls: list[tuple[list[str], list[Any]]] = []
+        keys: list[str] = []
+        args: list[Any] = []
+        dones: list[str] = []
+        blocks: dict[str, int] = {}  # tenant -> its keys' block in this call
+        tenant_keys: list[str] = []  # the blocks after the first
+        period = ("", "")
+        for item in batch:
+            done = done_key(self._prefix, item.tenant, item.lease)
+            drop = "1" if item.drop_rpm else "0"
+            if not args or len(dones) >= _SETTLES_PER_CALL or (item.day, item.month) != period:
+                if args:
+                    calls.append(([*keys, *dones, *tenant_keys], args))
+                keys = [*self.keys(item.tenant), self._stream]
+                args = [item.lease, item.refund, drop, item.cost_uc, item.day, item.month,
+                        item.event, DONE_TTL_S]  # fmt: skip
+                dones, blocks, tenant_keys = [done], {item.tenant: 1}, []
+                period = (item.day, item.month)
+                continue
+            block = blocks.get(item.tenant)
+            if block is None:
+                block = blocks[item.tenant] = len(blocks) + 1
+                tenant_keys += self.keys(item.tenant)
+            dones.append(done)
+            args += (block, item.lease, item.refund, drop, item.cost_uc, item.event)
+        if args:
+            calls.append(([*keys, *dones, *tenant_keys], args))
+        return calls
 
     async def renew(self) -> int:
         """Push the lease expiry of this router's running requests (one pipeline)."""

@@ -100,43 +100,77 @@ return {status, 0, 0, avail, capped and math.max(0, room) or -1, hold, used + 1,
         math.floor(left), window}
 """
 
-# KEYS: rpm, tpm, conc, credit, escrow, usage stream, done marker. ARGV: lease id, tokens to
-# credit back, "1" to drop the RPM entry, cost µc, day field, month field, usage event ("" for
-# none), done TTL s. Charges min(cost, available after releasing this lease's escrow), so a
+# One call settles one or more settlements (one flush is one call: issue #27); called with one,
+# it is the per-settlement script it always was.
+# KEYS: rpm, tpm, conc, credit, escrow (the first settlement's tenant: block 1), usage stream,
+# done marker of settlement 1, done markers of settlements 2..n, then the 5 keys of each
+# further tenant (blocks 2, 3, ...). ARGV: lease id, tokens to credit back, "1" to drop the
+# RPM entry, cost µc, day field, month field, usage event ("" for none), done TTL s (all of
+# settlement 1; the day and month fields and the TTL are every settlement's), then 6 per
+# further settlement: its tenant's block, lease id, tokens back, drop RPM, cost µc, event.
+# Per settlement: charges min(cost, available after releasing this lease's escrow), so a
 # balance never goes negative (unless Redis lost the balance: then the full cost, and the
 # reconciliation re-bases it on the ledger); appends the event with the amount charged. A
-# lease settled before (a spool replay) changes nothing. Returns the µc charged (-1: replay).
+# lease settled before (a spool replay) changes nothing. Each settlement is applied in turn,
+# exactly as if it were called alone. Returns the µc charged per settlement, in order (-1: a
+# replay).
 SETTLE_LUA = """
-if redis.call('SET', KEYS[7], '1', 'NX', 'EX', tonumber(ARGV[8])) == false then return -1 end
-redis.call('ZREM', KEYS[3], ARGV[1])
-if ARGV[3] == '1' then redis.call('ZREM', KEYS[1], ARGV[1]) end
-local refund = tonumber(ARGV[2])
-if refund ~= 0 and redis.call('EXISTS', KEYS[2]) == 1 then
-  redis.call('HINCRBYFLOAT', KEYS[2], 'tokens', refund)
+local n = (#ARGV - 8) / 6 + 1
+local function malformed()
+  return redis.error_reply('ERR settle: malformed keys or arguments (see SETTLE_LUA)')
 end
-local held = tonumber(redis.call('HGET', KEYS[5], ARGV[1]) or '0')
-if held > 0 then
-  redis.call('HDEL', KEYS[5], ARGV[1])
-  redis.call('HINCRBY', KEYS[4], 'escrow', -held)
+if #ARGV < 8 or n % 1 ~= 0 or #KEYS < 6 + n or (#KEYS - 6 - n) % 5 ~= 0 then
+  return malformed()
 end
-local cost, charge = tonumber(ARGV[4]), 0
-if cost > 0 then
-  local c = redis.call('HMGET', KEYS[4], 'balance', 'escrow')
-  if c[1] == false then
-    charge = cost  -- a Redis that lost the balance: charge in full; reconciliation re-bases it
-  else
-    charge = math.max(0, math.min(cost, tonumber(c[1]) - (tonumber(c[2]) or 0)))
+local blocks = (#KEYS - 6 - n) / 5 + 1
+for i = 2, n do
+  local b = tonumber(ARGV[8 + (i - 2) * 6 + 1])
+  if b == nil or b < 1 or b > blocks or b % 1 ~= 0 then return malformed() end
+end
+local day, month, ttl = ARGV[5], ARGV[6], tonumber(ARGV[8])
+local function settle(k, done, lease, refund, drop, cost, event)
+  if redis.call('SET', done, '1', 'NX', 'EX', ttl) == false then return -1 end
+  redis.call('ZREM', KEYS[k + 3], lease)
+  if drop == '1' then redis.call('ZREM', KEYS[k + 1], lease) end
+  refund = tonumber(refund)
+  if refund ~= 0 and redis.call('EXISTS', KEYS[k + 2]) == 1 then
+    redis.call('HINCRBYFLOAT', KEYS[k + 2], 'tokens', refund)
   end
-  if charge > 0 then
-    redis.call('HINCRBY', KEYS[4], 'balance', -charge)
-    redis.call('HINCRBY', KEYS[4], ARGV[5], charge)
-    redis.call('HINCRBY', KEYS[4], ARGV[6], charge)
+  local credit = KEYS[k + 4]
+  local held = tonumber(redis.call('HGET', KEYS[k + 5], lease) or '0')
+  if held > 0 then
+    redis.call('HDEL', KEYS[k + 5], lease)
+    redis.call('HINCRBY', credit, 'escrow', -held)
   end
+  local charge = 0
+  cost = tonumber(cost)
+  if cost > 0 then
+    local c = redis.call('HMGET', credit, 'balance', 'escrow')
+    if c[1] == false then
+      charge = cost  -- a Redis that lost the balance: charge in full; reconciliation re-bases it
+    else
+      charge = math.max(0, math.min(cost, tonumber(c[1]) - (tonumber(c[2]) or 0)))
+    end
+    if charge > 0 then
+      redis.call('HINCRBY', credit, 'balance', -charge)
+      redis.call('HINCRBY', credit, day, charge)
+      redis.call('HINCRBY', credit, month, charge)
+    end
+  end
+  if event ~= '' then
+    redis.call('XADD', KEYS[6], '*', 'event', event, 'charged', charge)
+  end
+  return charge
 end
-if ARGV[7] ~= '' then
-  redis.call('XADD', KEYS[6], '*', 'event', ARGV[7], 'charged', charge)
+local charged = {settle(0, KEYS[7], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[7])}
+for i = 2, n do
+  local a = 8 + (i - 2) * 6
+  local b = tonumber(ARGV[a + 1])
+  local k = b == 1 and 0 or 6 + n + (b - 2) * 5
+  charged[i] = settle(k, KEYS[6 + i], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4], ARGV[a + 5],
+                      ARGV[a + 6])
 end
-return charge
+return charged
 """
 
 # KEYS: conc. ARGV: lease ms, then lease ids. Pushes the expiry of leases still held.

@@ -2,11 +2,15 @@
 router process.
 
 Every settlement is written here (one ``write(2)``, no fsync: a killed process loses nothing
-the kernel already has) before the background task sends it to Redis. A flush first
-:meth:`Spool.rotate`\\ s the current file into a numbered segment; once Redis has applied the
-batch the segment is :meth:`Spool.discard`\\ ed. Segments left behind (Redis was down, the
-router was killed) are read back by :meth:`Spool.pending` and applied again — the settle script
-ignores a lease it already settled, so a replay is harmless.
+the kernel already has) before the background task sends it to Redis. A flush takes the
+current file's :meth:`Spool.mark` (what it holds when the batch is taken); once Redis has
+applied the batch, :meth:`Spool.applied` starts the current file over — truncated in place, one
+``ftruncate(2)``, when nothing was written since the mark; else :meth:`Spool.rotate`\\ d into a
+numbered segment (its later lines are not applied yet), which is :meth:`Spool.discard`\\ ed
+once a later batch applied them (issue #27: not a rename, an open and an unlink per flush). A
+line leaves the spool only after Redis applied it. Segments and files left behind (Redis was
+down, the router was killed) are read back by :meth:`Spool.pending` and applied again — the
+settle script ignores a lease it already settled, so a replay is harmless.
 
 Layout: the spool root (``SWITCHYARD_VAR_DIR/usage-spool``) holds numbered *slots*
 (``usage-spool/0``, ``usage-spool/1``, ...), each a directory with a ``lock`` file, the
@@ -75,7 +79,7 @@ def _slot_number(path: Path) -> int | None:
 class Spool:
     """See the module docstring. ``root`` is the spool root; :meth:`open` claims a slot."""
 
-    __slots__ = ("_dir", "_fd", "_lock", "_root", "_seq")
+    __slots__ = ("_dir", "_fd", "_lock", "_root", "_seq", "_written")
 
     def __init__(self, root: Path) -> None:
         self._root = root
@@ -83,6 +87,7 @@ class Spool:
         self._fd: int | None = None
         self._lock: int | None = None
         self._seq = 0
+        self._written = 0  # bytes this process wrote to the current file since it was empty
 
     @property
     def directory(self) -> Path | None:
@@ -105,6 +110,8 @@ class Spool:
         os.pwrite(lock, f"{os.getpid()}\n".encode(), 0)
         self._seq = max((self._number(p) for p in self.segments()), default=0)
         self._fd = os.open(self._dir / CURRENT, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        self._written = 0
+        self.rotate()  # an earlier run's lines: a segment (see pending), never truncated away
         self.adopt()
 
     def close(self) -> None:
@@ -120,7 +127,23 @@ class Spool:
     def append(self, line: bytes) -> None:
         """One record (no newline inside), written straight to the kernel."""
         if self._fd is not None:
-            os.write(self._fd, line + b"\n")
+            self._written += os.write(self._fd, line + b"\n")
+
+    def mark(self) -> int:
+        """Where the current file is now: pass it to :meth:`applied` once every line written
+        so far is applied."""
+        return self._written
+
+    def applied(self, mark: int) -> Path | None:
+        """Every line of the current file up to ``mark`` is applied (and the caller's earlier
+        segments too): truncate it when nothing was written since (None), else rotate it and
+        return the segment, to :meth:`discard` once its later lines are applied."""
+        if self._fd is None or self._written != mark:
+            return self.rotate()
+        if mark:
+            os.ftruncate(self._fd, 0)  # O_APPEND: the next line goes at 0
+            self._written = 0
+        return None
 
     def rotate(self) -> Path | None:
         """Close the current file as the next segment and start a new one; None if empty."""
@@ -132,6 +155,7 @@ class Spool:
         self._fd = None
         current.rename(segment)
         self._fd = os.open(current, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        self._written = 0
         return segment
 
     def discard(self, segment: Path) -> None:

@@ -6,13 +6,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from fixtures.private_redis import PrivateRedis
+from fixtures.private_redis import PrivateRedis, running
 
 
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[PrivateRedis]:
     """A redis-server of the test's own (to kill and restart), stopped after the test."""
-    server = PrivateRedis(tmp_path / "redis")
-    server.start()
-    yield server
-    server.stop()
+    with running(tmp_path / "redis") as server:
+        yield server

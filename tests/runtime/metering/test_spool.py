@@ -134,3 +134,51 @@ def test_kill_9_of_the_holder_frees_its_slot_and_keeps_its_lines(tmp_path: Path)
             proc.wait(timeout=10)
         if proc.stdout is not None:
             proc.stdout.close()
+
+
+def test_an_applied_batch_truncates_the_current_file_in_place(tmp_path: Path) -> None:
+    """Issue #27: no rename, open and unlink per flush when nothing was written meanwhile."""
+    spool = opened(tmp_path)
+    try:
+        spool.append(b"a1")
+        spool.append(b"a2")
+        mark = spool.mark()
+        assert spool.applied(mark) is None
+        current = tmp_path / "0" / "current.jsonl"
+        assert current.stat().st_size == 0
+        assert spool.segments() == []
+        spool.append(b"b1")  # the next line starts the file over
+        assert current.read_bytes() == b"b1\n"
+    finally:
+        spool.close()
+
+
+def test_lines_written_after_the_mark_stay_until_applied(tmp_path: Path) -> None:
+    spool = opened(tmp_path)
+    try:
+        spool.append(b"a1")
+        mark = spool.mark()
+        spool.append(b"b1")  # queued while the batch of a1 was being written
+        segment = spool.applied(mark)
+        assert segment is not None
+        assert segment.read_bytes() == b"a1\nb1\n"  # b1 is not applied yet: kept whole
+        assert spool.mark() == 0
+        spool.append(b"c1")
+        assert spool.applied(spool.mark()) is None  # b1 and c1 applied: the caller discards
+        spool.discard(segment)
+        assert spool.segments() == []
+    finally:
+        spool.close()
+
+
+def test_an_earlier_runs_current_file_is_never_truncated_away(tmp_path: Path) -> None:
+    first = opened(tmp_path)
+    first.append(b"old")
+    first.close()  # killed before its flush: the line is in current.jsonl
+    spool = opened(tmp_path)
+    try:
+        spool.append(b"new")
+        assert spool.applied(spool.mark()) is None  # "new" applied
+        assert lines_of(spool.pending()) == [b"old"]  # still there, to replay
+    finally:
+        spool.close()
