@@ -133,7 +133,10 @@ class SharedCounters:
 
     async def _doze(self) -> None:
         """Sleep until the slow beat is due (at least ``interval_s``) or a charge comes in."""
-        due = self._last_push + self._idle_interval_s - self._clock()
+        if self._participants or self._pending:
+            due = self._last_push + self._idle_interval_s - self._clock()
+        else:  # nothing to push or read: no slow beat is due either
+            due = self._idle_interval_s
         wake = self._wake = asyncio.Event()
         try:
             with contextlib.suppress(TimeoutError):  # asyncio.timeout: no task per wait

@@ -167,3 +167,14 @@ async def test_an_idle_router_dozes_until_the_slow_beat_and_a_charge_wakes_it(
     finally:
         await d.stop()
         await shared.stop()
+
+
+async def test_without_pools_the_sync_task_sleeps_the_slow_beat(prefix: str) -> None:
+    shared = SharedCounters(redis_url(), prefix=prefix, interval_s=0.01, idle_interval_s=0.5)
+    await shared.start()
+    try:
+        await asyncio.sleep(0.3)  # no pool attached, nothing charged: nothing to wake for
+        assert shared.wakeups <= 1
+        assert shared.syncs == 0
+    finally:
+        await shared.stop()
