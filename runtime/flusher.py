@@ -4,7 +4,9 @@ The request path only updates the subclass's in-memory batch; :class:`PeriodicFl
 the rest: ``start`` opens a named Redis client and a task that calls ``flush`` every
 ``interval_s``, ``stop`` ends the task, flushes once more and closes the client. A subclass
 implements ``flush`` (with ``self._client``, None until started) and keeps its batch for the
-next round when the write fails. Users: the API-key last-use recorder
+next round when the write fails. The timer is a plain ``asyncio.sleep``, the cheapest wake-up
+(no timeout context, no exception per round: issue #27); ``stop`` cancels the task only while
+it sleeps, never during a flush. Users: the API-key last-use recorder
 (:mod:`runtime.gateway.key_usage`) and the per-version counters
 (:mod:`runtime.telemetry.versions`).
 """
@@ -32,7 +34,8 @@ class PeriodicFlusher(abc.ABC):
         self._name = name
         self._client: aioredis.Redis[bytes] | None = None
         self._task: asyncio.Task[None] | None = None
-        self._stopping = asyncio.Event()
+        self._stopping = False
+        self._sleeping = False  # the task is between two flushes (safe to cancel)
 
     @abc.abstractmethod
     async def flush(self) -> int:
@@ -44,14 +47,16 @@ class PeriodicFlusher(abc.ABC):
         self._client = async_client(
             self._redis_url, name=self._name, timeout_s=5.0, connect_timeout_s=1.0
         )
-        self._stopping.clear()
+        self._stopping = False
         self._task = asyncio.create_task(self._run(), name=f"{self._name}-flusher")
 
     async def stop(self) -> None:
         """Stop the timer, flush what is pending once more, close the connection."""
-        self._stopping.set()
+        self._stopping = True
         task, self._task = self._task, None
         if task is not None:
+            if self._sleeping:
+                task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await self.flush()
@@ -61,9 +66,10 @@ class PeriodicFlusher(abc.ABC):
                 await client.aclose()  # type: ignore[attr-defined]
 
     async def _run(self) -> None:
-        while not self._stopping.is_set():
-            with contextlib.suppress(TimeoutError):  # asyncio.timeout: no task per wait
-                async with asyncio.timeout(self._interval_s):
-                    await self._stopping.wait()
-            if not self._stopping.is_set():
-                await self.flush()
+        while not self._stopping:
+            self._sleeping = True
+            try:
+                await asyncio.sleep(self._interval_s)
+            finally:
+                self._sleeping = False
+            await self.flush()

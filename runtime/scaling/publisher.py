@@ -5,6 +5,12 @@ Redis hash field per pool (off the request path; one pipeline per interval).
 difference with its previous reading; :class:`SignalsPublisher` runs it on a timer and writes
 ``{ns}:scaling:signals:{pool}`` field ``<router id>`` (the key expires after a few intervals,
 so a router that stops leaves no stale demand). :func:`read_pool_signals` is the reader's half.
+
+A pool whose signals are the same as those last written (all but their time: an idle pool,
+nothing queued, no rate) is written again only once :data:`REFRESH_INTERVALS` intervals have
+passed since, well within the key's expiry (:data:`TTL_INTERVALS`) and the reader's staleness
+bound (``apps.scaling.services.SIGNALS_STALE_S``, 10 s): an idle router writes a third as
+often, and any change is written at the interval it is measured in (issue #27).
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Protocol
 
+import msgspec
 import redis.asyncio as aioredis
 
 from runtime.contract import scaling_signals_key
@@ -33,6 +40,8 @@ logger = logging.getLogger(__name__)
 MISS_REASONS = (str(DropReason.DEADLINE_EXPIRED), str(DropReason.WAIT_EXCEEDS_DEADLINE))
 SHED_REASONS = (str(DropReason.SHED), str(DropReason.QUEUE_FULL))
 TTFT_WINDOW = 2048  # first-token times kept per pool and class between two readings
+TTL_INTERVALS = 5  # a pool's key expires after this many intervals without a write
+REFRESH_INTERVALS = 3  # unchanged signals are written again after this many intervals
 
 
 class MeteredPool(Protocol):
@@ -175,6 +184,7 @@ class SignalsPublisher:
         self.interval_s = interval_s
         self.router_id = router_id or uuid.uuid4().hex[:12]
         self._task: asyncio.Task[None] | None = None
+        self._written: dict[str, PoolSignals] = {}  # pool -> the signals last written
 
     def observe_request(self, record: RequestRecord, snapshot: Snapshot | None) -> None:
         """Count one finished request's latency toward its pool's signals (the gateway calls
@@ -198,22 +208,40 @@ class SignalsPublisher:
                                     klass.deadline_ms / 1000.0)  # fmt: skip
 
     async def publish_once(self) -> int:
-        """Measure and write every pool now; the number of pools written."""
+        """Measure every pool now and write those due (changed, or unchanged for
+        :data:`REFRESH_INTERVALS` intervals); the number of pools written."""
         try:
             await self._meter.refresh()
         except Exception as exc:  # an engine page that cannot be read: that signal goes stale
             logger.warning("scaling signals: engine metrics not read: %s", exc)
-        measured = [self._meter.measure(p) for p in self._pools()]
-        if not measured:
+        due = [s for s in (self._meter.measure(p) for p in self._pools()) if self._due(s)]
+        if not due:
             return 0
-        ttl = max(1, round(self.interval_s * 5))
+        ttl = max(1, round(self.interval_s * TTL_INTERVALS))
         pipe = self._redis.pipeline(transaction=False)
-        for signals in measured:
+        for signals in due:
             key = scaling_signals_key(self._namespace, signals.pool)
             pipe.hset(key, self.router_id, encode(signals))
             pipe.expire(key, ttl)
-        await pipe.execute()
-        return len(measured)
+        try:
+            await pipe.execute()
+        except BaseException:
+            for signals in due:  # not written: due again at the next interval
+                self._written.pop(signals.pool, None)
+            raise
+        return len(due)
+
+    def _due(self, signals: PoolSignals) -> bool:
+        """Whether ``signals`` must be written (and, if so, remembered as written)."""
+        last = self._written.get(signals.pool)
+        if (
+            last is not None
+            and signals.at - last.at < self.interval_s * (REFRESH_INTERVALS - 0.5)
+            and msgspec.structs.replace(signals, at=last.at, interval_s=last.interval_s) == last
+        ):
+            return False
+        self._written[signals.pool] = signals
+        return True
 
     async def _run(self) -> None:
         while True:

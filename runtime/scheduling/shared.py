@@ -7,6 +7,14 @@ every ``idle_interval_s`` otherwise), sends one pipeline: an ``HINCRBYFLOAT`` pe
 the pool's hash, then an ``HGETALL`` of the hashes of the contended pools (of every pool on
 the slow beat). One round trip per interval, never one per token.
 
+The task itself wakes every ``interval_s`` only while the router is active: some queue was
+contended or some charge was recorded since its last wake-up. Otherwise it dozes until the
+slow beat is due, and the next :meth:`SharedCounters.record` wakes it at once (an idle
+router: one wake-up per ``idle_interval_s``, not ten). Contention starts with requests
+arriving; while requests are dispatched or stream, charges keep the task on the fast beat.
+A queue that fills while nothing at all is charged (every slot held by unary requests that
+have not finished) is seen at the slow beat or the next charge, whichever comes first.
+
 Merging: with ``G`` the global counter read back and ``p`` the deltas charged locally since
 the pipeline was sent, the local counter is lifted to ``max(local, G + p)``
 (``PoolQueue.lift_counter``): counters never fall, service done on other replicas counts here
@@ -75,7 +83,10 @@ class SharedCounters:
         self._task: asyncio.Task[None] | None = None
         self._last_push = -float("inf")
         self._failing = False
+        self._charged = False  # a charge was recorded since the task's last wake-up
+        self._wake: asyncio.Event | None = None  # set while the task dozes
         self.syncs = 0  # round trips made (for tests and the curious)
+        self.wakeups = 0  # the task's wake-ups (idem)
 
     def key(self, pool: str) -> str:
         return fairness_key(self._prefix, pool)
@@ -84,6 +95,9 @@ class SharedCounters:
         if amount > 0:
             key = (pool, band, tenant)
             self._pending[key] = self._pending.get(key, 0.0) + amount
+            self._charged = True
+            if self._wake is not None:
+                self._wake.set()
 
     def attach(self, pool: str, participant: Participant) -> None:
         self._participants[pool] = participant
@@ -112,9 +126,35 @@ class SharedCounters:
             with contextlib.suppress(RedisError, OSError):
                 await client.aclose()  # type: ignore[attr-defined]
 
+    def _active(self) -> bool:
+        """Whether the task keeps its fast beat: a charge since its last wake-up, or some
+        queue contended now."""
+        return self._charged or any(p.contended() for p in self._participants.values())
+
+    async def _doze(self) -> None:
+        """Sleep until the slow beat is due (at least ``interval_s``) or a charge comes in."""
+        if self._participants or self._pending:
+            due = self._last_push + self._idle_interval_s - self._clock()
+        else:  # nothing to push or read: no slow beat is due either
+            due = self._idle_interval_s
+        wake = self._wake = asyncio.Event()
+        try:
+            with contextlib.suppress(TimeoutError):  # asyncio.timeout: no task per wait
+                async with asyncio.timeout(max(self._interval_s, due)):
+                    await wake.wait()
+        finally:
+            self._wake = None
+
     async def _run(self) -> None:
         while True:
-            await asyncio.sleep(self._interval_s)
+            if self._active():
+                self._charged = False
+                await asyncio.sleep(self._interval_s)
+            else:
+                await self._doze()
+                if self._charged:
+                    continue  # woken by a charge: the fast beat from here
+            self.wakeups += 1
             try:
                 await self.sync_once()
             except Exception:

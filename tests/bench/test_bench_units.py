@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import os
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -10,6 +11,7 @@ from typing import Any
 import pytest
 
 from bench.__main__ import main
+from bench.idle_cpu import cpu_ns, summary
 from bench.metrics import maxmin_allocation, percentile
 from bench.report import analyse
 from bench.scenario import ScenarioError, coerce, load, override, parse
@@ -295,3 +297,12 @@ def test_the_ttft_slo_is_judged_on_streams_and_per_tenant() -> None:
     assert figures["by_tenant"]["acme"]["streams"] == 1
     assert figures["by_tenant"]["floodco"]["slo_attainment"] == 0.0
     assert figures["unary_e2e_ms"]["p50"] == pytest.approx(slo_s * 3 * 1000, rel=1e-3)
+
+
+def test_idle_cpu_reads_this_process_cpu_and_summarises_per_window() -> None:
+    before = cpu_ns([os.getpid()])
+    sum(i * i for i in range(200_000))  # some CPU
+    assert cpu_ns([os.getpid()]) > before
+    lines = summary({"main": [10.0, 8.0], "branch": [7.0, 6.0]})
+    assert lines[1].startswith("branch: median 6.50 ms/s")
+    assert lines[1].endswith("median 0.725")  # (0.70 + 0.75) / 2

@@ -112,6 +112,38 @@ async def test_publishes_rates_and_waits_and_reads_back_summed(ns: str) -> None:
             await pub.stop()
 
 
+async def test_unchanged_signals_are_written_again_only_before_the_key_expires(ns: str) -> None:
+    pool, clock = Pool(), Clock()
+    pub = SignalsPublisher(REDIS_URL, namespace=ns, pools=lambda: [pool],
+                           meter=PoolMeter(Fleet(), clock=clock), router_id="r1")  # fmt: skip
+    client = aioredis.Redis.from_url(REDIS_URL)
+    key = scaling_signals_key(ns, "gpu-a")
+
+    async def written_at() -> float:
+        [entry] = parse_entries(await client.hgetall(key), now=clock.now, stale_s=10)
+        return entry.at
+
+    try:
+        assert await pub.publish_once() == 1
+        first = await written_at()
+        for _ in range(2):  # idle and unchanged: nothing written
+            clock.now += 1.0
+            assert await pub.publish_once() == 0
+        assert await written_at() == first
+        assert 0 < await client.ttl(key) <= 5  # still alive
+        clock.now += 1.0
+        assert await pub.publish_once() == 1  # the refresh, well before the key's expiry
+        assert await written_at() == clock.now
+        clock.now += 1.0
+        pool.queued = {1: 2}  # a change: written at once
+        assert await pub.publish_once() == 1
+        [entry] = parse_entries(await client.hgetall(key), now=clock.now, stale_s=10)
+        assert entry.queued == {"1": 2}
+    finally:
+        await client.aclose()
+        await pub.stop()
+
+
 async def test_a_publisher_without_redis_keeps_running(ns: str) -> None:
     pub = SignalsPublisher("redis://127.0.0.1:1/0", namespace=ns, pools=lambda: [Pool()],
                            meter=PoolMeter(Fleet()), interval_s=0.05)  # fmt: skip

@@ -131,3 +131,50 @@ async def test_redis_down_keeps_fairness_local_and_logs_once(
             await d.stop()
             await shared.stop()
     assert len([r for r in caplog.records if "unreachable" in r.getMessage()]) == 1
+
+
+async def test_an_idle_router_dozes_until_the_slow_beat_and_a_charge_wakes_it(
+    prefix: str,
+) -> None:
+    shared = SharedCounters(redis_url(), prefix=prefix, interval_s=0.01, idle_interval_s=2.0)
+    fleet = HandFleet()
+    fleet.add(1, capacity=1)
+    loop = asyncio.get_running_loop()
+    d = PoolDispatcher("p", PoolSettings(), fleet, clock=loop.time, tick_s=0.01, sink=shared)
+    shared.attach("p", d)
+    d.start()
+    await shared.start()
+    try:
+        await async_eventually(lambda: shared.syncs >= 1, timeout=5, what="the first slow beat")
+        before = shared.wakeups
+        await asyncio.sleep(0.3)  # nothing contended, nothing charged: no wake-up due
+        assert shared.wakeups - before <= 1
+        grant = await d.acquire(ticket("a", tokens=100))  # a charge: the fast beat at once
+        grant.release()
+        woken = shared.wakeups
+        await async_eventually(lambda: shared.wakeups > woken, timeout=0.5,
+                               what="a wake-up soon after a charge")  # fmt: skip
+        # the charge goes out on the slow beat, as before
+        client = redis.Redis.from_url(redis_url())
+        try:
+            await async_eventually(lambda: client.hget(shared.key("p"), "0|a") is not None,
+                                   timeout=5, what="the charge in Redis")  # fmt: skip
+        finally:
+            client.close()
+        after = shared.wakeups
+        await asyncio.sleep(0.3)  # no charge, no contention since: back to dozing
+        assert shared.wakeups - after <= 2  # the fast beat's last one and a slow beat
+    finally:
+        await d.stop()
+        await shared.stop()
+
+
+async def test_without_pools_the_sync_task_sleeps_the_slow_beat(prefix: str) -> None:
+    shared = SharedCounters(redis_url(), prefix=prefix, interval_s=0.01, idle_interval_s=0.5)
+    await shared.start()
+    try:
+        await asyncio.sleep(0.3)  # no pool attached, nothing charged: nothing to wake for
+        assert shared.wakeups <= 1
+        assert shared.syncs == 0
+    finally:
+        await shared.stop()
