@@ -158,7 +158,8 @@ MEANINGS: dict[str, str] = {
     "it aborts",
     "SWITCHYARD_SCALING_ACTUATOR": "`local` (what `switchyard up` sets) or `kubernetes`; unset: "
     "autoscaling is off",
-    "SWITCHYARD_SCALING_SIGNALS_S": "how often a router writes its pools' scaling signals",
+    "SWITCHYARD_SCALING_SIGNALS_S": "how often a router measures its pools' scaling signals (a "
+    "changed pool is written at once, an unchanged one every third interval)",
     "SWITCHYARD_SETTLE_LINGER_MS": "how long a batch of settlements (usage events, limit refunds) "
     "waits before one Redis pipeline; 0 sends each at once",
     "SWITCHYARD_SNAPSHOT_CONFIRM_POLL_S": "how often a router reads the control plane's "
