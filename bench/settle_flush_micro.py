@@ -29,6 +29,7 @@ import redis
 from runtime.admission.evalsha import pipelined
 from runtime.admission.redis_limits import RedisLimits, Settlement
 from runtime.admission.scripts import SETTLE_LUA
+from runtime.admission.settle_calls import settle_calls
 from runtime.contract import credit_key
 from runtime.metering.spool import Spool
 
@@ -51,7 +52,8 @@ async def _flush(limits: RedisLimits, variant: str, batch: list[Settlement]) -> 
         limits._settles = batch
         assert await limits._write() == len(batch)
         return
-    calls = [limits._settle_calls([item])[0] for item in batch]  # one settlement per call
+    calls = [settle_calls([item], limits.keys, limits._stream, limits._prefix)[0]
+             for item in batch]  # fmt: skip  # one settlement per call
     assert limits._client is not None
     await pipelined(limits._client, limits._settle, SETTLE_LUA, calls)
 

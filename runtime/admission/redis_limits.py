@@ -97,11 +97,11 @@ from runtime.admission.limits import (
     settle_refund,
 )
 from runtime.admission.scripts import ADMIT_LUA, RENEW_LUA, SETTLE_LUA
+from runtime.admission.settle_calls import settle_calls
 from runtime.contract import (
     LIMITS_PREFIX,
     NAMESPACE,
     credit_key,
-    done_key,
     escrow_key,
     lane_tenant,
     limits_keys,
@@ -117,10 +117,6 @@ _KINDS = {b"rpm": LimitKind.RPM, b"tpm": LimitKind.TPM, b"concurrency": LimitKin
 _CREDIT_KINDS = {b"credits": CreditKind.CREDITS, b"budget": CreditKind.BUDGET}
 _MAX_PENDING_SETTLES = 100_000
 _FLUSH_AT = 256  # queued settlements that are sent without waiting out the linger
-# settlements per settle script call: one call per flush up to _FLUSH_AT; a replay of many
-# goes in calls this size (one pipeline), so no one call holds Redis for long
-_SETTLES_PER_CALL = 256
-DONE_TTL_S = 3600
 
 
 class Settlement(msgspec.Struct, frozen=True, array_like=True):
@@ -516,7 +512,7 @@ class RedisLimits:
         self._writes_in_flight += 1
         self._overlaps += not alone
         overlaps = self._overlaps
-        calls = self._settle_calls(batch)
+        calls = settle_calls(batch, self.keys, self._stream, self._prefix)
         started = self._clock()
         written = False
         try:
@@ -541,41 +537,6 @@ class RedisLimits:
             if rotated is not None:
                 self._segments.append(rotated)
         return len(batch)
-
-    def _settle_calls(self, batch: list[Settlement]) -> list[tuple[list[str], list[Any]]]:
-        """The settle script's calls for ``batch`` (the layout: see SETTLE_LUA): one per
-        ``_SETTLES_PER_CALL`` settlements, and a new one where the budget period fields
-        change (a batch across midnight UTC, a replay), so a flush is one call, not one per
-        settlement (issue #27: redis-py's packing and parsing per call was most of the
-        settler's CPU). A tenant's keys go once per call."""
-        calls: list[tuple[list[str], list[Any]]] = []
-        keys: list[str] = []
-        args: list[Any] = []
-        dones: list[str] = []
-        blocks: dict[str, int] = {}  # tenant -> its keys' block in this call
-        tenant_keys: list[str] = []  # the blocks after the first
-        period = ("", "")
-        for item in batch:
-            done = done_key(self._prefix, item.tenant, item.lease)
-            drop = "1" if item.drop_rpm else "0"
-            if not args or len(dones) >= _SETTLES_PER_CALL or (item.day, item.month) != period:
-                if args:
-                    calls.append(([*keys, *dones, *tenant_keys], args))
-                keys = [*self.keys(item.tenant), self._stream]
-                args = [item.lease, item.refund, drop, item.cost_uc, item.day, item.month,
-                        item.event, DONE_TTL_S]  # fmt: skip
-                dones, blocks, tenant_keys = [done], {item.tenant: 1}, []
-                period = (item.day, item.month)
-                continue
-            block = blocks.get(item.tenant)
-            if block is None:
-                block = blocks[item.tenant] = len(blocks) + 1
-                tenant_keys += self.keys(item.tenant)
-            dones.append(done)
-            args += (block, item.lease, item.refund, drop, item.cost_uc, item.event)
-        if args:
-            calls.append(([*keys, *dones, *tenant_keys], args))
-        return calls
 
     async def renew(self) -> int:
         """Push the lease expiry of this router's running requests (one pipeline)."""

@@ -26,8 +26,8 @@ from apps.billing.services import budget_set, credit_grant, credit_overdraft_set
 from apps.common.models import AuditEvent
 from apps.core.selectors import snapshot_build
 from apps.tenants.models import Tenant
-from runtime.admission.redis_limits import DONE_TTL_S
 from runtime.admission.scripts import SETTLE_LUA
+from runtime.admission.settle_calls import DONE_TTL_S
 from runtime.contract import USAGE_GROUP, credit_key, done_key, period_fields, usage_stream
 from runtime.metering.events import UsageEvent, encode_event
 

@@ -16,10 +16,11 @@ import pytest_asyncio
 import redis
 from fixtures.private_redis import PrivateRedis, running
 
-from runtime.admission import redis_limits
+from runtime.admission import settle_calls
 from runtime.admission.limits import Quota
-from runtime.admission.redis_limits import DONE_TTL_S, RedisLimits, Settlement
+from runtime.admission.redis_limits import RedisLimits, Settlement
 from runtime.admission.scripts import SETTLE_LUA
+from runtime.admission.settle_calls import DONE_TTL_S
 from runtime.contract import credit_key, done_key, escrow_key, limits_keys
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
@@ -100,7 +101,7 @@ async def test_the_settlements_of_one_flush_are_one_call_each_applied_once(
 async def test_a_batch_larger_than_one_call_goes_in_a_few_each_applied_once(
     limits: RedisLimits, client: redis.Redis[bytes], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(redis_limits, "_SETTLES_PER_CALL", 3)
+    monkeypatch.setattr(settle_calls, "SETTLES_PER_CALL", 3)
     leases = [await limits.acquire("acme", QUOTA, tokens=10) for _ in range(7)]
     client.config_resetstat()
     for n, lease in enumerate(leases):

@@ -24,8 +24,8 @@ from hypothesis.stateful import (
     rule,
 )
 
-from runtime.admission.redis_limits import DONE_TTL_S
 from runtime.admission.scripts import ADMIT_LUA, SETTLE_LUA
+from runtime.admission.settle_calls import DONE_TTL_S
 from runtime.contract import credit_key, done_key, escrow_key, period_fields
 
 pytestmark = pytest.mark.integration

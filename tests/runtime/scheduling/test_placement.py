@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from runtime.routing.inflight import InFlight
 from runtime.routing.signals import FleetSignals
 from runtime.routing.table import RoutingTable
@@ -11,6 +13,8 @@ from runtime.testing.snapshots import SnapshotBuilder
 from runtime.upstream.breaker import BreakerBook, BreakerConfig
 from runtime.upstream.client import UpstreamClient
 from runtime.upstream.health import HealthMonitor
+
+pytestmark = pytest.mark.unit
 
 
 class World:
