@@ -12,6 +12,11 @@ from bench.targets.litellm import LitellmTarget
 from bench.targets.switchyard import SwitchyardTarget
 from bench.targets.vllm_router import VllmRouterTarget
 
+# bench.preempt_sweep's ``paced`` arm as pool policies (#34): lending with a reserve of 3 slots,
+# lent prefills paced at 2,500 tokens/s, a preempted request resuming first
+PACED = (("preemption", "fair"), ("lend_reserve", "3"), ("pace_prefill_tps", "2500"),
+         ("resume_first", "on"))  # fmt: skip
+
 FACTORIES: MappingProxyType[str, Callable[[], Target]] = MappingProxyType(
     {
         "direct": lambda: DirectTarget(name="direct"),
@@ -23,6 +28,12 @@ FACTORIES: MappingProxyType[str, Callable[[], Target]] = MappingProxyType(
         ),
         "switchyard-preempt": lambda: SwitchyardTarget(  # lend idle slots, take them back (#34)
             name="switchyard-preempt", extra_policies=(("preemption", "fair"),)
+        ),
+        "switchyard-paced": lambda: SwitchyardTarget(  # lent prefills paced, resumes first
+            name="switchyard-paced", extra_policies=PACED
+        ),
+        "switchyard-home": lambda: SwitchyardTarget(  # paced, and resumes on their endpoint
+            name="switchyard-home", extra_policies=(*PACED, ("resume_affinity", "on"))
         ),
         "switchyard-priority": lambda: SwitchyardTarget(  # engine-side priority (#34's rival)
             name="switchyard-priority", extra_policies=(("upstream_priority", "on"),)
