@@ -49,7 +49,8 @@ def test_a_continuation_renders_as_the_prompt_followed_by_the_text():
         contents = [content for _, content in continued]
         assert len(rendered) == 4 * count_chat_tokens(contents, **OPEN)
         closed = render_chat(continued)  # the assistant turn ended, a new one opened
-        assert closed.startswith(rendered) and len(closed) == len(rendered) + 4 * (1 + 3)
+        assert closed.startswith(rendered)
+        assert len(closed) == len(rendered) + 4 * (1 + 3)
         assert len(closed) == 4 * count_chat_tokens(contents)
         no_header = render_chat(continued, add_generation_prompt=False)
         assert no_header == closed[: -4 * 3]
@@ -154,7 +155,8 @@ async def test_a_finished_sequence_caches_its_generated_blocks_and_reports_them(
     text = await _drain(_submit(eng, rendered, tokens=40))  # 160 characters: 2.5 blocks
     prompt_blocks = text_block_hashes(rendered, BLOCK)
     every = text_block_hashes(rendered + text, BLOCK)
-    assert len(every) == 4 and every[:2] == prompt_blocks
+    assert len(every) == 4
+    assert every[:2] == prompt_blocks
     assert all(h in eng.prefix_cache for h in every)
     # KV events: the prompt's blocks at admission, the generated ones after them on leaving
     assert listener.calls == [(None, prompt_blocks), (prompt_blocks[-1], every[2:])]
