@@ -26,7 +26,9 @@ token; at most --max-num-seqs sequences run, each reserving prompt + max_tokens 
 then arrival. Tokens are counted as ceil(characters / 4); output is deterministic pseudo-words.
 Prefix caching (as vLLM's, on by default): a prompt's full blocks of --block-size tokens are
 hashed in a chain and kept in an LRU cache of --prefix-cache-blocks blocks; cached prompt
-tokens are not prefilled again (vllm:prefix_cache_queries / vllm:prefix_cache_hits).
+tokens are not prefilled again (vllm:prefix_cache_queries / vllm:prefix_cache_hits). A
+sequence leaving the batch caches the blocks of its prompt followed by its generated text, so a
+resumed stream's continuation (continue_final_message) hits them on the same simulator.
 """
 
 

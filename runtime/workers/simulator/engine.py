@@ -8,7 +8,9 @@ not fit, so a large request is never overtaken by smaller ones behind it. Each s
 the batch when it has produced its tokens or when it is aborted (client gone); its KV
 reservation is freed at once. With a prefix cache (``prefix_cache.PrefixCache``), a request's
 prompt tokens found in the cache at admission are not prefilled: the step pays only the
-uncached ones.
+uncached ones; when a sequence leaves the batch, the full blocks of its rendered prompt
+followed by the text it generated are cached (a resumed stream's continuation on the same
+engine hits them, as on vLLM).
 
 The clock: steps are scheduled against a monotonic deadline, not slept one after another.
 While the batch is busy, step ``k`` ends at ``t0 + sum(step durations so far)`` where ``t0``
@@ -31,7 +33,7 @@ import logging
 from collections.abc import Iterator
 from typing import Protocol
 
-from runtime.workers.simulator.prefix_cache import PrefixCache
+from runtime.workers.simulator.prefix_cache import PrefixCache, text_block_hashes
 from runtime.workers.simulator.timing import Capacity, TimingModel
 
 logger = logging.getLogger(__name__)
@@ -65,8 +67,10 @@ class Sequence:
         "output_tokens",
         "priority",
         "prompt_tokens",
+        "rendered",
         "request_id",
         "state",
+        "text",
         "words",
     )
 
@@ -82,6 +86,7 @@ class Sequence:
         words: Iterator[str],
         arrived_at: float,
         block_hashes: tuple[int, ...] = (),
+        rendered: str = "",
     ) -> None:
         self.request_id = request_id
         self.prompt_tokens = prompt_tokens
@@ -92,6 +97,8 @@ class Sequence:
         self.words = words
         self.arrived_at = arrived_at
         self.block_hashes = block_hashes
+        self.rendered = rendered  # the prompt as 4-character tokens; "" when not cached as text
+        self.text: list[str] = []  # the generated tokens' text, kept only with ``rendered``
         self.cached_tokens = 0  # prompt tokens found in the prefix cache at admission
         self.admitted_at: float | None = None
         self.first_token_at: float | None = None
@@ -207,12 +214,15 @@ class Engine:
         priority: int,
         words: Iterator[str],
         block_hashes: tuple[int, ...] = (),
+        rendered: str = "",
     ) -> Sequence:
         """Queue a request that will produce ``output_tokens`` (≤ ``max_tokens``) tokens.
 
         ``block_hashes``: the chained hashes of its prompt's full blocks (see
         :mod:`~runtime.workers.simulator.prefix_cache`); with a prefix cache, the cached ones
-        are not prefilled again.
+        are not prefilled again. ``rendered``: the text prompt those blocks cover (4-character
+        tokens); with it, the blocks of the prompt followed by the generated text are cached
+        when the sequence leaves the batch.
         """
         if not 0 <= output_tokens <= max_tokens:
             raise ValueError("need 0 <= output_tokens <= max_tokens")
@@ -228,6 +238,7 @@ class Engine:
             words=words,
             arrived_at=asyncio.get_running_loop().time(),
             block_hashes=block_hashes,
+            rendered=rendered,
         )
         heapq.heappush(self._heap, (priority, next(self._order), seq))
         self._num_waiting += 1
@@ -304,7 +315,10 @@ class Engine:
             seq.last_token_at = now
             if first:
                 seq.first_token_at = now
-            seq._push(next(seq.words))
+            word = next(seq.words)
+            if seq.rendered:
+                seq.text.append(word)
+            seq._push(word)
             if self._observer is not None:
                 self._observer.on_token(seq, now - previous, first=first)
         if seq.generated >= seq.output_tokens:
@@ -316,6 +330,19 @@ class Engine:
     def _release(self, seq: Sequence) -> None:
         if self._running.pop(id(seq), None) is not None:
             self._kv_used -= seq.kv_tokens
+            if self.prefix_cache is not None:
+                self.prefix_cache.store(self._computed_blocks(seq))
+
+    def _computed_blocks(self, seq: Sequence) -> tuple[int, ...]:
+        """The full blocks a leaving sequence computed: its prompt's, then, for a text prompt,
+        those of the prompt followed by the text generated (as vLLM keeps them cached)."""
+        if not seq.rendered or not seq.text or self.prefix_cache is None:
+            return seq.block_hashes
+        return text_block_hashes(
+            seq.rendered + "".join(seq.text),
+            self.prefix_cache.config.block_size,
+            known=seq.block_hashes,
+        )
 
     def _notify_finished(self, seq: Sequence, reason: str) -> None:
         if self._observer is not None:

@@ -4,7 +4,8 @@
 each change of the prefix cache (:class:`~runtime.workers.simulator.prefix_cache.PrefixCache`),
 one message in vLLM's wire format (:func:`runtime.routing.kv_events.encode_frames`: topic,
 8-byte sequence number, msgpack ``KVEventBatch``): ``BlockStored`` for a request's new full
-blocks at admission (continuing the longest cached run), ``BlockRemoved`` for LRU evictions and
+blocks at admission (continuing the longest cached run) and for its generated text's full blocks
+when it leaves the batch (continuing its prompt's chain), ``BlockRemoved`` for LRU evictions and
 ``AllBlocksCleared`` on ``/reset_prefix_cache``. Block hashes are the simulator's own (Python
 ints); ``token_ids`` are zeros of the right length (the router never reads them). Sending never
 blocks: past the high-water mark ZeroMQ drops messages, and the sequence gap tells subscribers.

@@ -8,8 +8,12 @@ tokens (start, role, newline), the content's tokens and one end token, then the 
 prompt: an assistant message's three header tokens (``MESSAGE_OVERHEAD_TOKENS`` = 4,
 ``GENERATION_PROMPT_TOKENS`` = 3). The same prompt prefix therefore gives the same tokens,
 whatever follows it, and a conversation's next turn (the answer appended as an assistant
-message) repeats every token of the turn before. A prompt given as token ids
-is its ids.
+message) repeats every token of the turn before. As vLLM's chat templates, a request may ask
+for ``add_generation_prompt: false`` (no generation header) or ``continue_final_message: true``
+(the final message left open: no end token, no generation header); a resumed stream's
+continuation (the prompt plus an assistant message holding the text so far, see
+``runtime.gateway.resume``) then renders as the original prompt's rendering followed by the
+text, padded only at its end. A prompt given as token ids is its ids.
 
 Blocks (as vLLM's ``kv_cache_utils.hash_block_tokens``): a prompt's *full* blocks of
 ``block_size`` tokens are hashed in a chain, each block's hash covering its parent's hash and
@@ -20,11 +24,21 @@ The cache (as vLLM's ``KVCacheManager`` with prefix caching on): a request's hit
 run of its leading block hashes found in the cache; at most ``prompt_tokens - 1`` tokens count
 as hits (vLLM recomputes the last prompt token to get logits). Its full blocks are then cached
 (at admission, so a request admitted in the same step already hits them, as vLLM caches blocks
-when it allocates them). Eviction is LRU over blocks, and a request's blocks are touched tail
-first, so the root of a chain is the most recently used and a chain is evicted from its tail
-(vLLM frees a request's blocks in reverse order for the same reason). Capacity is a number of
-blocks; unlike vLLM, cached blocks do not compete with the running sequences' KV reservations
-(the simulator reserves those separately, see ``timing.Capacity``).
+when it allocates them). When a sequence leaves the batch (finished or aborted once running),
+the engine caches the full blocks of its rendered prompt followed by the text it generated
+(every token it computed, which the client's text so far is a prefix of), as vLLM keeps a freed
+request's computed blocks in its cache: a continuation of that generation on the same engine
+hits the prompt's and the generated text's blocks, as it does on vLLM when the text
+re-tokenizes to the same tokens. Here that holds for a chat continuation always (the open
+assistant message starts on a token boundary) and for a completion continuation (prompt +
+text) when the prompt's length is a multiple of 4 characters; otherwise the prompt's last,
+padded token differs (the stand-in for BPE merging across the seam) and the continuation hits
+only the prompt's blocks before it. A prompt given as token ids caches its prompt blocks only
+(the generated text has no ids). Eviction is LRU over blocks, and a request's blocks are
+touched tail first, so the root of a chain is the most recently used and a chain is evicted
+from its tail (vLLM frees a request's blocks in reverse order for the same reason). Capacity is
+a number of blocks; unlike vLLM, cached blocks do not compete with the running sequences' KV
+reservations (the simulator reserves those separately, see ``timing.Capacity``).
 
 Hashes use Python's ``hash()`` of strings and tuples: stable within one simulator process, which
 is all an engine's cache needs (vLLM's hashes are per-process too unless seeded).
@@ -54,26 +68,44 @@ def render_text(text: str) -> str:
     return text + _PAD * (-len(text) % CHARS_PER_TOKEN)
 
 
-def render_chat(messages: Sequence[tuple[str, str]]) -> str:
-    """A chat prompt (``(role, content)`` per message, in order) as 4-character tokens."""
+def render_chat(
+    messages: Sequence[tuple[str, str]],
+    *,
+    add_generation_prompt: bool = True,
+    continue_final_message: bool = False,
+) -> str:
+    """A chat prompt (``(role, content)`` per message, in order) as 4-character tokens.
+
+    As vLLM's chat templates: ``add_generation_prompt`` appends an assistant message's header;
+    ``continue_final_message`` leaves the final message open (no end token, and then no
+    generation header), so a continuation's rendering is its prompt's rendering followed by
+    the text so far (padded only at its end).
+    """
     parts: list[str] = []
-    for role, content in messages:
+    last = len(messages) - 1
+    for index, (role, content) in enumerate(messages):
         parts.append(_START)
         parts.append((role + _PAD * CHARS_PER_TOKEN)[:CHARS_PER_TOKEN])
         parts.append(_NEWLINE)
         if content:
             parts.append(content + _PAD * (-len(content) % CHARS_PER_TOKEN))
-        parts.append(_END)
-    parts.append(_GENERATION)
+        if not (continue_final_message and index == last):
+            parts.append(_END)
+    if add_generation_prompt and not continue_final_message:
+        parts.append(_GENERATION)
     return "".join(parts)
 
 
-def text_block_hashes(rendered: str, block_size: int) -> tuple[int, ...]:
-    """The chained hashes of the full blocks of a rendered prompt (4 characters a token)."""
+def text_block_hashes(rendered: str, block_size: int, known: Sequence[int] = ()) -> tuple[int, ...]:
+    """The chained hashes of the full blocks of a rendered prompt (4 characters a token).
+
+    ``known``: the hashes of the string's leading blocks, already computed (a finished
+    sequence's prompt blocks): they are kept and the chain goes on from the last of them.
+    """
     width = block_size * CHARS_PER_TOKEN
-    hashes: list[int] = []
-    parent = _ROOT_HASH
-    for start in range(0, len(rendered) - width + 1, width):
+    hashes: list[int] = list(known)
+    parent = hashes[-1] if hashes else _ROOT_HASH
+    for start in range(len(hashes) * width, len(rendered) - width + 1, width):
         parent = hash((parent, rendered[start : start + width]))
         hashes.append(parent)
     return tuple(hashes)
@@ -166,6 +198,15 @@ class PrefixCache:
         if not self.config.enabled:
             return 0
         hit = self.hit_tokens(block_hashes, prompt_tokens)
+        self.store(block_hashes)
+        return hit
+
+    def store(self, block_hashes: Sequence[int]) -> None:
+        """Cache a chain of blocks (a prompt's at admission, a freed sequence's prompt and
+        generated blocks when it leaves the batch): the listener is told the new ones, the
+        chain is touched tail first and the least recently used blocks are evicted."""
+        if not self.config.enabled:
+            return
         blocks = self._blocks
         listener = self.listener
         if listener is not None:  # the chain's new blocks, after its longest cached run
@@ -184,4 +225,3 @@ class PrefixCache:
             self.evictions += 1
         if evicted and listener is not None:
             listener.removed(evicted)
-        return hit

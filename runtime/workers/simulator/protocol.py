@@ -68,6 +68,7 @@ class GenerationRequest:
     priority: int
     seed: int
     block_hashes: tuple[int, ...] = ()  # the prompt's full blocks (empty: caching off)
+    rendered: str = ""  # the text prompt as 4-character tokens ("" for token ids or no cache)
     script: tuple[str, ...] = ()  # tokens a prompt's [[emit: ...]] markers ask for (text.py)
 
 
@@ -119,9 +120,10 @@ def parse_completion(body: dict[str, Any], config: SimulatorConfig) -> Generatio
     cache = config.prefix_cache
     if isinstance(prompt, str):
         tokens, key = count_text_tokens(prompt), prompt
-        hashes = text_block_hashes(render_text(prompt), cache.block_size) if cache.enabled else ()
+        rendered = render_text(prompt) if cache.enabled else ""
+        hashes = text_block_hashes(rendered, cache.block_size) if cache.enabled else ()
     elif isinstance(prompt, list) and prompt and all(_is_int(t) for t in prompt):
-        tokens, key = len(prompt), repr(prompt)
+        tokens, key, rendered = len(prompt), repr(prompt), ""
         hashes = token_block_hashes(prompt, cache.block_size) if cache.enabled else ()
     elif isinstance(prompt, list) and len(prompt) > 1:
         raise ApiError("The simulator serves one prompt per request.", param="prompt")
@@ -129,7 +131,7 @@ def parse_completion(body: dict[str, Any], config: SimulatorConfig) -> Generatio
         raise ApiError("prompt must be a string or a list of token ids", param="prompt")
     gen = _generation("completion", body, config, tokens, key, body.get("max_tokens"))
     gen = _scripted(gen, key if isinstance(prompt, str) else "")
-    return dataclasses.replace(gen, block_hashes=hashes)
+    return dataclasses.replace(gen, block_hashes=hashes, rendered=rendered)
 
 
 def parse_chat(body: dict[str, Any], config: SimulatorConfig) -> GenerationRequest:
@@ -147,14 +149,35 @@ def parse_chat(body: dict[str, Any], config: SimulatorConfig) -> GenerationReque
     param = "max_completion_tokens"
     if requested is None:
         requested, param = body.get("max_tokens"), "max_tokens"
+    template = _template_flags(body)
     key = "\x1e".join(contents)
-    gen = _generation("chat", body, config, count_chat_tokens(contents), key, requested, param)
+    tokens = count_chat_tokens(contents, **template)
+    gen = _generation("chat", body, config, tokens, key, requested, param)
     gen = _scripted(gen, key)
     cache = config.prefix_cache
     if not cache.enabled:
         return gen
-    rendered = render_chat(list(zip(roles, contents, strict=True)))
-    return dataclasses.replace(gen, block_hashes=text_block_hashes(rendered, cache.block_size))
+    rendered = render_chat(list(zip(roles, contents, strict=True)), **template)
+    return dataclasses.replace(
+        gen, rendered=rendered, block_hashes=text_block_hashes(rendered, cache.block_size)
+    )
+
+
+def _template_flags(body: dict[str, Any]) -> dict[str, bool]:
+    """vLLM's chat-template options, with its 400 for asking for both: the final message left
+    open (``continue_final_message``, default false), a generation prompt appended
+    (``add_generation_prompt``, default true, and not appended to an open message)."""
+    flags: dict[str, bool] = {}
+    for name, default in (("add_generation_prompt", True), ("continue_final_message", False)):
+        value = body.get(name)
+        if value is not None and not isinstance(value, bool):
+            raise ApiError(f"{name} must be a boolean", param=name)
+        flags[name] = default if value is None else value
+    if body.get("continue_final_message") and body.get("add_generation_prompt"):
+        raise ApiError(
+            "Cannot set both `continue_final_message` and `add_generation_prompt` to True."
+        )
+    return flags
 
 
 def parse_embedding(body: dict[str, Any], config: SimulatorConfig) -> EmbeddingRequest:

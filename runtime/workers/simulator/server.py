@@ -180,6 +180,7 @@ async def _generate(
         priority=gen.priority,
         words=output_words(gen.script, gen.seed),
         block_hashes=gen.block_hashes,
+        rendered=gen.rendered,
     )
     limit = config.fail_after_tokens
     if limit is not None and gen.output_tokens <= limit:

@@ -4,7 +4,8 @@ Tokenizer: a prompt string counts ``ceil(len(text) / 4)`` tokens (at least 1, st
 the BOS token), the usual rule of thumb for English with BPE tokenizers; a prompt given as token
 ids counts one token per id. A chat prompt adds a fixed template overhead of
 ``MESSAGE_OVERHEAD_TOKENS`` per message plus ``GENERATION_PROMPT_TOKENS`` for the assistant
-turn, as a chat template would.
+turn, as a chat template would (less the final message's end token and no generation prompt
+with ``continue_final_message``; no generation prompt with ``add_generation_prompt: false``).
 
 Output: every generated token is one pseudo-word with a leading space (" lorem"), drawn from a
 ``random.Random`` seeded from the simulator seed, the request's ``seed`` and the prompt, so the
@@ -59,10 +60,22 @@ def count_text_tokens(text: str) -> int:
     return max(1, math.ceil(len(text) / CHARS_PER_TOKEN))
 
 
-def count_chat_tokens(contents: list[str]) -> int:
-    """Token count of a chat prompt whose messages have the given text contents."""
+def count_chat_tokens(
+    contents: list[str],
+    *,
+    add_generation_prompt: bool = True,
+    continue_final_message: bool = False,
+) -> int:
+    """Token count of a chat prompt whose messages have the given text contents.
+
+    ``continue_final_message`` leaves the final message open (its end token is not counted,
+    nor a generation prompt); ``add_generation_prompt=False`` drops the generation prompt.
+    """
     body = sum(math.ceil(len(text) / CHARS_PER_TOKEN) for text in contents)
-    return body + MESSAGE_OVERHEAD_TOKENS * len(contents) + GENERATION_PROMPT_TOKENS
+    tokens = body + MESSAGE_OVERHEAD_TOKENS * len(contents)
+    if continue_final_message:
+        return tokens - 1 if contents else tokens
+    return tokens + GENERATION_PROMPT_TOKENS if add_generation_prompt else tokens
 
 
 def derive_seed(*parts: object) -> int:
