@@ -21,13 +21,13 @@ DEFAULT_TARGETS = ("direct", "bare-proxy", "switchyard-fcfs", "switchyard", "vll
                    "litellm")  # fmt: skip
 
 
-def _targets(text: str | None, scenario: Scenario) -> list[str]:
+def _targets(text: str | None, scenario: Scenario, *, direct: bool = True) -> list[str]:
     names = [t.strip() for t in text.split(",")] if text else list(scenario.targets)
     names = [n for n in (names or DEFAULT_TARGETS) if n]
     unknown = [n for n in names if n not in ALL]
     if unknown:
         raise SystemExit(f"unknown targets: {', '.join(unknown)} (known: {', '.join(ALL)})")
-    if "direct" not in names:
+    if direct and "direct" not in names:
         names.insert(0, "direct")  # every comparison is against direct
     return names
 
@@ -43,6 +43,10 @@ def _common(parser: argparse.ArgumentParser) -> None:
                         help="do not pin routers to one core (taskset)")  # fmt: skip
     parser.add_argument("--no-flame", action="store_true",
                         help="no py-spy flame graphs of the Switchyard routers")  # fmt: skip
+    parser.add_argument("--no-direct", action="store_true",
+                        help="do not add the direct baseline: only for runs compared with "
+                        "another run of the same scenario at the same time on the same machine "
+                        "(bench/device/multi.sh), which has it")  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -70,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _run_kwargs(args: argparse.Namespace, scenario: Scenario) -> dict[str, Any]:
     return {
         "size": args.size,
-        "target_names": _targets(args.targets, scenario),
+        "target_names": _targets(args.targets, scenario, direct=not args.no_direct),
         "redis_url": os.environ.get("REDIS_URL") or DEFAULT_REDIS_URL,
         "command": ["python", "-m", "bench", *sys.argv[1:]],
         "pin": not args.no_pin,
