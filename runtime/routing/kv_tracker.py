@@ -9,11 +9,22 @@ cannot be computed from each other, so the mapping is **learned at dispatch**:
    endpoint; if the endpoint is not already known to hold all of it, the prompt waits there
    as *pending* (bounded FIFO).
 2. A ``BlockStored`` event continues a chain: from the prompt's start (``parent`` ``None``) or
-   from a block already mapped. It is attributed to the oldest pending prompt that fits: one
-   whose router chain contains the router block the parent maps to (a prompt that shares the
-   parent's prefix), and for a chain from the start, one whose first router block the engine is
-   not already known to hold (it would not store it again). A chunked prefill's next chunk
-   continues its own prompt first.
+   from a block already mapped. A chain from the start is attributed to the oldest pending
+   prompt whose first router block the engine is not already known to hold (it would not store
+   it again). A chain continuing a mapped block (of prompt ``P``) is, in this order: ``P``'s
+   prefill's next chunk, when it continues ``P``'s tail and ``P`` still waits; else the oldest
+   other pending prompt that *extends* that block (its router chain holds the last router block
+   ``P``'s chain had completed there, at the same position: it shares the prefix up to it); else,
+   when it continues ``P``'s tail, ``P``'s *generated* tokens (vLLM caches a request's full
+   decode blocks, and the simulator a finished sequence's answer, chained after its prompt):
+   mapped as ``P``'s, so a later chain can continue them, but naming no router block (the
+   router never hashed the answer's text); else nothing. A generated chain is therefore never
+   attributed to a prompt that does not share its prefix. A conversation's next turn, whose
+   history is the prompt and that answer, is learned when the engine stores its own blocks after
+   the answer's (it hit them): its router blocks up to there are then held. A next turn already
+   pending when the answer's blocks are stored takes them (it extends ``P``): right when its
+   history holds the engine's own answer, as a chat client's does; a client that sends another
+   text as the answer makes the index overstate that turn's held blocks until they are evicted.
 3. Engine block ``i`` of the chain ends at token ``end = parent_end + (i + 1) * block_size``; it
    completes router block ``k = end * chars_per_token // block_chars`` (4 characters a token,
    the router's rule of thumb). The engine block where ``k`` first reaches a router block maps to
@@ -60,22 +71,25 @@ DEFAULT_MAX_ENGINE_BLOCKS: Final = 16_384
 class _Pending:
     """A prompt sent to the endpoint whose blocks the engine has not all reported yet."""
 
-    __slots__ = ("at", "expects", "hashes", "position")
+    __slots__ = ("at", "end", "expects", "hashes", "position")
 
     def __init__(self, hashes: tuple[int, ...], at: float, *, expects: bool) -> None:
         self.hashes = hashes
         self.position = {h: i for i, h in enumerate(hashes)}
         self.at = at
         self.expects = expects  # the engine must store a block for it (it held none)
+        self.end = 0  # where its chain's last mapped engine block ends (tokens)
 
 
 @dataclass(slots=True)
 class _Node:
-    """One engine block: where it ends (tokens) and the router block it completes, if any."""
+    """One engine block: where it ends (tokens), the router block it completes (if any), and
+    how many of its prompt's router blocks the chain has completed up to its end."""
 
     end: int
     router: int | None
     prompt: _Pending
+    reached: int
 
 
 class _Endpoint:
@@ -217,18 +231,32 @@ class KvEventTracker:
 
     def _attribute(
         self, endpoint_id: int, state: _Endpoint, parent: _Node | None, now: float
-    ) -> _Pending | None:
-        """The pending prompt a stored chain belongs to (see the module docstring, 2.)."""
-        if parent is not None and parent.prompt in state.pending:
-            return parent.prompt  # a chunked prefill's next chunk
+    ) -> tuple[_Pending, bool] | None:
+        """The pending prompt a stored chain belongs to, and whether it names that prompt's
+        router blocks (``False``: its owner's generated blocks). See the module docstring, 2."""
+        if parent is None:
+            for prompt in state.pending:
+                if self._fresh(endpoint_id, prompt, now):
+                    return prompt, True
+            return None
+        owner = parent.prompt
+        tail = parent.end >= owner.end
+        if tail and owner in state.pending:
+            return owner, True  # its prefill's next chunk
+        reached = parent.reached
         for prompt in state.pending:
-            if parent is None:
-                held = self.precise_index.match(prompt.hashes[:1], now, (endpoint_id,))
-                if not held:
-                    return prompt
-            elif parent.router is None or parent.router in prompt.position:
-                return prompt
-        return None
+            if prompt is owner:
+                continue
+            if reached == 0:  # it shares less than a router block: as a chain from the start
+                if self._fresh(endpoint_id, prompt, now):
+                    return prompt, True
+            elif prompt.position.get(owner.hashes[reached - 1]) == reached - 1:
+                return prompt, True  # it extends the parent's prefix
+        return (owner, False) if tail else None
+
+    def _fresh(self, endpoint_id: int, prompt: _Pending, now: float) -> bool:
+        """Whether the engine is not known to hold the prompt's first router block."""
+        return not self.precise_index.match(prompt.hashes[:1], now, (endpoint_id,))
 
     def _stored(self, endpoint_id: int, state: _Endpoint, event: BlockStored, now: float) -> None:
         parent: _Node | None = None
@@ -236,21 +264,27 @@ class KvEventTracker:
             parent = state.blocks.get(event.parent)
             if parent is None:
                 return  # continues a chain this router never mapped: cannot place it
-        prompt = self._attribute(endpoint_id, state, parent, now)
-        if prompt is None:
+        attributed = self._attribute(endpoint_id, state, parent, now)
+        if attributed is None:
             return
+        prompt, learns = attributed
         base = 0 if parent is None else parent.end
-        covered = self._covered(base, prompt)
+        # Generated blocks (``learns`` False, always with a parent) name no router block.
+        covered = self._covered(base, prompt) if learns or parent is None else parent.reached
         blocks = state.blocks
+        end = base
         for i, engine_hash in enumerate(event.hashes):
             end = base + (i + 1) * event.block_size
-            reached = self._covered(end, prompt)
+            reached = self._covered(end, prompt) if learns else covered
             router = prompt.hashes[reached - 1] if reached > covered else None
             covered = reached
-            blocks[engine_hash] = _Node(end, router, prompt)
+            blocks[engine_hash] = _Node(end, router, prompt, covered)
             blocks.move_to_end(engine_hash)
+        prompt.end = max(prompt.end, end)
         while len(blocks) > self.max_engine_blocks:
             blocks.popitem(last=False)
+        if not learns:
+            return
         if covered:
             self.precise_index.record(endpoint_id, prompt.hashes[:covered], now)
         if covered >= len(prompt.hashes):
