@@ -214,9 +214,13 @@ def test_an_idle_engine_stays_precise_and_a_fully_cached_prompt_expects_nothing(
     prompt = block_hashes(SYSTEM)
     tracker.note_dispatch(1, prompt, now=0.0)
     tracker.apply(1, _stored(None, range(100, 117)), now=0.1)
-    tracker.note_dispatch(1, prompt, now=0.2)  # held in full: the engine stores nothing
-    assert tracker.sizes()[1] == (17, 0)
+    tracker.note_dispatch(1, prompt, now=0.2)  # held in full: it waits, expecting nothing
+    assert tracker.sizes()[1] == (17, 1)
     assert tracker.precise(1, 100.0)
+    # The engine stores nothing for it; the next prompt's blocks tell it never will.
+    tracker.note_dispatch(1, block_hashes("z" * 300), now=100.0)
+    tracker.apply(1, _stored(None, range(300, 304)), now=100.1)
+    assert tracker.sizes()[1] == (21, 0)
 
 
 def test_a_chain_the_router_never_mapped_is_ignored_and_memory_is_bounded():
@@ -312,8 +316,8 @@ def test_the_next_turn_continuing_the_answer_learns_the_history_the_engine_holds
     assert tracker.match(following, 0.3, [1]) == {1: 5}
     assert approximate.match(following, 0.3, [1]) == {1: 5}
     unrelated = block_hashes("y" * 1400)
-    tracker.note_dispatch(1, unrelated, now=0.3)  # pending first: the oldest
     tracker.note_dispatch(1, following, now=0.3)
+    tracker.note_dispatch(1, unrelated, now=0.3)  # waits behind it
     # The engine hits the 27 cached blocks (history) and stores 28..35 after the answer's last.
     tracker.apply(1, _stored(126, range(127, 135)), now=0.4)
     assert tracker.match(following, 0.4, [1]) == {1: 8}
