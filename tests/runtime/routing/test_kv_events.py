@@ -4,6 +4,7 @@ onto the router's blocks (precise scoring, its fallback to approximate)."""
 from __future__ import annotations
 
 import importlib.util
+import tracemalloc
 
 import msgspec
 import pytest
@@ -341,3 +342,25 @@ def test_a_prompt_branching_off_a_prefill_in_progress_is_its_own():
     tracker.apply(1, _stored(119, range(120, 125)), now=0.3)
     assert tracker.match(first, 0.3, [1]) == {1: 6}
     assert tracker.sizes()[1] == (30, 0)
+
+
+def test_generated_blocks_keep_the_engine_block_map_bounded_measured():
+    bound = 4_096
+    tracker = KvEventTracker(approximate=PrefixIndex(), max_engine_blocks=bound)
+    engine = iter(range(1 << 40, 1 << 41))
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for request in range(2 * bound // 30):  # twice the bound: 12 prompt + 18 answer blocks
+            tracker.note_dispatch(1, block_hashes(f"{request:08d}" * 100), now=request * 0.01)
+            prompt = [next(engine) for _ in range(12)]  # 192 tokens: its 3 router blocks
+            tracker.apply(1, _stored(None, prompt), now=request * 0.01)
+            tracker.apply(1, _stored(prompt[-1], [next(engine) for _ in range(18)]), now=0.0)
+        used = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert tracker.sizes()[1] == (bound, 0)  # the answers' blocks are mapped, within the bound
+    per_block = used / bound
+    # CPython 3.11: a node (slots dataclass, 4 fields), its hash key and OrderedDict links, a
+    # share of its prompt (router hashes and their positions) and of the precise index: ~290 B.
+    assert 100 < per_block < 600, per_block
