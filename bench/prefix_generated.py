@@ -14,9 +14,11 @@ next turn hits the answer's blocks); ``synthetic``: another text of the same len
 scenario's case: no engine holds it). ``--tracker FILE`` loads ``KvEventTracker`` from another
 copy of ``kv_tracker.py`` (an A/B against another branch).
 
-Printed per index: requests whose claim exceeds what the engine holds by more than one router
-block (``over``: a misattribution or a stale claim), or falls short of it by more than one
-(``under``), and the mean claimed against held tokens. Run::
+``approx+answer`` is the approximate index also told each answer (the prompt and the answer's
+router blocks recorded when the stream ends), which the router would learn if it decoded the
+answers it relays (it does not). Printed per index: requests whose claim exceeds what the
+engine holds by more than one router block (``over``: a misattribution or a stale claim), or
+falls short of it by more than two (``under``), and the mean claimed against held tokens. Run::
 
     PYTHONPATH=. python -m bench.prefix_generated [--answers engine|synthetic] [--tracker FILE]
 """
@@ -124,7 +126,7 @@ def _history(
     return [*done.messages, ("assistant", said)]
 
 
-def replay(args: argparse.Namespace) -> tuple[Tally, Tally]:
+def replay(args: argparse.Namespace) -> tuple[Tally, Tally, Tally]:
     rng = random.Random(args.seed)
     events = _Events()
     cache = PrefixCache(PrefixCacheConfig(BLOCK, args.capacity_blocks), listener=events)
@@ -137,7 +139,8 @@ def replay(args: argparse.Namespace) -> tuple[Tally, Tally]:
     busy: set[int] = set()
     admit: deque[_Turn] = deque()
     leave: deque[_Turn] = deque()
-    precise, approx = Tally(), Tally()
+    precise, approx, answered = Tally(), Tally(), Tally()
+    relayed = PrefixIndex()  # approximate, also told each answer's text at its stream's end
 
     def flush(now: float) -> None:
         if events.events:
@@ -157,6 +160,8 @@ def replay(args: argparse.Namespace) -> tuple[Tally, Tally]:
         held = cache.hit_tokens(engine, len(rendered) // 4)
         precise.add(tracker.match(router, now, [ENDPOINT]).get(ENDPOINT, 0), held)
         approx.add(approximate.match(router, now, [ENDPOINT]).get(ENDPOINT, 0), held)
+        answered.add(relayed.match(router, now, [ENDPOINT]).get(ENDPOINT, 0), held)
+        relayed.record(ENDPOINT, router, now)
         tracker.note_dispatch(ENDPOINT, router, now)
         approximate.record(ENDPOINT, router, now)
         answer = "".join(rng.choice(" lorem ipsum dolor") for _ in range(rng.randint(200, 600)))
@@ -170,9 +175,11 @@ def replay(args: argparse.Namespace) -> tuple[Tally, Tally]:
             done = leave.popleft()
             cache.store(text_block_hashes(done.rendered + done.answer, BLOCK, known=done.engine))
             flush(now)
+            said = [*done.messages, ("assistant", done.answer)]
+            relayed.record(ENDPOINT, chat_block_hashes(said), now)
             live[done.conversation] = _history(done, args, turns, systems)
             busy.discard(done.conversation)
-    return precise, approx
+    return precise, approx, answered
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -187,11 +194,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--capacity-blocks", type=int, default=2048)
     parser.add_argument("--seed", type=int, default=35)
     args = parser.parse_args(argv)
-    precise, approx = replay(args)
+    precise, approx, answered = replay(args)
     out = sys.stdout
     out.write(f"answers {args.answers}, tracker {args.tracker or 'this checkout'}\n")
     out.write(precise.line("precise") + "\n")
     out.write(approx.line("approximate") + "\n")
+    out.write(answered.line("approx+answer") + "\n")
 
 
 if __name__ == "__main__":
