@@ -16,9 +16,11 @@ copy of ``kv_tracker.py`` (an A/B against another branch).
 
 ``approx+answer`` is the approximate index also told each answer (the prompt and the answer's
 router blocks recorded when the stream ends), which the router would learn if it decoded the
-answers it relays (it does not). Printed per index: requests whose claim exceeds what the
-engine holds by more than one router block (``over``: a misattribution or a stale claim), or
-falls short of it by more than two (``under``), and the mean claimed against held tokens. Run::
+answers it relays (it does not); ``approx-evicted`` the approximate index less the router blocks
+the events say were evicted (the tracker applies removals to it). Printed per index: requests
+whose belief exceeds what the engine holds by more than one router block (``over``: a
+misattribution or a stale belief), or falls short of it by more than two (``under``), and the
+mean believed against held tokens. Run::
 
     PYTHONPATH=. python -m bench.prefix_generated [--answers engine|synthetic] [--tracker FILE]
 """
@@ -94,7 +96,7 @@ class Tally:
     def line(self, name: str) -> str:
         n = max(1, self.requests)
         return (
-            f"{name:12} requests {self.requests}  over {self.over} ({self.over / n:.1%})  "
+            f"{name:14} requests {self.requests}  over {self.over} ({self.over / n:.1%})  "
             f"under {self.under} ({self.under / n:.1%})  claimed {self.claimed / n:.0f} "
             f"tokens / held {self.held / n:.0f}"
         )
@@ -126,21 +128,23 @@ def _history(
     return [*done.messages, ("assistant", said)]
 
 
-def replay(args: argparse.Namespace) -> tuple[Tally, Tally, Tally]:
+def replay(args: argparse.Namespace) -> dict[str, Tally]:
+    """Per index (``precise``, ``approximate``, ``approx+answer``, ``approx-evicted``), its
+    beliefs against the engine's hits over the run."""
     rng = random.Random(args.seed)
     events = _Events()
     cache = PrefixCache(PrefixCacheConfig(BLOCK, args.capacity_blocks), listener=events)
-    approximate = PrefixIndex()
-    tracker = _tracker_class(args.tracker)(approximate=PrefixIndex())
+    indexes = {name: PrefixIndex() for name in ("approximate", "approx+answer", "approx-evicted")}
+    # The tracker applies the engine's removals to its approximate index.
+    tracker = _tracker_class(args.tracker)(approximate=indexes["approx-evicted"])
     tracker.set_connected(ENDPOINT, True)
+    tallies = {name: Tally() for name in ("precise", *indexes)}
     systems = [f"tenant {t}: " + "policy text. " * (80 + 40 * t) for t in range(args.tenants)]
     live = [[("system", systems[c % args.tenants])] for c in range(args.conversations)]
     turns = [0] * args.conversations
     busy: set[int] = set()
     admit: deque[_Turn] = deque()
     leave: deque[_Turn] = deque()
-    precise, approx, answered = Tally(), Tally(), Tally()
-    relayed = PrefixIndex()  # approximate, also told each answer's text at its stream's end
 
     def flush(now: float) -> None:
         if events.events:
@@ -149,21 +153,18 @@ def replay(args: argparse.Namespace) -> tuple[Tally, Tally, Tally]:
 
     for step in range(args.requests):
         now = step * 0.01
-        free = [c for c in range(args.conversations) if c not in busy]
-        c = rng.choice(free)
+        c = rng.choice([c for c in range(args.conversations) if c not in busy])
         busy.add(c)
-        user = f"question {step}: " + "details " * rng.randint(10, 120)
-        messages = [*live[c], ("user", user)]
+        messages = [*live[c], ("user", f"question {step}: " + "details " * rng.randint(10, 120))]
         rendered = render_chat(messages)
         engine = text_block_hashes(rendered, BLOCK)
         router = chat_block_hashes(messages)
         held = cache.hit_tokens(engine, len(rendered) // 4)
-        precise.add(tracker.match(router, now, [ENDPOINT]).get(ENDPOINT, 0), held)
-        approx.add(approximate.match(router, now, [ENDPOINT]).get(ENDPOINT, 0), held)
-        answered.add(relayed.match(router, now, [ENDPOINT]).get(ENDPOINT, 0), held)
-        relayed.record(ENDPOINT, router, now)
+        tallies["precise"].add(tracker.match(router, now, [ENDPOINT]).get(ENDPOINT, 0), held)
+        for name, index in indexes.items():  # what each believes, then what it learns
+            tallies[name].add(index.match(router, now, [ENDPOINT]).get(ENDPOINT, 0), held)
+            index.record(ENDPOINT, router, now)
         tracker.note_dispatch(ENDPOINT, router, now)
-        approximate.record(ENDPOINT, router, now)
         answer = "".join(rng.choice(" lorem ipsum dolor") for _ in range(rng.randint(200, 600)))
         admit.append(_Turn(messages, rendered, engine, answer, c))
         if len(admit) > 1:  # the previous request enters the engine
@@ -175,11 +176,11 @@ def replay(args: argparse.Namespace) -> tuple[Tally, Tally, Tally]:
             done = leave.popleft()
             cache.store(text_block_hashes(done.rendered + done.answer, BLOCK, known=done.engine))
             flush(now)
-            said = [*done.messages, ("assistant", done.answer)]
-            relayed.record(ENDPOINT, chat_block_hashes(said), now)
+            said = chat_block_hashes([*done.messages, ("assistant", done.answer)])
+            indexes["approx+answer"].record(ENDPOINT, said, now)
             live[done.conversation] = _history(done, args, turns, systems)
             busy.discard(done.conversation)
-    return precise, approx, answered
+    return tallies
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -194,13 +195,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--capacity-blocks", type=int, default=2048)
     parser.add_argument("--seed", type=int, default=35)
     args = parser.parse_args(argv)
-    precise, approx, answered = replay(args)
+    tallies = replay(args)
     out = sys.stdout
     out.write(f"answers {args.answers}, tracker {args.tracker or 'this checkout'}\n")
-    out.write(precise.line("precise") + "\n")
-    out.write(approx.line("approximate") + "\n")
-    out.write(answered.line("approx+answer") + "\n")
-
+    for name, tally in tallies.items():
+        out.write(tally.line(name) + "\n")
 
 if __name__ == "__main__":
     main()
