@@ -6,14 +6,30 @@ An engine's KV events (:mod:`runtime.routing.kv_events`) name *its* blocks: hash
 cannot be computed from each other, so the mapping is **learned at dispatch**:
 
 1. :meth:`KvEventTracker.note_dispatch`: the router sends a prompt (its router hashes) to an
-   endpoint; if the endpoint is not already known to hold all of it, the prompt waits there
-   as *pending* (bounded FIFO).
+   endpoint; the prompt waits there as *pending* (bounded FIFO), even when the endpoint is known
+   to hold all its router blocks: the engine's blocks are finer (16 tokens against 64), so it
+   still stores the blocks of the prompt's last, partial router block, and a conversation's next
+   turn continues them.
 2. A ``BlockStored`` event continues a chain: from the prompt's start (``parent`` ``None``) or
-   from a block already mapped. It is attributed to the oldest pending prompt that fits: one
-   whose router chain contains the router block the parent maps to (a prompt that shares the
-   parent's prefix), and for a chain from the start, one whose first router block the engine is
-   not already known to hold (it would not store it again). A chunked prefill's next chunk
-   continues its own prompt first.
+   from a block already mapped. A chain from the start is attributed to the oldest pending
+   prompt whose first router block the engine is not already known to hold (it would not store
+   it again). A chain continuing a mapped block (of prompt ``P``) is, in this order: ``P``'s
+   prefill's next chunk, when it continues ``P``'s tail and ``P`` still waits; else the oldest
+   pending prompt that shares ``P``'s router blocks up to that block (all of those ``P``'s chain
+   had completed there when it continues ``P``'s tail; one less for a branch mid-chain, as the
+   two renderings' template overheads differ); else ``P``'s own *unnamed* continuation: mapped
+   as ``P``'s, so a later chain can continue it, but naming no router block. Engines admit in
+   order, so when a prompt's first blocks are stored, the prompts sent before it that stored
+   nothing are dropped (the engine held them whole; left waiting they would take others' chains).
+   That is what a request's *generated* tokens' blocks are (vLLM caches a request's full decode
+   blocks, and the simulator a finished sequence's answer, chained after its prompt): the router
+   never hashed the answer's text, so they name nothing, and they are never attributed to a
+   prompt that does not share their prefix. A conversation's next turn, whose history is the
+   prompt and that answer, is learned when the engine stores its own blocks after the answer's
+   (it hit them): its router blocks up to there are then held. A next turn already pending when
+   the answer's blocks are stored takes them (it shares the prefix): right when its history holds
+   the engine's own answer, as a chat client's does; a client that sends another text as the
+   answer makes the index overstate that turn's held blocks until they are evicted.
 3. Engine block ``i`` of the chain ends at token ``end = parent_end + (i + 1) * block_size``; it
    completes router block ``k = end * chars_per_token // block_chars`` (4 characters a token,
    the router's rule of thumb). The engine block where ``k`` first reaches a router block maps to
@@ -31,8 +47,11 @@ endpoint from the precise index and any other from the approximate one (which ke
 dispatch all along, so falling back is warm); it is precise again at its next event.
 
 Memory per endpoint is bounded: ``max_engine_blocks`` mapped engine blocks (an ``OrderedDict``
-entry of a hash and a small node, oldest dropped first), ``max_pending`` pending prompts (each a
-reference to its tuple of router hashes) and the precise index's own bound.
+entry of a hash and a small node, oldest dropped first; generated blocks count too), ``max_pending``
+pending prompts (each a reference to its tuple of router hashes) and the precise index's own
+bound. Measured with answers' blocks mapped: ~290 bytes a mapped engine block with its share of
+the prompts it references (``tests/runtime/routing/test_kv_events.py``), ~4.7 MB at the default
+bound.
 """
 
 from __future__ import annotations
@@ -60,22 +79,25 @@ DEFAULT_MAX_ENGINE_BLOCKS: Final = 16_384
 class _Pending:
     """A prompt sent to the endpoint whose blocks the engine has not all reported yet."""
 
-    __slots__ = ("at", "expects", "hashes", "position")
+    __slots__ = ("at", "end", "expects", "hashes", "position")
 
     def __init__(self, hashes: tuple[int, ...], at: float, *, expects: bool) -> None:
         self.hashes = hashes
         self.position = {h: i for i, h in enumerate(hashes)}
         self.at = at
         self.expects = expects  # the engine must store a block for it (it held none)
+        self.end = 0  # where its chain's last mapped engine block ends (tokens)
 
 
 @dataclass(slots=True)
 class _Node:
-    """One engine block: where it ends (tokens) and the router block it completes, if any."""
+    """One engine block: where it ends (tokens), the router block it completes (if any), and
+    how many of its prompt's router blocks the chain has completed up to its end."""
 
     end: int
     router: int | None
     prompt: _Pending
+    reached: int
 
 
 class _Endpoint:
@@ -134,9 +156,7 @@ class KvEventTracker:
         if not hashes:
             return
         state = self._state(endpoint_id)
-        held = self.precise_index.match(hashes, now, (endpoint_id,)).get(endpoint_id, 0)
-        if held >= len(hashes):
-            return  # the engine holds every full block: it stores nothing new
+        held = self.precise_index.match(hashes[:1], now, (endpoint_id,)).get(endpoint_id, 0)
         state.pending.append(_Pending(tuple(hashes), now, expects=held == 0))
 
     def precise(self, endpoint_id: int, now: float) -> bool:
@@ -217,18 +237,39 @@ class KvEventTracker:
 
     def _attribute(
         self, endpoint_id: int, state: _Endpoint, parent: _Node | None, now: float
-    ) -> _Pending | None:
-        """The pending prompt a stored chain belongs to (see the module docstring, 2.)."""
-        if parent is not None and parent.prompt in state.pending:
-            return parent.prompt  # a chunked prefill's next chunk
+    ) -> tuple[_Pending, bool] | None:
+        """The prompt a stored chain belongs to, and whether it names that prompt's router
+        blocks (``False``: an unnamed continuation); ``None``: a chain from the start that no
+        pending prompt fits. See the module docstring, 2."""
+        if parent is None:
+            for prompt in state.pending:
+                if self._fresh(endpoint_id, prompt, now):
+                    return prompt, True
+            return None
+        owner = parent.prompt
+        tail = parent.end >= owner.end
+        if tail and owner in state.pending:
+            return owner, True  # its prefill's next chunk
+        # At the owner's tail the chain may be the owner's own (generated) continuation: a
+        # pending prompt takes it only if it shares every router block the owner had there.
+        # A branch mid-chain is another prompt's: one block less will do (the two renderings'
+        # template overheads differ, so ``reached`` may count one block too many).
+        reached = parent.reached
+        least = max(reached if tail else reached - 1, 1)
+        shared = owner.hashes[least - 1]  # chained: holding it at its place, it holds all before
+        from_start = not tail and reached <= 1  # under a router block shared: as from the start
         for prompt in state.pending:
-            if parent is None:
-                held = self.precise_index.match(prompt.hashes[:1], now, (endpoint_id,))
-                if not held:
-                    return prompt
-            elif parent.router is None or parent.router in prompt.position:
-                return prompt
-        return None
+            if prompt is owner:
+                continue
+            if prompt.position.get(shared) == least - 1 or (
+                from_start and self._fresh(endpoint_id, prompt, now)
+            ):
+                return prompt, True
+        return owner, False
+
+    def _fresh(self, endpoint_id: int, prompt: _Pending, now: float) -> bool:
+        """Whether the engine is not known to hold the prompt's first router block."""
+        return not self.precise_index.match(prompt.hashes[:1], now, (endpoint_id,))
 
     def _stored(self, endpoint_id: int, state: _Endpoint, event: BlockStored, now: float) -> None:
         parent: _Node | None = None
@@ -236,25 +277,42 @@ class KvEventTracker:
             parent = state.blocks.get(event.parent)
             if parent is None:
                 return  # continues a chain this router never mapped: cannot place it
-        prompt = self._attribute(endpoint_id, state, parent, now)
-        if prompt is None:
-            return
+        attributed = self._attribute(endpoint_id, state, parent, now)
+        if attributed is None:
+            return  # nothing pending fits a chain from the start: it is not placed
+        prompt, learns = attributed
+        if learns and not prompt.end:
+            self._admitted(state, prompt)
         base = 0 if parent is None else parent.end
-        covered = self._covered(base, prompt)
+        # Generated blocks (``learns`` False, always with a parent) name no router block.
+        covered = self._covered(base, prompt) if learns or parent is None else parent.reached
         blocks = state.blocks
+        end = base
         for i, engine_hash in enumerate(event.hashes):
             end = base + (i + 1) * event.block_size
-            reached = self._covered(end, prompt)
+            reached = self._covered(end, prompt) if learns else covered
             router = prompt.hashes[reached - 1] if reached > covered else None
             covered = reached
-            blocks[engine_hash] = _Node(end, router, prompt)
+            blocks[engine_hash] = _Node(end, router, prompt, covered)
             blocks.move_to_end(engine_hash)
+        if learns:  # an unnamed continuation leaves its owner's tail where it was
+            prompt.end = max(prompt.end, end)
         while len(blocks) > self.max_engine_blocks:
             blocks.popitem(last=False)
+        if not learns:
+            return
         if covered:
             self.precise_index.record(endpoint_id, prompt.hashes[:covered], now)
         if covered >= len(prompt.hashes):
             state.pending.remove(prompt)
+
+    @staticmethod
+    def _admitted(state: _Endpoint, prompt: _Pending) -> None:
+        """The prompt's first blocks are stored: an engine admits in order, so prompts sent
+        before it that have stored nothing never will (the engine held them whole)."""
+        pending = state.pending
+        while pending and pending[0] is not prompt and not pending[0].end:
+            pending.popleft()
 
     def _covered(self, end_tokens: int, prompt: _Pending) -> int:
         """How many of the prompt's router blocks end within its first ``end_tokens``."""
@@ -277,3 +335,4 @@ class KvEventTracker:
         pending = state.pending
         while pending and pending[0].at < oldest:
             pending.popleft()
+

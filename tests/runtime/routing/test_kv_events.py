@@ -4,6 +4,7 @@ onto the router's blocks (precise scoring, its fallback to approximate)."""
 from __future__ import annotations
 
 import importlib.util
+import tracemalloc
 
 import msgspec
 import pytest
@@ -214,9 +215,13 @@ def test_an_idle_engine_stays_precise_and_a_fully_cached_prompt_expects_nothing(
     prompt = block_hashes(SYSTEM)
     tracker.note_dispatch(1, prompt, now=0.0)
     tracker.apply(1, _stored(None, range(100, 117)), now=0.1)
-    tracker.note_dispatch(1, prompt, now=0.2)  # held in full: the engine stores nothing
-    assert tracker.sizes()[1] == (17, 0)
+    tracker.note_dispatch(1, prompt, now=0.2)  # held in full: it waits, expecting nothing
+    assert tracker.sizes()[1] == (17, 1)
     assert tracker.precise(1, 100.0)
+    # The engine stores nothing for it; the next prompt's blocks tell it never will.
+    tracker.note_dispatch(1, block_hashes("z" * 300), now=100.0)
+    tracker.apply(1, _stored(None, range(300, 304)), now=100.1)
+    assert tracker.sizes()[1] == (21, 0)
 
 
 def test_a_chain_the_router_never_mapped_is_ignored_and_memory_is_bounded():
@@ -259,3 +264,103 @@ def test_the_evented_index_answers_precisely_where_events_flow_else_approximatel
     assert index.match(prompt, 0.2) == {2: 4}  # 1 is precise and holds nothing
     index.tracker.apply(1, _stored(None, range(100, 117)), now=0.3)  # it stores the prompt
     assert index.match(prompt, 0.3, [1]) == {1: 4}
+
+
+# -- generated blocks: a finished request's answer, cached after its prompt ----------------------
+# 1,356 characters = 339 tokens: 21 full engine blocks (336 tokens), 5 full router blocks (1,280
+# characters); the last engine block completes no router block (it ends at 1,344 characters).
+ASKED = SYSTEM + "q" * 300
+ANSWER = "a" * 400  # 100 generated tokens: the prompt and answer make 27 full engine blocks
+
+
+def test_generated_blocks_are_never_attributed_to_another_pending_prompt():
+    tracker, _ = _tracker()
+    tracker.set_connected(1, True)
+    first = block_hashes(ASKED)
+    other = block_hashes("x" * 1400)  # another tenant's prompt: 5 router blocks, nothing shared
+    assert len(first) == len(other) == 5
+    tracker.note_dispatch(1, first, now=0.0)
+    tracker.note_dispatch(1, other, now=0.0)  # queued in the engine behind the first
+    # The first prompt's chunked prefill: 8 + 8 + 5 engine blocks, each chunk continuing the last.
+    tracker.apply(1, _stored(None, range(100, 108)), now=0.1)
+    tracker.apply(1, _stored(107, range(108, 116)), now=0.2)
+    tracker.apply(1, _stored(115, range(116, 121)), now=0.3)
+    assert tracker.match(first, 0.3, [1]) == {1: 5}
+    assert tracker.sizes()[1] == (21, 1)  # the first is answered; the other still waits
+    # Its answer's full blocks (as vLLM caches them while decoding, or the simulator when the
+    # sequence leaves): engine blocks 22..27, continuing the prompt's last block.
+    tracker.apply(1, _stored(120, range(121, 124)), now=0.4)
+    tracker.apply(1, _stored(123, range(124, 127)), now=0.5)
+    assert tracker.match(other, 0.5, [1]) == {}  # not the other prompt's blocks
+    assert tracker.match(first, 0.5, [1]) == {1: 5}
+    assert tracker.sizes()[1] == (27, 1)  # mapped (as the first's), the other still pending
+    # The other prompt's own prefill is still attributed to it.
+    tracker.apply(1, _stored(None, range(200, 221)), now=0.6)
+    assert tracker.match(other, 0.6, [1]) == {1: 5}
+    assert tracker.sizes()[1] == (48, 0)
+
+
+def test_the_next_turn_continuing_the_answer_learns_the_history_the_engine_holds():
+    tracker, approximate = _tracker()
+    tracker.set_connected(1, True)
+    first = block_hashes(ASKED)
+    tracker.note_dispatch(1, first, now=0.0)
+    approximate.record(1, first, 0.0)  # what the router learns at dispatch, in both modes
+    tracker.apply(1, _stored(None, range(100, 121)), now=0.1)
+    tracker.apply(1, _stored(120, range(121, 127)), now=0.2)  # the answer's blocks
+    # The next turn: the history (prompt + answer) and a new message, 2,256 characters.
+    following = block_hashes(ASKED + ANSWER + "u" * 500)
+    assert len(following) == 8
+    assert following[:5] == first
+    # Before it is sent neither index knows the answer's router blocks (the router never saw
+    # the answer's text as blocks): both give the prompt's 5.
+    assert tracker.match(following, 0.3, [1]) == {1: 5}
+    assert approximate.match(following, 0.3, [1]) == {1: 5}
+    unrelated = block_hashes("y" * 1400)
+    tracker.note_dispatch(1, following, now=0.3)
+    tracker.note_dispatch(1, unrelated, now=0.3)  # waits behind it
+    # The engine hits the 27 cached blocks (history) and stores 28..35 after the answer's last.
+    tracker.apply(1, _stored(126, range(127, 135)), now=0.4)
+    assert tracker.match(following, 0.4, [1]) == {1: 8}
+    assert tracker.match(unrelated, 0.4, [1]) == {}
+    assert tracker.sizes()[1] == (35, 1)  # the unrelated prompt still waits for its own blocks
+
+
+def test_a_prompt_branching_off_a_prefill_in_progress_is_its_own():
+    tracker, _ = _tracker()
+    first = block_hashes(SYSTEM + "a" * 600)  # 6 router blocks, 25 engine blocks
+    second = block_hashes(SYSTEM + "b" * 300)
+    tracker.note_dispatch(1, first, now=0.0)
+    tracker.note_dispatch(1, second, now=0.0)
+    tracker.apply(1, _stored(None, range(100, 120)), now=0.1)  # the first's first chunk: 20
+    assert tracker.match(first, 0.1, [1]) == {1: 5}  # 320 tokens: 5 of its 6 router blocks
+    # The second shares the system prompt's 16 blocks and stores from there, mid-chain of the
+    # first (whose prompt is not the second's past them).
+    tracker.apply(1, _stored(115, range(200, 205)), now=0.2)
+    assert tracker.match(second, 0.2, [1]) == {1: 5}
+    assert tracker.sizes()[1] == (25, 1)  # the first still waits for its last chunk
+    tracker.apply(1, _stored(119, range(120, 125)), now=0.3)
+    assert tracker.match(first, 0.3, [1]) == {1: 6}
+    assert tracker.sizes()[1] == (30, 0)
+
+
+def test_generated_blocks_keep_the_engine_block_map_bounded_measured():
+    bound = 4_096
+    tracker = KvEventTracker(approximate=PrefixIndex(), max_engine_blocks=bound)
+    engine = iter(range(1 << 40, 1 << 41))
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for request in range(2 * bound // 30):  # twice the bound: 12 prompt + 18 answer blocks
+            tracker.note_dispatch(1, block_hashes(f"{request:08d}" * 100), now=request * 0.01)
+            prompt = [next(engine) for _ in range(12)]  # 192 tokens: its 3 router blocks
+            tracker.apply(1, _stored(None, prompt), now=request * 0.01)
+            tracker.apply(1, _stored(prompt[-1], [next(engine) for _ in range(18)]), now=0.0)
+        used = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert tracker.sizes()[1] == (bound, 0)  # the answers' blocks are mapped, within the bound
+    per_block = used / bound
+    # CPython 3.11: a node (slots dataclass, 4 fields), its hash key and OrderedDict links, a
+    # share of its prompt (router hashes and their positions) and of the precise index: ~290 B.
+    assert 100 < per_block < 600, per_block
