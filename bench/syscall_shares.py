@@ -13,10 +13,11 @@ for the target's processes and their descendants:
 - the Redis commands its own connections sent (``MONITOR`` on the run's Redis, each command's
   client address mapped to the target's sockets), by command.
 
-All per request. With ``--perf`` one more round per target runs under ``perf record``: its
-CPU per request by shared object (the interpreter, the kernel, uvloop, the parsers) and the
-top symbols. With ``--strace`` one more round per target runs under ``strace -f -yy``
-(its CPU is not counted: strace slows every syscall); it gives every syscall by kind and by
+All per request. With ``--perf N``, N more rounds per target (in turn) run under ``perf
+record``: CPU per request by shared object (the interpreter, the kernel, uvloop, the parsers),
+in the cyclic garbage collector, and the top symbols. With ``--strace`` one more round per
+target runs under ``strace -f -yy`` (its CPU is not counted: strace slows every syscall and
+the load generator opens more connections meanwhile); it gives every syscall by kind and by
 peer (the client, a backend, Redis, a file), the event loop's waits (``epoll_wait``: loop
 iterations) and the writes per request. Prints one JSON document.
 
@@ -261,6 +262,11 @@ async def straced_round(run: Run, target: Target, *, rate: float, seconds: float
 
 
 PERF_HZ = 1999
+# The cyclic garbage collector's own functions (CPython 3.11's gcmodule.c and the traversals)
+_GC_SYMBOLS = re.compile(
+    r"\b(gc_collect_main|visit_decref|visit_reachable|subtract_refs|update_refs|move_unreachable|"
+    r"deduce_unreachable|move_legacy_finalizers|\w*_traverse\w*|\w*traverse)\b"
+)
 _PERF_ROW = re.compile(r"^\s*[\d.]+%\s+(\d+)\s+(.+?)\s*$")
 
 
@@ -306,6 +312,7 @@ async def perfed_round(run: Run, target: Target, *, rate: float, seconds: float,
     return {
         "ok": result["ok"],
         "us_per_request_total": per_request(sum(s for s, _ in dsos)),
+        "us_per_request_gc": per_request(sum(s for s, k in symbols if _GC_SYMBOLS.search(k))),
         "us_per_request_by_dso": {k: per_request(v) for v, k in dsos if per_request(v) >= 1},
         "top_symbols_us": {k: per_request(v) for v, k in symbols[:top]},
     }
@@ -339,7 +346,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="switchyard-syscalls-"))
     rounds: dict[str, list[dict[str, Any]]] = {}
     traced: dict[str, dict[str, Any]] = {}
-    perfed: dict[str, dict[str, Any]] = {}
+    perfed: dict[str, list[dict[str, Any]]] = {}
     async with running(args.targets, args.baseline) as run:
         rounds = {target.name: [] for target in run.targets}
         for _ in range(args.rounds):
@@ -352,10 +359,10 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                 print(target.name, json.dumps(rounds[target.name][-1]), file=sys.stderr,
                       flush=True)  # fmt: skip
                 await asyncio.sleep(1.0)  # the backends drain
-        if args.perf:
+        for _ in range(args.perf):
             for target in run.targets:
-                perfed[target.name] = await perfed_round(
-                    run, target, rate=args.rate, seconds=args.seconds, work=work)  # fmt: skip
+                perfed.setdefault(target.name, []).append(await perfed_round(
+                    run, target, rate=args.rate, seconds=args.seconds, work=work))  # fmt: skip
                 await asyncio.sleep(1.0)
         if args.strace:
             for target in run.targets:
@@ -394,8 +401,10 @@ def main() -> None:
     )
     parser.add_argument(
         "--perf",
-        action="store_true",
-        help="one more round per target under perf record (CPU by shared object and symbol)",
+        type=int,
+        default=0,
+        help="this many more rounds per target under perf record (CPU by shared object, "
+        "symbol, and in the garbage collector)",
     )
     print(json.dumps(asyncio.run(main_async(parser.parse_args())), indent=2))
 
