@@ -18,7 +18,6 @@ from runtime.gateway.consumers import Receive, Scope, Send
 from runtime.gateway.errors import ApiError
 from runtime.gateway.state import STATE_KEY, RouterState, build_state
 
-YOUNG_COLLECTION_EVERY = 10_000  # allocations between collections of the youngest generation
 logger = logging.getLogger(__name__)
 
 
@@ -89,18 +88,10 @@ def settle_heap() -> None:
     garbage collector's view: its full collections then walk only what requests made since,
     not the whole heap, every time. Objects are still freed by reference counting.
 
-    And collect the youngest generation every ``YOUNG_COLLECTION_EVERY`` allocations, not
-    every 700: a request's objects are nearly all freed by reference counting when it ends, but
-    at 700 the collector walks the in-flight requests' objects again and again (``perf``: ~35 µs
-    of CPU per request in the collector at 100 req/s, the bare proxy ~0). Cyclic garbage
-    waits a little longer; the older generations keep their thresholds.
-
     The collection blocks the loop (seconds on a large heap): it runs before the state starts,
     so no health probe's timeout runs across it."""
     gc.collect()
     gc.freeze()
-    _young, *older = gc.get_threshold()
-    gc.set_threshold(YOUNG_COLLECTION_EVERY, *older)
 
 
 async def _not_started(send: Send) -> None:
