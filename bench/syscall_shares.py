@@ -197,14 +197,14 @@ async def measured_round(run: Run, target: Target, *, rate: float, seconds: floa
     }  # fmt: skip
 
 
-_STRACE_LINE = re.compile(r"^(\d+)\s+(\w+)\((?:(\d+)<([^>]*)>)?")
+_STRACE_LINE = re.compile(r"^(\d+)\s+(\w+)\((?:(\d+)<(.*?)>(?=[,)]))?")
 _TCP_PEER = re.compile(r"TCP:\[[^:]*:(\d+)->[^:]*:(\d+)\]")
 
 
 def classify(fd_desc: str, *, listen: int, redis: int) -> str:
     """A syscall's peer from strace's ``-yy`` fd description."""
     if not fd_desc:
-        return "-"
+        return ""
     match = _TCP_PEER.search(fd_desc)
     if match is not None:
         local, remote = int(match[1]), int(match[2])
