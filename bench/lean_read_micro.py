@@ -2,8 +2,11 @@
 waiting on a :class:`LeanConnection` whose chunks arrive one per loop turn (``on_body`` from a
 ``call_soon``, as ``data_received`` delivers them), with the connection's one lazily re-armed
 read timer (the client's) against a timer armed and cancelled per wait (the client before it,
-kept here as ``_TimerPerWait``). No socket: the difference is the read path's own work. The two
-alternate in ABBA order within every round; thread CPU per read, best and median of the rounds.
+kept here as ``_TimerPerWait``), and against the same read path looking the running loop up
+per wait and per read (the client before it held its loop, ``_LoopPerWait``: Python 3.11's
+``asyncio.get_running_loop()`` makes a ``getpid`` syscall each time). No socket: the difference
+is the read path's own work. Each variant runs against the client in ABBA order within every
+round; thread CPU per read, best and median of the rounds.
 
 ``python -m bench.lean_read_micro [--reads 20000] [--rounds 5]``
 """
@@ -44,17 +47,61 @@ class _TimerPerWait(LeanConnection):
                 timer.cancel()
 
 
+class _LoopPerWait(LeanConnection):
+    """The wait before the connection held its loop: ``get_running_loop()`` per wait."""
+
+    async def wait(self, when: float | None, *, idle: bool) -> None:
+        loop = asyncio.get_running_loop()
+        waiter = self._waiter = loop.create_future()
+        self._due = when
+        if when is not None:
+            self._due_error = ReadIdleError if idle else TimeoutError
+            if self._timer is None or self._timer_at > when:
+                self._arm(loop, when)
+        try:
+            await waiter
+        finally:
+            self._waiter = None
+
+
+class _LoopPerRead(LeanResponse):
+    """``readany`` before the connection held its loop: ``get_running_loop()`` per read."""
+
+    async def readany(self) -> bytes:
+        conn = self._conn
+        assert conn is not None
+        while True:
+            if conn.has_data():
+                return conn.take()
+            if conn.complete:
+                return b""
+            loop_now = asyncio.get_running_loop().time()
+            idle_at = None if self._idle is None else loop_now + self._idle
+            if idle_at is not None and idle_at < self._deadline:
+                await conn.wait(idle_at, idle=True)
+            else:
+                await conn.wait(self._deadline, idle=False)
+
+
 def _expire(waiter: asyncio.Future[None], error: type[TimeoutError]) -> None:
     if not waiter.done():
         waiter.set_exception(error())
 
 
-async def _reads(kind: type[LeanConnection], reads: int) -> float:
+Kind = tuple[type[LeanConnection], type[LeanResponse]]
+KINDS: dict[str, Kind] = {
+    "client": (LeanConnection, LeanResponse),
+    "timer per wait": (_TimerPerWait, LeanResponse),
+    "loop per read": (_LoopPerWait, _LoopPerRead),
+}
+
+
+async def _reads(kind: Kind, reads: int) -> float:
     """Thread-CPU microseconds per read of ``reads`` chunks, each arriving after the wait."""
     loop = asyncio.get_running_loop()
-    conn = kind(_Pool())  # type: ignore[arg-type]
+    conn = kind[0](_Pool(), loop)  # type: ignore[arg-type]
     conn.active, conn.headers_done = True, True
-    resp = LeanResponse(conn, deadline=loop.time() + 3600.0, idle=60.0)
+    resp = kind[1](conn, deadline=loop.time() + 3600.0, idle=60.0)
     chunk = b'data: {"choices":[{"delta":{"content":"x"}}]}\n\n'
     on_body: Any = conn.on_body
     started = time.thread_time()
@@ -67,17 +114,17 @@ async def _reads(kind: type[LeanConnection], reads: int) -> float:
 
 
 async def _main(reads: int, rounds: int) -> None:
-    results: dict[str, list[float]] = {"lazy timer": [], "timer per wait": []}
-    kinds = {"lazy timer": LeanConnection, "timer per wait": _TimerPerWait}
-    await _reads(LeanConnection, reads // 10)  # warm up
+    results: dict[str, list[float]] = {name: [] for name in KINDS}
+    await _reads(KINDS["client"], reads // 10)  # warm up
     for _ in range(rounds):
-        for name in ("lazy timer", "timer per wait", "timer per wait", "lazy timer"):
-            results[name].append(await _reads(kinds[name], reads))
-    base = statistics.median(results["timer per wait"])
+        for other in ("timer per wait", "loop per read"):
+            for name in ("client", other, other, "client"):
+                results[name].append(await _reads(KINDS[name], reads))
+    base = statistics.median(results["client"])
     for name, values in results.items():
         median = statistics.median(values)
         print(f"{name}: CPU us per read: best {min(values):.2f}, median {median:.2f} "
-              f"({median / base:.2f}x)")  # fmt: skip
+              f"({median / base:.2f}x the client)")  # fmt: skip
 
 
 def main() -> None:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import statistics
@@ -34,6 +35,8 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -96,7 +99,21 @@ async def paced(target: Target, session: aiohttp.ClientSession, *, key: str, mod
     }  # fmt: skip
 
 
-async def main_async(args: argparse.Namespace) -> dict[str, Any]:
+@dataclass
+class Run:
+    """The started targets of a run, and what a round needs to load them."""
+
+    session: aiohttp.ClientSession
+    targets: list[Target]
+    key: str
+    model: str
+
+
+@contextlib.asynccontextmanager
+async def running(targets_arg: str, baseline: Path | None) -> AsyncIterator[Run]:
+    """The backends and the chosen targets started (``targets_arg`` comma-separated, each
+    Switchyard one also from ``baseline`` when given), the load generator off the routers'
+    core; everything stopped on exit."""
     scenario = load(SCENARIO)
     work = Path(tempfile.mkdtemp(prefix="switchyard-tls-micro-"))
     (work / "logs").mkdir()
@@ -110,10 +127,9 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     keys = {t.name: new_key() for t in scenario.tenants}
     backends = []
     targets: list[Target] = []
-    chosen = [n for n in args.targets.split(",") if n] or list(TARGETS)
+    chosen = [n for n in targets_arg.split(",") if n] or list(TARGETS)
     names = [*chosen, *(f"{n}{BASELINE}" for n in chosen
-                        if args.baseline is not None and n.startswith("switchyard"))]  # fmt: skip
-    rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
+                        if baseline is not None and n.startswith("switchyard"))]  # fmt: skip
     try:
         backends = await start_backends(
             scenario.backends, session=session, log_dir=work / "logs",
@@ -129,25 +145,33 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             target = FACTORIES[name.removesuffix(BASELINE)]()
             if name.endswith(BASELINE):
                 assert isinstance(target, SwitchyardTarget)
-                target.name, target.source = name, args.baseline
+                target.name, target.source = name, baseline
             targets.append(target)
             await target.start(ctx)
-        key = next(iter(keys.values()))
-        for _ in range(args.rounds):
-            for target in targets:
-                rounds[target.name].append(
-                    await paced(target, session, key=key, model=scenario.backends.model,
-                                rate=args.rate, seconds=args.seconds)
-                )  # fmt: skip
-                print(target.name, json.dumps(rounds[target.name][-1]), file=sys.stderr,
-                      flush=True)  # progress: a killed run keeps its finished rounds  # fmt: skip
-                await asyncio.sleep(1.0)  # the backends drain
+        yield Run(session, targets, next(iter(keys.values())), scenario.backends.model)
     finally:
         for target in targets:
             await target.stop()
         for child in backends:
             await asyncio.to_thread(child.stop)
         await session.close()
+
+
+async def main_async(args: argparse.Namespace) -> dict[str, Any]:
+    chosen = [n for n in args.targets.split(",") if n] or list(TARGETS)
+    rounds: dict[str, list[dict[str, Any]]] = {}
+    async with running(args.targets, args.baseline) as run:
+        rounds = {target.name: [] for target in run.targets}
+        names = list(rounds)
+        for _ in range(args.rounds):
+            for target in run.targets:
+                rounds[target.name].append(
+                    await paced(target, run.session, key=run.key, model=run.model,
+                                rate=args.rate, seconds=args.seconds)
+                )  # fmt: skip
+                print(target.name, json.dumps(rounds[target.name][-1]), file=sys.stderr,
+                      flush=True)  # progress: a killed run keeps its finished rounds  # fmt: skip
+                await asyncio.sleep(1.0)  # the backends drain
     medians = {
         name: statistics.median(r["cpu_ms_per_request"] for r in rs) for name, rs in rounds.items()
     }
@@ -165,7 +189,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             for name in chosen
             if name + BASELINE in medians
         },
-        "router_cpus": list(routers), "load_average": os.getloadavg(),
+        "router_cpus": list(router_cpus()), "load_average": os.getloadavg(),
         "when": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
     }  # fmt: skip
 

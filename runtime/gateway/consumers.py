@@ -210,8 +210,10 @@ class GatewayConsumer(metaclass=abc.ABCMeta):
         the cut, before :meth:`_cut` has set the reason."""
         if self.cut_reason is not None or self._hook is None or self.client_gone:
             return self.cut_reason
+        if not self._hook.shutting_down:  # the usual case: no task lookup (a getpid on 3.11)
+            return None
         task = asyncio.current_task()
-        if self._hook.shutting_down and task is not None and task.cancelling():
+        if task is not None and task.cancelling():
             return ROUTER_SHUTDOWN
         return None
 

@@ -77,7 +77,7 @@ class Pool:
                 else:
                     self._waiters.remove(waiter)
                 raise
-        conn = LeanConnection(self)
+        conn = LeanConnection(self, loop)
         self._open.add(conn)
         try:
             await self._connect(conn, connect_timeout)
@@ -113,13 +113,13 @@ class Pool:
         self._unlinger(conn)
         if conn not in self._open:
             return
-        conn.idle_since = asyncio.get_running_loop().time()
+        conn.idle_since = conn.loop.time()
         self._idle.append(conn)
         self._wake_one()
 
     def linger(self, conn: LeanConnection) -> None:
         """``conn`` waits for its message's end; cut it if that takes the keep-alive time."""
-        handle = asyncio.get_running_loop().call_later(self.keepalive_s, conn.abort)
+        handle = conn.loop.call_later(self.keepalive_s, conn.abort)
         self._lingering[conn] = handle
 
     def forget(self, conn: LeanConnection) -> None:
