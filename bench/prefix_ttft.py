@@ -28,7 +28,14 @@ p50), and the TTFT p50 over load-only's per seed. The ways:
   its own queued prefill per endpoint): the endpoint with the least ``queued + K x uncached``
   estimated tokens (ties: the least in flight);
 - ``prefix-light``: the sticky rule, and where it routes by load, the least queued prefill
-  (ties: the least in flight) instead of the least in flight.
+  (ties: the least in flight) instead of the least in flight;
+- ``prefix-arrival``: the placer as it was before 2026-11-27 (c): the prefix hold's
+  ``hold_ms`` counted from the request's arrival, so a request that waited that long in the
+  router's queue (past capacity: all of them) never holds.
+
+Past capacity the harness counts only the requests answered in full by ``drain_timeout_s``
+after the phase's last send (the rest are cancelled at drain, :mod:`bench.loadgen`); the
+summary also prints each way's figures counted so (:func:`harness_view`).
 """
 
 from __future__ import annotations
@@ -61,7 +68,7 @@ from runtime.workers.simulator.text import count_chat_tokens
 from runtime.workers.simulator.timing import TimingModel
 
 COMPONENTS = ("queue", "wait_pf", "wait_dec", "own", "others", "decode")
-WAYS = ("load", "prefix", "oracle", "prefix-light")
+WAYS = ("load", "prefix", "oracle", "prefix-light", "prefix-arrival")
 
 
 def check_way(way: str) -> str:
@@ -109,6 +116,21 @@ class WayFleet(PrefixFleet):
         self.way = check_way(way)
         self.run: DecomposedRun | None = None
 
+    def prefix_room(
+        self,
+        roomy: Sequence[EndpointSnap],
+        candidates: Sequence[EndpointSnap],
+        affinity_key: str | None,
+        *,
+        prefix: PromptPrefix | None,
+        waited_s: float,
+    ) -> Sequence[EndpointSnap]:
+        if self.way == "prefix-arrival" and waited_s * 1000.0 >= self.placer.rule.hold_ms:
+            return roomy  # the hold's clock started at the request's arrival
+        return super().prefix_room(
+            roomy, candidates, affinity_key, prefix=prefix, waited_s=waited_s
+        )
+
     def choose(
         self,
         endpoints: Sequence[EndpointSnap],
@@ -117,7 +139,7 @@ class WayFleet(PrefixFleet):
         adapter: str | None = None,
         prefix: PromptPrefix | None = None,
     ) -> EndpointSnap:
-        if self.way in ("load", "prefix") or affinity_key is None:
+        if self.way in ("load", "prefix", "prefix-arrival") or affinity_key is None:
             return super().choose(endpoints, affinity_key, adapter=adapter, prefix=prefix)
         prefix = prefix or self._expected.pop(affinity_key)
         match = self.placer.match(prefix, endpoints)
