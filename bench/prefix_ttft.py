@@ -98,6 +98,7 @@ class Parts:
     decode: float
     arrived: float = 0.0  # since its phase's start
     done: float = float("inf")  # its last token, since its phase's start
+    tenant: str = ""
 
 
 @dataclass(slots=True)
@@ -229,7 +230,7 @@ class DecomposedRun(_Run):
         self.open[id(seq)] = (phase, Parts(
             ttft=self.clock.now - seq.arrived, queue=seq.started_at - seq.arrived,
             wait_pf=wait_pf, wait_dec=wait_dec, own=own, others=others, decode=decode,
-            arrived=seq.arrived - self.flow[phase].start,
+            arrived=seq.arrived - self.flow[phase].start, tenant=seq.planned.tenant,
         ))  # fmt: skip
 
     def ttft_at(self, endpoint_id: int, key: str) -> float:
@@ -378,6 +379,10 @@ def main(argv: list[str] | None = None) -> None:
                     print(f"seed {seed} {phase} {way:14} p50 {mid:6.1f} p95 {p95:6.1f} ms | "
                           + " ".join(f"{c} {every[c]:5.1f}" for c in COMPONENTS) + " | middle: "
                           + " ".join(f"{c} {middle[c]:5.1f}" for c in COMPONENTS))  # fmt: skip
+                    print("    TTFT p50 per tenant: " + ", ".join(
+                        f"{t} {1000 * _p([r.ttft for r in rows if r.tenant == t], 0.5):.0f} ms"
+                        for t in sorted({r.tenant for r in rows})
+                    ))  # fmt: skip
     for phase in phases:
         report(
             phase, ways=ways, seeds=seeds, p50=p50[phase], shares=shares[phase],

@@ -49,7 +49,17 @@ steps, more requests in flight, more endpoints full. :func:`prefix_hold` instead
 request waiting in the router's queue (other tenants' requests pass it; its own tenant's later
 ones stay behind it, as the queue keeps each tenant's order) for a slot on a full endpoint
 that holds at least ``hold_min_tokens`` more of its prefix than any endpoint with room, for
-at most ``hold_ms`` since it arrived; after that it goes wherever there is room. A slot frees
+at most ``hold_ms`` from the first moment an endpoint had room for it (below capacity, its
+arrival); after that it goes wherever there is room.
+
+**Sticky while saturated.** Past capacity every endpoint is full and the router's queue
+grows: a request waits seconds before any endpoint has room for it, so a hold counted from
+its arrival would never apply, and each request would take whichever endpoint freed a slot,
+prefilling its whole history there, exactly when spilling gains nothing (every endpoint is
+busy). Counted from when an endpoint first has room for it
+(:meth:`~runtime.routing.prefix_placer.PrefixPlacer.room` remembers that moment per
+request), it still holds for its prefix's endpoint while other tenants' requests take the
+freed slot. A slot frees
 every few tens of milliseconds on a saturated engine, much less than a prefill of thousands of
 tokens takes on the engines it was tuned on (5,000 prefill tokens/s, unchunked); a pool of
 engines that prefill such a prefix in a few tens of milliseconds should lower ``hold_ms``.
