@@ -28,7 +28,14 @@ p50), and the TTFT p50 over load-only's per seed. The ways:
   its own queued prefill per endpoint): the endpoint with the least ``queued + K x uncached``
   estimated tokens (ties: the least in flight);
 - ``prefix-light``: the sticky rule, and where it routes by load, the least queued prefill
-  (ties: the least in flight) instead of the least in flight.
+  (ties: the least in flight) instead of the least in flight;
+- ``prefix-arrival``: the placer as it was before 2026-11-27 (c): the prefix hold's
+  ``hold_ms`` counted from the request's arrival, so a request that waited that long in the
+  router's queue (past capacity: all of them) never holds.
+
+Past capacity the harness counts only the requests answered in full by ``drain_timeout_s``
+after the phase's last send (the rest are cancelled at drain, :mod:`bench.loadgen`); the
+summary also prints each way's figures counted so (:func:`harness_view`).
 """
 
 from __future__ import annotations
@@ -61,7 +68,7 @@ from runtime.workers.simulator.text import count_chat_tokens
 from runtime.workers.simulator.timing import TimingModel
 
 COMPONENTS = ("queue", "wait_pf", "wait_dec", "own", "others", "decode")
-WAYS = ("load", "prefix", "oracle", "prefix-light")
+WAYS = ("load", "prefix", "oracle", "prefix-light", "prefix-arrival")
 
 
 def check_way(way: str) -> str:
@@ -89,6 +96,9 @@ class Parts:
     own: float
     others: float
     decode: float
+    arrived: float = 0.0  # since its phase's start
+    done: float = float("inf")  # its last token, since its phase's start
+    tenant: str = ""
 
 
 @dataclass(slots=True)
@@ -107,6 +117,21 @@ class WayFleet(PrefixFleet):
         self.way = check_way(way)
         self.run: DecomposedRun | None = None
 
+    def prefix_room(
+        self,
+        roomy: Sequence[EndpointSnap],
+        candidates: Sequence[EndpointSnap],
+        affinity_key: str | None,
+        *,
+        prefix: PromptPrefix | None,
+        waited_s: float,
+    ) -> Sequence[EndpointSnap]:
+        if self.way == "prefix-arrival" and waited_s * 1000.0 >= self.placer.rule.hold_ms:
+            return roomy  # the hold's clock started at the request's arrival
+        return super().prefix_room(
+            roomy, candidates, affinity_key, prefix=prefix, waited_s=waited_s
+        )
+
     def choose(
         self,
         endpoints: Sequence[EndpointSnap],
@@ -115,7 +140,7 @@ class WayFleet(PrefixFleet):
         adapter: str | None = None,
         prefix: PromptPrefix | None = None,
     ) -> EndpointSnap:
-        if self.way in ("load", "prefix") or affinity_key is None:
+        if self.way in ("load", "prefix", "prefix-arrival") or affinity_key is None:
             return super().choose(endpoints, affinity_key, adapter=adapter, prefix=prefix)
         prefix = prefix or self._expected.pop(affinity_key)
         match = self.placer.match(prefix, endpoints)
@@ -161,6 +186,7 @@ class DecomposedRun(_Run):
         self.parts: dict[str, list[Parts]] = {}  # phase -> requests
         # id(seq) -> its parts but the queue, from the step that takes it in to its token
         self.pending: dict[int, tuple[float, float, float, float, float]] = {}
+        self.open: dict[int, tuple[str, Parts]] = {}  # id(seq) -> its parts, until its end
 
     def step(self, endpoint_id: int) -> None:
         engine = self.engines[endpoint_id]
@@ -188,16 +214,23 @@ class DecomposedRun(_Run):
     def step_ended(self, endpoint_id: int, phase: str) -> None:
         engine = self.engines[endpoint_id]
         fresh = [s for s, _ in engine.plan if not s.started]
+        running = list(engine.running)
         super().step_ended(endpoint_id, phase)
         for seq in fresh:
             if seq.started:
                 self._record(phase, seq)
+        ended = set(map(id, running)) - set(map(id, engine.running))
+        for key in ended & self.open.keys():
+            phase_of, parts = self.open.pop(key)
+            done = self.clock.now - self.flow[phase_of].start
+            self.parts.setdefault(phase_of, []).append(dataclasses.replace(parts, done=done))
 
     def _record(self, phase: str, seq: Seq) -> None:
         wait_pf, wait_dec, own, others, decode = self.pending.pop(id(seq))
-        self.parts.setdefault(phase, []).append(Parts(
+        self.open[id(seq)] = (phase, Parts(
             ttft=self.clock.now - seq.arrived, queue=seq.started_at - seq.arrived,
             wait_pf=wait_pf, wait_dec=wait_dec, own=own, others=others, decode=decode,
+            arrived=seq.arrived - self.flow[phase].start, tenant=seq.planned.tenant,
         ))  # fmt: skip
 
     def ttft_at(self, endpoint_id: int, key: str) -> float:
@@ -263,6 +296,33 @@ def summary(parts: Sequence[Parts]) -> tuple[float, float, dict[str, float], dic
     return 1000 * _p(ttfts, 0.5), 1000 * _p(ttfts, 0.95), means(parts), means(middle)
 
 
+@dataclass(frozen=True, slots=True)
+class Counted:
+    """One phase of one way as the harness counts it (:mod:`bench.loadgen`,
+    :mod:`bench.metrics`): only the requests answered in full by ``drain_s`` after the
+    phase's last send count (the rest are cancelled at drain), goodput is those within the
+    SLO over the phase's length; ``served`` the requests finished within the phase, per s."""
+
+    p50_ms: float
+    ok: int
+    sent: int
+    goodput_rps: float
+    served_rps: float
+
+
+def harness_view(
+    parts: Sequence[Parts], sent: int, phase_s: float, drain_s: float, slo_ms: float
+) -> Counted:
+    """``parts`` counted as the harness does (see :class:`Counted`)."""
+    ok = [p for p in parts if p.done <= phase_s + drain_s]
+    met = sum(1 for p in ok if 1000 * p.ttft <= slo_ms)
+    served = sum(1 for p in parts if p.done <= phase_s)
+    return Counted(
+        p50_ms=1000 * _p([p.ttft for p in ok], 0.5), ok=len(ok), sent=sent,
+        goodput_rps=met / phase_s, served_rps=served / phase_s,
+    )  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.prefix_ttft")
     parser.add_argument("--scenario", type=Path, default=Path("bench/scenarios/prefix.toml"))
@@ -274,7 +334,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--detail", action="store_true", help="the components per seed")
     args = parser.parse_args(argv)
     scenario = load(args.scenario)
-    phase_s = scenario.size(args.size).phase_duration_s
+    size = scenario.size(args.size)
+    phase_s = size.phase_duration_s
     settings = PoolSettings.from_policies(dict(scenario.switchyard.policies), ())
     policies = dict(item.partition("=")[::2] for item in args.policy)
     try:
@@ -293,9 +354,13 @@ def main(argv: list[str] | None = None) -> None:
     p50: dict[str, dict[str, list[float]]] = {ph: {w: [] for w in ways} for ph in phases}
     slo = scenario.classes[scenario.report.slo_class].ttft_slo_ms
     shares: dict[str, dict[str, list[float]]] = {ph: {w: [] for w in ways} for ph in phases}
+    counted: dict[str, dict[str, list[Counted]]] = {ph: {w: [] for w in ways} for ph in phases}
     floors: dict[str, list[float]] = {ph: [] for ph in phases}
     for seed in seeds:
         seeded = dataclasses.replace(scenario, seed=seed)
+        sent = {ph.name: len(plan_phase(seeded, ph, duration_s=phase_s,
+                                        max_requests=100_000).requests)
+                for ph in seeded.phases if ph.name in phases}  # fmt: skip
         for phase in phases:
             floors[phase].append(floor_p50(seeded, phase_s, phase))
         for way in ways:
@@ -305,32 +370,73 @@ def main(argv: list[str] | None = None) -> None:
                 mid, p95, every, middle = summary(rows)
                 p50[phase][way].append(mid)
                 shares[phase][way].append(
-                    sum(1 for r in rows if 1000 * r.ttft <= slo) / max(len(rows), 1)
+                    sum(1 for r in rows if 1000 * r.ttft <= slo) / max(sent[phase], 1)
+                )
+                counted[phase][way].append(
+                    harness_view(rows, sent[phase], phase_s, size.drain_timeout_s, slo)
                 )
                 if args.detail or len(seeds) == 1:
                     print(f"seed {seed} {phase} {way:14} p50 {mid:6.1f} p95 {p95:6.1f} ms | "
                           + " ".join(f"{c} {every[c]:5.1f}" for c in COMPONENTS) + " | middle: "
                           + " ".join(f"{c} {middle[c]:5.1f}" for c in COMPONENTS))  # fmt: skip
+                    print("    TTFT p50 per tenant: " + ", ".join(
+                        f"{t} {1000 * _p([r.ttft for r in rows if r.tenant == t], 0.5):.0f} ms"
+                        for t in sorted({r.tenant for r in rows})
+                    ))  # fmt: skip
     for phase in phases:
-        base = p50[phase][ways[0]]
-        print(f"{phase}: TTFT p50 over {ways[0]}'s, mean [worst] over seeds "
-              f"{args.seeds}; SLO share mean [least]")  # fmt: skip
-        for way in ways:
-            ratios = [v / b for v, b in zip(p50[phase][way], base, strict=True)]
-            share = shares[phase][way]
-            print(f"  {way:14} p50 {statistics.fmean(p50[phase][way]):6.1f} ms  ratio "
-                  f"{statistics.fmean(ratios):.3f} [{max(ratios):.3f}]  SLO "
-                  f"{statistics.fmean(share):.3f} [{min(share):.2f}]")  # fmt: skip
-        ratios = [v / b for v, b in zip(floors[phase], base, strict=True)]
-        if len(seeds) > 1:
-            print("  per seed, p50 over " + ways[0] + "'s: " + ", ".join(
-                f"{seed}: " + "/".join(f"{p50[phase][w][i] / base[i]:.2f}" for w in ways)
-                + f"/{ratios[i]:.2f}" for i, seed in enumerate(seeds)
-            ) + f" ({'/'.join(ways)}/floor)")  # fmt: skip
+        report(
+            phase, ways=ways, seeds=seeds, p50=p50[phase], shares=shares[phase],
+            counted=counted[phase], floors=floors[phase], phase_s=phase_s,
+        )  # fmt: skip
         print(
-            f"  {'floor':14} p50 {statistics.fmean(floors[phase]):6.1f} ms  ratio "
-            f"{statistics.fmean(ratios):.3f} [{max(ratios):.3f}]  (no placement beats it)"
+            f"  as the harness counts ({size.drain_timeout_s:.0f} s drain): TTFT p50 of the "
+            "requests answered by then, ratio, ok/sent, goodput req/s, served req/s"
         )
+        base = counted[phase][ways[0]]
+        for way in ways:
+            rows_c = counted[phase][way]
+            ratios = [c.p50_ms / b.p50_ms for c, b in zip(rows_c, base, strict=True)]
+            print(f"  {way:14} p50 {statistics.fmean(c.p50_ms for c in rows_c):7.1f} ms  "
+                  f"ratio {statistics.fmean(ratios):.3f} [{max(ratios):.3f}]  ok "
+                  f"{statistics.fmean(c.ok / c.sent for c in rows_c):.3f}  goodput "
+                  f"{statistics.fmean(c.goodput_rps for c in rows_c):5.2f}  served "
+                  f"{statistics.fmean(c.served_rps for c in rows_c):5.2f}")  # fmt: skip
+
+
+def report(
+    phase: str,
+    *,
+    ways: Sequence[str],
+    seeds: Sequence[int],
+    p50: dict[str, list[float]],
+    shares: dict[str, list[float]],
+    counted: dict[str, list[Counted]],
+    floors: Sequence[float],
+    phase_s: float,
+) -> None:
+    """Print one phase's figures over every request, each finished in the end."""
+    base = p50[ways[0]]
+    print(f"{phase}: TTFT p50 over {ways[0]}'s, mean [worst] over seeds "
+          f"{','.join(map(str, seeds))}; SLO share (of the requests sent) mean [least]; "
+          "goodput (in SLO / phase s)")  # fmt: skip
+    for way in ways:
+        ratios = [v / b for v, b in zip(p50[way], base, strict=True)]
+        share = shares[way]
+        good = statistics.fmean(s * c.sent for s, c in zip(share, counted[way], strict=True))
+        print(f"  {way:14} p50 {statistics.fmean(p50[way]):7.1f} ms  ratio "
+              f"{statistics.fmean(ratios):.3f} [{max(ratios):.3f}]  SLO "
+              f"{statistics.fmean(share):.3f} [{min(share):.2f}]  goodput "
+              f"{good / phase_s:5.2f}")  # fmt: skip
+    ratios = [v / b for v, b in zip(floors, base, strict=True)]
+    if len(seeds) > 1:
+        print("  per seed, p50 over " + ways[0] + "'s: " + ", ".join(
+            f"{seed}: " + "/".join(f"{p50[w][i] / base[i]:.2f}" for w in ways)
+            + f"/{ratios[i]:.2f}" for i, seed in enumerate(seeds)
+        ) + f" ({'/'.join(ways)}/floor)")  # fmt: skip
+    print(
+        f"  {'floor':14} p50 {statistics.fmean(floors):7.1f} ms  ratio "
+        f"{statistics.fmean(ratios):.3f} [{max(ratios):.3f}]  (no placement beats it)"
+    )
 
 
 if __name__ == "__main__":

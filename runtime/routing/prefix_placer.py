@@ -17,7 +17,11 @@ stages (:mod:`runtime.gateway.pipeline.stages.prefix`). For a request that carri
 
 While the endpoint holding the request's prefix is full, :meth:`PrefixPlacer.room` may keep it
 waiting for a slot there (the hold of :func:`~runtime.routing.sticky.prefix_hold`): the
-dispatcher asks it which endpoints with room the request may take now.
+dispatcher asks it which endpoints with room the request may take now. The hold's clock starts
+the first time the placer is asked for the request (an endpoint had room for it, another was
+full), not at its arrival: past capacity a request waits in the queue for seconds before any
+endpoint has room, and it still holds for the one with its prefix then (the "sticky while
+saturated" rule of :mod:`runtime.routing.sticky`).
 
 Queued prefill is the router's own estimate, tokens as ``PromptPrefix.uncached_tokens`` (4
 characters a token), per endpoint; it is a sum over this process's streamed requests only (a
@@ -29,17 +33,24 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Sequence
+from typing import Final
 
 from runtime.routing.prefix import CHARS_PER_TOKEN, PrefixMatch, PromptPrefix
 from runtime.routing.prefix_index import PrefixIndex
 from runtime.routing.sticky import Candidate, StickyRule, prefix_hold, sticky_choice
 from runtime.snapshot import EndpointSnap
 
+# Requests whose hold's start the placer keeps (each is forgotten at its dispatch or end: this
+# only bounds requests that leave without either, the oldest dropped first).
+MAX_ASKED: Final = 65_536
+
 
 class PrefixPlacer:
     """The index, the queued prefill per endpoint and the rule (see the module docstring)."""
 
-    __slots__ = ("_clock", "_queued", "_where", "by_load", "index", "rule", "sticky_count")
+    __slots__ = (
+        "_asked", "_clock", "_queued", "_where", "by_load", "index", "rule", "sticky_count",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -53,6 +64,7 @@ class PrefixPlacer:
         self._clock = clock
         self._queued: dict[int, dict[PromptPrefix, int]] = {}  # endpoint -> request -> tokens
         self._where: dict[PromptPrefix, int] = {}  # request -> endpoint it waits on
+        self._asked: dict[PromptPrefix, float] = {}  # request -> when room was first asked
         self.sticky_count = 0  # placements the rule made
         self.by_load = 0  # placements left to the pool's scorers
 
@@ -107,13 +119,21 @@ class PrefixPlacer:
         *,
         waited_s: float,
     ) -> Sequence[EndpointSnap]:
-        """Those of ``roomy`` (the ``candidates`` with room) the request may take now, having
-        waited ``waited_s``: none while it holds for a full endpoint
-        (:func:`~runtime.routing.sticky.prefix_hold`), else all of them."""
+        """Those of ``roomy`` (the ``candidates`` with room) the request may take now: none
+        while it holds for a full endpoint (:func:`~runtime.routing.sticky.prefix_hold`),
+        else all of them. The hold runs from the first time the placer is asked for this
+        request (module docstring), never longer than ``waited_s`` (its time in the queue)."""
         rule = prefix.rule or self.rule
-        if not roomy or len(roomy) >= len(candidates) or waited_s * 1000.0 >= rule.hold_ms:
-            return roomy  # nothing full, or it has waited long enough: no lookup
-        matched = self.index.match(prefix.hashes, self._clock(), [e.id for e in candidates])
+        if not roomy or len(roomy) >= len(candidates) or rule.hold_ms <= 0:
+            return roomy  # nothing full, or holding is off: no lookup
+        now = self._clock()
+        asked = self._asked.setdefault(prefix, now)
+        if len(self._asked) > MAX_ASKED:
+            del self._asked[next(iter(self._asked))]
+        held_s = min(waited_s, now - asked)
+        if held_s * 1000.0 >= rule.hold_ms:
+            return roomy  # it has held long enough: no lookup
+        matched = self.index.match(prefix.hashes, now, [e.id for e in candidates])
         if not matched:
             return roomy
         room_ids = {e.id for e in roomy}
@@ -121,7 +141,7 @@ class PrefixPlacer:
         best_full = max((n for i, n in matched.items() if i not in room_ids), default=0)
         chars = prefix.block_chars
         full, room = best_full * chars // CHARS_PER_TOKEN, best_room * chars // CHARS_PER_TOKEN
-        if prefix_hold(full, room, waited_s, rule):
+        if prefix_hold(full, room, held_s, rule):
             return ()
         return roomy
 
@@ -141,6 +161,7 @@ class PrefixPlacer:
     def started(self, prefix: PromptPrefix) -> None:
         """The request's prefill is done (first byte) or will never run (it ended):
         idempotent."""
+        self._asked.pop(prefix, None)
         endpoint_id = self._where.pop(prefix, None)
         if endpoint_id is None:
             return

@@ -49,17 +49,35 @@ steps, more requests in flight, more endpoints full. :func:`prefix_hold` instead
 request waiting in the router's queue (other tenants' requests pass it; its own tenant's later
 ones stay behind it, as the queue keeps each tenant's order) for a slot on a full endpoint
 that holds at least ``hold_min_tokens`` more of its prefix than any endpoint with room, for
-at most ``hold_ms`` since it arrived; after that it goes wherever there is room. A slot frees
-every few tens of milliseconds on a saturated engine, much less than a prefill of thousands of
-tokens takes on the engines it was tuned on (5,000 prefill tokens/s, unchunked); a pool of
-engines that prefill such a prefix in a few tens of milliseconds should lower ``hold_ms``.
+at most ``hold_ms`` from the first moment an endpoint had room for it (below capacity, its
+arrival); after that it goes wherever there is room.
+
+**Sticky while saturated.** Past capacity every endpoint is full and the router's queue
+grows: a request waits seconds before any endpoint has room for it, so a hold counted from
+its arrival would never apply, and each request would take whichever endpoint freed a slot,
+prefilling its whole history there, exactly when spilling gains nothing (every endpoint is
+busy). Counted from when an endpoint first has room for it
+(:meth:`~runtime.routing.prefix_placer.PrefixPlacer.room` remembers that moment per
+request), it still holds for its prefix's endpoint while other tenants' requests take the
+freed slot. In virtual time (the report's section "2026-11-27 (c): past capacity") this
+raises goodput at 32 requests/s (4 engines, full size) from 1.38x load-only's to 2.20x and
+at 24 from 1.84x to 2.15x; but a held request also holds its own tenant's later ones (the
+queue keeps each tenant's order), so past capacity the backlog moves onto the tenants whose
+heads hold most: the largest tenant's TTFT p50 rose on 2 schedules of 4 at 32 requests/s.
+
+A slot frees every few tens of milliseconds on a saturated engine, much less than a prefill
+of thousands of tokens takes on the engines it was tuned on (5,000 prefill tokens/s,
+unchunked); a pool of engines that prefill such a prefix in a few tens of milliseconds
+should lower ``hold_ms``.
 
 - ``hold_ms`` (default 250; 0 turns holding off): in ``python -m bench.prefix_diagnose
   --seeds 35,1,2,3,4,5,6,7,8,9,10,11 [--policy prefix_hold_ms=500]`` (virtual time, 12
   schedules of ``bench/scenarios/prefix.toml``, 20 s phases) the share within the 500 ms TTFT
-  SLO at 24 requests/s (load-only routing's knee) averages 0.76 without holding and 0.86 at
-  250 ms, no schedule worse; 0.87 at 350 ms and 0.89 at 500 ms, one schedule worse. 8 and 16
-  requests/s are unchanged (0.998 and 0.995-0.996).
+  SLO at 24 requests/s (load-only routing's knee) averages 0.76 without holding and 0.92 at
+  250 ms, no schedule worse; 0.86 at 500 ms (10 schedules worse than at 250 ms, 1 better); at
+  32 requests/s 0.29 / 0.37 / 0.46. 8 and 16 requests/s are unchanged (0.998 and 0.995).
+  (With the hold's clock from arrival, before 2026-11-27 (c): 0.86 at 250 ms at 24 requests/s,
+  0.89 at 500 ms; the performance report's section "2026-11-27 (c): past capacity".)
 - ``hold_min_tokens`` (default 512): a smaller difference is not worth a wait.
 
 Per pool, the pool policies :data:`STICKY_POLICY_KEYS` set these parameters

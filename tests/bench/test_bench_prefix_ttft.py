@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from bench.prefix_cpu import own_time, profile_diff
-from bench.prefix_ttft import check_way, decompose, floor_p50, main, summary
+from bench.prefix_ttft import Parts, check_way, decompose, floor_p50, harness_view, main, summary
 from bench.scenario import Scenario, load
 from runtime.routing.sticky import StickyRule
 from runtime.scheduling.settings import PoolSettings
@@ -125,3 +125,19 @@ def test_fresh_rounds_send_prompts_no_earlier_round_sent():
     assert len(fresh) == len(replayed)
     assert blocks(fresh)
     assert not blocks(first) & blocks(fresh)
+
+
+def test_the_harness_view_counts_only_what_the_drain_lets_finish():
+    """Past capacity the harness cancels what is unanswered ``drain_s`` after the last send:
+    the TTFT p50 is over the survivors, goodput over the phase's length."""
+
+    def one(ttft: float, done: float) -> Parts:
+        return Parts(ttft, ttft, 0.0, 0.0, 0.0, 0.0, 0.0, done=done)
+
+    rows = [one(0.1, 5.0), one(0.4, 50.0), one(2.0, 70.0), one(30.0, 95.0), one(40.0, 99.0)]
+    counted = harness_view(rows, sent=6, phase_s=60.0, drain_s=30.0, slo_ms=500.0)
+    assert (counted.ok, counted.sent) == (3, 6)  # done by 90 s
+    assert counted.p50_ms == pytest.approx(400.0)  # of 0.1, 0.4, 2.0 s
+    assert counted.goodput_rps == pytest.approx(2 / 60.0)
+    assert counted.served_rps == pytest.approx(2 / 60.0)  # done within the phase
+    assert check_way("prefix-arrival") == "prefix-arrival"

@@ -56,7 +56,7 @@ def test_the_placer_holds_only_while_a_full_endpoint_has_much_more_of_the_prefix
     assert placer.room(prefix, [two], EPS, waited_s=0.0) == [two]  # nobody holds it
     placer.sent(1, prefix, placer.match(prefix, EPS))
     assert placer.room(prefix, [two], EPS, waited_s=0.0) == ()  # 1 is full and holds it
-    assert placer.room(prefix, [two], EPS, waited_s=0.25) == [two]  # waited long enough
+    assert placer.room(prefix, [two], EPS, waited_s=0.0) == ()  # still: its hold just began
     assert placer.room(prefix, EPS, EPS, waited_s=0.0) == EPS  # 1 has room: the rule decides
     placer.sent(2, prefix, placer.match(prefix, EPS))
     assert placer.room(prefix, [two], EPS, waited_s=0.0) == [two]  # 2 holds it too
@@ -64,6 +64,33 @@ def test_the_placer_holds_only_while_a_full_endpoint_has_much_more_of_the_prefix
     fresh = PrefixPlacer(clock=lambda: 0.0)
     fresh.sent(1, short, fresh.match(short, EPS))
     assert fresh.room(short, [two], EPS, waited_s=0.0) == [two]
+
+
+def test_the_hold_runs_from_the_first_time_an_endpoint_had_room_for_the_request() -> None:
+    """Sticky while saturated: a request that queued long (every endpoint full: the pool past
+    capacity) still holds for its prefix's endpoint once another endpoint has room, for
+    ``hold_ms`` from then; below capacity that is from its arrival, as before."""
+    now = [0.0]
+    placer = PrefixPlacer(rule=StickyRule(hold_ms=250), clock=lambda: now[0])
+    placer.sent(1, PromptPrefix(hashes=HASHES, prompt_tokens=600), placer.match(
+        PromptPrefix(hashes=HASHES, prompt_tokens=600), EPS))  # fmt: skip
+    two = EPS[1]
+    queued = PromptPrefix(hashes=HASHES, prompt_tokens=650)
+    now[0] = 8.0  # it has waited 8 s in the queue: endpoint 2 has room for it only now
+    assert placer.room(queued, [two], EPS, waited_s=8.0) == ()  # holds for endpoint 1
+    now[0] = 8.249
+    assert placer.room(queued, [two], EPS, waited_s=8.249) == ()
+    now[0] = 8.25  # held hold_ms since endpoint 2 first had room: it goes there
+    assert placer.room(queued, [two], EPS, waited_s=8.25) == [two]
+    # A request asked at its arrival holds no longer than hold_ms since then either.
+    fresh = PromptPrefix(hashes=HASHES, prompt_tokens=700)
+    assert placer.room(fresh, [two], EPS, waited_s=0.0) == ()
+    now[0] = 8.5
+    assert placer.room(fresh, [two], EPS, waited_s=0.25) == [two]
+    # Dispatched: forgotten (an unrelated later ask starts a new hold).
+    placer.sent(1, queued, placer.match(queued, EPS))
+    placer.started(queued)
+    assert placer.room(queued, [two], EPS, waited_s=9.0) == ()
 
 
 @dataclass
