@@ -46,6 +46,24 @@ def percentile(sorted_values: Sequence[float], q: float) -> float | None:
     return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
 
 
+def sent_dist_ms(answered: Iterable[float], unanswered: int) -> dict[str, float | int | None]:
+    """Percentiles over every request sent, in milliseconds: one that got no first token (an
+    error, or cancelled at the drain) counts as slower than every answered one, so a percentile
+    that falls among those is None ("beyond the phase"). Past capacity the answered-only
+    percentiles of ``dist_ms`` leave out exactly the slowest requests; these do not."""
+    xs = sorted(answered)
+    n = len(xs) + unanswered
+    out: dict[str, float | int | None] = {"count": n, "unanswered": unanswered}
+    for q in PERCENTILES:
+        pos = (n - 1) * q / 100.0  # the answered hold positions 0 .. len(xs) - 1, in order
+        p = None
+        if n and math.ceil(pos) < len(xs):
+            lo, hi = math.floor(pos), math.ceil(pos)
+            p = xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+        out[f"p{q}"] = None if p is None else round(1000 * p, 4)
+    return out
+
+
 def dist_ms(values: Iterable[float]) -> dict[str, float | int | None]:
     """count, mean and percentiles of seconds, in milliseconds."""
     xs = sorted(values)
@@ -199,6 +217,10 @@ def phase_figures(
         "ttft_ms": dist_ms(r.ttft for r in ok if r.ttft is not None),
         "e2e_ms": dist_ms(r.end - r.sent for r in ok),
         "stream_ttft_ms": dist_ms(r.ttft for r in stream_ok if r.ttft is not None),
+        "stream_ttft_ms_sent": sent_dist_ms(
+            (r.ttft for r in stream_ok if r.ttft is not None),
+            sum(1 for r in results if r.planned.stream and not (r.ok and r.ttft is not None)),
+        ),
         "itl_ms": dist_ms(g for r in stream_ok for g in r.gaps),
         "send_lag_ms": {
             "p50": round(1000 * (percentile(lags, 50) or 0.0), 3),

@@ -5,8 +5,12 @@ switchyard-load-only]`` prints, per phase (offered load) and target: the stream 
 p95, the SLO class's goodput (streams within the TTFT SLO per second), the engines' prefix
 cache hit rate (``prefix_cache.hit_rate``), and each figure over the baseline target's in the
 same phase; a phase where the load generator fell behind (``client_saturated``) is marked
-``SATURATED`` and its ratios are not to be used. The same table serves the latency and
-contention scenarios (no shared prefixes: the ratios there say what prefix routing costs).
+``SATURATED`` and its ratios are not to be used. ``p50 sent`` is the TTFT p50 over every stream
+sent (``stream_ttft_ms_sent``: an unanswered stream counts as the slowest; ``-`` when the p50
+falls among those), which past capacity is the fair one to compare: the answered-only p50 leaves
+out the requests the drain cut, and a router that answers fewer leaves out more. The same
+table serves the latency and contention scenarios (no shared prefixes: the ratios there say
+what prefix routing costs).
 """
 
 from __future__ import annotations
@@ -47,14 +51,18 @@ def rows(report: Mapping[str, Any], baseline: str, slo_class: str) -> list[dict[
                 "target": name,
                 "p50": _get(figures, "stream_ttft_ms", "p50"),
                 "p95": _get(figures, "stream_ttft_ms", "p95"),
+                # over every stream sent (unanswered ones the slowest; None: beyond the phase)
+                "p50_sent": _get(figures, "stream_ttft_ms_sent", "p50"),
+                "unanswered": _get(figures, "stream_ttft_ms_sent", "unanswered"),
                 "goodput": _get(figures, "classes", slo_class, "goodput_rps"),
                 "slo": _get(figures, "classes", slo_class, "slo_attainment"),
                 "hit_rate": _get(figures, "prefix_cache", "hit_rate"),
                 "saturated": bool(figures.get("client_saturated"))
                 or bool(base.get("client_saturated")),
             }
-            for key in ("p50", "p95", "goodput"):
+            for key in ("p50", "p95", "p50_sent", "goodput"):
                 base_key = {"p50": ("stream_ttft_ms", "p50"), "p95": ("stream_ttft_ms", "p95"),
+                            "p50_sent": ("stream_ttft_ms_sent", "p50"),
                             "goodput": ("classes", slo_class, "goodput_rps")}[key]  # fmt: skip
                 row[f"{key}_ratio"] = _ratio(row[key], _get(base, *base_key))
             out.append(row)
@@ -74,14 +82,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     report = json.loads(args.report.read_text())
     print(f"baseline: {args.baseline}; ratios are target / baseline in the same phase")
     print(f"{'phase':<10} {'target':<26} {'p50 ms':>8} {'p95 ms':>8} {'good/s':>7} {'slo':>5} "
-          f"{'hit':>5} {'p50 x':>6} {'p95 x':>6} {'good x':>6}")  # fmt: skip
+          f"{'hit':>5} {'p50 x':>6} {'p95 x':>6} {'good x':>6} {'p50 sent':>9} {'unans':>5} "
+          f"{'sent x':>6}")  # fmt: skip
     for row in rows(report, args.baseline, args.slo_class):
         flag = "  SATURATED" if row["saturated"] else ""
         print(f"{row['phase']:<10} {row['target']:<26} {_fmt(row['p50'], '8.1f')} "
               f"{_fmt(row['p95'], '8.1f')} {_fmt(row['goodput'], '7.2f')} "
               f"{_fmt(row['slo'], '5.2f')} {_fmt(row['hit_rate'], '5.2f')} "
               f"{_fmt(row['p50_ratio'], '6.2f')} {_fmt(row['p95_ratio'], '6.2f')} "
-              f"{_fmt(row['goodput_ratio'], '6.2f')}{flag}")  # fmt: skip
+              f"{_fmt(row['goodput_ratio'], '6.2f')} {_fmt(row['p50_sent'], '9.1f')} "
+              f"{_fmt(row['unanswered'], '5d')} "
+              f"{_fmt(row['p50_sent_ratio'], '6.2f')}{flag}")  # fmt: skip
 
 
 if __name__ == "__main__":
