@@ -55,6 +55,7 @@ from bench.sim_preempt import SimStream
 from bench.sim_report import Flow, Outcome, cell, flow_table, prefix_table, table
 from bench.workload import Planned, chat_messages, plan_phase
 from runtime.degradation import DegradeSettings, Limits, PoolState
+from runtime.gateway.tokens import TokenCount, byte_bound, prefill_estimate, text_overheads
 from runtime.routing.prefix import chat_block_hashes
 from runtime.routing.prefix_index import PrefixIndex
 from runtime.routing.sticky import StickyRule
@@ -84,11 +85,20 @@ class _Clock:
 def _ticket(
     scenario: Scenario, p: Planned, now: float, weight: float, key: str | None = None
 ) -> Ticket:
+    """``p`` as the gateway makes its ticket without a tokenizer (the harness's simulator
+    model has none): ``input_tokens`` the byte bound (what fairness charges), and
+    ``prefill_tokens`` the characters over 4 with the chat overheads (the pacing's and the
+    victim choice's estimate; the engines prefill ``p.prompt_tokens``)."""
     spec = scenario.classes[p.klass]
+    messages = chat_messages(p)
+    texts = [m["content"] for m in messages]
+    overheads = text_overheads(texts, [m["role"] for m in messages])
+    bound = TokenCount(byte_bound(texts, overheads), exact=False)
     return Ticket(
-        tenant=p.tenant, version=1, input_tokens=p.prompt_tokens, max_output_tokens=p.max_tokens,
+        tenant=p.tenant, version=1, input_tokens=bound.tokens, max_output_tokens=p.max_tokens,
         band=spec.priority_band, class_name=p.klass, shed_order=spec.shed_order, weight=weight,
         deadline=now + spec.deadline_ms / 1000.0, affinity_key=key,
+        prefill_tokens=prefill_estimate(bound, texts, overheads),
     )  # fmt: skip
 
 

@@ -262,6 +262,7 @@ async def acquire_slot(
         tenant=tenant.slug,
         version=plan.version.id,
         input_tokens=plan.prompt_tokens,
+        prefill_tokens=plan.prefill_tokens or None,
         max_output_tokens=plan.max_tokens,
         band=band,
         class_name=klass.name if klass is not None else "",

@@ -36,7 +36,7 @@ from runtime.gateway.schema import (
     EmbeddingRequest,
     InferenceRequest,
 )
-from runtime.gateway.tokens import text_overheads
+from runtime.gateway.tokens import prefill_estimate, text_overheads
 from runtime.routing.prefix import PromptPrefix
 from runtime.routing.versions import Headers, NoVersionError, choose_version
 from runtime.snapshot import (
@@ -68,7 +68,8 @@ class Plan(msgspec.Struct, kw_only=True):
     streaming: bool
     include_usage: bool
     body: bytes
-    prompt_tokens: int = 0  # counted (or estimated) before dispatch
+    prompt_tokens: int = 0  # counted (or bounded from above) before dispatch
+    prefill_tokens: int = 0  # the prompt's tokens estimated (tokens.prefill_estimate); 0: unknown
     max_tokens: int = 0  # the whole output budget: per-choice max_tokens x n x prompts
     affinity_key: str | None = None  # hash of the prompt's first characters
     prefix: PromptPrefix | None = None  # the prompt's block hashes (stage ``prefix``)
@@ -112,7 +113,7 @@ async def plan_request(
     document.pop("priority", None)
     streaming = False
     include_usage = False
-    budget = 0
+    budget = prefill = 0
     if isinstance(view, EmbeddingRequest):
         texts, extras = view.inputs()
         record.prompt_tokens = await embedding_budget(
@@ -121,7 +122,7 @@ async def plan_request(
     else:
         streaming, include_usage = view.streaming, view.include_usage
         record.stream = streaming
-        budget = await _generation(
+        budget, prefill = await _generation(
             deps, tenant=tenant, version=version, view=view, document=document, record=record
         )
         for key, value in version.default_sampling.items():
@@ -143,6 +144,7 @@ async def plan_request(
         include_usage=include_usage,
         body=_ENCODER.encode(document),
         prompt_tokens=record.prompt_tokens or 0,
+        prefill_tokens=prefill,
         max_tokens=budget,
         affinity_key=affinity_key(view.texts()),
     )
@@ -206,8 +208,9 @@ async def _generation(
     view: ChatRequest | CompletionRequest,
     document: dict[str, Any],
     record: RequestRecord,
-) -> int:
-    """Check the caps, set ``max_tokens`` in ``document``; the whole output budget."""
+) -> tuple[int, int]:
+    """Check the caps, set ``max_tokens`` in ``document``; the whole output budget and the
+    prompt's estimated tokens (:func:`~runtime.gateway.tokens.prefill_estimate`)."""
     is_chat = isinstance(view, ChatRequest)
     texts, overheads, prompts = prompt_texts(view)
     prompt, max_tokens = await generation_budget(
@@ -226,7 +229,7 @@ async def _generation(
     record.prompt_tokens = prompt.tokens * prompts
     document.pop("max_completion_tokens", None)
     document["max_tokens"] = max_tokens
-    return max_tokens * view.choices * prompts
+    return max_tokens * view.choices * prompts, prefill_estimate(prompt, texts, overheads) * prompts
 
 
 def affinity_key(texts: list[str], prefix_chars: int = AFFINITY_PREFIX_CHARS) -> str | None:

@@ -21,6 +21,7 @@ from urllib.parse import unquote, urlparse
 
 import msgspec
 
+from runtime.routing.prefix import CHARS_PER_TOKEN
 from runtime.snapshot import VersionSnap
 
 logger = logging.getLogger(__name__)
@@ -47,6 +48,17 @@ def byte_bound(texts: Sequence[str], overheads: Sequence[int]) -> int:
         len(text.encode("utf-8", "surrogatepass")) + extra
         for text, extra in zip(texts, overheads, strict=True)
     )
+
+
+def prefill_estimate(count: TokenCount, texts: Sequence[str], overheads: Sequence[int]) -> int:
+    """The prompt's tokens as the engine will prefill them: ``count`` when exact, else the
+    characters over ``CHARS_PER_TOKEN`` (the router's rule of thumb) plus the overheads. The
+    byte bound is about 4x that on English text: a cost estimate (the dispatcher's prefill
+    pacing and victim choice) must not use it (issue #34)."""
+    if count.exact:
+        return count.tokens
+    pairs = zip(texts, overheads, strict=True)
+    return REQUEST_OVERHEAD + sum(-(-len(text) // CHARS_PER_TOKEN) + extra for text, extra in pairs)
 
 
 def _local_path(uri: str) -> Path | None:

@@ -270,7 +270,7 @@ class PoolDispatcher:
             roomy, ticket.affinity_key, adapter=ticket.adapter, prefix=ticket.prefix
         )
         self.placement.acquire(endpoint.id)
-        self._pacer.sent(endpoint.id, ticket.input_tokens, now)
+        self._pacer.sent(endpoint.id, ticket.prefill, now)
         self._held.took(req.tenant)
         self._note_dispatched(req.band, 0.0)
         return Grant(self, ticket, req, endpoint, waited_s=0.0, started_at=now)
@@ -416,7 +416,7 @@ class PoolDispatcher:
             to, ticket.affinity_key, adapter=ticket.adapter, prefix=ticket.prefix
         )  # fmt: skip
         self.placement.acquire(endpoint.id)
-        self._pacer.sent(endpoint.id, 0 if endpoint.id == home else ticket.input_tokens + (
+        self._pacer.sent(endpoint.id, 0 if endpoint.id == home else ticket.prefill + (
             waiter.grant.charged_output if waiter.grant is not None else 0), now)  # fmt: skip
         self._held.took(req.tenant)
         if waiter.grant is not None:  # a preempted request resumes

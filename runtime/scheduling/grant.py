@@ -28,7 +28,7 @@ class Ticket:
 
     tenant: str
     version: int
-    input_tokens: int
+    input_tokens: int  # what fairness charges; may bound the prompt from above (the gateway's)
     max_output_tokens: int
     band: int = 0
     class_name: str = ""
@@ -42,6 +42,15 @@ class Ticket:
     on_queued: Callable[[Callable[[], int | None]], None] | None = field(
         default=None, compare=False
     )
+    # The prompt's tokens as the engine prefills them, estimated; None: ``input_tokens``. The
+    # gateway's ``input_tokens`` without a tokenizer is a byte bound, ~4x the tokens: the
+    # prefill pacing and the victim choice, which estimate engine time, read this (#34).
+    prefill_tokens: int | None = None
+
+    @property
+    def prefill(self) -> int:
+        """The prompt's estimated prefill tokens (``prefill_tokens``, else ``input_tokens``)."""
+        return self.input_tokens if self.prefill_tokens is None else self.prefill_tokens
 
 
 class SchedulingError(Exception):

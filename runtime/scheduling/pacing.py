@@ -7,9 +7,13 @@ well-behaved arrival's included. No victim choice removes that: a victim is chos
 when a well-behaved request finds no free slot, after the lent prefill ran.
 
 :class:`PrefillPacer` estimates, per endpoint, until when the prefills sent there are under
-way: each request sent adds ``prompt_tokens / prefill_tps`` seconds, queued after the
-prefills before it on that endpoint (a resumed request counts its prompt plus what it
-generated). A *lent* slot (one the headroom gate would hold back, :mod:`.holdings`) goes to
+way: each request sent adds its prompt's estimated tokens over ``prefill_tps`` seconds
+(:attr:`~.grant.Ticket.prefill`), queued after the prefills before it on that endpoint (a
+resumed request counts its prompt plus what it generated). The estimate, not the ticket's
+``input_tokens``: without a tokenizer the gateway counts a prompt by its bytes, an upper
+bound about 4x the tokens, and paced by it a pool paced at 2,500 tokens/s paced at about 600
+and lent almost nothing (the harness, issue #34: 0.57 of FCFS's tokens/s, below the flood
+limit alone). A *lent* slot (one the headroom gate would hold back, :mod:`.holdings`) goes to
 an endpoint only once the estimate there has run out, so lent prefills are spaced out, one
 at a time per endpoint, and never start on top of another request's prefill; requests within
 their tenant's limit are never held (their prefills only extend the estimate).

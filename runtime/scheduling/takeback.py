@@ -111,7 +111,7 @@ class TakeBack:
                 continue
             running.append(Running(
                 key, grant.ticket.tenant, grant.request.band, grant.charged_output,
-                grant.request.input_tokens, grant.started_at,
+                grant.ticket.prefill, grant.started_at,
             ))  # fmt: skip
         if not running:
             return None

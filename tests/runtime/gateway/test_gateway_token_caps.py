@@ -14,8 +14,10 @@ from runtime.gateway.errors import ApiError
 from runtime.gateway.tokens import (
     MESSAGE_OVERHEAD,
     REQUEST_OVERHEAD,
+    TokenCount,
     TokenCounter,
     byte_bound,
+    prefill_estimate,
     text_overheads,
     tokenizer_path,
 )
@@ -208,3 +210,15 @@ async def test_embedding_budget() -> None:
             counter, tenant=tenant, version=version, texts=["", ""], overheads=[1, 30]
         )
     assert long_array.value.param == "input[1]"
+
+
+def test_the_prefill_estimate_is_the_count_when_exact_else_characters_over_four() -> None:
+    """The byte bound is no estimate (issue #34: the dispatcher's prefill pacing read it and
+    lent nothing); without a tokenizer the estimate is 4 characters a token."""
+    texts = ["x" * 400, "héllo"]
+    overheads = text_overheads(texts, ["user", "user"])
+    bound = TokenCount(byte_bound(texts, overheads), exact=False)
+    estimate = prefill_estimate(bound, texts, overheads)
+    assert estimate == REQUEST_OVERHEAD + 100 + 2 + sum(overheads)
+    assert bound.tokens == REQUEST_OVERHEAD + 400 + 6 + sum(overheads)
+    assert prefill_estimate(TokenCount(57, exact=True), texts, overheads) == 57

@@ -4,6 +4,7 @@ and ``resume_first``."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import pytest
 from dispatch_support import HandClock, settle, ticket, waiting
@@ -162,3 +163,55 @@ async def test_a_preempted_request_resuming_first_takes_the_next_slot() -> None:
             grant.release()
     finally:
         await d.stop()
+
+
+def _bounded(tenant: str, tokens: int) -> Ticket:
+    """A ticket as the gateway makes it without a tokenizer: ``input_tokens`` the byte bound
+    (4 bytes a token and 20 of overheads), ``prefill_tokens`` the estimate."""
+    return dataclasses.replace(
+        ticket(tenant, deadline_in=FAR, tokens=4 * tokens + 20), prefill_tokens=tokens
+    )
+
+
+@pytest.mark.asyncio
+async def test_the_pace_counts_the_estimated_prefill_not_the_gateways_byte_bound() -> None:
+    """Issue #34's harness finding: the gateway's ``input_tokens`` is an upper bound (bytes,
+    ~4x the tokens) when it need not count exactly; paced by it, every request kept its
+    endpoint "prefilling" 4x as long and the lent slots almost never went."""
+    fleet = HandFleet()
+    fleet.add(1, capacity=8)  # two tenants: shares of 4
+    clock = HandClock()
+    settings = PoolSettings(pace_prefill_tps=100.0)  # 10 tokens: 0.1 s (their bound: 0.6 s)
+    d = PoolDispatcher("p", settings, fleet, clock=clock, tick_s=3600.0, lend=True)
+    d.start()
+    grants: list[Grant] = []
+    try:
+        light = [await d.acquire(_bounded("b", 10)) for _ in range(6)]
+        grants = [await d.acquire(_bounded("a", 10)) for _ in range(2)]
+        queued = [waiting(d, _bounded("a", 10)) for _ in range(20)]
+        await settle()
+        clock.now = 10.0  # a floods; the first 8 prompts' prefills are long done
+        for grant in light[1:]:
+            grant.release()
+        await settle()
+        assert fleet.inflight == {1: 4}  # b 1, a 2 and one lent
+        assert d.poke() == pytest.approx(10.1)  # its 10 tokens, not its 60-token bound
+        clock.now = 10.1
+        d.poke()
+        await settle()
+        assert fleet.inflight == {1: 5}
+        grants.append(light[0])
+        for task in queued:
+            task.cancel()
+        await settle()
+        grants += [t.result() for t in queued if t.done() and not t.cancelled()]
+    finally:
+        for grant in grants:
+            grant.release()
+        await d.stop()
+
+
+def test_a_ticket_without_an_estimate_paces_by_its_input_tokens() -> None:
+    plain = Ticket(tenant="a", version=1, input_tokens=40, max_output_tokens=1)
+    assert plain.prefill == 40
+    assert dataclasses.replace(plain, prefill_tokens=10).prefill == 10

@@ -6,6 +6,7 @@ the victim again with its place, deadline and fairness charge."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import pytest
 from dispatch_support import HandClock, settle, ticket, waiting
@@ -200,3 +201,40 @@ async def test_the_pool_policies_name_the_victim_policy_and_the_reserve() -> Non
     assert pool_policy_errors({"preemption": "most_generated"})
     with pytest.raises(SettingsError):
         PoolSettings.from_policies({"lend_reserve": "-1"}, ())
+
+
+async def test_the_victim_choice_counts_the_estimated_prefill_not_the_byte_bound() -> None:
+    """The resume cost is the prompt's estimated tokens plus those generated: with the
+    gateway's byte bound (~4x the tokens, issue #34) generated tokens counted a quarter of
+    what they cost, and the dearer stream to resume was stopped."""
+    pool = Flooded()
+    d = pool.d
+
+    def bounded(tokens: int) -> Ticket:
+        return dataclasses.replace(ticket("a", deadline_in=FAR, tokens=4 * tokens + 20),
+                                   prefill_tokens=tokens)  # fmt: skip
+
+    d.start()
+    grants: list[Grant] = []
+    try:
+        light = [await d.acquire(ticket("b", deadline_in=FAR)) for _ in range(6)]
+        short_prompt, long_prompt = await d.acquire(bounded(100)), await d.acquire(bounded(200))
+        pool.queued = [waiting(d, bounded(1000)) for _ in range(20)]
+        await settle()
+        pool.clock.now = 10.0
+        for grant in light:
+            grant.release()
+        await settle()
+        assert pool.fleet.inflight == {1: 8}
+        short_prompt.charge_output(200)  # resuming it: 100 + 200 tokens (bound: 420 + 200)
+        streams = {id(g): Stream() for g in (short_prompt, long_prompt)}  # 200 (bound: 820)
+        for g in (short_prompt, long_prompt):
+            g.preemptible(streams[id(g)])
+        arrival = await asyncio.wait_for(d.acquire(ticket("b", deadline_in=FAR)), 1.0)
+        grants.append(arrival)
+        assert streams[id(long_prompt)].stopped == 1
+        assert streams[id(short_prompt)].stopped == 0
+    finally:
+        for grant in grants:
+            grant.release()
+        await pool.close()
