@@ -65,6 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
     again.add_argument("report", type=Path, help="a report.json written by `run`")
     again.add_argument("--scenario", type=Path,
                        help="scenario file, for reports saved without their scenario")  # fmt: skip
+    joined = sub.add_parser("merge", help="one report from simultaneous runs (bench/merge.py)")
+    joined.add_argument("reports", type=Path, nargs="+", help="report.json of each run")
+    joined.add_argument("--out", type=Path, required=True, help="folder of the merged report")
     peers = sub.add_parser("setup-peers", help="install vllm-router and LiteLLM in venvs")
     peers.add_argument("--only", help="comma-separated peer names")
     peers.add_argument("--latest", action="store_true", help="newest versions, not pinned")
@@ -92,6 +95,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1 if any(setup_peers(only, latest=args.latest).values()) else 0
     if args.command == "report":
         return _reanalyse(args.report, args.scenario)
+    if args.command == "merge":
+        return _merge(args.reports, args.out)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     try:
         scenario = load(args.scenario)
@@ -126,6 +131,22 @@ def _reanalyse(path: Path, scenario_path: Path | None) -> int:
     result["plots"] = plots.plot_report(result, path.parent)
     report.write(result, path.parent)
     _print_summary(result, path.parent)
+    return 0
+
+
+def _merge(paths: Sequence[Path], out: Path) -> int:
+    from bench import merge, plots, report  # noqa: PLC0415
+
+    try:
+        joined = merge.merge(merge.load_all(paths))
+        scenario = parse(joined["scenario_doc"])
+    except (OSError, ValueError, KeyError, ScenarioError) as exc:  # MergeError is a ValueError
+        raise SystemExit(f"merge: {exc}") from None
+    result = report.reanalyse(joined, scenario)
+    out.mkdir(parents=True, exist_ok=True)
+    result["plots"] = plots.plot_report(result, out)
+    report.write(result, out)
+    _print_summary(result, out)
     return 0
 
 
