@@ -11,6 +11,7 @@ happens before anything is sent upstream.
 
 from __future__ import annotations
 
+from collections.abc import Coroutine
 from typing import Any, ClassVar
 
 from runtime.gateway.consumers import GatewayConsumer, header
@@ -48,7 +49,9 @@ class InferenceConsumer(GatewayConsumer):
                                  tasks=cls.tasks, decoder=cls.decoder,
                                  coalesced=cls.coalesced)  # fmt: skip
 
-    async def respond(self, body: bytes) -> None:
+    def respond(self, body: bytes) -> Coroutine[Any, Any, None]:
+        """The request's :func:`serve` coroutine itself (no frame of this method's own on
+        every resume of the request's task, issue #27)."""
         scope = self.scope
         ctx = RequestContext(
             spec=self.spec,
@@ -61,7 +64,7 @@ class InferenceConsumer(GatewayConsumer):
             record=RequestRecord(request_id=self.request_id, route=self.route),
         )
         state = self.state
-        await serve(ctx, pipeline=state.pipeline, account=state.account, tracing=state.tracing)
+        return serve(ctx, pipeline=state.pipeline, account=state.account, tracing=state.tracing)
 
     def on_refused(self, error: ApiError) -> None:
         record = RequestRecord(request_id=self.request_id, route=self.route)

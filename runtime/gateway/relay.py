@@ -36,7 +36,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Protocol
 
 import msgspec
@@ -61,7 +61,7 @@ TOKEN_BATCH = 8
 class ResponseSink(Protocol):
     async def start_response(self, status: int, headers: Iterable[tuple[bytes, bytes]]) -> None: ...
 
-    async def send_chunk(self, data: bytes, *, last: bool = False) -> None: ...
+    def send_chunk(self, data: bytes, *, last: bool = False) -> Awaitable[None]: ...
 
 
 class Usage(msgspec.Struct):
