@@ -285,7 +285,7 @@ class LeanResponse:
         if conn is None:
             raise DisconnectedError("the response is closed")
         while True:
-            if conn.has_data():
+            if conn._chunks:  # has_data() inline: one call per read fewer (#27)
                 return conn.take()
             if conn.error is not None:
                 raise conn.error
