@@ -4,7 +4,9 @@ waiting on a :class:`LeanConnection` whose chunks arrive one per loop turn (``on
 read timer (the client's) against a timer armed and cancelled per wait (the client before it,
 kept here as ``_TimerPerWait``), and against the same read path looking the running loop up
 per wait and per read (the client before it held its loop, ``_LoopPerWait``: Python 3.11's
-``asyncio.get_running_loop()`` makes a ``getpid`` syscall each time). No socket: the difference
+``asyncio.get_running_loop()`` makes a ``getpid`` syscall each time), and against a wait that is
+a coroutine around the future (the client before its ``wait`` returned the future itself,
+``_CoroutineWait``). No socket: the difference
 is the read path's own work. Each variant runs against the client in ABBA order within every
 round; thread CPU per read, best and median of the rounds.
 
@@ -64,6 +66,23 @@ class _LoopPerWait(LeanConnection):
             self._waiter = None
 
 
+class _CoroutineWait(LeanConnection):
+    """The wait before it returned its future: a coroutine around it (and a ``finally``)."""
+
+    async def wait(self, when: float | None, *, idle: bool) -> None:
+        loop = self.loop
+        waiter = self._waiter = loop.create_future()
+        self._due = when
+        if when is not None:
+            self._due_error = ReadIdleError if idle else TimeoutError
+            if self._timer is None or self._timer_at > when:
+                self._arm(loop, when)
+        try:
+            await waiter
+        finally:
+            self._waiter = None
+
+
 class _LoopPerRead(LeanResponse):
     """``readany`` before the connection held its loop: ``get_running_loop()`` per read."""
 
@@ -93,6 +112,7 @@ KINDS: dict[str, Kind] = {
     "client": (LeanConnection, LeanResponse),
     "timer per wait": (_TimerPerWait, LeanResponse),
     "loop per read": (_LoopPerWait, _LoopPerRead),
+    "coroutine wait": (_CoroutineWait, LeanResponse),
 }
 
 
@@ -117,7 +137,7 @@ async def _main(reads: int, rounds: int) -> None:
     results: dict[str, list[float]] = {name: [] for name in KINDS}
     await _reads(KINDS["client"], reads // 10)  # warm up
     for _ in range(rounds):
-        for other in ("timer per wait", "loop per read"):
+        for other in ("timer per wait", "loop per read", "coroutine wait"):
             for name in ("client", other, other, "client"):
                 results[name].append(await _reads(KINDS[name], reads))
     base = statistics.median(results["client"])

@@ -142,6 +142,11 @@ class SnapshotLoader:
             raise SnapshotUnavailableError("no snapshot loaded yet; call start() first")
         return self._current
 
+    def loaded(self) -> Snapshot | None:
+        """The snapshot in force, or None before :meth:`start` has loaded one (one call, for
+        readers on the request path)."""
+        return self._current
+
     @property
     def version(self) -> int | None:
         return None if self._current is None else self._current.version

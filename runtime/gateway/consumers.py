@@ -339,10 +339,15 @@ class GatewayConsumer(metaclass=abc.ABCMeta):
             {"type": "http.response.start", "status": status, "headers": self.base_headers(headers)}
         )
 
-    async def send_chunk(self, data: bytes, *, last: bool = False) -> None:
-        await self.base_send({"type": "http.response.body", "body": data, "more_body": not last})
+    def send_chunk(self, data: bytes, *, last: bool = False) -> Awaitable[None]:
+        # A chunk that is not the last is the server's send itself: no coroutine of ours.
         if last:
-            self.response_finished = True
+            return self._send_last(data)
+        return self.base_send({"type": "http.response.body", "body": data, "more_body": True})
+
+    async def _send_last(self, data: bytes) -> None:
+        await self.base_send({"type": "http.response.body", "body": data, "more_body": False})
+        self.response_finished = True
 
     async def send_json(
         self, status: int, body: bytes, headers: Iterable[tuple[bytes, bytes]] = ()

@@ -152,7 +152,11 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         super().on_url(url)
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self._count(len(name) + len(value) + 4)
+        # _count inline: ~7 headers per request, one call each fewer (issue #27)
+        self._head_bytes += len(name) + len(value) + 4
+        if self._head_bytes > self.max_head_bytes:
+            self._head_too_large = True
+            raise HeadTooLargeError
         super().on_header(name, value)
 
     def data_received(self, data: bytes) -> None:

@@ -13,7 +13,7 @@ Channels flavour's (:mod:`runtime.gateway.channels_http`, kept for the A/B of is
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from types import MappingProxyType
 
 from runtime.gateway.batch_proxy import BatchApiConsumer
@@ -74,7 +74,9 @@ class HttpRoutes:
     def __init__(self) -> None:
         self._fixed = route_table()
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+    def __call__(self, scope: Scope, receive: Receive, send: Send) -> Awaitable[None]:
+        """The consumer's own coroutine (no frame of ours on every resume of the request's
+        task, issue #27)."""
         path: str = scope["path"]
         root = scope.get("root_path")
         if root and path.startswith(root):
@@ -82,4 +84,4 @@ class HttpRoutes:
         consumer, kwargs = resolve(self._fixed, path)
         if kwargs is not None:
             scope = dict(scope, path_remaining="", url_route={"args": (), "kwargs": kwargs})
-        await consumer()(scope, receive, send)
+        return consumer()(scope, receive, send)

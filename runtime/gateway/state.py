@@ -310,8 +310,7 @@ def build_state(config: RouterConfig) -> RouterState:
         config.redis_url, prefix=config.fairness_keys, interval_s=config.fairness_sync_s
     )
 
-    def current() -> Snapshot | None:
-        return None if loader.version is None else loader.current
+    current = loader.loaded  # the snapshot in force or None: one call per read (#27)
 
     adapters = AdapterFleet()  # LoRA residency: placement reads it, the adapter stage loads
     # One per process (endpoint ids are unique across pools); precise where engines publish

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+from collections.abc import Awaitable
 from typing import TYPE_CHECKING, cast
 
 import httptools
@@ -160,9 +161,11 @@ class LeanConnection(asyncio.Protocol):
     def has_data(self) -> bool:
         return bool(self._chunks)
 
-    async def wait(self, when: float | None, *, idle: bool) -> None:
-        """Until something happens on the connection; at loop time ``when`` raise ReadIdleError
-        (``idle``) or TimeoutError."""
+    def wait(self, when: float | None, *, idle: bool) -> Awaitable[None]:
+        """A future that is done when something happens on the connection (await it); at loop
+        time ``when`` it fails with ReadIdleError (``idle``) or TimeoutError. The future
+        itself, not a coroutine around it: one frame fewer per read (#27). It stays the
+        connection's waiter once done (``_wake`` and the timer skip a done one)."""
         loop = self.loop
         waiter = self._waiter = loop.create_future()
         self._due = when
@@ -170,10 +173,7 @@ class LeanConnection(asyncio.Protocol):
             self._due_error = ReadIdleError if idle else TimeoutError
             if self._timer is None or self._timer_at > when:
                 self._arm(loop, when)
-        try:
-            await waiter
-        finally:
-            self._waiter = None
+        return waiter
 
     def _arm(self, loop: asyncio.AbstractEventLoop, when: float) -> None:
         if self._timer is not None:
@@ -285,7 +285,7 @@ class LeanResponse:
         if conn is None:
             raise DisconnectedError("the response is closed")
         while True:
-            if conn.has_data():
+            if conn._chunks:  # has_data() inline: one call per read fewer (#27)
                 return conn.take()
             if conn.error is not None:
                 raise conn.error

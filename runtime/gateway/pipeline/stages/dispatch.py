@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Coroutine
+from typing import Any
 
 from runtime.gateway.bundles import UpstreamDeps
 from runtime.gateway.pipeline.context import RequestContext
@@ -64,9 +66,12 @@ class Dispatch:
         record.timing("ttft", time.monotonic() - record.started)  # client-side TTFT
         record.status = 200
 
-    async def _open(self, ctx: RequestContext) -> tuple[EndpointSnap, UpstreamResponse]:
+    def _open(
+        self, ctx: RequestContext
+    ) -> Coroutine[Any, Any, tuple[EndpointSnap, UpstreamResponse]]:
+        # open_with_retry's own coroutine: no frame of ours on each of its resumes (#27)
         deps, plan = self._deps, ctx.ready_plan
-        return await open_with_retry(
+        return open_with_retry(
             ctx.ready_attempts,
             deps.client,
             deps.breakers,
