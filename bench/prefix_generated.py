@@ -17,7 +17,15 @@ copy of ``kv_tracker.py`` (an A/B against another branch).
 ``approx+answer`` is the approximate index also told each answer (the prompt and the answer's
 router blocks recorded when the stream ends), which the router would learn if it decoded the
 answers it relays (it does not); ``approx-evicted`` the approximate index less the router blocks
-the events say were evicted (the tracker applies removals to it). Printed per index: requests
+the events say were evicted (the tracker applies removals to it; only router blocks the tracker
+had mapped to an engine block, so evictions of blocks it never attributed are missed);
+``approx-sized`` the approximate index bounded (LRU) to the engine's capacity in router blocks
+(times ``--sized-factor``: a misjudged capacity or tokens-per-character ratio).
+Beliefs a placer could combine per request, from indexes it has anyway: ``max(p,approx)`` the
+larger of precise and approximate, ``max(p,evicted)`` of precise and approx-evicted,
+``max(p,sized)`` of precise and approx-sized, and
+``switch`` precise where the events reported an eviction within the last ``--pressure-window``
+requests, else ``max(p,approx)``. Printed per index: requests
 whose belief exceeds what the engine holds by more than one router block (``over``: a
 misattribution or a stale belief), or falls short of it by more than two (``under``), and the
 mean believed against held tokens. Run::
@@ -128,17 +136,54 @@ def _history(
     return [*done.messages, ("assistant", said)]
 
 
+APPROXIMATE = ("approximate", "approx+answer", "approx-evicted", "approx-sized")
+COMBINED = ("max(p,approx)", "max(p,evicted)", "max(p,sized)", "switch")
+
+
+def _indexes(args: argparse.Namespace) -> dict[str, PrefixIndex]:
+    """The :data:`APPROXIMATE` indexes; ``approx-sized`` bounded to the engine's capacity."""
+    sized = round(args.sized_factor * args.capacity_blocks * BLOCK / ROUTER_BLOCK_TOKENS)
+    return {
+        name: PrefixIndex(max_blocks_per_endpoint=max(1, sized))
+        if name == "approx-sized"
+        else PrefixIndex()
+        for name in APPROXIMATE
+    }
+
+
+def _believe(
+    tracker: KvEventTracker, indexes: dict[str, PrefixIndex], router: Sequence[int], now: float
+) -> dict[str, int]:
+    """Router blocks each index believes the engine holds; then the approximate ones learn the
+    prompt as sent."""
+    believed = {"precise": tracker.match(router, now, [ENDPOINT]).get(ENDPOINT, 0)}
+    for name, index in indexes.items():
+        believed[name] = index.match(router, now, [ENDPOINT]).get(ENDPOINT, 0)
+        index.record(ENDPOINT, router, now)
+    return believed
+
+
+def _combine(believed: dict[str, int], pressed: bool) -> None:
+    """Add the :data:`COMBINED` beliefs to ``believed`` (router blocks per index); ``pressed``:
+    the events reported an eviction recently."""
+    believed["max(p,approx)"] = max(believed["precise"], believed["approximate"])
+    believed["max(p,evicted)"] = max(believed["precise"], believed["approx-evicted"])
+    believed["max(p,sized)"] = max(believed["precise"], believed["approx-sized"])
+    believed["switch"] = believed["precise" if pressed else "max(p,approx)"]
+
+
 def replay(args: argparse.Namespace) -> dict[str, Tally]:
-    """Per index (``precise``, ``approximate``, ``approx+answer``, ``approx-evicted``), its
-    beliefs against the engine's hits over the run."""
+    """Per index (``precise`` and :data:`APPROXIMATE`) and per combination (:data:`COMBINED`),
+    its beliefs against the engine's hits over the run."""
     rng = random.Random(args.seed)
     events = _Events()
     cache = PrefixCache(PrefixCacheConfig(BLOCK, args.capacity_blocks), listener=events)
-    indexes = {name: PrefixIndex() for name in ("approximate", "approx+answer", "approx-evicted")}
+    indexes = _indexes(args)
     # The tracker applies the engine's removals to its approximate index.
     tracker = _tracker_class(args.tracker)(approximate=indexes["approx-evicted"])
     tracker.set_connected(ENDPOINT, True)
-    tallies = {name: Tally() for name in ("precise", *indexes)}
+    tallies = {name: Tally() for name in ("precise", *APPROXIMATE, *COMBINED)}
+    last_eviction = -args.pressure_window - 1  # the step of the events' last BlockRemoved
     systems = [f"tenant {t}: " + "policy text. " * (80 + 40 * t) for t in range(args.tenants)]
     live = [[("system", systems[c % args.tenants])] for c in range(args.conversations)]
     turns = [0] * args.conversations
@@ -147,6 +192,9 @@ def replay(args: argparse.Namespace) -> dict[str, Tally]:
     leave: deque[_Turn] = deque()
 
     def flush(now: float) -> None:
+        nonlocal last_eviction
+        if any(isinstance(event, BlockRemoved) for event in events.events):
+            last_eviction = round(now * 100)
         if events.events:
             tracker.apply(ENDPOINT, KvEventBatch(-1, now, tuple(events.events)), now)
             events.events.clear()
@@ -160,10 +208,10 @@ def replay(args: argparse.Namespace) -> dict[str, Tally]:
         engine = text_block_hashes(rendered, BLOCK)
         router = chat_block_hashes(messages)
         held = cache.hit_tokens(engine, len(rendered) // 4)
-        tallies["precise"].add(tracker.match(router, now, [ENDPOINT]).get(ENDPOINT, 0), held)
-        for name, index in indexes.items():  # what each believes, then what it learns
-            tallies[name].add(index.match(router, now, [ENDPOINT]).get(ENDPOINT, 0), held)
-            index.record(ENDPOINT, router, now)
+        believed = _believe(tracker, indexes, router, now)
+        _combine(believed, pressed=step - last_eviction <= args.pressure_window)
+        for name, blocks in believed.items():
+            tallies[name].add(blocks, held)
         tracker.note_dispatch(ENDPOINT, router, now)
         answer = "".join(rng.choice(" lorem ipsum dolor") for _ in range(rng.randint(200, 600)))
         admit.append(_Turn(messages, rendered, engine, answer, c))
@@ -194,12 +242,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--running", type=int, default=4, help="sequences in the engine's batch")
     parser.add_argument("--capacity-blocks", type=int, default=2048)
     parser.add_argument("--seed", type=int, default=35)
+    parser.add_argument(
+        "--sized-factor", type=float, default=1.0, help="approx-sized's bound / engine capacity"
+    )
+    parser.add_argument(
+        "--pressure-window", type=int, default=100, help="requests an eviction counts for (switch)"
+    )
     args = parser.parse_args(argv)
     tallies = replay(args)
     out = sys.stdout
     out.write(f"answers {args.answers}, tracker {args.tracker or 'this checkout'}\n")
     for name, tally in tallies.items():
         out.write(tally.line(name) + "\n")
+
 
 if __name__ == "__main__":
     main()
