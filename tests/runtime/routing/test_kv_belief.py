@@ -62,7 +62,8 @@ def test_a_chat_where_precise_alone_under_claims_the_trackers_belief_does_not() 
     assert belief.over < 0.1 * belief.requests
     # It is the replay's max(precise, approximate bounded to the capacity), within a request
     # or two (before the first eviction it is precise alone).
-    assert abs(belief.under - sized.under) <= 2 and abs(belief.over - sized.over) <= 2
+    assert abs(belief.under - sized.under) <= 2
+    assert abs(belief.over - sized.over) <= 2
 
 
 def test_the_capacity_is_learnt_from_the_events_and_bounds_the_approximate_index() -> None:
@@ -92,4 +93,5 @@ def test_the_capacity_is_learnt_from_the_events_and_bounds_the_approximate_index
     assert index.blocks(1) == 16  # the memory bound: the engine's capacity, not 16,384
     index.forget(1)
     index.tracker.forget(1)
-    assert index.blocks(1) == 0 and index.tracker.capacity(1) is None
+    assert index.blocks(1) == 0
+    assert index.tracker.capacity(1) is None
