@@ -62,7 +62,7 @@ BLOCK = 16
 ROUTER_BLOCK_TOKENS = 64  # 256 characters at 4 a token
 
 
-class _Events:
+class Events:
     """A :class:`CacheListener` that keeps the events until the tracker is given them."""
 
     def __init__(self) -> None:
@@ -181,7 +181,7 @@ def replay(args: argparse.Namespace) -> dict[str, Tally]:
     """Per index (``precise`` and :data:`APPROXIMATE`) and per combination (:data:`COMBINED`),
     its beliefs against the engine's hits over the run."""
     rng = random.Random(args.seed)
-    events = _Events()
+    events = Events()
     cache = PrefixCache(PrefixCacheConfig(BLOCK, args.capacity_blocks), listener=events)
     indexes = _indexes(args)
     # The tracker applies the engine's removals to its approximate index.
@@ -236,7 +236,8 @@ def replay(args: argparse.Namespace) -> dict[str, Tally]:
     return tallies
 
 
-def main(argv: Sequence[str] | None = None) -> None:
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The replay's settings (``main``'s command line)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--answers", choices=("engine", "synthetic"), default="engine")
     parser.add_argument("--tracker", type=Path, help="kv_tracker.py to load KvEventTracker from")
@@ -253,7 +254,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--pressure-window", type=int, default=100, help="requests an eviction counts for (switch)"
     )
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
     tallies = replay(args)
     out = sys.stdout
     out.write(f"answers {args.answers}, tracker {args.tracker or 'this checkout'}\n")

@@ -3,13 +3,10 @@ capacity), the capacity learnt from the events (``runtime/routing/kv_tracker.py`
 
 from __future__ import annotations
 
-import argparse
-from collections.abc import Sequence
-
 import pytest
 
-from bench.prefix_generated import replay
-from runtime.routing.kv_events import BlockRemoved, BlockStored, KvEvent, KvEventBatch
+from bench.prefix_generated import Events, parse_args, replay
+from runtime.routing.kv_events import KvEventBatch
 from runtime.routing.kv_index import EventedPrefixIndex
 from runtime.routing.prefix import chat_block_hashes
 from runtime.workers.simulator.prefix_cache import (
@@ -22,39 +19,12 @@ from runtime.workers.simulator.prefix_cache import (
 pytestmark = pytest.mark.unit
 
 
-class _Events:
-    """The simulated engine's KV events, kept until the tracker is given them."""
-
-    def __init__(self) -> None:
-        self.events: list[KvEvent] = []
-
-    def stored(self, parent: int | None, hashes: Sequence[int], block_size: int) -> None:
-        self.events.append(BlockStored(tuple(hashes), parent, block_size, 0))
-
-    def removed(self, hashes: Sequence[int]) -> None:
-        self.events.append(BlockRemoved(tuple(hashes)))
-
-    def cleared(self) -> None:  # pragma: no cover - the cache is never cleared here
-        raise AssertionError("not cleared in these tests")
-
-
 def test_a_chat_where_precise_alone_under_claims_the_trackers_belief_does_not() -> None:
     # Multi-turn chats whose history holds the engine's own answers, through the simulator's
     # cache with heavy eviction (512 blocks), its events fed to the real tracker.
-    args = argparse.Namespace(
-        answers="engine",
-        tracker=None,
-        requests=400,
-        conversations=24,
-        tenants=3,
-        turns=6,
-        running=4,
-        capacity_blocks=512,
-        seed=35,
-        sized_factor=1.0,
-        pressure_window=100,
+    tallies = replay(
+        parse_args(["--answers", "engine", "--requests", "400", "--capacity-blocks", "512"])
     )
-    tallies = replay(args)
     precise, belief, sized = tallies["precise"], tallies["tracker"], tallies["max(p,sized)"]
     assert precise.under > 0.3 * precise.requests  # precise alone: ~43 % under-claimed
     assert belief.under * 3 < precise.under  # the tracker's own belief: ~12 %
@@ -67,7 +37,7 @@ def test_a_chat_where_precise_alone_under_claims_the_trackers_belief_does_not() 
 
 
 def test_the_capacity_is_learnt_from_the_events_and_bounds_the_approximate_index() -> None:
-    events = _Events()
+    events = Events()
     cache = PrefixCache(PrefixCacheConfig(16, 64), listener=events)  # 64 blocks = 16 router
     index = EventedPrefixIndex()
     index.tracker.set_connected(1, True)
