@@ -16,16 +16,18 @@ copy of ``kv_tracker.py`` (an A/B against another branch).
 
 ``approx+answer`` is the approximate index also told each answer (the prompt and the answer's
 router blocks recorded when the stream ends), which the router would learn if it decoded the
-answers it relays (it does not); ``approx-evicted`` the approximate index less the router blocks
-the events say were evicted (the tracker applies removals to it; only router blocks the tracker
-had mapped to an engine block, so evictions of blocks it never attributed are missed);
+answers it relays (it does not); ``approx-evicted`` the tracker's
+approximate index (until 2026-11-27 (f), less the router blocks the events said were evicted;
+since, bounded (LRU) to the engine's capacity once the events revealed it, removals not applied);
 ``approx-sized`` the approximate index bounded (LRU) to the engine's capacity in router blocks
 (times ``--sized-factor``: a misjudged capacity or tokens-per-character ratio).
 Beliefs a placer could combine per request, from indexes it has anyway: ``max(p,approx)`` the
 larger of precise and approximate, ``max(p,evicted)`` of precise and approx-evicted,
 ``max(p,sized)`` of precise and approx-sized, and
 ``switch`` precise where the events reported an eviction within the last ``--pressure-window``
-requests, else ``max(p,approx)``. Printed per index: requests
+requests, else ``max(p,approx)``; ``tracker`` the tracker's own belief
+(``KvEventTracker.match``: ``max(precise, approx-evicted)`` once the capacity is known, precise
+before). Printed per index: requests
 whose belief exceeds what the engine holds by more than one router block (``over``: a
 misattribution or a stale belief), or falls short of it by more than two (``under``), and the
 mean believed against held tokens. Run::
@@ -60,7 +62,7 @@ BLOCK = 16
 ROUTER_BLOCK_TOKENS = 64  # 256 characters at 4 a token
 
 
-class _Events:
+class Events:
     """A :class:`CacheListener` that keeps the events until the tracker is given them."""
 
     def __init__(self) -> None:
@@ -137,7 +139,7 @@ def _history(
 
 
 APPROXIMATE = ("approximate", "approx+answer", "approx-evicted", "approx-sized")
-COMBINED = ("max(p,approx)", "max(p,evicted)", "max(p,sized)", "switch")
+COMBINED = ("max(p,approx)", "max(p,evicted)", "max(p,sized)", "switch", "tracker")
 
 
 def _indexes(args: argparse.Namespace) -> dict[str, PrefixIndex]:
@@ -156,7 +158,10 @@ def _believe(
 ) -> dict[str, int]:
     """Router blocks each index believes the engine holds; then the approximate ones learn the
     prompt as sent."""
-    believed = {"precise": tracker.match(router, now, [ENDPOINT]).get(ENDPOINT, 0)}
+    believed = {
+        "precise": tracker.precise_index.match(router, now, [ENDPOINT]).get(ENDPOINT, 0),
+        "tracker": tracker.match(router, now, [ENDPOINT]).get(ENDPOINT, 0),
+    }
     for name, index in indexes.items():
         believed[name] = index.match(router, now, [ENDPOINT]).get(ENDPOINT, 0)
         index.record(ENDPOINT, router, now)
@@ -176,7 +181,7 @@ def replay(args: argparse.Namespace) -> dict[str, Tally]:
     """Per index (``precise`` and :data:`APPROXIMATE`) and per combination (:data:`COMBINED`),
     its beliefs against the engine's hits over the run."""
     rng = random.Random(args.seed)
-    events = _Events()
+    events = Events()
     cache = PrefixCache(PrefixCacheConfig(BLOCK, args.capacity_blocks), listener=events)
     indexes = _indexes(args)
     # The tracker applies the engine's removals to its approximate index.
@@ -231,7 +236,8 @@ def replay(args: argparse.Namespace) -> dict[str, Tally]:
     return tallies
 
 
-def main(argv: Sequence[str] | None = None) -> None:
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The replay's settings (``main``'s command line)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--answers", choices=("engine", "synthetic"), default="engine")
     parser.add_argument("--tracker", type=Path, help="kv_tracker.py to load KvEventTracker from")
@@ -248,7 +254,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--pressure-window", type=int, default=100, help="requests an eviction counts for (switch)"
     )
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
     tallies = replay(args)
     out = sys.stdout
     out.write(f"answers {args.answers}, tracker {args.tracker or 'this checkout'}\n")

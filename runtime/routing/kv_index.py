@@ -8,8 +8,9 @@ PrefixIndex` (it learns from every dispatch, so falling back is warm) and owns a
 
 - :meth:`record` (a dispatch) records approximately and tells the tracker, which maps the
   engine's coming ``BlockStored`` events onto these blocks;
-- :meth:`match` answers each endpoint whose events are live from the tracker's precise index,
-  and every other endpoint (no events announced, or events stopped) from the approximate one.
+- :meth:`match` answers each endpoint whose events are live from the tracker's precise index
+  (the larger of it and this index, bounded to the engine's capacity, once the events revealed
+  it), and every other endpoint (no events announced, or events stopped) from this index.
 """
 
 from __future__ import annotations
@@ -48,9 +49,4 @@ class EventedPrefixIndex(PrefixIndex):
         self, hashes: Sequence[int], now: float, endpoint_ids: Iterable[int] | None = None
     ) -> dict[int, int]:
         ids = list(self.sizes()) if endpoint_ids is None else list(endpoint_ids)
-        precise = [e for e in ids if self.tracker.precise(e, now)]
-        found = self.tracker.precise_index.match(hashes, now, precise) if precise else {}
-        fallback = [e for e in ids if e not in found and e not in precise]
-        if fallback:
-            found.update(super().match(hashes, now, fallback))
-        return found
+        return self.tracker.match(hashes, now, ids, super().match)

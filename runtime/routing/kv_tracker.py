@@ -37,7 +37,10 @@ cannot be computed from each other, so the mapping is **learned at dispatch**:
    prompt's router blocks up to ``k``.
 4. ``BlockRemoved``: each removed engine block that mapped to a router block drops that router
    block (vLLM evicts a chain from its tail, so its descendants went first);
-   ``AllBlocksCleared`` forgets the endpoint. Both apply to the approximate index too.
+   ``AllBlocksCleared`` forgets the endpoint, in the approximate index too. Removals are not
+   applied to the approximate index: it is bounded to the engine's capacity instead (below),
+   and the two together forget too much (a router block can map to more than one engine
+   block, and a removed one frees room that keeps older, unattributed, evicted blocks).
 
 **Fallback.** An endpoint is *precise* while its subscriber is connected and its events keep up:
 it stops being precise when a prompt the engine must store (it did not hold its first block) has
@@ -45,6 +48,17 @@ waited ``stale_s`` with no event at all since it was sent (an idle engine publis
 silence alone is not staleness), or when the socket drops. :meth:`match` answers a precise
 endpoint from the precise index and any other from the approximate one (which keeps learning from
 dispatch all along, so falling back is warm); it is precise again at its next event.
+
+**The bounded belief.** Precise alone under-claims: blocks the tracker could not attribute (a
+history holding the engine's own answer, chains it never mapped) are held but unknown to it
+(``docs/performance/2026-11-26-prefix-routing.md``, (e)). Once the engine has evicted, its KV
+capacity is known: the high-water mark of stored minus removed engine blocks, in router blocks
+(``block_chars // chars_per_token`` tokens each; counted per message, as an engine may report
+a store before the evictions it caused). The tracker then bounds the approximate
+index's LRU for that endpoint to it (:meth:`PrefixIndex.limit`), so it forgets about as fast as
+the engine, and a precise endpoint's belief is the larger of the precise match and that bounded
+approximate one. Before the first eviction both behave as before (precise alone; the approximate
+index at its default bound).
 
 Memory per endpoint is bounded: ``max_engine_blocks`` mapped engine blocks (an ``OrderedDict``
 entry of a hash and a small node, oldest dropped first; generated blocks count too), ``max_pending``
@@ -57,7 +71,7 @@ bound.
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -74,6 +88,8 @@ from runtime.routing.prefix_index import PrefixIndex
 DEFAULT_STALE_S: Final = 10.0
 DEFAULT_MAX_PENDING: Final = 256
 DEFAULT_MAX_ENGINE_BLOCKS: Final = 16_384
+
+Matcher = Callable[[Sequence[int], float, list[int]], dict[int, int]]
 
 
 class _Pending:
@@ -101,7 +117,17 @@ class _Node:
 
 
 class _Endpoint:
-    __slots__ = ("blocks", "connected", "last_event", "pending", "stale")
+    __slots__ = (
+        "block_size",
+        "blocks",
+        "connected",
+        "evicted",
+        "last_event",
+        "live",
+        "peak",
+        "pending",
+        "stale",
+    )
 
     def __init__(self, max_pending: int) -> None:
         self.blocks: OrderedDict[EngineHash, _Node] = OrderedDict()
@@ -109,6 +135,10 @@ class _Endpoint:
         self.last_event: float | None = None
         self.connected = False
         self.stale = False  # a prompt went unanswered: approximate until the next event
+        self.live = 0  # engine blocks stored and not removed (all of them, mapped or not)
+        self.peak = 0  # the high-water mark of ``live``: the capacity, once ``evicted``
+        self.evicted = False  # a BlockRemoved was seen: the cache was full at ``peak``
+        self.block_size = 0  # tokens per engine block (the last BlockStored's)
 
 
 class KvEventTracker:
@@ -173,18 +203,40 @@ class KvEventTracker:
                 break
         return True
 
+    def capacity(self, endpoint_id: int) -> int | None:
+        """The endpoint's engine's KV capacity in router blocks, once an eviction revealed it."""
+        state = self._endpoints.get(endpoint_id)
+        if state is None or not state.evicted:
+            return None
+        tokens = state.peak * state.block_size
+        return max(1, tokens * self.chars_per_token // self.block_chars)
+
     def match(
-        self, hashes: Sequence[int], now: float, endpoint_ids: Iterable[int]
+        self,
+        hashes: Sequence[int],
+        now: float,
+        endpoint_ids: Iterable[int],
+        approximate: Matcher | None = None,
     ) -> dict[int, int]:
-        """Per endpoint, its held leading blocks: precise where events are live, else the
-        approximate index's guess (nothing, without one)."""
+        """Per endpoint, its held leading blocks: where events are live, the precise match, or
+        the larger of it and the approximate one once the capacity is known (module docstring);
+        elsewhere the approximate guess (nothing, without one). ``approximate`` replaces
+        ``self.approximate.match`` (for an index that is its own approximate one)."""
+        if approximate is None and self.approximate is not None:
+            approximate = self.approximate.match
         precise: list[int] = []
-        fallback: list[int] = []
+        guessed: list[int] = []
         for endpoint_id in endpoint_ids:
-            (precise if self.precise(endpoint_id, now) else fallback).append(endpoint_id)
+            if not self.precise(endpoint_id, now):
+                guessed.append(endpoint_id)
+                continue
+            precise.append(endpoint_id)
+            if self._endpoints[endpoint_id].evicted:
+                guessed.append(endpoint_id)
         found = self.precise_index.match(hashes, now, precise) if precise else {}
-        if fallback and self.approximate is not None:
-            found.update(self.approximate.match(hashes, now, fallback))
+        if guessed and approximate is not None:
+            for endpoint_id, blocks in approximate(hashes, now, guessed).items():
+                found[endpoint_id] = max(blocks, found.get(endpoint_id, 0))
         return found
 
     # --- the subscriber's side ----------------------------------------------------------
@@ -204,15 +256,26 @@ class KvEventTracker:
         state.stale = False
         for event in batch.events:
             if isinstance(event, BlockStored):
+                state.live += len(event.hashes)
+                state.block_size = event.block_size
                 self._stored(endpoint_id, state, event, now)
             elif isinstance(event, BlockRemoved):
+                state.live = max(0, state.live - len(event.hashes))
+                state.evicted = True
                 self._removed(endpoint_id, state, event.hashes)
             elif isinstance(event, AllCleared):
+                state.live = 0
                 state.blocks.clear()
                 self.precise_index.forget(endpoint_id)
                 if self.approximate is not None:
                     self.approximate.forget(endpoint_id)
         self._expire(state, now)
+        # Per message, not per event: an engine may report a store before the evictions it
+        # caused (the simulator does), so only the message's end count is a cache's content.
+        state.peak = max(state.peak, state.live)
+        capacity = self.capacity(endpoint_id)
+        if capacity is not None and self.approximate is not None:
+            self.approximate.limit(endpoint_id, capacity)
 
     def forget(self, endpoint_id: int) -> None:
         self._endpoints.pop(endpoint_id, None)
@@ -324,10 +387,8 @@ class KvEventTracker:
             node = state.blocks.pop(engine_hash, None)
             if node is not None and node.router is not None:
                 dropped.append(node.router)
-        if dropped:
+        if dropped:  # not from the approximate index: its bound to the capacity forgets instead
             self.precise_index.discard(endpoint_id, dropped)
-            if self.approximate is not None:
-                self.approximate.discard(endpoint_id, dropped)
 
     def _expire(self, state: _Endpoint, now: float) -> None:
         """Pending prompts the events answered long ago or never will (cached in full)."""
@@ -335,4 +396,3 @@ class KvEventTracker:
         pending = state.pending
         while pending and pending[0].at < oldest:
             pending.popleft()
-

@@ -9,8 +9,10 @@ the engine: a block is only useful after its whole prefix).
 Forgetting, so the index tracks what an engine can still hold and its memory is bounded:
 
 - **LRU**: at most ``max_blocks_per_endpoint`` blocks per endpoint (set it near the engine's
-  prefix-cache capacity in blocks of this size); recording touches a request's blocks tail
-  first, so the least recently used chain is dropped from its tail, as vLLM evicts.
+  prefix-cache capacity in blocks of this size; :meth:`PrefixIndex.limit` bounds one endpoint
+  lower, as the KV-event tracker does with the capacity its events reveal); recording
+  touches a request's blocks tail first, so the least recently used chain is dropped from its
+  tail, as vLLM evicts.
 - **TTL**: a block not recorded for ``ttl_seconds`` no longer matches (an engine under other
   traffic has probably evicted it); expired blocks are dropped lazily from the LRU end.
 - an endpoint that leaves the snapshot is dropped (:meth:`retain`, :meth:`forget`).
@@ -47,7 +49,7 @@ class PrefixIndex:
     the TTL drop a chain from its tail. :meth:`match` relies on it to binary-search.
     """
 
-    __slots__ = ("_endpoints", "max_blocks_per_endpoint", "ttl_seconds")
+    __slots__ = ("_endpoints", "_limits", "max_blocks_per_endpoint", "ttl_seconds")
 
     def __init__(
         self,
@@ -62,6 +64,7 @@ class PrefixIndex:
         self.max_blocks_per_endpoint = max_blocks_per_endpoint
         self.ttl_seconds = ttl_seconds
         self._endpoints: dict[int, OrderedDict[int, float]] = {}  # LRU first
+        self._limits: dict[int, int] = {}  # per-endpoint bounds below the default (:meth:`limit`)
 
     def record(self, endpoint_id: int, hashes: Sequence[int], now: float) -> None:
         """``endpoint_id`` was sent a prompt with these block hashes: it will cache them."""
@@ -73,10 +76,22 @@ class PrefixIndex:
         for block_hash in reversed(hashes):  # tail first: the chain's root ends most recent
             blocks[block_hash] = now
             blocks.move_to_end(block_hash)
-        limit = self.max_blocks_per_endpoint
-        while len(blocks) > limit:
-            blocks.popitem(last=False)
+        self._trim(blocks, self._limits.get(endpoint_id, self.max_blocks_per_endpoint))
         self._expire(blocks, now)
+
+    def limit(self, endpoint_id: int, max_blocks: int) -> None:
+        """Bound one endpoint's blocks (LRU) to ``max_blocks`` (at most the default bound): its
+        engine's KV capacity in router blocks, once known (:mod:`runtime.routing.kv_tracker`)."""
+        bound = max(1, min(max_blocks, self.max_blocks_per_endpoint))
+        self._limits[endpoint_id] = bound
+        blocks = self._endpoints.get(endpoint_id)
+        if blocks is not None:
+            self._trim(blocks, bound)
+
+    @staticmethod
+    def _trim(blocks: OrderedDict[int, float], bound: int) -> None:
+        while len(blocks) > bound:
+            blocks.popitem(last=False)
 
     def match(
         self, hashes: Sequence[int], now: float, endpoint_ids: Iterable[int] | None = None
@@ -109,12 +124,15 @@ class PrefixIndex:
     def forget(self, endpoint_id: int) -> None:
         """Drop everything known about one endpoint (it restarted, or left)."""
         self._endpoints.pop(endpoint_id, None)
+        self._limits.pop(endpoint_id, None)
 
     def retain(self, endpoint_ids: Iterable[int]) -> None:
         """Keep only these endpoints (the snapshot's)."""
         keep = set(endpoint_ids)
         for endpoint_id in [e for e in self._endpoints if e not in keep]:
             del self._endpoints[endpoint_id]
+        for endpoint_id in [e for e in self._limits if e not in keep]:
+            del self._limits[endpoint_id]
 
     def blocks(self, endpoint_id: int) -> int:
         """How many blocks are indexed for the endpoint (expired ones may still count)."""

@@ -173,17 +173,22 @@ def test_a_second_prompt_sharing_the_prefix_continues_from_the_shared_block():
     assert tracker.match(first, 0.3, [1]) == {1: 5}
 
 
-def test_removed_blocks_and_a_cleared_cache_drop_router_blocks_from_both_indexes():
+def test_removed_blocks_drop_precise_router_blocks_and_bound_the_approximate_index():
     tracker, approximate = _tracker()
     prompt = block_hashes(SYSTEM)  # 4 router blocks, 16 engine blocks
     approximate.record(1, prompt, 0.0)
     tracker.note_dispatch(1, prompt, now=0.0)
     tracker.apply(1, _stored(None, range(100, 117)), now=0.1)
     assert tracker.match(prompt, 0.1, [1]) == {1: 4}
+    assert tracker.capacity(1) is None  # no eviction yet: the cache may not be full
     # Tail first, as vLLM evicts: engine blocks 116..111; 111 completed router block 3.
     tracker.apply(1, _batch(BlockRemoved(tuple(range(116, 110, -1)))), now=0.2)
-    assert tracker.match(prompt, 0.2, [1]) == {1: 2}
-    assert approximate.match(prompt, 0.2, [1]) == {1: 2}
+    assert tracker.precise_index.match(prompt, 0.2, [1]) == {1: 2}
+    # The eviction reveals the capacity: 17 engine blocks = 272 tokens = 4 router blocks. The
+    # approximate index is bounded to it, not told the removals; the belief is the larger.
+    assert tracker.capacity(1) == 4
+    assert approximate.match(prompt, 0.2, [1]) == {1: 4}
+    assert tracker.match(prompt, 0.2, [1]) == {1: 4}
     tracker.apply(1, _batch(AllCleared()), now=0.3)
     assert tracker.match(prompt, 0.3, [1]) == {}
     assert approximate.match(prompt, 0.3, [1]) == {}
