@@ -43,6 +43,9 @@ def _common(parser: argparse.ArgumentParser) -> None:
                         help="do not pin routers to one core (taskset)")  # fmt: skip
     parser.add_argument("--no-flame", action="store_true",
                         help="no py-spy flame graphs of the Switchyard routers")  # fmt: skip
+    parser.add_argument("--backends-nice", type=int, default=0, metavar="N",
+                        help="run the backends at niceness N (> 0), below the load generator "
+                        "that shares their cores on a small machine")  # fmt: skip
     parser.add_argument("--no-direct", action="store_true",
                         help="do not add the direct baseline: only for runs compared with "
                         "another run of the same scenario at the same time on the same machine "
@@ -82,6 +85,7 @@ def _run_kwargs(args: argparse.Namespace, scenario: Scenario) -> dict[str, Any]:
         "command": ["python", "-m", "bench", *sys.argv[1:]],
         "pin": not args.no_pin,
         "flame": not args.no_flame,
+        "backends_nice": args.backends_nice,
     }
 
 

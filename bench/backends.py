@@ -90,15 +90,20 @@ async def start_backends(
     cpus: tuple[int, ...],
     timeout_s: float,
     events_ports: Sequence[int] = (),
+    nice: int = 0,
 ) -> list[Child]:
     """Start ``spec.count`` backends and wait for their /health; all or none. With
-    ``events_ports`` (one per backend), backend ``i`` publishes KV events on port ``i``."""
+    ``events_ports`` (one per backend), backend ``i`` publishes KV events on port ``i``;
+    ``nice`` > 0 runs them at that niceness, below the load generator that shares their
+    cores (its schedule comes first: a client that falls behind voids the phase)."""
     children: list[Child] = []
     try:
         for i in range(spec.count):
             port = free_port()
             events = events_ports[i] if events_ports else None
             argv = pinned(backend_argv(spec, port, i, events), cpus)
+            if nice > 0:
+                argv = ["nice", "-n", str(nice), *argv]
             children.append(
                 spawn(f"backend-{i}", argv, port=port, log_dir=log_dir, env=python_env(),
                       cwd=REPO_ROOT)

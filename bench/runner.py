@@ -197,11 +197,12 @@ async def execute(
     command: list[str],
     routers: tuple[int, ...] = (),
     flame: bool = True,
+    backends_nice: int = 0,
 ) -> dict[str, Any]:
     """Run ``scenario`` at ``size`` against ``target_names``; return the report's figures.
 
     ``routers``: the cores every router is pinned to (none: not pinned); the backends get
-    the others.
+    the others, at niceness ``backends_nice`` (0: this process's).
     """
     unknown = [t for t in target_names if t not in FACTORIES]
     if unknown:
@@ -231,7 +232,7 @@ async def execute(
         backends = await start_backends(
             scenario.backends, session=session, log_dir=out_dir / "logs",
             cpus=client_cpus(routers) if routers else (), timeout_s=60.0,
-            events_ports=events_ports,
+            events_ports=events_ports, nice=backends_nice,
         )  # fmt: skip
         ctx = TargetContext(
             scenario=scenario, backend_urls=[b.base_url for b in backends],
