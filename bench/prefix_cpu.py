@@ -1,8 +1,8 @@
 """The router's CPU with prefix-aware routing on and off: idle, and at a light load (issue #35).
 
 ``python -m bench.prefix_cpu [--scenario bench/scenarios/latency.toml] [--phase unloaded]
-[--rounds 3] [--seconds 10] [--idle-seconds 10] [--fresh] [--twin] [--off-first] [--profile DIR]
-[--redis-url URL]`` starts the scenario's
+[--rounds 3] [--seconds 10] [--idle-seconds 10] [--fresh] [--twin] [--off-first] [--pin]
+[--profile DIR] [--redis-url URL]`` starts the scenario's
 backends and two routers in front of them at once: ``switchyard`` (the defaults: prefix-aware
 routing on) and ``switchyard-load-only`` (pool policy ``prefix_routing: off``); nothing else
 differs. Then, ``rounds`` times:
@@ -23,7 +23,9 @@ mean and spread (min-max). On a loaded machine only the ratios within a round me
 
 ``--twin`` makes the second router prefix-aware as well (an A/A check of the rig: its
 ratios should be 1 within the machine's noise); ``--off-first`` starts the load-only router
-first (the routers' start order is the rig's other asymmetry).
+first (the routers' start order is the rig's other asymmetry); ``--pin`` pins as ``bench run``
+does: both routers to the last core (one plays at a time), this process and the backends to
+the others.
 
 ``--profile DIR`` runs both routers under cProfile (:mod:`bench.profiled_router`), on only
 during the loaded plays, writes their stats to ``DIR/<target>.prof`` and prints the
@@ -52,8 +54,8 @@ import aiohttp
 from bench.backends import start_backends, wait_idle
 from bench.loadgen import run_phase
 from bench.metrics import percentile
-from bench.procs import CpuSampler
-from bench.runner import DEFAULT_REDIS_URL, new_key, request_headers
+from bench.procs import CpuSampler, router_cpus
+from bench.runner import DEFAULT_REDIS_URL, client_cpus, new_key, request_headers
 from bench.scenario import PhaseSpec, Scenario, load
 from bench.targets import FACTORIES, Target, TargetContext
 from bench.targets.switchyard import SwitchyardTarget
@@ -183,13 +185,17 @@ async def measure(args: argparse.Namespace) -> None:
         session = aiohttp.ClientSession(connector=connector)
         backends, targets = [], []
         try:
+            routers = router_cpus() if args.pin else ()
+            clients = client_cpus(routers) if routers else ()
+            if clients:  # as `bench run`: the routers get the last core, the rest the others
+                os.sched_setaffinity(0, clients)
             backends = await start_backends(
-                scenario.backends, session=session, log_dir=work, cpus=(), timeout_s=60.0
+                scenario.backends, session=session, log_dir=work, cpus=clients, timeout_s=60.0
             )
             ctx = TargetContext(
                 scenario=scenario, backend_urls=[b.base_url for b in backends],
                 work_dir=work, redis_url=args.redis_url, run_id=uuid.uuid4().hex[:12],
-                router_cpus=(), session=session, keys=keys, pki=pki,
+                router_cpus=routers, session=session, keys=keys, pki=pki,
             )  # fmt: skip
             for target in _targets(args):
                 targets.append(target)
@@ -261,6 +267,9 @@ def main(argv: list[str] | None = None) -> None:
         help="an A/A check: the second router is prefix-aware too, so a ratio away from 1 is "
         "the rig's own (which router started first, its ports, the machine)",
     )  # fmt: skip
+    parser.add_argument("--pin", action="store_true",
+                        help="pin both routers to the last core, this process and the "
+                        "backends to the others (as `bench run` does)")  # fmt: skip
     parser.add_argument("--redis-url", default=os.environ.get("REDIS_URL", DEFAULT_REDIS_URL))
     started = time.monotonic()
     asyncio.run(measure(parser.parse_args(argv)))
