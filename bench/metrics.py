@@ -213,6 +213,11 @@ def phase_figures(
         "rejected": rejected,
         "errors": dict(sorted(errors.items())),
         "cancelled_at_drain": run.cancelled,
+        "client_gc_ms": {  # the load generator's collections in the phase (its send lag's cause)
+            "count": len(run.gc_pauses_ms),
+            "max": round(max(run.gc_pauses_ms, default=0.0), 3),
+            "total": round(sum(run.gc_pauses_ms), 3),
+        },
         "output_tokens_per_s": sum(r.tokens for r in ok) / max(duration, run.wall_s, 1e-9),
         "ttft_ms": dist_ms(r.ttft for r in ok if r.ttft is not None),
         "e2e_ms": dist_ms(r.end - r.sent for r in ok),

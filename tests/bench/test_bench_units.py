@@ -306,3 +306,19 @@ def test_idle_cpu_reads_this_process_cpu_and_summarises_per_window() -> None:
     lines = summary({"main": [10.0, 8.0], "branch": [7.0, 6.0]})
     assert lines[1].startswith("branch: median 6.50 ms/s")
     assert lines[1].endswith("median 0.725")  # (0.70 + 0.75) / 2
+
+
+def test_the_load_generator_freezes_its_start_up_objects_and_records_its_collections() -> None:
+    import gc  # noqa: PLC0415
+
+    from bench.loadgen import GcPauses  # noqa: PLC0415
+
+    before = gc.get_freeze_count()
+    with GcPauses() as pauses:
+        assert gc.get_freeze_count() > before  # what existed is out of the phase's collections
+        gc.collect()
+    assert gc.get_freeze_count() == 0  # unfrozen again after the phase
+    assert len(pauses.pauses_ms) == 1
+    assert pauses.pauses_ms[0] >= 0.0
+    gc.collect()
+    assert len(pauses.pauses_ms) == 1  # the callback is gone
