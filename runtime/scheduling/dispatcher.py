@@ -231,8 +231,8 @@ class PoolDispatcher:
         return self._waiting[req_id].ticket
 
     def _prefill_of(self, req: QueuedRequest) -> int:
-        """Its estimated prefill: none for a resume held to its home (resume affinity)."""
-        return 0 if self._takeback.homes.home(req.id) is not None else self._waiting[req.id].prefill
+        """Its estimated prefill as the lent prompts' bound reads it: a resume's none."""
+        return 0 if self._waiting[req.id].grant is not None else self._waiting[req.id].prefill
 
     def _position(self, req_id: str) -> int | None:
         """The 1-based queue position of a waiting request; None once it left the queue."""

@@ -146,3 +146,54 @@ async def test_a_lent_slot_takes_a_short_prompt_past_a_long_one_which_waits() ->
         for grant in grants:
             grant.release()
         await d.stop()
+
+
+@pytest.mark.asyncio
+async def test_a_preempted_request_resumes_on_a_lent_slot_whatever_its_context() -> None:
+    fleet = HandFleet()
+    fleet.add(1, capacity=8)
+    clock = HandClock()
+    settings = PoolSettings(preemption="fair", resume_first=True, lend_max_prefill=100)
+    d = PoolDispatcher("p", settings, fleet, clock=clock, tick_s=3600.0)
+    d.start()
+
+    class Stream:
+        def preemptible(self) -> bool:
+            return True
+
+        def preempt(self) -> None:
+            pass
+
+    grants: list[Grant] = []
+    try:
+        light = [await d.acquire(_sized("b", 10)) for _ in range(6)]
+        flood = [await d.acquire(_sized("a", 10)) for _ in range(2)]
+        short = [waiting(d, _sized("a", 50)) for _ in range(4)]
+        longer = [waiting(d, _sized("a", 2000)) for _ in range(16)]
+        await settle()
+        clock.now = 10.0
+        for grant in light[1:]:
+            grant.release()
+        await settle()
+        lent = [t.result() for t in short]  # the long ones are not lent: a slot stays free
+        assert fleet.inflight == {1: 7}
+        for grant in lent:
+            grant.charge_output(600)  # a resume would prefill 650 tokens
+        for grant in [*flood, *lent]:
+            grant.preemptible(Stream())
+        flood[0].charge_output(500)  # 510 tokens: the cheapest victim
+        flood[1].charge_output(550)
+        grants = [light[0], *flood, *lent, await d.acquire(_sized("b", 10))]
+        grants.append(await d.acquire(_sized("b", 10)))  # the pool is full: a preemption
+        assert flood[0].parked
+        grants[-1].release()  # a slot, lent: the resume's 510 tokens are not bounded
+        await settle()
+        assert not flood[0].parked
+        assert not any(t.done() for t in longer)
+        for task in longer:
+            task.cancel()
+        await settle()
+    finally:
+        for grant in grants:
+            grant.release()
+        await d.stop()
