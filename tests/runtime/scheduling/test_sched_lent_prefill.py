@@ -13,6 +13,7 @@ from schedsim import make_request
 from runtime.pool_policies import pool_policy_errors
 from runtime.scheduling.dispatcher import PoolDispatcher
 from runtime.scheduling.grant import Grant, Ticket
+from runtime.scheduling.interfaces import QueuedRequest
 from runtime.scheduling.lent_prefill import LentPrefillRule
 from runtime.scheduling.ordering import ArrivalOrder
 from runtime.scheduling.pacing import PrefillPacer
@@ -93,8 +94,8 @@ def test_a_deep_pop_takes_a_tenants_first_request_that_passes() -> None:
     for req in (long_, short, later):
         queue.push(req)
 
-    def fits(r: object) -> bool:
-        return r.input_tokens <= 100  # type: ignore[attr-defined]
+    def fits(r: QueuedRequest) -> bool:
+        return r.input_tokens <= 100
 
     assert queue.pop(fits) is None  # the head holds its tenant back
     assert queue.pop(fits, deep=True) == short
