@@ -7,7 +7,7 @@ import dataclasses
 import itertools
 
 import pytest
-from dispatch_support import HandClock, settle, ticket, waiting
+from dispatch_support import HandClock, Stream, granted, settle, ticket, waiting
 from schedsim import make_request
 
 from runtime.pool_policies import pool_policy_errors
@@ -138,11 +138,7 @@ async def test_a_lent_slot_takes_a_short_prompt_past_a_long_one_which_waits() ->
             grant.release()  # a holds nothing: within its limit again
         await settle()
         assert long_.done()  # first in a's order
-        grants = [long_.result(), light[0]]
-        for task in longer:
-            task.cancel()
-        await settle()
-        grants += [t.result() for t in longer if t.done() and not t.cancelled()]
+        grants = [long_.result(), light[0], *await granted(longer)]
     finally:
         for grant in grants:
             grant.release()
@@ -157,14 +153,6 @@ async def test_a_preempted_request_resumes_on_a_lent_slot_whatever_its_context()
     settings = PoolSettings(preemption="fair", resume_first=True, lend_max_prefill=100)
     d = PoolDispatcher("p", settings, fleet, clock=clock, tick_s=3600.0)
     d.start()
-
-    class Stream:
-        def preemptible(self) -> bool:
-            return True
-
-        def preempt(self) -> None:
-            pass
-
     grants: list[Grant] = []
     try:
         light = [await d.acquire(_sized("b", 10)) for _ in range(6)]
@@ -191,9 +179,7 @@ async def test_a_preempted_request_resumes_on_a_lent_slot_whatever_its_context()
         await settle()
         assert not flood[0].parked
         assert not any(t.done() for t in longer)
-        for task in longer:
-            task.cancel()
-        await settle()
+        grants += await granted(longer)
     finally:
         for grant in grants:
             grant.release()
