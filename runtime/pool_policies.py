@@ -3,7 +3,8 @@
 A pool's ``policies`` (``PoolSnap.policies``) is a string → string map read by three owners:
 scheduling (:mod:`runtime.scheduling.settings`: ``fairness``, ``ordering``, ``saturation``,
 ``headroom``, ``max_queue``, ``band_shares``, ``preemption``, ``lend_reserve``,
-``resume_first``, ``pace_prefill_tps``, ``resume_affinity``, ``resume_hold_ms``) and routing
+``resume_first``, ``pace_prefill_tps``, ``resume_affinity``, ``resume_hold_ms``,
+``lend_max_prefill``, ``lend_exclusive``, ``lend_steer``) and routing
 (:mod:`runtime.routing.endpoints`:
 ``filters``, ``scorers``, ``picker``; :mod:`runtime.gateway.plan`: ``upstream_priority``;
 :mod:`runtime.gateway.pipeline.stages.prefix`: ``prefix_routing``, on unless ``off``, and
@@ -32,8 +33,8 @@ from runtime.workers.adapters import LORA_POLICY_KEYS, LoraSettings
 
 SCHEDULING_KEYS: Final = ("fairness", "ordering", "saturation", "headroom", "max_queue",
                           "band_shares", "preemption", "lend_reserve", "resume_first",
-                          "pace_prefill_tps", "resume_affinity",
-                          "resume_hold_ms")  # fmt: skip
+                          "pace_prefill_tps", "resume_affinity", "resume_hold_ms",
+                          "lend_max_prefill", "lend_exclusive", "lend_steer")  # fmt: skip
 ROUTING_KEYS: Final = ("filters", "scorers", "picker")
 UPSTREAM_PRIORITY_VALUES: Final = ("on", "off")
 PREFIX_ROUTING_KEY: Final = "prefix_routing"  # on (default) | off

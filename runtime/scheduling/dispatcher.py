@@ -63,6 +63,7 @@ from runtime.scheduling.grant import (
     QueueDropError,
     QueueRejectedError,
     Ticket,
+    Waiter,
 )
 from runtime.scheduling.headroom import Gate, HeadroomRule
 from runtime.scheduling.holdings import Holdings
@@ -82,17 +83,6 @@ logger = logging.getLogger(__name__)
 __all__ = ["CounterSink", "Grant", "NoEndpointError", "Placement", "PoolDispatcher",
            "QueueDropError", "QueueRejectedError", "Ticket"]  # fmt: skip
 _EXPIRED = "the request's deadline passed; dropped from the queue before dispatch"
-
-
-class _Waiter:
-    __slots__ = ("future", "grant", "req", "ticket")
-
-    def __init__(self, ticket: Ticket, req: QueuedRequest, future: asyncio.Future[Grant],
-                 grant: Grant | None = None) -> None:  # fmt: skip
-        self.ticket = ticket
-        self.req = req
-        self.future = future
-        self.grant = grant  # a preempted request's parked grant
 
 
 class PoolDispatcher:
@@ -121,7 +111,7 @@ class PoolDispatcher:
         self._headroom_window_s = headroom_window_s
         self._cold_start = cold_start  # scale from zero: version -> a replica's start seconds
         self._seq = itertools.count(1)
-        self._waiting: dict[str, _Waiter] = {}
+        self._waiting: dict[str, Waiter] = {}
         self._drain = DrainRate()
         # What the autoscaler's signals read (runtime/scaling/signals.py): outcomes by
         # reason (``dispatched`` and the DropReason values) and recent queue waits per band.
@@ -148,7 +138,8 @@ class PoolDispatcher:
         self._queue = settings.new_queue(policies)
         self._charges = Charges(pool, self._queue, sink)
         self.served = self._charges.served
-        self._pacer = PrefillPacer(settings.pace_prefill_tps)
+        self._pacer = PrefillPacer(settings.pace_prefill_tps, exclusive=settings.lend_exclusive)
+        self._lending = settings.lent_prefill()  # which lent prompts, where (:mod:`.lent_prefill`)
 
     # -- configuration ------------------------------------------------------------------
 
@@ -168,6 +159,7 @@ class PoolDispatcher:
         self._takeback.policy = policies.preemption
         self._pacer.prefill_tps, self._takeback.resume_first = (settings.pace_prefill_tps,
                                                                 settings.resume_first)  # fmt: skip
+        self._pacer.exclusive, self._lending = settings.lend_exclusive, settings.lent_prefill()
         self._takeback.homes.rule = settings.resume_home()
         lend, reserve = self._lend_override
         self._held.lend = self._takeback.armed if lend is None else lend
@@ -211,7 +203,7 @@ class PoolDispatcher:
         for shed in decision.displaced:
             self._drop(shed, self._shed_error(), now)
         future: asyncio.Future[Grant] = asyncio.get_running_loop().create_future()
-        self._waiting[req.id] = _Waiter(ticket, req, future)
+        self._waiting[req.id] = Waiter(ticket, req, future)
         self._held.waits(ticket.tenant, ticket.weight)
         self._held.note(ticket.tenant, ticket.weight, now)
         self._pump(now)
@@ -238,6 +230,10 @@ class PoolDispatcher:
     def _ticket_of(self, req_id: str) -> Ticket:
         return self._waiting[req_id].ticket
 
+    def _prefill_of(self, req: QueuedRequest) -> int:
+        """Its estimated prefill as the lent prompts' bound reads it: a resume's none."""
+        return 0 if self._waiting[req.id].grant is not None else self._waiting[req.id].prefill
+
     def _position(self, req_id: str) -> int | None:
         """The 1-based queue position of a waiting request; None once it left the queue."""
         if req_id not in self._queue:
@@ -259,9 +255,11 @@ class PoolDispatcher:
         capacity = self.placement.capacity()
         gate = self._held.gate(capacity, now, arriving=ticket.tenant)
         lent = self._held.blocks(gate, ticket.tenant)  # if anything: paced (:mod:`.pacing`)
-        if lent and not (self._held.lendable(capacity) and self._pacer.allowed(roomy, now)):
+        if lent and not (self._held.lendable(capacity) and self._lending.fits(ticket.prefill)
+                         and self._pacer.allowed(roomy, now)):  # fmt: skip
             return None
-        roomy = self._pacer.allowed(roomy, now) if lent else roomy
+        roomy = (self._pacer.allowed(roomy, now) if lent
+                 else self._lending.steered(self._pacer, roomy, now))  # fmt: skip
         req = self._request(ticket, now, over_quota=False)
         self._queue.pass_through(req)
         self._drain.observe(now=now, queued=0)
@@ -270,7 +268,7 @@ class PoolDispatcher:
             roomy, ticket.affinity_key, adapter=ticket.adapter, prefix=ticket.prefix
         )
         self.placement.acquire(endpoint.id)
-        self._pacer.sent(endpoint.id, ticket.prefill, now)
+        self._pacer.sent(endpoint.id, ticket.prefill, now, lent=lent)
         self._held.took(req.tenant)
         self._note_dispatched(req.band, 0.0)
         return Grant(self, ticket, req, endpoint, waited_s=0.0, started_at=now)
@@ -394,19 +392,22 @@ class PoolDispatcher:
                 req = self._queue.pop(
                     lambda r: not held.blocks(gate, r.tenant) and has_room(r)  # noqa: B023
                 )
-            lent = PacedRoom(self._pacer, has_room, rooms.of, gate.tenants, now)
+            lent = PacedRoom(self._pacer, has_room, rooms.of, gate.tenants, now,
+                             rule=self._lending, prefill_of=self._prefill_of)  # fmt: skip
             if req is None and gate and held.lendable(capacity):  # taken back by preemption
-                req = self._queue.pop(lent)  # paced by prefill (:mod:`.pacing`)
+                req = self._queue.pop(lent, deep=lent.deep)  # paced by prefill (:mod:`.pacing`)
             if req is not None:
-                self._send(req, now, lent.of(req))
+                self._send(req, now, lent.of(req), lent=lent.lent(req))
             elif not (gate and self._takeback.armed and self._take_back(gate, capacity, now)):
                 return
 
-    def _send(self, req: QueuedRequest, now: float, to: list[EndpointSnap] | EndpointSnap) -> None:
-        """Dispatch ``req``, just popped, to ``to`` (or the choice among them): a new grant,
-        or the parked grant of a preempted request (no second admission, no second charge)."""
+    def _send(self, req: QueuedRequest, now: float, to: list[EndpointSnap] | EndpointSnap, *,
+              lent: bool = False) -> None:  # fmt: skip
+        """Dispatch ``req``, just popped, to ``to`` (or the choice among them; ``lent``: on a
+        lent slot): a new grant, or the parked grant of a preempted request (no second
+        admission, no second charge)."""
         waiter = self._waiting[req.id]
-        home = self._forget(req)  # a resume's home endpoint (resume affinity), or None
+        prefill, home = waiter.prefill, self._forget(req)  # home: a resume's (affinity), or None
         self._drain.observe(now=now, queued=len(self._queue), dispatched_cost=req.cost)
         self._charges.dispatched(req, now)
         if waiter.future.done():
@@ -416,8 +417,7 @@ class PoolDispatcher:
             to, ticket.affinity_key, adapter=ticket.adapter, prefix=ticket.prefix
         )  # fmt: skip
         self.placement.acquire(endpoint.id)
-        self._pacer.sent(endpoint.id, 0 if endpoint.id == home else ticket.prefill + (
-            waiter.grant.charged_output if waiter.grant is not None else 0), now)  # fmt: skip
+        self._pacer.sent(endpoint.id, 0 if endpoint.id == home else prefill, now, lent=lent)
         self._held.took(req.tenant)
         if waiter.grant is not None:  # a preempted request resumes
             waiter.grant.endpoint, waiter.grant.parked = endpoint, False
@@ -474,7 +474,7 @@ class PoolDispatcher:
         req = self._takeback.requeued(grant.request)
         future: asyncio.Future[Grant] = asyncio.get_running_loop().create_future()
         grant.resume = future
-        self._waiting[req.id] = _Waiter(grant.ticket, req, future, grant)
+        self._waiting[req.id] = Waiter(grant.ticket, req, future, grant)
         self._queue.push(req)
         self._held.waits(req.tenant, req.weight)
         self._drain.observe(now=now, queued=len(self._queue))

@@ -176,3 +176,22 @@ class Grant:
     def settle_output(self, completion_tokens: int) -> None:
         """The final usage: charge what streaming counts missed (counters never fall)."""
         self.charge_output(completion_tokens - self.charged_output)
+
+
+class Waiter:
+    """A request waiting in its dispatcher's queue: its ticket, its queued form, the future
+    its ``acquire`` awaits, and a preempted request's parked grant."""
+
+    __slots__ = ("future", "grant", "req", "ticket")
+
+    def __init__(self, ticket: Ticket, req: QueuedRequest, future: asyncio.Future[Grant],
+                 grant: Grant | None = None) -> None:  # fmt: skip
+        self.ticket = ticket
+        self.req = req
+        self.future = future
+        self.grant = grant  # a preempted request's parked grant
+
+    @property
+    def prefill(self) -> int:
+        """Its estimated prefill tokens: a resume's prompt plus what it generated."""
+        return self.ticket.prefill + (self.grant.charged_output if self.grant else 0)

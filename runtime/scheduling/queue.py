@@ -198,13 +198,15 @@ class PoolQueue:
     # -- out --------------------------------------------------------------------------
 
     def pop(
-        self, admissible: Callable[[QueuedRequest], bool] | None = None
+        self, admissible: Callable[[QueuedRequest], bool] | None = None, *, deep: bool = False
     ) -> QueuedRequest | None:
         """The next request to dispatch (input tokens charged), or None when none may go.
 
         With ``admissible``, only tenants whose head request (the one their ordering puts
         first) passes it are considered, and only bands holding such a tenant: a head that
         cannot go now (its endpoints are full) holds back its own tenant, never the others.
+        With ``deep``, a tenant's first request in its order that passes stands for it
+        instead (a lent slot's bound on prompts, :mod:`.lent_prefill`).
         """
         if not self._entries:
             return None
@@ -214,9 +216,9 @@ class PoolQueue:
         else:
             for number, b in sorted(self._bands.items()):
                 ready = {
-                    name: t.heap[0].req
+                    name: head
                     for name, t in b.tenants.items()
-                    if admissible(t.heap[0].req)
+                    if (head := _first(t.heap, admissible, deep=deep)) is not None
                 }
                 if ready:
                     heads_of[number] = ready
@@ -233,9 +235,11 @@ class PoolQueue:
                 f"fairness policy {self._fairness.name!r} picked {name!r}, "
                 f"which is not a backlogged tenant of band {chosen}"
             )
-        entry = heapq.heappop(tenant.heap)
-        req = entry.req
-        self._drop(entry)
+        req = heads[name]
+        entry = self._entries[req.id]
+        if tenant.heap[0] is entry:
+            heapq.heappop(tenant.heap)
+        self._drop(entry)  # (deeper in the heap: dropped lazily)
         self._shares.record(backlogged, chosen, req.cost)
         self._fairness.charge(band.state, name, weight=req.weight, input_tokens=req.input_tokens)
         return req
@@ -376,3 +380,16 @@ class PoolQueue:
             ]
             heapq.heapify(self._deadlines)
         return req
+
+
+def _first(
+    heap: list[_Entry], admissible: Callable[[QueuedRequest], bool], *, deep: bool
+) -> QueuedRequest | None:
+    """The tenant's head if it passes ``admissible``; with ``deep``, its first request in
+    order that passes (None: none)."""
+    if not deep:
+        return heap[0].req if admissible(heap[0].req) else None
+    for entry in sorted(e for e in heap if e.alive):
+        if admissible(entry.req):
+            return entry.req
+    return None

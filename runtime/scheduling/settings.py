@@ -25,7 +25,10 @@ Pool policy keys (all optional; values are strings, as in ``PoolSnap.policies``)
 - ``resume_affinity`` (``on``/``off``, default ``off``): a preempted request resumes on the
   endpoint it ran on, whose prefix cache still holds its prompt and generated text
   (:mod:`.resume_home`); ``resume_hold_ms`` (default 0): how long after its preemption it
-  waits for that endpoint when it is full before it resumes elsewhere.
+  waits for that endpoint when it is full before it resumes elsewhere;
+- ``lend_max_prefill`` (tokens, default 0: no bound), ``lend_exclusive`` and ``lend_steer``
+  (``on``/``off``, default ``off``): which prompts a lent slot takes, what it waits for, and
+  where the others go (:mod:`.lent_prefill`).
 
 Per band, the queue bound is the largest ``max_queue_length`` of the classes in that band;
 bands no class names use ``default_limit``. Unparseable values are refused with
@@ -38,6 +41,7 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from runtime.scheduling.lent_prefill import LentPrefillRule
 from runtime.scheduling.queue import PoolQueue
 from runtime.scheduling.registry import DEFAULTS, PoolPolicies
 from runtime.scheduling.resume_home import ResumeHomeRule
@@ -68,6 +72,9 @@ class PoolSettings:
     pace_prefill_tps: float = 0.0
     resume_affinity: bool = False
     resume_hold_ms: float = 0.0
+    lend_max_prefill: int = 0
+    lend_exclusive: bool = False
+    lend_steer: bool = False
 
     def headroom_for(self, *, isolating: bool) -> float:
         if self.headroom is not None:
@@ -77,6 +84,11 @@ class PoolSettings:
     def resume_home(self) -> ResumeHomeRule:
         """The resume affinity rule (:mod:`.resume_home`) these settings ask for."""
         return ResumeHomeRule(affinity=self.resume_affinity, hold_s=self.resume_hold_ms / 1000)
+
+    def lent_prefill(self) -> LentPrefillRule:
+        """The lent-prefill rules (:mod:`.lent_prefill`) these settings ask for."""
+        return LentPrefillRule(max_tokens=self.lend_max_prefill, exclusive=self.lend_exclusive,
+                               steer=self.lend_steer)  # fmt: skip
 
     def policies(self) -> PoolPolicies:
         """The named implementations (``UnknownPolicyError`` for a name not registered)."""
@@ -139,6 +151,9 @@ class PoolSettings:
             pace_prefill_tps=_rate(policies, "pace_prefill_tps"),
             resume_affinity=_switch(policies, "resume_affinity"),
             resume_hold_ms=_rate(policies, "resume_hold_ms"),
+            lend_max_prefill=_count(policies, "lend_max_prefill"),
+            lend_exclusive=_switch(policies, "lend_exclusive"),
+            lend_steer=_switch(policies, "lend_steer"),
         )
 
 

@@ -153,10 +153,11 @@ def test_the_command_takes_preempt_on(capsys: pytest.CaptureFixture[str]) -> Non
 def test_the_sweep_compares_fcfs_the_flood_limit_and_preemption() -> None:
     m = measure(CONTENTION, "smoke", 1, lend_reserve=4)
     assert set(m) == {"fcfs", "off", "prio", "on", "reserve", "pace", "paced", "cache", "home",
-                      "hold"}
+                      "hold", "bounded", "exclusive", "steered", "shaped",
+                      "shaped-home"}  # fmt: skip
     assert m["off"]["preemptions"] == m["fcfs"]["preemptions"] == 0
     assert m["on"]["preemptions"] > m["reserve"]["preemptions"] > 0
-    assert all(row["tps"] > 0 for row in m.values())
+    assert all(row["tps"] > 0 and 0 < row["flooder_served"] <= 1 for row in m.values())
 
 
 def test_the_sweep_plays_only_the_arms_asked_for(capsys: pytest.CaptureFixture[str]) -> None:

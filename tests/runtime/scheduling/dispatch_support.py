@@ -47,3 +47,21 @@ class HandClock:
 
     def __call__(self) -> float:
         return self.now
+
+
+class Stream:
+    """A running stream the take-back may stop (what the gateway's MigratingStream is)."""
+
+    def preemptible(self) -> bool:
+        return True
+
+    def preempt(self) -> None:
+        """Nothing to stop."""
+
+
+async def granted(tasks: list[asyncio.Task[Grant]]) -> list[Grant]:
+    """Cancel the requests still waiting in ``tasks``; the grants of those that got one."""
+    for task in tasks:
+        task.cancel()
+    await settle()
+    return [t.result() for t in tasks if t.done() and not t.cancelled()]
