@@ -28,11 +28,15 @@ import contextlib
 import logging
 import re
 from collections.abc import Awaitable, Callable, Coroutine, Iterable
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from runtime.gateway.errors import ApiError
+from runtime.gateway.head_write import cycle_of, write_head
 from runtime.gateway.request_ids import RequestIds
 from runtime.gateway.state import STATE_KEY, RouterState
+
+if TYPE_CHECKING:
+    from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
 logger = logging.getLogger(__name__)
 
@@ -111,6 +115,7 @@ class GatewayConsumer(metaclass=abc.ABCMeta):
         self.client_gone = False  # inline: the server reported the connection lost
         self._timed_out = False  # inline: the body timed out
         self._hook: ConnectionHook | None = None  # inline: the server's connection hook
+        self._cycle: RequestResponseCycle | None = None  # uvicorn's, behind ``base_send``
 
     # -- the ASGI loop, without a channel layer -------------------------------------------
 
@@ -118,6 +123,7 @@ class GatewayConsumer(metaclass=abc.ABCMeta):
         self.scope = scope
         self.channel_layer = None  # never touch Redis for one (the Channels flavour)
         self.base_send = send
+        self._cycle = cycle_of(send)
         self.request_id = request_id_for(scope, self.state.request_ids)
         if (early := self.early_error(scope)) is not None:
             await self.refuse(early)
@@ -332,12 +338,15 @@ class GatewayConsumer(metaclass=abc.ABCMeta):
         return [(b"x-request-id", self.request_id.encode("ascii")), *extra]
 
     # Straight to the server's ``send``: Channels' send_headers / send_body / send add two
-    # coroutine hops per message and nothing this router uses.
+    # coroutine hops per message and nothing this router uses. Under uvicorn's httptools a
+    # stream's head is written by :func:`write_head` (the same bytes, fewer checks; issue #27).
     async def start_response(self, status: int, headers: Iterable[tuple[bytes, bytes]]) -> None:
         self.response_started = True
-        await self.base_send(
-            {"type": "http.response.start", "status": status, "headers": self.base_headers(headers)}
-        )
+        head = self.base_headers(headers)
+        cycle = self._cycle
+        if cycle is not None and write_head(cycle, status, head):
+            return
+        await self.base_send({"type": "http.response.start", "status": status, "headers": head})
 
     def send_chunk(self, data: bytes, *, last: bool = False) -> Awaitable[None]:
         # A chunk that is not the last is the server's send itself: no coroutine of ours.
