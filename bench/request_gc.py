@@ -51,6 +51,7 @@ async def measure(args: argparse.Namespace, source: Path | None, out: Path) -> d
                 break
             await asyncio.sleep(0.1)
         rows = json.loads(await asyncio.to_thread(out.read_text))
+        types = rows.pop("types", None)
         answered = max(1, int(result["ok"]))
         result["gc_us_per_request"] = round(
             sum(row["ns"] for row in rows.values()) / 1e3 / answered, 2
@@ -63,6 +64,11 @@ async def measure(args: argparse.Namespace, source: Path | None, out: Path) -> d
             }
             for generation, row in sorted(rows.items())
         }
+        if types is not None:
+            result["young_types_per_collection"] = {
+                name: round(count / max(1, rows["0"]["collections"]), 1)
+                for name, count in types.items()
+            }
         return result
     finally:
         await target.stop()
@@ -78,7 +84,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1, help="(1)")
     parser.add_argument("--baseline", type=Path, default=None, help="also run this checkout")
     parser.add_argument("--out", type=Path, default=Path("router-gc.json"))
+    parser.add_argument(
+        "--types",
+        action="store_true",
+        help="diagnostic: the youngest generation's object types (slow)",
+    )
     args = parser.parse_args()
+    if args.types:
+        os.environ["GC_ROUTER_TYPES"] = "1"  # the router inherits it
     if args.baseline is not None and not (args.baseline / "bench" / "gc_router.py").exists():
         shutil.copy(Path(__file__).with_name("gc_router.py"), args.baseline / "bench")
     sources: list[Path | None] = [None] if args.baseline is None else [None, args.baseline]
