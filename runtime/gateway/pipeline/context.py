@@ -223,19 +223,19 @@ class RequestContext:
         """Run ``release`` exactly once when the request ends (or, ``early``, when its
         response's last byte is about to go out, whichever comes first)."""
         once = Release(name, release)
-        self.exits.push(once)
+        _push(self.exits, once, is_sync=True)
         if early:
             self._early.append(once)
         return once
 
     def hold_async(self, release: Callable[[], Awaitable[None]]) -> None:
         """Await ``release`` exactly once when the request ends."""
-        self.exits.push_async_exit(_AsyncRelease(release))
+        _push(self.exits, _AsyncRelease(release), is_sync=False)
 
     def on_failure(self, handler: Callable[[BaseException], Awaitable[None]]) -> None:
         """Await ``handler(error)`` when the request ends by an exception (a refusal, a
         cancellation), at its place among the releases; the exception still propagates."""
-        self.exits.push_async_exit(_OnFailure(handler))
+        _push(self.exits, _OnFailure(handler), is_sync=False)
 
     def before_end(self, step: Callable[[], None]) -> None:
         """Run ``step`` only if the response ends cleanly (its last chunk goes out), before
@@ -297,6 +297,13 @@ class EndGuard:
     async def _send_last(self, data: bytes) -> None:
         await self._before_end()
         await self._sink.send_chunk(data, last=True)
+
+
+def _push(stack: contextlib.AsyncExitStack, exit_: Callable[..., Any], *, is_sync: bool) -> None:
+    """Push ``exit_`` (called with the exit's exception details) as ``push`` and
+    ``push_async_exit`` push a callable that is not a context manager, without their look-up
+    of ``__exit__`` / ``__aexit__`` (an AttributeError raised and caught per push)."""
+    stack._push_exit_callback(exit_, is_sync)  # type: ignore[attr-defined]  # CPython 3.7+
 
 
 def _missing(what: str) -> MissingStepError:
