@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 from uvicorn.protocols.http.flow_control import FlowControl
-from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
+from uvicorn.protocols.http.httptools_impl import HEADER_RE, HEADER_VALUE_RE, RequestResponseCycle
 
-from runtime.gateway.head_write import cycle_of, write_head
+from runtime.gateway.head_write import BAD_NAME_BYTES, BAD_VALUE_BYTES, cycle_of, write_head
 
 pytestmark = [pytest.mark.unit, pytest.mark.asyncio]
 
@@ -138,3 +138,14 @@ async def test_cycle_of_finds_only_an_httptools_send() -> None:
         pass
 
     assert cycle_of(send) is None
+
+
+async def test_every_byte_refused_as_uvicorn_refuses_it() -> None:
+    for byte in range(256):
+        one = bytes([byte])
+        assert (one in BAD_NAME_BYTES) is (HEADER_RE.search(one) is not None)
+        assert (one in BAD_VALUE_BYTES) is (HEADER_VALUE_RE.search(one) is not None)
+        made, _ = cycle()
+        accepted = write_head(made, 200, [(b"x-" + one + b"x", b"v" + one + b"v")])
+        refused = HEADER_RE.search(one) or HEADER_VALUE_RE.search(one) or one.lower() != one
+        assert accepted is not bool(refused), byte
