@@ -10,13 +10,11 @@ from __future__ import annotations
 import gc
 import json
 import os
-import runpy
-import signal
-import sys
 import time
 from collections import Counter
-from types import FrameType
 from typing import Any
+
+from bench.profiled_router import serve
 
 
 class GcBook:
@@ -56,29 +54,24 @@ def _name(thing: object) -> str:
 
 
 def main() -> None:
-    out, args = sys.argv[1], sys.argv[2:]
-    sys.argv = ["runtime.gateway", *args]
     book = GcBook(types=bool(os.environ.get("GC_ROUTER_TYPES")))
     gc.callbacks.append(book)
 
-    def start(_signum: int, _frame: FrameType | None) -> None:
+    def start() -> None:
         book.rows = {}
         if book.types is not None:
             book.types.clear()
         book.on = True
 
-    def stop(_signum: int, _frame: FrameType | None) -> None:
+    def stop(part: str) -> None:
         book.on = False
-        with open(out + ".part", "w", encoding="utf-8") as file:
-            found: dict[str, Any] = dict(book.rows)
-            if book.types is not None:
-                found["types"] = dict(book.types.most_common(60))
+        found: dict[str, Any] = dict(book.rows)
+        if book.types is not None:
+            found["types"] = dict(book.types.most_common(60))
+        with open(part, "w", encoding="utf-8") as file:
             json.dump(found, file)
-        os.replace(out + ".part", out)  # whole or absent
 
-    signal.signal(signal.SIGUSR1, start)
-    signal.signal(signal.SIGUSR2, stop)
-    runpy.run_module("runtime.gateway", run_name="__main__", alter_sys=True)
+    serve(start, stop)
 
 
 if __name__ == "__main__":

@@ -6,8 +6,8 @@
 an httptools ``RequestResponseCycle`` over a transport that keeps nothing, in one process:
 ``uvicorn send`` builds the ``http.response.start`` message and runs the cycle's ``send``
 coroutine to its end; ``write_head`` calls the function. The rounds alternate A B B A, and
-each reports CPU microseconds per head (``time.process_time``); run it pinned
-(``taskset -c 0``).
+each reports CPU microseconds per head, one per request (``time.process_time``); run it
+pinned (``taskset -c 0``).
 """
 
 from __future__ import annotations
@@ -16,14 +16,13 @@ import argparse
 import asyncio
 import contextlib
 import logging
-import statistics
-import time
 from collections.abc import Callable, Sequence
 
 from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
 from bench.head_write_micro import HEADERS
+from bench.per_request_micro import ab
 from runtime.gateway.head_write import write_head
 
 DEFAULT_HEADERS = [(b"server", b"uvicorn"), (b"date", b"Fri, 27 Nov 2026 12:00:00 GMT")]
@@ -60,25 +59,30 @@ def _cycle() -> RequestResponseCycle:
     )
 
 
-def _uvicorn(cycle: RequestResponseCycle) -> None:
-    coro = cycle.send({"type": "http.response.start", "status": 200, "headers": list(HEADERS)})
-    with contextlib.suppress(StopIteration):
-        coro.send(None)
-
-
-def _ours(cycle: RequestResponseCycle) -> None:
-    if not write_head(cycle, 200, list(HEADERS)):
-        raise AssertionError("write_head declined the stream head")
-
-
-def per_head(heads: int, write: Callable[[RequestResponseCycle], None]) -> float:
+def _uvicorn() -> Callable[[], None]:
     cycle = _cycle()
-    start = time.process_time()
-    for _ in range(heads):
+
+    def write() -> None:
         cycle.response_started = False
         cycle.chunked_encoding = None
-        write(cycle)
-    return (time.process_time() - start) / heads * 1e6
+        message = {"type": "http.response.start", "status": 200, "headers": list(HEADERS)}
+        coro = cycle.send(message)  # type: ignore[arg-type]
+        with contextlib.suppress(StopIteration):
+            coro.send(None)
+
+    return write
+
+
+def _ours() -> Callable[[], None]:
+    cycle = _cycle()
+
+    def write() -> None:
+        cycle.response_started = False
+        cycle.chunked_encoding = None
+        if not write_head(cycle, 200, list(HEADERS)):
+            raise AssertionError("write_head declined the stream head")
+
+    return write
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -86,16 +90,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--heads", type=int, default=20_000)
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args(argv)
-    variants = {"uvicorn send": _uvicorn, "write_head": _ours}
-    found: dict[str, list[float]] = {name: [] for name in variants}
-    order = list(variants)
-    for _ in range(args.rounds):
-        for name in order:
-            found[name].append(per_head(args.heads, variants[name]))
-        order.reverse()  # A B, B A, ...
-    for name, values in found.items():
-        shown = " / ".join(f"{value:.2f}" for value in values)
-        print(f"{name}: {shown} us per head (median {statistics.median(values):.2f})")
+    ab(args.heads, args.rounds, {"uvicorn send": _uvicorn(), "write_head": _ours()})
 
 
 if __name__ == "__main__":

@@ -27,23 +27,14 @@ from collections.abc import Callable, Mapping, Sequence
 
 from prometheus_client import CollectorRegistry
 
+from bench.account_micro import record as account_record
 from runtime.gateway.pipeline.context import Release, _AsyncRelease, _OnFailure, _push
-from runtime.telemetry.logging import RequestRecord
 from runtime.telemetry.slis import SliCounters
 from runtime.testing.snapshots import SnapshotBuilder
 
 
-def _record() -> RequestRecord:
-    return RequestRecord(
-        request_id="r", route="/v1/chat/completions", tenant="t", model="m", version="v1",
-        klass="standard", stream=True, status=200, outcome="ok", prompt_tokens=12,
-        completion_tokens=8, itl_ms=[4.1, 3.9, 4.4, 4.0, 5.2, 3.8, 4.3],
-        timings_ms={"auth": 0.2, "queue": 0.1, "upstream_ttft": 12.5, "e2e": 41.0},
-    )  # fmt: skip
-
-
 def slis_variants() -> dict[str, Callable[[], None]]:
-    record = _record()
+    record = account_record()
     snapshot = SnapshotBuilder().add_class("standard", band=0, itl_slo_ms=50).snapshot()
     counters = SliCounters(CollectorRegistry(), multiprocess=True)
     plain = SliCounters(CollectorRegistry(), multiprocess=False)

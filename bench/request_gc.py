@@ -7,7 +7,7 @@ streamed chat completions per second for ``seconds`` (:func:`bench.tls_micro.pac
 ``gc.callbacks`` hook on for that window only, and prints per request: the collections of
 each generation and the microseconds they took, with the router's CPU per request from
 ``/proc``. ``--baseline DIR`` runs the checkout at ``DIR`` the same way (``bench/gc_router.py``
-is copied there if it lacks it); the rounds alternate A B B A on fresh routers.
+and ``bench/profiled_router.py`` are copied there); the rounds alternate A B B A on fresh routers.
 
 Needs Redis (``REDIS_URL``), like the harness.
 """
@@ -19,62 +19,33 @@ import asyncio
 import json
 import os
 import shutil
-import signal
 import statistics
 from pathlib import Path
 from typing import Any
 
-from bench.request_profile import rig, start_simulators
-from bench.targets.switchyard import SwitchyardTarget
-from bench.tls_micro import paced
+from bench.request_profile import profile
 
 
 async def measure(args: argparse.Namespace, source: Path | None, out: Path) -> dict[str, Any]:
-    bench = rig("switchyard-request-gc-")
-    scenario, session, keys = bench.scenario, bench.session, bench.keys
-    target = SwitchyardTarget(name="switchyard", source=source, profile=out,
-                              runner="bench.gc_router")  # fmt: skip
-    await asyncio.to_thread(out.unlink, missing_ok=True)
-    try:
-        ctx = await start_simulators(bench)
-        await target.start(ctx)
-        key = next(iter(keys.values()))
-        model = scenario.backends.model
-        await paced(target, session, key=key, model=model, rate=args.rate, seconds=1.0)  # warm
-        [pid] = target.pids()
-        os.kill(pid, signal.SIGUSR1)
-        result = await paced(target, session, key=key, model=model, rate=args.rate,
-                             seconds=args.seconds)  # fmt: skip
-        os.kill(pid, signal.SIGUSR2)
-        for _ in range(100):
-            if await asyncio.to_thread(out.exists):
-                break
-            await asyncio.sleep(0.1)
-        rows = json.loads(await asyncio.to_thread(out.read_text))
-        types = rows.pop("types", None)
-        answered = max(1, int(result["ok"]))
-        result["gc_us_per_request"] = round(
-            sum(row["ns"] for row in rows.values()) / 1e3 / answered, 2
-        )
-        result["by_generation"] = {
-            generation: {
-                "collections_per_request": round(row["collections"] / answered, 3),
-                "us_per_request": round(row["ns"] / 1e3 / answered, 2),
-                "us_each": round(row["ns"] / 1e3 / max(1, row["collections"]), 1),
-            }
-            for generation, row in sorted(rows.items())
+    result = await profile(args, source, out, runner="bench.gc_router")
+    rows = json.loads(await asyncio.to_thread(out.read_text))
+    types = rows.pop("types", None)
+    answered = max(1, int(result["ok"]))
+    result["gc_us_per_request"] = round(sum(row["ns"] for row in rows.values()) / 1e3 / answered, 2)
+    result["by_generation"] = {
+        generation: {
+            "collections_per_request": round(row["collections"] / answered, 3),
+            "us_per_request": round(row["ns"] / 1e3 / answered, 2),
+            "us_each": round(row["ns"] / 1e3 / max(1, row["collections"]), 1),
         }
-        if types is not None:
-            result["young_types_per_collection"] = {
-                name: round(count / max(1, rows["0"]["collections"]), 1)
-                for name, count in types.items()
-            }
-        return result
-    finally:
-        await target.stop()
-        for child in bench.backends:
-            await asyncio.to_thread(child.stop)
-        await session.close()
+        for generation, row in sorted(rows.items())
+    }
+    if types is not None:
+        result["young_types_per_collection"] = {
+            name: round(count / max(1, rows["0"]["collections"]), 1)
+            for name, count in types.items()
+        }
+    return result
 
 
 def main() -> None:
@@ -92,8 +63,9 @@ def main() -> None:
     args = parser.parse_args()
     if args.types:
         os.environ["GC_ROUTER_TYPES"] = "1"  # the router inherits it
-    if args.baseline is not None and not (args.baseline / "bench" / "gc_router.py").exists():
-        shutil.copy(Path(__file__).with_name("gc_router.py"), args.baseline / "bench")
+    if args.baseline is not None:  # the router's wrapper, as this checkout has it
+        for name in ("gc_router.py", "profiled_router.py"):
+            shutil.copy(Path(__file__).with_name(name), args.baseline / "bench")
     sources: list[Path | None] = [None] if args.baseline is None else [None, args.baseline]
     found: dict[str, list[float]] = {str(source or "this checkout"): [] for source in sources}
     for _ in range(args.rounds):
