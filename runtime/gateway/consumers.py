@@ -116,6 +116,7 @@ class GatewayConsumer(metaclass=abc.ABCMeta):
         self._timed_out = False  # inline: the body timed out
         self._hook: ConnectionHook | None = None  # inline: the server's connection hook
         self._cycle: RequestResponseCycle | None = None  # uvicorn's, behind ``base_send``
+        self._inline_task: asyncio.Task[Any] | None = None  # inline: the task answering
 
     # -- the ASGI loop, without a channel layer -------------------------------------------
 
@@ -167,7 +168,8 @@ class GatewayConsumer(metaclass=abc.ABCMeta):
                 timer.cancel()
             if body is None:
                 return
-            hook.on_lost = lambda: self._inline_lost(task)
+            self._inline_task = task
+            hook.on_lost = self._inline_lost  # a bound method: no closure per request
             await self._respond_safely(body)
         except asyncio.CancelledError:
             if self._timed_out or self.client_gone:
@@ -181,6 +183,7 @@ class GatewayConsumer(metaclass=abc.ABCMeta):
             if timer is not None:
                 timer.cancel()
             hook.on_lost = None
+            self._inline_task = None
 
     async def _read_body(self, receive: Receive) -> bytes | None:
         """The whole body, or None when the request ended first (gone, or refused: 413)."""
@@ -202,9 +205,10 @@ class GatewayConsumer(metaclass=abc.ABCMeta):
                 self.body.clear()
                 return body
 
-    def _inline_lost(self, task: asyncio.Task[Any]) -> None:
+    def _inline_lost(self) -> None:
         self.client_gone = True
-        task.cancel()
+        if self._inline_task is not None:
+            self._inline_task.cancel()
 
     def _inline_timed_out(self, task: asyncio.Task[Any]) -> None:
         self._timed_out = True
