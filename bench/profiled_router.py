@@ -10,25 +10,37 @@ import os
 import runpy
 import signal
 import sys
+from collections.abc import Callable
 from types import FrameType
 
 
-def main() -> None:
+def serve(start: Callable[[], None], stop: Callable[[str], None]) -> None:
+    """Run the router (``sys.argv``: ``STATS_FILE`` then its arguments): ``start()`` on
+    SIGUSR1, ``stop(part)`` on SIGUSR2, which writes the stats to ``part``, then renamed to
+    ``STATS_FILE`` (whole or absent)."""
     out, args = sys.argv[1], sys.argv[2:]
     sys.argv = ["runtime.gateway", *args]
+
+    def on_start(_signum: int, _frame: FrameType | None) -> None:
+        start()
+
+    def on_stop(_signum: int, _frame: FrameType | None) -> None:
+        stop(out + ".part")
+        os.replace(out + ".part", out)
+
+    signal.signal(signal.SIGUSR1, on_start)
+    signal.signal(signal.SIGUSR2, on_stop)
+    runpy.run_module("runtime.gateway", run_name="__main__", alter_sys=True)
+
+
+def main() -> None:
     profiler = cProfile.Profile()
 
-    def start(_signum: int, _frame: FrameType | None) -> None:
-        profiler.enable()
-
-    def stop(_signum: int, _frame: FrameType | None) -> None:
+    def stop(part: str) -> None:
         profiler.disable()
-        profiler.dump_stats(out + ".part")
-        os.replace(out + ".part", out)  # whole or absent
+        profiler.dump_stats(part)
 
-    signal.signal(signal.SIGUSR1, start)
-    signal.signal(signal.SIGUSR2, stop)
-    runpy.run_module("runtime.gateway", run_name="__main__", alter_sys=True)
+    serve(profiler.enable, stop)
 
 
 if __name__ == "__main__":

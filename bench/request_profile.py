@@ -78,10 +78,14 @@ async def start_simulators(bench: Rig) -> TargetContext:
     )  # fmt: skip
 
 
-async def profile(args: argparse.Namespace, source: Path | None, out: Path) -> dict[str, Any]:
+async def profile(
+    args: argparse.Namespace, source: Path | None, out: Path, runner: str = "bench.profiled_router"
+) -> dict[str, Any]:
+    """The paced window under ``runner`` (a wrapper switched on by SIGUSR1 and off by
+    SIGUSR2, writing ``out``: :mod:`bench.profiled_router`, :mod:`bench.gc_router`)."""
     bench = rig("switchyard-request-profile-")
     scenario, session, keys = bench.scenario, bench.session, bench.keys
-    target = SwitchyardTarget(name="switchyard", source=source, profile=out)
+    target = SwitchyardTarget(name="switchyard", source=source, profile=out, runner=runner)
     await asyncio.to_thread(out.unlink, missing_ok=True)
     try:
         ctx = await start_simulators(bench)

@@ -28,11 +28,15 @@ import contextlib
 import logging
 import re
 from collections.abc import Awaitable, Callable, Coroutine, Iterable
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from runtime.gateway.errors import ApiError
+from runtime.gateway.head_write import cycle_of, write_head
 from runtime.gateway.request_ids import RequestIds
 from runtime.gateway.state import STATE_KEY, RouterState
+
+if TYPE_CHECKING:
+    from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
 logger = logging.getLogger(__name__)
 
@@ -111,6 +115,8 @@ class GatewayConsumer(metaclass=abc.ABCMeta):
         self.client_gone = False  # inline: the server reported the connection lost
         self._timed_out = False  # inline: the body timed out
         self._hook: ConnectionHook | None = None  # inline: the server's connection hook
+        self._cycle: RequestResponseCycle | None = None  # uvicorn's, behind ``base_send``
+        self._inline_task: asyncio.Task[Any] | None = None  # inline: the task answering
 
     # -- the ASGI loop, without a channel layer -------------------------------------------
 
@@ -118,6 +124,7 @@ class GatewayConsumer(metaclass=abc.ABCMeta):
         self.scope = scope
         self.channel_layer = None  # never touch Redis for one (the Channels flavour)
         self.base_send = send
+        self._cycle = cycle_of(send)
         self.request_id = request_id_for(scope, self.state.request_ids)
         if (early := self.early_error(scope)) is not None:
             await self.refuse(early)
@@ -161,7 +168,8 @@ class GatewayConsumer(metaclass=abc.ABCMeta):
                 timer.cancel()
             if body is None:
                 return
-            hook.on_lost = lambda: self._inline_lost(task)
+            self._inline_task = task
+            hook.on_lost = self._inline_lost  # a bound method: no closure per request
             await self._respond_safely(body)
         except asyncio.CancelledError:
             if self._timed_out or self.client_gone:
@@ -175,6 +183,7 @@ class GatewayConsumer(metaclass=abc.ABCMeta):
             if timer is not None:
                 timer.cancel()
             hook.on_lost = None
+            self._inline_task = None
 
     async def _read_body(self, receive: Receive) -> bytes | None:
         """The whole body, or None when the request ended first (gone, or refused: 413)."""
@@ -196,9 +205,10 @@ class GatewayConsumer(metaclass=abc.ABCMeta):
                 self.body.clear()
                 return body
 
-    def _inline_lost(self, task: asyncio.Task[Any]) -> None:
+    def _inline_lost(self) -> None:
         self.client_gone = True
-        task.cancel()
+        if self._inline_task is not None:
+            self._inline_task.cancel()
 
     def _inline_timed_out(self, task: asyncio.Task[Any]) -> None:
         self._timed_out = True
@@ -332,12 +342,15 @@ class GatewayConsumer(metaclass=abc.ABCMeta):
         return [(b"x-request-id", self.request_id.encode("ascii")), *extra]
 
     # Straight to the server's ``send``: Channels' send_headers / send_body / send add two
-    # coroutine hops per message and nothing this router uses.
+    # coroutine hops per message and nothing this router uses. Under uvicorn's httptools a
+    # stream's head is written by :func:`write_head` (the same bytes, fewer checks; issue #27).
     async def start_response(self, status: int, headers: Iterable[tuple[bytes, bytes]]) -> None:
         self.response_started = True
-        await self.base_send(
-            {"type": "http.response.start", "status": status, "headers": self.base_headers(headers)}
-        )
+        head = self.base_headers(headers)
+        cycle = self._cycle
+        if cycle is not None and write_head(cycle, status, head):
+            return
+        await self.base_send({"type": "http.response.start", "status": status, "headers": head})
 
     def send_chunk(self, data: bytes, *, last: bool = False) -> Awaitable[None]:
         # A chunk that is not the last is the server's send itself: no coroutine of ours.

@@ -304,7 +304,7 @@ class RouterMetrics:
         )
         self._scheduling: _SchedulingCollector | None = None
         self._adapter_counters: AdapterCounters | None = None
-        self.slis = SliCounters(self.registry)
+        self.slis = SliCounters(self.registry, multiprocess=self._multiprocess_dir is not None)
         self._stages = Children(self.stage_seconds)
         self._requests = Children(self.requests_total)
         self._inflight: dict[int, Gauge] = {}  # endpoint id -> its child (ids are bounded)

@@ -25,10 +25,14 @@ bounded.
 from __future__ import annotations
 
 import math
+import os
+import time
 from collections.abc import Sequence
 from typing import Final, NamedTuple
 
 from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import metrics as prometheus_metrics
+from prometheus_client.metrics_core import CounterMetricFamily
 
 from runtime.snapshot import Snapshot
 from runtime.telemetry.logging import RequestRecord
@@ -90,25 +94,88 @@ def judge(
     )
 
 
-class SliCounters:
-    """The two SLI counters, in the router's registry."""
+class _Cell:
+    """One series' count and when it was made (a plain counter child: no lock, no checks)."""
 
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self.events = Counter(
-            "switchyard_sli_events",
-            "Events counted toward a service-level indicator (see runtime/telemetry/slis.py).",
-            ["sli", "class", "model"],
-            registry=registry,
-        )
-        self.good = Counter(
-            "switchyard_sli_good",
-            "Events that met the indicator's objective.",
-            ["sli", "class", "model"],
-            registry=registry,
-        )
+    __slots__ = ("created", "value")
+
+    def __init__(self) -> None:
+        self.value = 0.0
+        self.created = time.time()
+
+    def inc(self) -> None:
+        self.value += 1.0
+
+
+class _PlainCounter:
+    """A labelled counter kept as plain numbers and exported by :class:`SliCounters` at a
+    scrape: the same family, series, order, values and ``_created`` samples as
+    prometheus_client's ``Counter`` (its children are made on first use too)."""
+
+    def __init__(self, name: str, documentation: str, labelnames: Sequence[str]) -> None:
+        self.name = name
+        self.documentation = documentation
+        self.labelnames = tuple(labelnames)
+        self.cells: dict[tuple[str, ...], _Cell] = {}
+
+    def labels(self, *values: str) -> _Cell:
+        key = tuple(str(value) for value in values)
+        cell = self.cells.get(key)
+        if cell is None:
+            cell = self.cells[key] = _Cell()
+        return cell
+
+    def family(self) -> CounterMetricFamily:
+        family = CounterMetricFamily(self.name, self.documentation, labels=self.labelnames)
+        created = prometheus_metrics._use_created  # PROMETHEUS_DISABLE_CREATED_SERIES
+        for key, cell in list(self.cells.items()):
+            family.add_metric(key, cell.value, cell.created if created else None)
+        return family
+
+
+_EVENTS = (
+    "switchyard_sli_events",
+    "Events counted toward a service-level indicator (see runtime/telemetry/slis.py).",
+)
+_GOOD = ("switchyard_sli_good", "Events that met the indicator's objective.")
+_LABELS = ("sli", "class", "model")
+
+
+class SliCounters:
+    """The two SLI counters, in the router's registry.
+
+    In one process they are plain numbers, exported by this collector at a scrape (ten
+    prometheus_client ``Counter.inc`` per request, each a lock and two checks, cost more than
+    the rest of the count; issue #27); the exposition is the same. With several workers
+    (``multiprocess``: ``PROMETHEUS_MULTIPROC_DIR`` set) they are prometheus_client counters,
+    whose values the per-process files carry to whichever worker is scraped.
+    """
+
+    def __init__(self, registry: CollectorRegistry, *, multiprocess: bool | None = None) -> None:
+        if multiprocess is None:
+            multiprocess = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
+        self.events: Counter | _PlainCounter
+        self.good: Counter | _PlainCounter
+        if multiprocess:
+            self.events = Counter(*_EVENTS, _LABELS, registry=registry)
+            self.good = Counter(*_GOOD, _LABELS, registry=registry)
+        else:
+            self.events = _PlainCounter(*_EVENTS, _LABELS)
+            self.good = _PlainCounter(*_GOOD, _LABELS)
+            registry.register(self)
         # (class, model) -> the children of each SLI in SliVerdict's field order, events then
         # good; each made on its first count (a series appears once it counts something).
-        self._rows: dict[tuple[str, str], list[Counter | None]] = {}
+        self._rows: dict[tuple[str, str], list[Counter | _Cell | None]] = {}
+
+    def describe(self) -> list[CounterMetricFamily]:
+        """The families' names, for the registry's duplicate check (plain counters only)."""
+        return [CounterMetricFamily(*_EVENTS), CounterMetricFamily(*_GOOD)]
+
+    def collect(self) -> list[CounterMetricFamily]:
+        """The plain counters' families, at a scrape."""
+        if isinstance(self.events, _PlainCounter) and isinstance(self.good, _PlainCounter):
+            return [self.events.family(), self.good.family()]
+        return []
 
     def observe(self, record: RequestRecord, snapshot: Snapshot | None) -> None:
         """Count one finished request (``record.klass``/``record.model`` name the series)."""

@@ -19,6 +19,10 @@ import functools
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from runtime.upstream.errors import StreamBroken
 
 
 class BreakerState(enum.Enum):
@@ -50,6 +54,7 @@ class CircuitBreaker:
         "_opened_at",
         "_probe_out",
         "_state",
+        "stream_listener",
     )
 
     def __init__(
@@ -66,6 +71,14 @@ class CircuitBreaker:
         self._failures = 0
         self._opened_at = 0.0
         self._probe_out = False
+        # A stream's broken-listener (UpstreamResponse.set_broken_listener): one bound method
+        # made here, not a closure per request (issue #27).
+        self.stream_listener: Callable[[StreamBroken], None] = self._stream_broke
+
+    def _stream_broke(self, error: StreamBroken) -> None:
+        """A stream from this endpoint broke: a failure when it was the endpoint's fault."""
+        if error.endpoint_fault:
+            self.record_failure()
 
     @property
     def state(self) -> BreakerState:

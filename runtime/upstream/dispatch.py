@@ -18,12 +18,11 @@ import random
 from collections.abc import Callable, Mapping
 
 from runtime.snapshot import EndpointSnap
-from runtime.upstream.breaker import BreakerBook, CircuitBreaker
+from runtime.upstream.breaker import BreakerBook
 from runtime.upstream.client import UpstreamClient
 from runtime.upstream.errors import (
     DeadlineExceeded,
     NoEndpointAvailable,
-    StreamBroken,
     UpstreamError,
 )
 from runtime.upstream.response import UpstreamResponse
@@ -97,7 +96,7 @@ async def open_with_retry(
             breaker.release()  # cancelled: no verdict on the endpoint
             raise
         breaker.record_success()
-        response.set_broken_listener(_breaker_listener(breaker))
+        response.set_broken_listener(breaker.stream_listener)
         return endpoint, response
     assert last_error is not None
     raise last_error
@@ -112,11 +111,3 @@ def _acquire(pick: Picker, breakers: BreakerBook, excluded: set[int]) -> Endpoin
             return endpoint
         excluded.add(endpoint.id)
     return None
-
-
-def _breaker_listener(breaker: CircuitBreaker) -> Callable[[StreamBroken], None]:
-    def on_broken(error: StreamBroken) -> None:
-        if error.endpoint_fault:
-            breaker.record_failure()
-
-    return on_broken

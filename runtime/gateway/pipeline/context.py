@@ -53,7 +53,11 @@ class RouteSpec:
 
 
 class Release:
-    """A callback that runs at most once, whoever calls it first (early or at exit)."""
+    """A callback that runs at most once, whoever calls it first (early or at exit).
+
+    Called with no arguments early, or by the exit stack with the exit's exception details
+    (ignored): it is pushed on the stack itself, with no wrapper closure of contextlib's per
+    hold (objects that live as long as the request: the collector's work; issue #27)."""
 
     __slots__ = ("_callback", "done", "name")
 
@@ -62,11 +66,38 @@ class Release:
         self._callback = callback
         self.done = False
 
-    def __call__(self) -> None:
+    def __call__(self, *_exit: object) -> None:
         if self.done:
             return
         self.done = True
         self._callback()
+
+
+class _AsyncRelease:
+    """``release`` awaited at the exit, as ``push_async_callback`` would (its result ignored:
+    it never suppresses the exception), without contextlib's wrapper closure."""
+
+    __slots__ = ("_release",)
+
+    def __init__(self, release: Callable[[], Awaitable[None]]) -> None:
+        self._release = release
+
+    async def __call__(self, *_exit: object) -> None:
+        await self._release()
+
+
+class _OnFailure:
+    """``handler(error)`` awaited when the exit has an exception; it still propagates."""
+
+    __slots__ = ("_handler",)
+
+    def __init__(self, handler: Callable[[BaseException], Awaitable[None]]) -> None:
+        self._handler = handler
+
+    async def __call__(self, _type: object, error: BaseException | None, _tb: object) -> bool:
+        if error is not None:
+            await self._handler(error)
+        return False
 
 
 class Attempts:
@@ -192,25 +223,19 @@ class RequestContext:
         """Run ``release`` exactly once when the request ends (or, ``early``, when its
         response's last byte is about to go out, whichever comes first)."""
         once = Release(name, release)
-        self.exits.callback(once)
+        _push(self.exits, once, is_sync=True)
         if early:
             self._early.append(once)
         return once
 
     def hold_async(self, release: Callable[[], Awaitable[None]]) -> None:
         """Await ``release`` exactly once when the request ends."""
-        self.exits.push_async_callback(release)
+        _push(self.exits, _AsyncRelease(release), is_sync=False)
 
     def on_failure(self, handler: Callable[[BaseException], Awaitable[None]]) -> None:
         """Await ``handler(error)`` when the request ends by an exception (a refusal, a
         cancellation), at its place among the releases; the exception still propagates."""
-
-        async def exit_(_type: object, error: BaseException | None, _tb: object) -> bool:
-            if error is not None:
-                await handler(error)
-            return False
-
-        self.exits.push_async_exit(exit_)
+        _push(self.exits, _OnFailure(handler), is_sync=False)
 
     def before_end(self, step: Callable[[], None]) -> None:
         """Run ``step`` only if the response ends cleanly (its last chunk goes out), before
@@ -272,6 +297,13 @@ class EndGuard:
     async def _send_last(self, data: bytes) -> None:
         await self._before_end()
         await self._sink.send_chunk(data, last=True)
+
+
+def _push(stack: contextlib.AsyncExitStack, exit_: Callable[..., Any], *, is_sync: bool) -> None:
+    """Push ``exit_`` (called with the exit's exception details) as ``push`` and
+    ``push_async_exit`` push a callable that is not a context manager, without their look-up
+    of ``__exit__`` / ``__aexit__`` (an AttributeError raised and caught per push)."""
+    stack._push_exit_callback(exit_, is_sync)  # type: ignore[attr-defined]  # CPython 3.7+
 
 
 def _missing(what: str) -> MissingStepError:
