@@ -89,17 +89,16 @@ DEFAULT_STALE_S: Final = 10.0
 DEFAULT_MAX_PENDING: Final = 256
 DEFAULT_MAX_ENGINE_BLOCKS: Final = 16_384
 
-Matcher = Callable[[Sequence[int], float, list[int]], dict[int, int]]
+Matcher = Callable[[Sequence[int], float, Iterable[int]], dict[int, int]]
 
 
 class _Pending:
     """A prompt sent to the endpoint whose blocks the engine has not all reported yet."""
 
-    __slots__ = ("at", "end", "expects", "hashes", "position")
+    __slots__ = ("at", "end", "expects", "hashes")
 
     def __init__(self, hashes: tuple[int, ...], at: float, *, expects: bool) -> None:
         self.hashes = hashes
-        self.position = {h: i for i, h in enumerate(hashes)}
         self.at = at
         self.expects = expects  # the engine must store a block for it (it held none)
         self.end = 0  # where its chain's last mapped engine block ends (tokens)
@@ -146,6 +145,7 @@ class KvEventTracker:
 
     __slots__ = (
         "_endpoints",
+        "_live",
         "approximate",
         "block_chars",
         "chars_per_token",
@@ -178,6 +178,9 @@ class KvEventTracker:
         self.max_pending = max_pending
         self.max_engine_blocks = max_engine_blocks
         self._endpoints: dict[int, _Endpoint] = {}
+        # Endpoints connected with an event since: the only ones :meth:`precise` may answer
+        # True for (a superset: staleness is judged there), so none means all approximate.
+        self._live: set[int] = set()
 
     # --- the router's side --------------------------------------------------------------
 
@@ -186,8 +189,8 @@ class KvEventTracker:
         if not hashes:
             return
         state = self._state(endpoint_id)
-        held = self.precise_index.match(hashes[:1], now, (endpoint_id,)).get(endpoint_id, 0)
-        state.pending.append(_Pending(tuple(hashes), now, expects=held == 0))
+        held = self.precise_index.holds(endpoint_id, hashes[0], now)
+        state.pending.append(_Pending(tuple(hashes), now, expects=not held))
 
     def precise(self, endpoint_id: int, now: float) -> bool:
         """Whether the endpoint's events are live (see the module docstring)."""
@@ -224,6 +227,8 @@ class KvEventTracker:
         ``self.approximate.match`` (for an index that is its own approximate one)."""
         if approximate is None and self.approximate is not None:
             approximate = self.approximate.match
+        if not self._live:  # no endpoint's events flow (the usual case): all approximate
+            return {} if approximate is None else approximate(hashes, now, endpoint_ids)
         precise: list[int] = []
         guessed: list[int] = []
         for endpoint_id in endpoint_ids:
@@ -247,12 +252,14 @@ class KvEventTracker:
         state.connected = connected
         if not connected:
             state.last_event = None
+            self._live.discard(endpoint_id)
 
     def apply(self, endpoint_id: int, batch: KvEventBatch, now: float) -> None:
         """One message of the endpoint's events."""
         state = self._state(endpoint_id)
         state.last_event = now
         state.connected = True
+        self._live.add(endpoint_id)
         state.stale = False
         for event in batch.events:
             if isinstance(event, BlockStored):
@@ -279,6 +286,7 @@ class KvEventTracker:
 
     def forget(self, endpoint_id: int) -> None:
         self._endpoints.pop(endpoint_id, None)
+        self._live.discard(endpoint_id)
         self.precise_index.forget(endpoint_id)
 
     def retain(self, endpoint_ids: Iterable[int]) -> None:
@@ -324,7 +332,9 @@ class KvEventTracker:
         for prompt in state.pending:
             if prompt is owner:
                 continue
-            if prompt.position.get(shared) == least - 1 or (
+            # Chained hashes are unique within a prompt: holding ``shared`` at its place is
+            # holding it at all (no per-prompt position map: a dispatch builds nothing).
+            if (len(prompt.hashes) >= least and prompt.hashes[least - 1] == shared) or (
                 from_start and self._fresh(endpoint_id, prompt, now)
             ):
                 return prompt, True
