@@ -5,18 +5,25 @@
 
 - the ``prefix`` stage (:class:`~runtime.gateway.pipeline.stages.prefix.PrefixBlocks`) on a
   request context as the pipeline builds it, for a pool with ``prefix_routing: off`` (the
-  early return) and with it on (the default): a three-message chat prompt of 4,000
-  characters, 15 blocks hashed;
-- the placer's share of one placement (:class:`~runtime.routing.prefix_placer.PrefixPlacer`:
+  early return) and with it on (the default), its request-end release included;
+- the placer's share of one placement (:class:`~runtime.routing.prefix_placer.PrefixPlacer`
+  over the router's :class:`~runtime.routing.kv_index.EventedPrefixIndex`, no KV events:
   match over ``endpoints`` endpoints, the sticky rule, the record at dispatch, and the
-  ``prefix_started`` release), with the index warm (the prompt's blocks held by one
-  endpoint, so the rule sticks);
-- the ``prefix_started`` stage.
+  ``prefix_started`` release);
+- the ``prefix_started`` stage;
+
+for two prompts: **long**, a three-message chat prompt of 4,000 characters (15 blocks), the
+same for every request, with the index warm (its blocks held by one endpoint, so the rule
+sticks); **short**, the latency scenario's (``bench/scenarios/latency.toml``: unique prompts,
+median ~67 tokens): one user message of 270 characters (one block), a different one per
+request, so nothing matches and the rule routes by load.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import gc
 import time
 from collections.abc import Sequence
 from typing import cast
@@ -28,7 +35,9 @@ from runtime.admission.redis_limits import RedisLimits
 from runtime.gateway.bundles import AdmissionDeps, PriceHolder
 from runtime.gateway.pipeline.context import RequestContext
 from runtime.gateway.pipeline.stages.prefix import PrefixBlocks, PrefixStarted
+from runtime.routing.kv_index import EventedPrefixIndex
 from runtime.routing.prefix import PromptPrefix
+from runtime.routing.prefix_placer import PrefixPlacer
 from runtime.routing.table import RoutingTable
 from runtime.scheduling.pools import Dispatchers
 from runtime.snapshot import Snapshot
@@ -58,27 +67,63 @@ def _context(snapshot: Snapshot, body: bytes) -> RequestContext:
     return chat_context(snapshot, body, model=MODEL, prompt_tokens=1000)
 
 
-def measure(iterations: int, endpoints: int = 4) -> dict[str, float]:
+def release_us(contexts: Sequence[RequestContext]) -> float:
+    """CPU microseconds per request of the releases the stage registered (the pipeline runs
+    them at the request's end), the loop's own cost included."""
+
+    async def run() -> float:
+        gc.collect()
+        gc.disable()  # as cpu_us_per_call: the contexts built for the run are not ours
+        try:
+            start = time.process_time()
+            for ctx in contexts:
+                await ctx.exits.aclose()
+            return (time.process_time() - start) / len(contexts) * 1e6
+        finally:
+            gc.enable()
+
+    return asyncio.run(run())
+
+
+def short_bodies(count: int, chars: int = 270) -> list[bytes]:
+    """``count`` unique one-message chat bodies of ``chars`` characters (the latency scenario's
+    unique prompt: its index, then filler, as :func:`bench.workload.prompt_text`)."""
+    out = []
+    for n in range(count):
+        text = (f"r{n} " + "lorem ipsum dolor sit amet " * (chars // 27 + 1))[:chars]
+        messages = [{"role": "user", "content": text}]
+        out.append(msgspec.json.encode({"model": MODEL, "messages": messages, "stream": True}))
+    return out
+
+
+def measure(iterations: int, endpoints: int = 4, *, short: bool = False) -> dict[str, float]:
     table = RoutingTable()
     fleet = HandFleet()
     admission = AdmissionDeps(
         limits=cast(RedisLimits, None),  # the stages never read the tenant limits
         dispatchers=Dispatchers(placement_for=lambda pool: fleet, tick_s=0.05), table=table,
         prices=PriceHolder(), metrics=RouterMetrics(), default_band=1,
+        prefix=PrefixPlacer(index=EventedPrefixIndex()),  # as the router builds it
     )  # fmt: skip
     blocks, started = PrefixBlocks(admission), PrefixStarted(admission)
-    body = msgspec.json.encode({"model": MODEL, "messages": MESSAGES, "stream": True})
+    if short:
+        bodies = short_bodies(iterations)
+    else:
+        body = msgspec.json.encode({"model": MODEL, "messages": MESSAGES, "stream": True})
+        bodies = [body] * iterations
     off, on = _snapshot({"prefix_routing": "off"}), _snapshot({})
-    off_us = cpu_us_per_call(blocks, [_context(off, body) for _ in range(iterations)])
-    planned = [_context(on, body) for _ in range(iterations)]
+    unplanned = [_context(off, b) for b in bodies]
+    off_us = cpu_us_per_call(blocks, unplanned)
+    planned = [_context(on, b) for b in bodies]
     on_us = cpu_us_per_call(blocks, planned)
     prefixes = [ctx.ready_plan.prefix for ctx in planned]
     assert all(isinstance(p, PromptPrefix) for p in prefixes)
     placer = admission.prefix
     eps = [endpoint_snap(i, capacity=8) for i in range(1, endpoints + 1)]
     first = cast(PromptPrefix, prefixes[0])
-    placer.sent(1, first, placer.match(first, eps))
-    placer.started(first)
+    if not short:  # warm: one endpoint holds the prompt, so the rule sticks
+        placer.sent(1, first, placer.match(first, eps))
+        placer.started(first)
     start = time.process_time()
     stuck = 0
     for prefix in prefixes:
@@ -89,11 +134,13 @@ def measure(iterations: int, endpoints: int = 4) -> dict[str, float]:
         placer.sent(chosen.id, prefix, match)
         placer.started(prefix)
     place_us = (time.process_time() - start) / iterations * 1e6
-    if stuck != iterations:
+    if stuck != (0 if short else iterations):
         raise AssertionError(f"the rule stuck {stuck} of {iterations} times")
     started_us = cpu_us_per_call(started, planned)
     return {"stage_off_us": off_us, "stage_on_us": on_us, "placer_us": place_us,
-            "started_us": started_us, "blocks": float(len(first.hashes))}  # fmt: skip
+            "started_us": started_us, "release_us": release_us(planned),
+            "release_off_us": release_us(unplanned),
+            "blocks": float(len(first.hashes))}  # fmt: skip
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -101,13 +148,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--iterations", type=int, default=5_000)
     parser.add_argument("--endpoints", type=int, default=4)
     args = parser.parse_args(argv)
-    m = measure(args.iterations, args.endpoints)
-    print(f"prefix routing, 4,000-character chat prompt ({m['blocks']:.0f} blocks), "
-          f"{args.endpoints} endpoints (CPU per request)")  # fmt: skip
-    print(f"prefix stage, pool policy off:     {m['stage_off_us']:8.2f} us")
-    print(f"prefix stage, on (hash the prompt): {m['stage_on_us']:7.2f} us")
-    print(f"placer: match, rule, record, done:  {m['placer_us']:7.2f} us")
-    print(f"prefix_started stage:               {m['started_us']:7.2f} us")
+    for short in (False, True):
+        m = measure(args.iterations, args.endpoints, short=short)
+        what = "270-character unique prompt" if short else "4,000-character chat prompt"
+        print(f"prefix routing, {what} ({m['blocks']:.0f} blocks), "
+              f"{args.endpoints} endpoints (CPU per request)")  # fmt: skip
+        print(f"  prefix stage, pool policy off:      {m['stage_off_us']:7.2f} us")
+        print(f"  prefix stage, on (hash the prompt): {m['stage_on_us']:7.2f} us")
+        print(f"  placer: match, rule, record, done:  {m['placer_us']:7.2f} us")
+        print(f"  prefix_started stage:               {m['started_us']:7.2f} us")
+        print(
+            f"  request-end releases, on (off):     {m['release_us']:7.2f} us"
+            f" ({m['release_off_us']:.2f} us)"
+        )
 
 
 if __name__ == "__main__":
