@@ -206,6 +206,11 @@ class KvEventTracker:
                 break
         return True
 
+    def any_live(self) -> bool:
+        """Whether some endpoint may be precise (connected, with an event since): when none is,
+        :meth:`match` is the approximate index's answer."""
+        return bool(self._live)
+
     def capacity(self, endpoint_id: int) -> int | None:
         """The endpoint's engine's KV capacity in router blocks, once an eviction revealed it."""
         state = self._endpoints.get(endpoint_id)

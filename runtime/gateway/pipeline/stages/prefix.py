@@ -10,7 +10,9 @@ until that endpoint is saturated (the sticky rule, with the parameters the pool'
 set: ``prefix_stickiness`` and the other :data:`~runtime.routing.sticky.STICKY_POLICY_KEYS`,
 carried as ``PromptPrefix.rule``), and learns where the prefix went
 (:mod:`runtime.routing.prefix_placer`). A request without full blocks (a prompt shorter than
-one block), an embedding or a batch of completion prompts carries none.
+one block), an embedding or a batch of completion prompts carries none; a prompt shorter than
+one block is told by its length before anything is rendered or hashed. The pool's switch and
+rule are read once per snapshot and version, not per request.
 
 ``prefix_started`` (after ``dispatch``): the upstream answered (its first byte), so the
 request's prefill no longer counts as queued at its endpoint; the request's end does the
