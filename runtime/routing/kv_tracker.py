@@ -9,7 +9,9 @@ cannot be computed from each other, so the mapping is **learned at dispatch**:
    endpoint; the prompt waits there as *pending* (bounded FIFO), even when the endpoint is known
    to hold all its router blocks: the engine's blocks are finer (16 tokens against 64), so it
    still stores the blocks of the prompt's last, partial router block, and a conversation's next
-   turn continues them.
+   turn continues them. Only for an endpoint whose events are subscribed to
+   (:meth:`KvEventTracker.watch`, told by the subscribers at each snapshot): a dispatch to any
+   other keeps nothing, as no event will ever claim it.
 2. A ``BlockStored`` event continues a chain: from the prompt's start (``parent`` ``None``) or
    from a block already mapped. A chain from the start is attributed to the oldest pending
    prompt whose first router block the engine is not already known to hold (it would not store
@@ -146,6 +148,7 @@ class KvEventTracker:
     __slots__ = (
         "_endpoints",
         "_live",
+        "_watched",
         "approximate",
         "block_chars",
         "chars_per_token",
@@ -181,16 +184,25 @@ class KvEventTracker:
         # Endpoints connected with an event since: the only ones :meth:`precise` may answer
         # True for (a superset: staleness is judged there), so none means all approximate.
         self._live: set[int] = set()
+        # Endpoints whose events are subscribed to (:meth:`watch`); None: any (not told).
+        self._watched: set[int] | None = None
 
     # --- the router's side --------------------------------------------------------------
 
     def note_dispatch(self, endpoint_id: int, hashes: Sequence[int], now: float) -> None:
-        """The router sent a prompt with these router block hashes to the endpoint."""
-        if not hashes:
+        """The router sent a prompt with these router block hashes to the endpoint (nothing is
+        kept for an endpoint whose events nobody subscribes to: :meth:`watch`)."""
+        if not hashes or (self._watched is not None and endpoint_id not in self._watched):
             return
         state = self._state(endpoint_id)
         held = self.precise_index.holds(endpoint_id, hashes[0], now)
         state.pending.append(_Pending(tuple(hashes), now, expects=not held))
+
+    def watch(self, endpoint_ids: Iterable[int]) -> None:
+        """The endpoints whose events are subscribed to (the subscribers' :meth:`~runtime.
+        routing.kv_subscriber.KvEventSubscribers.sync`): a dispatch to any other keeps no
+        pending prompt, since no event can ever claim it. Until told, every endpoint is."""
+        self._watched = set(endpoint_ids)
 
     def precise(self, endpoint_id: int, now: float) -> bool:
         """Whether the endpoint's events are live (see the module docstring)."""

@@ -16,6 +16,7 @@ from runtime.gateway.bundles import AdmissionDeps, PriceHolder
 from runtime.gateway.pipeline.stages.prefix import PrefixBlocks, prompt_prefix
 from runtime.gateway.schema import ChatRequest
 from runtime.routing.kv_index import EventedPrefixIndex
+from runtime.routing.kv_subscriber import KvEventSubscribers
 from runtime.routing.kv_tracker import KvEventTracker
 from runtime.routing.prefix import (
     DEFAULT_BLOCK_CHARS,
@@ -169,3 +170,22 @@ async def test_the_stage_reads_a_pools_switch_and_rule_once_per_snapshot() -> No
     ctx = _context(off, body)
     await stage(ctx)
     assert ctx.ready_plan.prefix is None
+
+
+@pytest.mark.asyncio
+async def test_a_dispatch_to_an_endpoint_without_subscribed_events_keeps_nothing_pending() -> None:
+    tracker = KvEventTracker()
+    prompt = block_hashes("s" * 1000)
+    tracker.note_dispatch(1, prompt, 0.0)  # not told which are watched: every endpoint is
+    assert tracker.sizes() == {1: (0, 1)}
+    subscribers = KvEventSubscribers(tracker)
+    try:
+        subscribers.sync({2: "tcp://127.0.0.1:9", 3: ""})  # 2 only (3 publishes none)
+        tracker.note_dispatch(1, prompt, 0.1)
+        tracker.note_dispatch(3, prompt, 0.1)
+        tracker.note_dispatch(2, prompt, 0.1)
+        assert tracker.sizes()[2] == (0, 1)
+        assert 3 not in tracker.sizes()
+        assert tracker.sizes()[1] == (0, 1)  # the one from before, nothing new
+    finally:
+        await subscribers.close()
