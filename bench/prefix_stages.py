@@ -1,7 +1,7 @@
 """CPU per request of prefix-aware routing as the router runs it.
 
-``python -m bench.prefix_stages [--iterations 5000] [--endpoints 4]`` times, with
-``time.process_time``:
+``python -m bench.prefix_stages [--iterations 5000] [--endpoints 4] [--dispatch 20000]`` times,
+with ``time.process_time``:
 
 - the ``prefix`` stage (:class:`~runtime.gateway.pipeline.stages.prefix.PrefixBlocks`) on a
   request context as the pipeline builds it, for a pool with ``prefix_routing: off`` (the
@@ -17,6 +17,12 @@ same for every request, with the index warm (its blocks held by one endpoint, so
 sticks); **short**, the latency scenario's (``bench/scenarios/latency.toml``: unique prompts,
 median ~67 tokens): one user message of 270 characters (one block), a different one per
 request, so nothing matches and the rule routes by load.
+
+``--dispatch N`` also times the dispatcher's fast path over the router's placement (as
+``bench.placement_micro``: ``PoolDispatcher`` over ``FleetPlacement``, 2 endpoints of 64 slots,
+32 in flight) with the router's placer, for ``N`` tickets without a prefix and ``N`` with a
+unique one-block prefix each (its ``prefix_started`` release included): the placement's share
+of prefix routing as the request path runs it, best of three.
 """
 
 from __future__ import annotations
@@ -35,15 +41,24 @@ from runtime.admission.redis_limits import RedisLimits
 from runtime.gateway.bundles import AdmissionDeps, PriceHolder
 from runtime.gateway.pipeline.context import RequestContext
 from runtime.gateway.pipeline.stages.prefix import PrefixBlocks, PrefixStarted
+from runtime.routing.inflight import InFlight
 from runtime.routing.kv_index import EventedPrefixIndex
-from runtime.routing.prefix import PromptPrefix
+from runtime.routing.prefix import PromptPrefix, block_hashes, estimate_tokens, render_chat
 from runtime.routing.prefix_placer import PrefixPlacer
+from runtime.routing.signals import FleetSignals
 from runtime.routing.table import RoutingTable
+from runtime.scheduling.dispatcher import PoolDispatcher
+from runtime.scheduling.grant import Grant, Ticket
+from runtime.scheduling.placement import FleetPlacement
 from runtime.scheduling.pools import Dispatchers
+from runtime.scheduling.settings import PoolSettings
 from runtime.snapshot import Snapshot
 from runtime.telemetry.metrics import RouterMetrics
 from runtime.testing.fleet import HandFleet
 from runtime.testing.snapshots import SnapshotBuilder, endpoint_snap
+from runtime.upstream.breaker import BreakerBook
+from runtime.upstream.client import UpstreamClient
+from runtime.upstream.health import HealthMonitor
 
 MODEL = "tiny"
 MESSAGES = [
@@ -143,10 +158,71 @@ def measure(iterations: int, endpoints: int = 4, *, short: bool = False) -> dict
             "blocks": float(len(first.hashes))}  # fmt: skip
 
 
+async def dispatch_us(requests: int, *, prefix: bool, window: int = 32) -> float:
+    """CPU µs per acquire + release (best of 3) of tickets with a unique one-block prefix
+    each, or none (see the module docstring)."""
+    loop = asyncio.get_running_loop()
+    builder = SnapshotBuilder().add_model("m", 1)
+    for endpoint_id in (1, 2):
+        builder.add_endpoint(endpoint_id, 1, pool="p", capacity=64)
+    snapshot = builder.snapshot()
+    health = HealthMonitor(UpstreamClient())
+    health.set_endpoints(snapshot.endpoints.values())
+    inflight = InFlight()
+    placer = PrefixPlacer(index=EventedPrefixIndex())
+    placement = FleetPlacement(
+        "p", snapshot=lambda: snapshot, table=RoutingTable(), health=health, inflight=inflight,
+        signals=FleetSignals(breakers=BreakerBook(), health=health, inflight=inflight),
+        clock=loop.time, on_slot=lambda endpoint_id, delta: None, prefix=placer,
+    )  # fmt: skip
+    dispatcher = PoolDispatcher("p", PoolSettings(), placement, clock=loop.time)
+    dispatcher.start()
+    best = float("inf")
+    try:
+        for repeat in range(3):
+            tickets = [
+                Ticket(tenant=f"t{i % 4}", version=1, input_tokens=10, max_output_tokens=10,
+                       band=0, class_name="standard", shed_order=0, weight=1.0,
+                       deadline=loop.time() + 3600,
+                       prefix=_unique_prefix(f"{repeat}-{i}") if prefix else None)
+                for i in range(requests)
+            ]  # fmt: skip
+            start = time.process_time()
+            held: list[Grant] = []
+            for ticket in tickets:
+                held.append(await dispatcher.acquire(ticket))
+                if len(held) > window:
+                    _release_grant(held.pop(0), placer)
+            for grant in held:
+                _release_grant(grant, placer)
+            best = min(best, time.process_time() - start)
+    finally:
+        await dispatcher.stop()
+    return best / requests * 1e6
+
+
+def _unique_prefix(name: str) -> PromptPrefix:
+    text = render_chat([("user", (f"r{name} " + "lorem ipsum dolor sit amet " * 11)[:270])])
+    return PromptPrefix(hashes=block_hashes(text), prompt_tokens=estimate_tokens(text))
+
+
+def _release_grant(grant: Grant, placer: PrefixPlacer) -> None:
+    if grant.ticket.prefix is not None:
+        placer.started(grant.ticket.prefix)  # the prefix_started stage
+    grant.release()
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--iterations", type=int, default=5_000)
     parser.add_argument("--endpoints", type=int, default=4)
+    parser.add_argument(
+        "--dispatch",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also time the dispatcher's fast path, N tickets (0: not)",
+    )
     args = parser.parse_args(argv)
     for short in (False, True):
         m = measure(args.iterations, args.endpoints, short=short)
