@@ -10,7 +10,9 @@ PrefixIndex` (it learns from every dispatch, so falling back is warm) and owns a
   engine's coming ``BlockStored`` events onto these blocks;
 - :meth:`match` answers each endpoint whose events are live from the tracker's precise index
   (the larger of it and this index, bounded to the engine's capacity, once the events revealed
-  it), and every other endpoint (no events announced, or events stopped) from this index.
+  it), and every other endpoint (no events announced, or events stopped) from this index;
+  while no endpoint's events are live (:meth:`KvEventTracker.any_live`), it is this index's
+  match, with nothing built to ask the tracker.
 """
 
 from __future__ import annotations
@@ -48,5 +50,7 @@ class EventedPrefixIndex(PrefixIndex):
     def match(
         self, hashes: Sequence[int], now: float, endpoint_ids: Iterable[int] | None = None
     ) -> dict[int, int]:
+        if not self.tracker.any_live():  # no events flow anywhere: this index answers alone
+            return super().match(hashes, now, endpoint_ids)
         ids = list(self.sizes()) if endpoint_ids is None else list(endpoint_ids)
         return self.tracker.match(hashes, now, ids, super().match)

@@ -81,6 +81,7 @@ class KvEventSubscribers:
     def sync(self, endpoints: Mapping[int, str]) -> None:
         """Subscribe to exactly these endpoints (id -> ZeroMQ address; empty: none)."""
         wanted = {endpoint_id: url for endpoint_id, url in endpoints.items() if url}
+        self.tracker.watch(wanted)  # dispatches elsewhere leave nothing pending
         for endpoint_id, (url, task) in list(self._tasks.items()):
             if wanted.get(endpoint_id) != url:
                 task.cancel()

@@ -9,7 +9,9 @@ cannot be computed from each other, so the mapping is **learned at dispatch**:
    endpoint; the prompt waits there as *pending* (bounded FIFO), even when the endpoint is known
    to hold all its router blocks: the engine's blocks are finer (16 tokens against 64), so it
    still stores the blocks of the prompt's last, partial router block, and a conversation's next
-   turn continues them.
+   turn continues them. Only for an endpoint whose events are subscribed to
+   (:meth:`KvEventTracker.watch`, told by the subscribers at each snapshot): a dispatch to any
+   other keeps nothing, as no event will ever claim it.
 2. A ``BlockStored`` event continues a chain: from the prompt's start (``parent`` ``None``) or
    from a block already mapped. A chain from the start is attributed to the oldest pending
    prompt whose first router block the engine is not already known to hold (it would not store
@@ -89,17 +91,16 @@ DEFAULT_STALE_S: Final = 10.0
 DEFAULT_MAX_PENDING: Final = 256
 DEFAULT_MAX_ENGINE_BLOCKS: Final = 16_384
 
-Matcher = Callable[[Sequence[int], float, list[int]], dict[int, int]]
+Matcher = Callable[[Sequence[int], float, Iterable[int]], dict[int, int]]
 
 
 class _Pending:
     """A prompt sent to the endpoint whose blocks the engine has not all reported yet."""
 
-    __slots__ = ("at", "end", "expects", "hashes", "position")
+    __slots__ = ("at", "end", "expects", "hashes")
 
     def __init__(self, hashes: tuple[int, ...], at: float, *, expects: bool) -> None:
         self.hashes = hashes
-        self.position = {h: i for i, h in enumerate(hashes)}
         self.at = at
         self.expects = expects  # the engine must store a block for it (it held none)
         self.end = 0  # where its chain's last mapped engine block ends (tokens)
@@ -146,6 +147,8 @@ class KvEventTracker:
 
     __slots__ = (
         "_endpoints",
+        "_live",
+        "_watched",
         "approximate",
         "block_chars",
         "chars_per_token",
@@ -178,16 +181,28 @@ class KvEventTracker:
         self.max_pending = max_pending
         self.max_engine_blocks = max_engine_blocks
         self._endpoints: dict[int, _Endpoint] = {}
+        # Endpoints connected with an event since: the only ones :meth:`precise` may answer
+        # True for (a superset: staleness is judged there), so none means all approximate.
+        self._live: set[int] = set()
+        # Endpoints whose events are subscribed to (:meth:`watch`); None: any (not told).
+        self._watched: set[int] | None = None
 
     # --- the router's side --------------------------------------------------------------
 
     def note_dispatch(self, endpoint_id: int, hashes: Sequence[int], now: float) -> None:
-        """The router sent a prompt with these router block hashes to the endpoint."""
-        if not hashes:
+        """The router sent a prompt with these router block hashes to the endpoint (nothing is
+        kept for an endpoint whose events nobody subscribes to: :meth:`watch`)."""
+        if not hashes or (self._watched is not None and endpoint_id not in self._watched):
             return
         state = self._state(endpoint_id)
-        held = self.precise_index.match(hashes[:1], now, (endpoint_id,)).get(endpoint_id, 0)
-        state.pending.append(_Pending(tuple(hashes), now, expects=held == 0))
+        held = self.precise_index.holds(endpoint_id, hashes[0], now)
+        state.pending.append(_Pending(tuple(hashes), now, expects=not held))
+
+    def watch(self, endpoint_ids: Iterable[int]) -> None:
+        """The endpoints whose events are subscribed to (the subscribers' :meth:`~runtime.
+        routing.kv_subscriber.KvEventSubscribers.sync`): a dispatch to any other keeps no
+        pending prompt, since no event can ever claim it. Until told, every endpoint is."""
+        self._watched = set(endpoint_ids)
 
     def precise(self, endpoint_id: int, now: float) -> bool:
         """Whether the endpoint's events are live (see the module docstring)."""
@@ -202,6 +217,11 @@ class KvEventTracker:
                     return False
                 break
         return True
+
+    def any_live(self) -> bool:
+        """Whether some endpoint may be precise (connected, with an event since): when none is,
+        :meth:`match` is the approximate index's answer."""
+        return bool(self._live)
 
     def capacity(self, endpoint_id: int) -> int | None:
         """The endpoint's engine's KV capacity in router blocks, once an eviction revealed it."""
@@ -224,6 +244,8 @@ class KvEventTracker:
         ``self.approximate.match`` (for an index that is its own approximate one)."""
         if approximate is None and self.approximate is not None:
             approximate = self.approximate.match
+        if not self._live:  # no endpoint's events flow (the usual case): all approximate
+            return {} if approximate is None else approximate(hashes, now, endpoint_ids)
         precise: list[int] = []
         guessed: list[int] = []
         for endpoint_id in endpoint_ids:
@@ -247,12 +269,14 @@ class KvEventTracker:
         state.connected = connected
         if not connected:
             state.last_event = None
+            self._live.discard(endpoint_id)
 
     def apply(self, endpoint_id: int, batch: KvEventBatch, now: float) -> None:
         """One message of the endpoint's events."""
         state = self._state(endpoint_id)
         state.last_event = now
         state.connected = True
+        self._live.add(endpoint_id)
         state.stale = False
         for event in batch.events:
             if isinstance(event, BlockStored):
@@ -279,6 +303,7 @@ class KvEventTracker:
 
     def forget(self, endpoint_id: int) -> None:
         self._endpoints.pop(endpoint_id, None)
+        self._live.discard(endpoint_id)
         self.precise_index.forget(endpoint_id)
 
     def retain(self, endpoint_ids: Iterable[int]) -> None:
@@ -324,7 +349,9 @@ class KvEventTracker:
         for prompt in state.pending:
             if prompt is owner:
                 continue
-            if prompt.position.get(shared) == least - 1 or (
+            # Chained hashes are unique within a prompt: holding ``shared`` at its place is
+            # holding it at all (no per-prompt position map: a dispatch builds nothing).
+            if (len(prompt.hashes) >= least and prompt.hashes[least - 1] == shared) or (
                 from_start and self._fresh(endpoint_id, prompt, now)
             ):
                 return prompt, True

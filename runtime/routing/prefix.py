@@ -42,6 +42,12 @@ def render_chat(messages: Sequence[tuple[str, str]]) -> str:
     return "".join(f"{role}{_UNIT}{content}{_RECORD}" for role, content in messages)
 
 
+def rendered_length(messages: Sequence[tuple[str, str]]) -> int:
+    """``len(render_chat(messages))`` without rendering: a prompt shorter than one block has
+    no full block, which this tells before anything is built."""
+    return sum(len(role) + len(content) + 2 for role, content in messages)
+
+
 def estimate_tokens(rendered: str) -> int:
     """A rendered prompt's tokens by the rule of thumb (``CHARS_PER_TOKEN``), rounded up: the
     unit of :meth:`PrefixMatch.cached_tokens`, so cached and uncached estimates agree."""

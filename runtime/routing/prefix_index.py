@@ -102,14 +102,18 @@ class PrefixIndex:
         if not hashes:
             return found
         oldest = now - self.ttl_seconds
+        first = hashes[0]
         ids = self._endpoints.keys() if endpoint_ids is None else endpoint_ids
         for endpoint_id in ids:
             blocks = self._endpoints.get(endpoint_id)
             if not blocks:
                 continue
+            seen = blocks.get(first)
+            if seen is None or seen < oldest:
+                continue  # not even the first block (a prompt no one sent): one lookup
             # Held blocks are prefix-closed (see the class docstring): binary search for the
             # longest held prefix, O(log blocks) lookups per endpoint.
-            low, high = 0, len(hashes)
+            low, high = 1, len(hashes)
             while low < high:
                 middle = (low + high + 1) // 2
                 seen = blocks.get(hashes[middle - 1])
@@ -117,9 +121,16 @@ class PrefixIndex:
                     low = middle
                 else:
                     high = middle - 1
-            if low:
-                found[endpoint_id] = low
+            found[endpoint_id] = low
         return found
+
+    def holds(self, endpoint_id: int, block_hash: int, now: float) -> bool:
+        """Whether the endpoint holds this block (not expired): :meth:`match` of one block."""
+        blocks = self._endpoints.get(endpoint_id)
+        if not blocks:
+            return False
+        seen = blocks.get(block_hash)
+        return seen is not None and seen >= now - self.ttl_seconds
 
     def forget(self, endpoint_id: int) -> None:
         """Drop everything known about one endpoint (it restarted, or left)."""

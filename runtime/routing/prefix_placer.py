@@ -147,7 +147,8 @@ class PrefixPlacer:
 
     def sent(self, endpoint_id: int, prefix: PromptPrefix, match: PrefixMatch) -> None:
         """The request goes to ``endpoint_id``: learn its blocks there, queue its prefill."""
-        self.started(prefix)  # a retry moves it
+        if prefix in self._where or prefix in self._asked:
+            self.started(prefix)  # a retry moves it
         self.index.record(endpoint_id, prefix.hashes, self._clock())
         uncached = prefix.uncached_tokens(match.matched.get(endpoint_id, 0))
         if uncached > 0 and prefix.queues:

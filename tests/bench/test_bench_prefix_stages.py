@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
-from bench.prefix_stages import main, measure
+from bench.prefix_stages import dispatch_us, main, measure, measure_all
 
 pytestmark = pytest.mark.unit
 
@@ -18,3 +20,17 @@ def test_the_prefix_bench_measures_the_stages_and_the_placer(
     assert all(value >= 0 for value in figures.values())
     main(["--iterations", "20", "--endpoints", "2"])
     assert "prefix stage, pool policy off" in capsys.readouterr().out
+
+
+def test_the_prefix_bench_measures_a_short_unique_prompt_and_the_dispatch_path(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    figures = measure_all(iterations=50, short=True)
+    assert figures["blocks"] == 1  # the latency scenario's prompt: one block, matching nothing
+    assert figures["release_us"] >= 0
+    assert figures["release_off_us"] >= 0
+    assert asyncio.run(dispatch_us(40, prefix=True)) > 0
+    main(["--iterations", "20", "--endpoints", "2", "--dispatch", "40"])
+    out = capsys.readouterr().out
+    assert "270-character unique prompt (1 blocks)" in out
+    assert "a unique one-block prefix" in out

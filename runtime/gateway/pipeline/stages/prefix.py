@@ -10,7 +10,9 @@ until that endpoint is saturated (the sticky rule, with the parameters the pool'
 set: ``prefix_stickiness`` and the other :data:`~runtime.routing.sticky.STICKY_POLICY_KEYS`,
 carried as ``PromptPrefix.rule``), and learns where the prefix went
 (:mod:`runtime.routing.prefix_placer`). A request without full blocks (a prompt shorter than
-one block), an embedding or a batch of completion prompts carries none.
+one block), an embedding or a batch of completion prompts carries none; a prompt shorter than
+one block is told by its length before anything is rendered or hashed. The pool's switch and
+rule are read once per snapshot and version, not per request.
 
 ``prefix_started`` (after ``dispatch``): the upstream answered (its first byte), so the
 request's prefill no longer counts as queued at its endpoint; the request's end does the
@@ -21,15 +23,23 @@ as queued at all (``PromptPrefix.queues``): its first byte is its whole answer.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from functools import partial
 from typing import Any, Final
 
 from runtime.gateway.bundles import AdmissionDeps
 from runtime.gateway.pipeline.context import RequestContext
 from runtime.gateway.schema import ChatRequest, CompletionRequest
 from runtime.pool_policies import PREFIX_ROUTING_KEY
-from runtime.routing.prefix import PromptPrefix, block_hashes, estimate_tokens, render_chat
+from runtime.routing.prefix import (
+    DEFAULT_BLOCK_CHARS,
+    PromptPrefix,
+    block_hashes,
+    estimate_tokens,
+    render_chat,
+    rendered_length,
+)
 from runtime.routing.sticky import STICKY_POLICY_KEYS, StickyRule
-from runtime.snapshot import VersionSnap, adapter_name
+from runtime.snapshot import Snapshot, VersionSnap, adapter_name
 
 LLM_KINDS: Final = frozenset({"chat", "completion"})
 
@@ -39,8 +49,9 @@ def prefix_routing_on(policies: Mapping[str, str]) -> bool:
     return policies.get(PREFIX_ROUTING_KEY, "on").strip() != "off"
 
 
-def rendered_prompt(request: object, version: VersionSnap) -> str | None:
-    """The prompt as the router hashes it, or None when it has no single prompt."""
+def _messages(request: object, version: VersionSnap) -> list[tuple[str, str]] | None:
+    """The prompt's ``(role, content)`` pairs as the router renders them, or None when it has
+    no single prompt."""
     if isinstance(request, ChatRequest):
         messages = [(m.role, m.text()) for m in request.messages]
     elif isinstance(request, CompletionRequest) and isinstance(request.prompt, str):
@@ -49,7 +60,13 @@ def rendered_prompt(request: object, version: VersionSnap) -> str | None:
         return None
     if version.base_version is not None:
         messages.insert(0, ("adapter", adapter_name(version)))
-    return render_chat(messages)
+    return messages
+
+
+def rendered_prompt(request: object, version: VersionSnap) -> str | None:
+    """The prompt as the router hashes it, or None when it has no single prompt."""
+    messages = _messages(request, version)
+    return None if messages is None else render_chat(messages)
 
 
 def prompt_prefix(
@@ -61,13 +78,15 @@ def prompt_prefix(
     4 characters a token), the unit the index's cached tokens are in, not taken from the plan:
     without the model's tokenizer the plan's count is an upper bound of one token a byte (4x
     too many for English text), which made every uncached prefill look four times longer than
-    the prefix it saves and released conversations from their engine at light load."""
-    rendered = rendered_prompt(request, version)
-    if rendered is None:
+    the prefix it saves and released conversations from their engine at light load.
+
+    A prompt whose rendering is shorter than one block is known to have none before it is
+    rendered (:func:`~runtime.routing.prefix.rendered_length`): nothing is built for it."""
+    messages = _messages(request, version)
+    if messages is None or rendered_length(messages) < DEFAULT_BLOCK_CHARS:
         return None
+    rendered = render_chat(messages)
     hashes = block_hashes(rendered)
-    if not hashes:
-        return None
     return PromptPrefix(
         hashes=hashes, prompt_tokens=estimate_tokens(rendered), rule=rule, queues=stream
     )
@@ -95,27 +114,46 @@ class PoolRules:
 
 
 class PrefixBlocks:
+    """The ``prefix`` stage. A pool's switch and sticky rule are read once per snapshot and
+    version (:meth:`_pool`), not per request; the request's end releases its queued prefill
+    through a ``partial`` of the placer's :meth:`~runtime.routing.prefix_placer.PrefixPlacer.
+    started` (no closure per request)."""
+
     name = "prefix"
 
     def __init__(self, deps: AdmissionDeps) -> None:
         self._deps = deps
         self._rules = PoolRules()
+        self._snapshot: object = None  # the snapshot ``_pools`` was read from
+        self._pools: dict[int, tuple[bool, StickyRule | None]] = {}  # version id -> (on, rule)
+
+    def _pool(self, snapshot: Snapshot, version_id: int) -> tuple[bool, StickyRule | None]:
+        """Whether the version's pool routes by prefix, and its sticky rule (snapshots are
+        immutable: cached until the next one)."""
+        if snapshot is not self._snapshot:
+            self._snapshot = snapshot
+            self._pools = {}
+        found = self._pools.get(version_id)
+        if found is None:
+            policies = self._deps.table.policies(snapshot, version_id)
+            on = prefix_routing_on(policies)
+            found = self._pools[version_id] = (on, self._rules.rule(policies) if on else None)
+        return found
 
     async def __call__(self, ctx: RequestContext) -> None:
         plan = ctx.ready_plan
         version = plan.version
         if ctx.spec.kind not in LLM_KINDS or version.runtime == "torch" or ctx.request is None:
             return
-        policies = self._deps.table.policies(ctx.ready_snapshot, version.id)
-        if not prefix_routing_on(policies):
+        on, rule = self._pool(ctx.ready_snapshot, version.id)
+        if not on:
             return
         view: Any = ctx.request.request
-        prefix = prompt_prefix(view, version, self._rules.rule(policies), stream=plan.streaming)
+        prefix = prompt_prefix(view, version, rule, stream=plan.streaming)
         if prefix is None:
             return
         plan.prefix = prefix
-        placer = self._deps.prefix
-        ctx.hold("prefix", lambda: placer.started(prefix))
+        ctx.hold("prefix", partial(self._deps.prefix.started, prefix))
 
 
 class PrefixStarted:
