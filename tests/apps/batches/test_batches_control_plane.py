@@ -262,6 +262,28 @@ def test_a_passing_failure_retries_later_then_fails_the_line(tenant: Tenant) -> 
     assert (entry["response"]["status_code"], entry["error"]["code"]) == (429, "rate_limit")
 
 
+def test_a_retry_after_a_5xx_or_a_claim_in_progress_sends_a_fresh_idempotency_key(
+    tenant: Tenant,
+) -> None:
+    """A try the router answered 5xx is over: the retry does not wait on its claim."""
+    _create(Signed("acme"), jsonl(line("a")))
+    answers = [
+        (429, "rate_limit", 0),  # refused before it ran: the same key
+        (0, "router_unreachable", 0),  # no answer: the try may still run, the same key
+        (500, "internal_error", 1),
+        (409, "idempotency_key_in_progress", 2),
+        (503, "no_healthy_endpoint", 3),
+    ]
+    for status, code, epoch in answers:
+        BatchLine.objects.update(lease_expires_at=None)
+        (claimed,) = lines_claim(owner="w1", limit=10, lease_s=60)
+        executor._settle("w1", claimed, executor.Answer(status, {"error": {"code": code}}))
+        again = BatchLine.objects.get()
+        assert (again.state, again.idempotency_epoch) == ("pending", epoch), status
+        suffix = f"-line-{again.number}" + (f"-e{epoch}" if epoch else "")
+        assert executor.idempotency_key(again).endswith(suffix)
+
+
 def _scrape() -> dict[str, float]:
     from django.test import Client  # noqa: PLC0415
     from prometheus_client.parser import text_string_to_metric_families  # noqa: PLC0415
