@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from batch_support import Signed, jsonl, line, make_tenant
+from django.conf import settings as django_settings
 from django.utils import timezone
 
 from apps.batches import executor
@@ -282,6 +283,15 @@ def test_a_retry_after_a_5xx_or_a_claim_in_progress_sends_a_fresh_idempotency_ke
         assert (again.state, again.idempotency_epoch) == ("pending", epoch), status
         suffix = f"-line-{again.number}" + (f"-e{epoch}" if epoch else "")
         assert executor.idempotency_key(again).endswith(suffix)
+
+
+def test_a_batch_tick_still_queued_after_its_interval_expires() -> None:
+    """Beat's batch entries expire after their interval: a worker slower than the schedule
+    drops the stale ones instead of queueing them in front of every other periodic task."""
+    schedule = django_settings.CELERY_BEAT_SCHEDULE
+    for name in ("run-batches", "bill-batch-lines"):
+        entry = schedule[name]
+        assert entry["options"]["expires"] == max(1.0, entry["schedule"]), name
 
 
 def _scrape() -> dict[str, float]:
