@@ -147,6 +147,8 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # Any number of beat processes; the one holding a Redis lease schedules (config/beat_lock.py:
 # failover within SWITCHYARD_BEAT_LEASE_S, default 10 s, + 1 s; heartbeat for the alert).
 CELERY_BEAT_SCHEDULER = "config.beat_lock:LeasedScheduler"
+_BATCH_TICK_S = float(os.environ.get("SWITCHYARD_BATCH_TICK_S", "2"))
+_BATCH_BILL_EVERY_S = float(os.environ.get("SWITCHYARD_BATCH_BILL_EVERY_S", "30"))
 CELERY_BEAT_SCHEDULE = {
     "drain-snapshot-outbox": {  # retries failed publishes (revocations, suspensions, ...)
         "task": "apps.core.tasks.snapshot_outbox_drain",
@@ -173,13 +175,18 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": float(os.environ.get("SWITCHYARD_ROLLOUT_EVALUATE_S", "2")),
     },
     "autoscale-pools": {"task": "apps.scaling.tasks.autoscale_tick", "schedule": 5.0},
+    # A batch tick still queued after its interval (at least 1 s) has a newer one behind it:
+    # it expires, so a worker slower than the schedule (a long tick, a loaded machine) does not
+    # pile stale ticks up in front of every other periodic task (the usage consumer's among).
     "run-batches": {
         "task": "apps.batches.tasks.batches_tick",
-        "schedule": float(os.environ.get("SWITCHYARD_BATCH_TICK_S", "2")),
+        "schedule": _BATCH_TICK_S,
+        "options": {"expires": max(1.0, _BATCH_TICK_S)},
     },
     "bill-batch-lines": {
         "task": "apps.batches.tasks.batch_lines_bill",
-        "schedule": float(os.environ.get("SWITCHYARD_BATCH_BILL_EVERY_S", "30")),
+        "schedule": _BATCH_BILL_EVERY_S,
+        "options": {"expires": max(1.0, _BATCH_BILL_EVERY_S)},
     },
 }
 # Retention (apps/common/retention.py): days each table keeps its rows (0: forever), applied by

@@ -32,7 +32,9 @@ the router's Redis records:
   its worker died gets the router's stored answer of the first try, unbilled, while the router
   still holds it (Redis, 24 h). A router killed mid-line leaves its claim on the key for 24 h;
   the retry's 409 ``idempotency_key_in_progress`` bumps the line's ``idempotency_epoch``, and
-  the next try sends a fresh key.
+  the next try sends a fresh key. So does a try the router answered 5xx (it is over; a router
+  whose Redis timed out may not have forgotten its claim, which would hold the retry for the
+  class deadline).
 
 The mark also admits the line in the tenant's *batch lane* (``SWITCHYARD_BATCH_CONCURRENCY``
 on the router), not under its online RPM/TPM/concurrency caps. Without an internal secret no
@@ -198,7 +200,10 @@ def _settle(
     if answer.status in RETRYABLE and line.attempts < MAX_ATTEMPTS:
         logger.info("batch line %s: HTTP %s, retried later", line.pk, answer.status)
         retry_in_s = min(RETRY_CAP_S, 2.0**line.attempts)
-        stuck = _code(answer) == "idempotency_key_in_progress"
+        # A fresh key after a claim still held (409), and after any try the router answered
+        # 5xx: that try is over, and its claim would be forgotten, unless the router could not
+        # reach Redis to forget it; then the retry would wait out its class deadline on it.
+        stuck = _code(answer) == "idempotency_key_in_progress" or answer.status >= 500
         line_release(line_id=line.pk, owner=owner, retry_in_s=retry_in_s,
                      new_idempotency_key=stuck)  # fmt: skip
         return

@@ -20,6 +20,7 @@ import json
 import math
 import os
 import shutil
+import signal
 import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -65,6 +66,7 @@ MODEL = "tiny-llama"
 EMBED = "tiny-embed"
 SECRET = "integration-internal-secret"
 S3_PREFIX = "switchyard"
+SLOW = 120  # lines of the batch that is cancelled while it runs
 
 
 @dataclass
@@ -249,6 +251,56 @@ def _running(batch_id: str) -> bool:
         connections.close_all()
 
 
+def _unfinished(batch_id: str) -> bool:
+    """Some lines not answered yet (pending, or claimed: none is claimed for a moment between
+    two claims of the executor)."""
+    try:
+        lines = Batch.objects.get(public_id=batch_id).lines
+        return lines.filter(state__in=("pending", "claimed")).exists()
+    finally:
+        connections.close_all()
+
+
+def _kill_worker_mid_line(stage: Stage, batch_id: str) -> dict[int, str]:
+    """SIGKILL the executor's worker while it holds lines of the batch in flight, whatever the
+    machine's load: frozen (SIGSTOP) until the database shows it holding some (thawed and
+    tried again while it holds none: between two claims), then killed; those lines."""
+    worker = stage.workers[-1]
+
+    def frozen_holding() -> dict[int, str]:
+        worker.proc.send_signal(signal.SIGSTOP)
+        held = _in_flight(batch_id)
+        if not held:
+            worker.proc.send_signal(signal.SIGCONT)
+        return held
+
+    held = eventually(frozen_holding, timeout=30, interval=0.1,
+                      what="the worker frozen with lines in flight")  # fmt: skip
+    worker.kill()
+    return held
+
+
+def _kill_router_mid_line(
+    stage: Stage, batch_id: str, owner: Callable[[str], bool] = bool
+) -> dict[int, str]:
+    """SIGKILL the router while lines of the batch (sent by an ``owner`` executor) are in
+    flight there, whatever the machine's load: frozen (SIGSTOP) first, killed once the same
+    lines stay claimed over three polls (their executor waits on the frozen router for them;
+    one answered just before the freeze is recorded meanwhile); those lines."""
+    os.killpg(stage.router.pid, signal.SIGSTOP)
+    polls: list[dict[int, str]] = []
+
+    def held_there() -> dict[int, str]:
+        polls.append({k: v for k, v in _in_flight(batch_id).items() if owner(v)})
+        first, *rest = polls[-3:]
+        return first if len(rest) == 2 and all(p == first for p in rest) else {}
+
+    held = eventually(held_there, timeout=30, interval=0.2,
+                      what="lines held at the frozen router")  # fmt: skip
+    stage.router.kill()
+    return held
+
+
 def test_openai_client_runs_a_batch_isolation_malformed_and_cancel(
     stage: Stage, tmp_path: Path
 ) -> None:
@@ -297,7 +349,9 @@ def test_openai_client_runs_a_batch_isolation_malformed_and_cancel(
         assert credits == _price(tokens_in, tokens_out, keep) > 0, (prefix, credits)
     assert sum(1 for row in charges if row[0] != exec_prefix) == 1
 
-    slow = acme.files.create(file=("slow.jsonl", _lines(30, tokens=40)), purpose="batch")
+    # Long enough (4 lines at a time, 0.8 s each: 24 s at least) that the cancel lands before
+    # its end even when the test's requests are slow on a loaded machine.
+    slow = acme.files.create(file=("slow.jsonl", _lines(SLOW, tokens=40)), purpose="batch")
     running = acme.batches.create(input_file_id=slow.id, endpoint="/v1/chat/completions",
                                   completion_window="24h")  # fmt: skip
     eventually(lambda: acme.batches.retrieve(running.id).request_counts.completed >= 1,
@@ -306,13 +360,13 @@ def test_openai_client_runs_a_batch_isolation_malformed_and_cancel(
     cancelled = eventually(lambda: _status(acme, running.id, {"cancelled"}), timeout=30,
                            what="the cancel")  # fmt: skip
     counts = cancelled.request_counts
-    assert counts.total == 30
-    assert counts.completed + counts.failed == 30
-    assert 1 <= counts.completed < 30
+    assert counts.total == SLOW
+    assert counts.completed + counts.failed == SLOW
+    assert 1 <= counts.completed < SLOW
     errors = _output(acme, cancelled.error_file_id)
     assert {e["error"]["code"] for e in errors} == {"batch_cancelled"}
     answered = _output(acme, cancelled.output_file_id)
-    assert len({e["custom_id"] for e in answered} | {e["custom_id"] for e in errors}) == 30
+    assert len({e["custom_id"] for e in answered} | {e["custom_id"] for e in errors}) == SLOW
 
     # Embeddings lines (which the router's Idempotency-Key skips) are billed once per line
     # too, under the line's event id.
@@ -334,7 +388,7 @@ def test_a_killed_worker_leaves_every_line_answered_exactly_once_chat_and_embedd
     batch = acme.batches.create(input_file_id=upload.id, endpoint="/v1/chat/completions",
                                 completion_window="24h")  # fmt: skip
     eventually(lambda: _running(batch.id), timeout=30, what="lines answered and lines running")
-    stage.workers[0].kill()  # SIGKILL, mid-batch: its claimed lines keep their lease
+    _kill_worker_mid_line(stage, batch.id)  # SIGKILL, mid-batch: its lines keep their lease
     stage.workers.append(Worker("celery", stage.env))
     done = eventually(lambda: _status(acme, batch.id, {"completed", "failed", "expired"}),
                       timeout=90, what="the batch to complete after the kill")  # fmt: skip
@@ -387,15 +441,15 @@ def _allowance(stage: Stage) -> None:
                            timeout=30)  # fmt: skip
     eventually(client.models.list, timeout=30, ignore=(openai.AuthenticationError,),
                what="the router to know the new tenant")  # fmt: skip
-    upload = client.files.create(file=("capped.jsonl", _lines(30, tokens=40)), purpose="batch")
+    upload = client.files.create(file=("capped.jsonl", _lines(40, tokens=40)), purpose="batch")
     batch = client.batches.create(input_file_id=upload.id, endpoint="/v1/chat/completions",
                                   completion_window="24h")  # fmt: skip
     eventually(lambda: _running(batch.id), timeout=30, what="the capped tenant's batch to run")
     statuses = _at_the_cap(client, cap=2, rounds=3)
-    still_running = _running(batch.id)
+    unfinished = _unfinished(batch.id)
     assert statuses == [200] * 6
-    assert still_running  # the bursts ran beside the batch's lines, to the end
-    _completed(client, batch.id, 30)
+    assert unfinished  # the bursts ran beside the batch's lines, to the end
+    _completed(client, batch.id, 40)
 
 
 def _ledger_per_line(batch_id: str) -> tuple[list[str], list[str]]:
@@ -465,10 +519,10 @@ def test_a_killed_router_or_a_lost_redis_leave_every_line_answered_and_billed_ex
     batch = acme.batches.create(input_file_id=upload.id, endpoint="/v1/chat/completions",
                                 completion_window="24h")  # fmt: skip
     eventually(lambda: _running(batch.id), timeout=30, what="lines answered and lines running")
-    stage.router.kill()  # SIGKILL mid-batch: its lines in flight die with it
+    in_flight = _kill_router_mid_line(stage, batch.id)  # SIGKILL: its lines in flight die
     stage.restart_router()
     _completed(acme, batch.id, 16)
-    assert Batch.objects.get(public_id=batch.id).lines.filter(attempts__gt=1).exists()
+    assert _ran_again(batch.id, set(in_flight)) >= 1
 
     # Redis loses everything mid-batch, the usage stream's unread tail with it: the lines it
     # held are billed from their answers (apps/batches/services/unbilled.py), once.
@@ -524,15 +578,14 @@ def _embeddings_across_kills(stage: Stage, tmp_path: Path) -> None:
     batch = acme.batches.create(input_file_id=upload.id, endpoint="/v1/embeddings",
                                 completion_window="24h")  # fmt: skip
     eventually(lambda: _running(batch.id), timeout=30, what="lines answered and lines running")
-    at_worker_kill = _in_flight(batch.id)
-    stage.workers[-1].kill()  # SIGKILL: its lines in flight keep their lease, then run again
+    # SIGKILL: its lines in flight keep their lease, then run again
+    at_worker_kill = _kill_worker_mid_line(stage, batch.id)
     stage.workers.append(Worker("celery", stage.env))
     killed = set(at_worker_kill.values())
-    at_router_kill = eventually(
-        lambda: {k: v for k, v in _in_flight(batch.id).items() if v not in killed},
-        timeout=30, what="the new worker's lines in flight",
-    )  # fmt: skip
-    stage.router.kill()  # SIGKILL: the lines it was serving die with it
+    eventually(lambda: {k: v for k, v in _in_flight(batch.id).items() if v not in killed},
+               timeout=30, what="the new worker's lines in flight")  # fmt: skip
+    # SIGKILL: the lines it was serving die with it
+    at_router_kill = _kill_router_mid_line(stage, batch.id, lambda owner: owner not in killed)
     stage.router = stage.restart_router()
     for entry in _completed(acme, batch.id, 16, custom="emb"):
         assert len(entry["response"]["body"]["data"]) == 2

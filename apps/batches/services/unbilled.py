@@ -17,7 +17,8 @@ that served it, its class, its tokens) that
 - is not in the usage stream now (its event is not waiting for the consumer),
 
 is charged what the router would have charged (the version's price on the hardware tier of
-its pool, the cache-hit discount for a cached answer) by the ledger's own writer
+its pool at the batch rate, less the price's batch discount; the cache-hit discount for a
+cached answer) by the ledger's own writer
 (:func:`apps.billing.ledger.usage_write`) under the line's event id. The ledger stays the
 judge: a stream record arriving after the repair, or a repair racing the consumer, finds the
 event id recorded and is skipped, so the line is charged once either way. The Redis balance
@@ -36,7 +37,6 @@ from __future__ import annotations
 
 import logging
 from datetime import timedelta
-from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
@@ -49,7 +49,8 @@ from apps.billing.alerts import budget_alerts_check
 from apps.billing.models import Price, UsageRecord
 from apps.models.models import ModelVersion, Pool
 from runtime.metering.events import UsageEvent
-from runtime.metering.pricing import MICRO, Rate
+from runtime.metering.pricing import Rate
+from runtime.snapshot import PriceSnap
 
 logger = logging.getLogger(__name__)
 
@@ -111,8 +112,8 @@ def _version(model: str, label: str) -> ModelVersion | None:
 
 
 def _rate(version: ModelVersion | None) -> tuple[str, Rate | None]:
-    """The hardware tier of the version's pool and its price there, as the router picks them
-    (no price on that tier: free)."""
+    """The hardware tier of the version's pool and its batch rate there, as the router picks
+    them (no price on that tier: free)."""
     if version is None:
         return "", None
     tiers = sorted(
@@ -125,7 +126,11 @@ def _rate(version: ModelVersion | None) -> tuple[str, Rate | None]:
     price = prices.get(tier)
     if price is None:
         return tier, None
-    per_token = Decimal(MICRO) / 1000  # credits per 1k tokens -> micro-credits per token
-    return tier, Rate(input_uc=float(price.input_per_1k * per_token),
-                      output_uc=float(price.output_per_1k * per_token),
-                      cache_hit_discount=float(price.cache_hit_discount))  # fmt: skip
+    # The router's arithmetic: the snapshot's price (floats), at the batch rate (a line is sent
+    # with its batch's key: the price's batch discount off both token prices).
+    snap = PriceSnap(version=price.version_id, hardware_tier=tier,
+                     input_per_1k=float(price.input_per_1k),
+                     output_per_1k=float(price.output_per_1k),
+                     cache_hit_discount=float(price.cache_hit_discount),
+                     batch_discount=float(price.batch_discount))  # fmt: skip
+    return tier, Rate.of(snap).for_batch()

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from batch_support import Signed, jsonl, line, make_tenant
+from django.conf import settings as django_settings
 from django.utils import timezone
 
 from apps.batches import executor
@@ -260,6 +261,37 @@ def test_a_passing_failure_retries_later_then_fails_the_line(tenant: Tenant) -> 
     assert batch.error_file is not None
     (entry,) = [json.loads(x) for x in file_read(batch.error_file).splitlines()]
     assert (entry["response"]["status_code"], entry["error"]["code"]) == (429, "rate_limit")
+
+
+def test_a_retry_after_a_5xx_or_a_claim_in_progress_sends_a_fresh_idempotency_key(
+    tenant: Tenant,
+) -> None:
+    """A try the router answered 5xx is over: the retry does not wait on its claim."""
+    _create(Signed("acme"), jsonl(line("a")))
+    answers = [
+        (429, "rate_limit", 0),  # refused before it ran: the same key
+        (0, "router_unreachable", 0),  # no answer: the try may still run, the same key
+        (500, "internal_error", 1),
+        (409, "idempotency_key_in_progress", 2),
+        (503, "no_healthy_endpoint", 3),
+    ]
+    for status, code, epoch in answers:
+        BatchLine.objects.update(lease_expires_at=None)
+        (claimed,) = lines_claim(owner="w1", limit=10, lease_s=60)
+        executor._settle("w1", claimed, executor.Answer(status, {"error": {"code": code}}))
+        again = BatchLine.objects.get()
+        assert (again.state, again.idempotency_epoch) == ("pending", epoch), status
+        suffix = f"-line-{again.number}" + (f"-e{epoch}" if epoch else "")
+        assert executor.idempotency_key(again).endswith(suffix)
+
+
+def test_a_batch_tick_still_queued_after_its_interval_expires() -> None:
+    """Beat's batch entries expire after their interval: a worker slower than the schedule
+    drops the stale ones instead of queueing them in front of every other periodic task."""
+    schedule = django_settings.CELERY_BEAT_SCHEDULE
+    for name in ("run-batches", "bill-batch-lines"):
+        entry = schedule[name]
+        assert entry["options"]["expires"] == max(1.0, entry["schedule"]), name
 
 
 def _scrape() -> dict[str, float]:

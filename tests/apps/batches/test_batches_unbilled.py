@@ -149,3 +149,17 @@ def test_the_charge_is_the_price_on_the_tier_of_the_versions_pool_and_a_cached_a
     charged = dict(UsageRecord.objects.values_list("event_id", "credits"))
     assert charged[plain.usage_event_id] == CHARGE * 10  # the gpu price, not the cpu one
     assert charged[cached.usage_event_id] == CHARGE * 5  # half off: a cache hit
+
+
+def test_the_charge_is_at_the_batch_rate_the_prices_batch_discount_off(priced: Tenant) -> None:
+    """The repair charges what the router charges a line (sent with its batch's key): the
+    price less its batch discount, with the cache-hit discount on top for a cached answer."""
+    version = ModelVersion.objects.get(model__name=MODEL, label="v1")
+    price_set(actor=None, version=version, hardware_tier="cpu", input_per_1k="1",
+              output_per_1k="2", cache_hit_discount="0.5", batch_discount="0.25")  # fmt: skip
+    plain, cached = _done_lines(2, finished_s_ago=GRACE_S + 5)
+    BatchLine.objects.filter(pk=cached.pk).update(usage={**(cached.usage or {}), "cached": True})
+    assert sorted(lines_bill_missing()) == sorted([plain.usage_event_id, cached.usage_event_id])
+    charged = dict(UsageRecord.objects.values_list("event_id", "credits"))
+    assert charged[plain.usage_event_id] == CHARGE * Decimal("0.75")
+    assert charged[cached.usage_event_id] == CHARGE * Decimal("0.75") * Decimal("0.5")
