@@ -175,18 +175,20 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": float(os.environ.get("SWITCHYARD_ROLLOUT_EVALUATE_S", "2")),
     },
     "autoscale-pools": {"task": "apps.scaling.tasks.autoscale_tick", "schedule": 5.0},
-    # A batch tick still queued after its interval (at least 1 s) has a newer one behind it:
-    # it expires, so a worker slower than the schedule (a long tick, a loaded machine) does not
-    # pile stale ticks up in front of every other periodic task (the usage consumer's among).
+    # A batch tick still queued two intervals (at least 5 s) after beat sent it has newer ones
+    # behind it: it expires, so a worker slower than the schedule (a long tick, a loaded
+    # machine) does not pile stale ticks up in front of every other periodic task (the usage
+    # consumer's among). The expiry is beat's clock against the worker's: hosts whose clocks
+    # differ by more than that would drop every tick (keep them in sync, as NTP does).
     "run-batches": {
         "task": "apps.batches.tasks.batches_tick",
         "schedule": _BATCH_TICK_S,
-        "options": {"expires": max(1.0, _BATCH_TICK_S)},
+        "options": {"expires": max(5.0, 2 * _BATCH_TICK_S)},
     },
     "bill-batch-lines": {
         "task": "apps.batches.tasks.batch_lines_bill",
         "schedule": _BATCH_BILL_EVERY_S,
-        "options": {"expires": max(1.0, _BATCH_BILL_EVERY_S)},
+        "options": {"expires": max(5.0, 2 * _BATCH_BILL_EVERY_S)},
     },
 }
 # Retention (apps/common/retention.py): days each table keeps its rows (0: forever), applied by
