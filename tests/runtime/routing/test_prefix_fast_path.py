@@ -58,26 +58,24 @@ def test_the_rendered_length_is_the_renderings_and_a_prompt_below_one_block_has_
     assert found.hashes == block_hashes(render_chat([("user", "q" * (256 - overhead))]))
 
 
-def _binary_search(index: PrefixIndex, hashes: tuple[int, ...], now: float) -> dict[int, int]:
-    """The match as it was before the first-block lookup (the reference)."""
+def _leading_held(index: PrefixIndex, hashes: tuple[int, ...], now: float) -> dict[int, int]:
+    """The reference: per endpoint, its leading held (unexpired) blocks, counted one by one."""
     found: dict[int, int] = {}
     oldest = now - index.ttl_seconds
     for endpoint_id in index.sizes():
         blocks = index._endpoints[endpoint_id]  # the reference reads the index
-        low, high = 0, len(hashes)
-        while low < high:
-            middle = (low + high + 1) // 2
-            seen = blocks.get(hashes[middle - 1])
-            if seen is not None and seen >= oldest:
-                low = middle
-            else:
-                high = middle - 1
-        if low:
-            found[endpoint_id] = low
+        held = 0
+        for block_hash in hashes:
+            seen = blocks.get(block_hash)
+            if seen is None or seen < oldest:
+                break
+            held += 1
+        if held:
+            found[endpoint_id] = held
     return found
 
 
-def test_the_first_block_lookup_matches_as_the_binary_search_did() -> None:
+def test_the_first_block_lookup_matches_the_leading_held_blocks() -> None:
     rng = random.Random(7)
     index = PrefixIndex(max_blocks_per_endpoint=64, ttl_seconds=5.0)
     prompts = [block_hashes(f"p{n}:" + "x" * rng.randrange(300, 3000)) for n in range(20)]
@@ -85,7 +83,7 @@ def test_the_first_block_lookup_matches_as_the_binary_search_did() -> None:
         prompt = rng.choice(prompts)
         cut = prompt[: rng.randrange(0, len(prompt) + 1)]
         now = step * 0.05
-        assert index.match(prompt, now) == _binary_search(index, prompt, now)
+        assert index.match(prompt, now) == _leading_held(index, prompt, now)
         assert index.holds(1, prompt[0], now) == (index.match(prompt[:1], now, [1]) == {1: 1})
         index.record(rng.choice((1, 2, 3)), cut, now)
 
