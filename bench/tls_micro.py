@@ -192,6 +192,7 @@ async def running(targets_arg: str, baseline: Path | None) -> AsyncIterator[Run]
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     chosen = [n for n in args.targets.split(",") if n] or list(TARGETS)
+    routers = list(router_cpus())  # before running() pins this process off them
     rounds: dict[str, list[dict[str, Any]]] = {}
     async with running(args.targets, args.baseline) as run:
         rounds = {target.name: [] for target in run.targets}
@@ -228,7 +229,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             for name in chosen
             if name + BASELINE in medians
         },
-        "router_cpus": list(router_cpus()), "load_average": os.getloadavg(),
+        "router_cpus": routers, "load_average": os.getloadavg(),
         "when": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
     }  # fmt: skip
 
