@@ -16,7 +16,6 @@ bound and the connection hook count as the router's chassis).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import itertools
@@ -26,6 +25,7 @@ from typing import Any
 
 import uvicorn
 
+from bench.proxy_server import proxy_args
 from runtime.snapshot import EndpointSnap
 from runtime.upstream.client import ClientConfig
 from runtime.upstream.errors import UpstreamError, UpstreamHTTPError
@@ -144,11 +144,7 @@ async def _stream(send: Send, upstream: UpstreamResponse) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.transport_proxy", description=__doc__)
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--backend", action="append", required=True, help="backend base URL")
-    args = parser.parse_args(argv)
+    args = proxy_args("python -m bench.transport_proxy", __doc__, argv)
     uvicorn.run(
         TransportProxy(args.backend),
         host=args.host,
