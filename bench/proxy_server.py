@@ -78,12 +78,19 @@ def create_app(backends: Sequence[str]) -> web.Application:
     return app
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.proxy_server", description=__doc__)
+def proxy_args(
+    prog: str, description: str | None, argv: Sequence[str] | None
+) -> argparse.Namespace:
+    """A bench proxy's command line: ``--host``, ``--port``, ``--backend URL`` (repeated)."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--backend", action="append", required=True, help="backend base URL")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = proxy_args("python -m bench.proxy_server", __doc__, argv)
     try:
         import uvloop  # noqa: PLC0415 - optional speed-up, as the routers have
 

@@ -15,7 +15,9 @@ request, and each TLS target's median over plain's median.
 
 ``--targets a,b,...`` compares other harness targets the same way, the first being the
 baseline of the ratios (issue #27's A/B of the router's HTTP entry:
-``--targets switchyard-channels,switchyard-asgi,bare-proxy``).
+``--targets switchyard-channels,switchyard-asgi,bare-proxy``; and its chassis-versus-stages
+split: ``--targets bare-proxy,transport-proxy,switchyard-chassis,switchyard``, the router's
+transport alone, its chassis with the fewest stages, and the whole router).
 ``--baseline DIR`` runs each Switchyard target twice in the same rounds: from this checkout and
 from the checkout at ``DIR`` (``<target>@baseline``, e.g. ``git archive main | tar -x -C DIR``),
 so a change's effect is measured side by side with the code before it, under the same load.
@@ -30,6 +32,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import statistics
 import sys
 import tempfile
@@ -55,20 +58,48 @@ TARGETS = ("switchyard", "switchyard-tls", "switchyard-mtls")
 BASELINE = "@baseline"
 SCENARIO = Path(__file__).resolve().parent / "scenarios" / "latency.toml"
 LAG_BUDGET_MS = 10.0
+_ID = re.compile(rb'"id":"[^"]*"')
+_CREATED = re.compile(rb'"created":\d+')
+
+
+def request_body(model: str) -> dict[str, Any]:
+    """The streamed chat completion every round sends."""
+    return {"model": model, "messages": [{"role": "user", "content": "hello " * 40}],
+            "max_tokens": 8, "stream": True}  # fmt: skip
 
 
 async def _one(session: aiohttp.ClientSession, url: str, key: str, model: str) -> bool:
-    body = {"model": model, "messages": [{"role": "user", "content": "hello " * 40}],
-            "max_tokens": 8, "stream": True}  # fmt: skip
     try:
         async with session.post(
-            f"{url}/v1/chat/completions", json=body,
+            f"{url}/v1/chat/completions", json=request_body(model),
             headers={"Authorization": f"Bearer {key}"}, timeout=aiohttp.ClientTimeout(total=30),
         ) as resp:  # fmt: skip
             await resp.read()
             return resp.status == 200
     except (aiohttp.ClientError, TimeoutError):
         return False
+
+
+def comparable(body: bytes) -> bytes:
+    """A streamed answer with what differs per request blanked: the response id (the engine
+    takes it from ``X-Request-Id``, which a router sets) and the ``created`` second."""
+    return _CREATED.sub(b'"created":0', _ID.sub(b'"id":""', body))
+
+
+async def same_bytes(session: aiohttp.ClientSession, url: str, direct: list[str], *,
+                     key: str, model: str) -> bool:  # fmt: skip
+    """Whether ``url`` answers the rounds' request with the bytes one of the ``direct``
+    backends gives (each seeds its text differently; a target sends to any of them)."""
+
+    async def body(base: str) -> bytes:
+        async with session.post(
+            f"{base}/v1/chat/completions", json=request_body(model),
+            headers={"Authorization": f"Bearer {key}"}, timeout=aiohttp.ClientTimeout(total=30),
+        ) as resp:  # fmt: skip
+            return comparable(await resp.read()) if resp.status == 200 else b""
+
+    got = await body(url)
+    return bool(got) and got in {await body(base) for base in direct}
 
 
 async def paced(target: Target, session: aiohttp.ClientSession, *, key: str, model: str,
@@ -107,6 +138,7 @@ class Run:
     targets: list[Target]
     key: str
     model: str
+    direct: list[str]  # the backends' URLs
 
 
 @contextlib.asynccontextmanager
@@ -148,7 +180,8 @@ async def running(targets_arg: str, baseline: Path | None) -> AsyncIterator[Run]
                 target.name, target.source = name, baseline
             targets.append(target)
             await target.start(ctx)
-        yield Run(session, targets, next(iter(keys.values())), scenario.backends.model)
+        yield Run(session, targets, next(iter(keys.values())), scenario.backends.model,
+                  [b.base_url for b in backends])  # fmt: skip
     finally:
         for target in targets:
             await target.stop()
@@ -159,10 +192,16 @@ async def running(targets_arg: str, baseline: Path | None) -> AsyncIterator[Run]
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     chosen = [n for n in args.targets.split(",") if n] or list(TARGETS)
+    routers = list(router_cpus())  # before running() pins this process off them
     rounds: dict[str, list[dict[str, Any]]] = {}
     async with running(args.targets, args.baseline) as run:
         rounds = {target.name: [] for target in run.targets}
         names = list(rounds)
+        checked = {
+            target.name: await same_bytes(run.session, target.base_urls[0], run.direct,
+                                          key=run.key, model=run.model)
+            for target in run.targets
+        }  # fmt: skip
         for _ in range(args.rounds):
             for target in run.targets:
                 rounds[target.name].append(
@@ -177,6 +216,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     }
     return {
         "rate_rps": args.rate, "seconds": args.seconds, "rounds": rounds,
+        "same_bytes_as_direct": checked,
         "median_cpu_ms_per_request": medians,
         "ratio_vs_plain": {  # over the first target's median (its baseline's for a baseline)
             name: round(medians[name] / medians[plain], 3)
@@ -189,7 +229,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             for name in chosen
             if name + BASELINE in medians
         },
-        "router_cpus": list(router_cpus()), "load_average": os.getloadavg(),
+        "router_cpus": routers, "load_average": os.getloadavg(),
         "when": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
     }  # fmt: skip
 

@@ -17,10 +17,18 @@ from bench.targets.vllm_router import VllmRouterTarget
 PACED = (("preemption", "fair"), ("lend_reserve", "3"), ("pace_prefill_tps", "2500"),
          ("resume_first", "on"))  # fmt: skip
 
+TRANSPORT = "uvicorn (uvloop, httptools) + the router's lean upstream client, round robin"
+# switchyard-chassis: the inference stages a streamed chat request cannot do without (#27)
+CHASSIS = ("authenticate", "plan", "admit", "queue", "dispatch", "relay")
+
 FACTORIES: MappingProxyType[str, Callable[[], Target]] = MappingProxyType(
     {
         "direct": lambda: DirectTarget(name="direct"),
         "bare-proxy": lambda: BareProxyTarget(name="bare-proxy"),
+        "transport-proxy": lambda: BareProxyTarget(  # the router's transport alone (#27)
+            name="transport-proxy", module="bench.transport_proxy", kind=TRANSPORT
+        ),
+        "switchyard-chassis": lambda: SwitchyardTarget(name="switchyard-chassis", stages=CHASSIS),
         "switchyard-fcfs": lambda: SwitchyardTarget(name="switchyard-fcfs", fairness="fcfs"),
         "switchyard": lambda: SwitchyardTarget(name="switchyard"),
         "switchyard-load-only": lambda: SwitchyardTarget(
@@ -58,4 +66,4 @@ FACTORIES: MappingProxyType[str, Callable[[], Target]] = MappingProxyType(
 )
 ALL = tuple(FACTORIES)
 
-__all__ = ["ALL", "FACTORIES", "Target", "TargetContext", "TargetUnavailableError"]
+__all__ = ["ALL", "CHASSIS", "FACTORIES", "Target", "TargetContext", "TargetUnavailableError"]

@@ -13,7 +13,8 @@ require client certificates (the simulator with vLLM's ``--ssl-cert-reqs 2``, on
 cores, not counted as the router's) and the router presents its certificate to them
 (``switchyard-mtls``): what ``switchyard up --tls`` runs. ``http``: the router's HTTP entry
 (``SWITCHYARD_ROUTER_HTTP``): ``switchyard-asgi`` and ``switchyard-channels`` are the A/B of
-issue #27's framework question.
+issue #27's framework question. ``stages``: the router's inference stage list cut to these
+(:mod:`bench.chassis_router`, one worker): ``switchyard-chassis``, issue #27's chassis.
 """
 
 from __future__ import annotations
@@ -115,6 +116,7 @@ class SwitchyardTarget(Target):
     source: Path | None = None  # run the router from this checkout (a baseline), not ours
     profile: Path | None = None  # run the router under cProfile, its stats written here at stop
     runner: str = "bench.profiled_router"  # the wrapper module that writes ``profile``
+    stages: tuple[str, ...] = ()  # keep only these inference stages (bench.chassis_router)
     _backends: list[Child] = field(default_factory=list)
     _prefix: str = ""
     _redis_url: str = ""
@@ -136,6 +138,8 @@ class SwitchyardTarget(Target):
             import runtime.gateway.app  # noqa: F401, PLC0415 - is the router there at all?
         except ImportError as exc:
             raise TargetUnavailableError(f"the router cannot be imported: {exc}") from None
+        if self.stages and self.workers > 1:  # uvicorn's worker processes would not be cut
+            raise TargetUnavailableError("a cut stage list runs with one worker only")
         self._prefix = f"bench:{ctx.run_id}:{self.name}"
         self._redis_url = ctx.redis_url
         policies = self.policies(ctx.scenario)
@@ -177,6 +181,8 @@ class SwitchyardTarget(Target):
         )  # fmt: skip
         if self.profile is not None:  # the router under cProfile (or another bench wrapper)
             argv = [argv[0], "-m", self.runner, str(self.profile), *argv[3:]]
+        elif self.stages:  # its stage list cut before it starts (one worker: the cut is ours)
+            argv = [argv[0], "-m", "bench.chassis_router", ",".join(self.stages), *argv[3:]]
         child = spawn(self.name, pinned(argv, cpus), port=port,
                       log_dir=ctx.work_dir, env=env, cwd=self.source or REPO_ROOT)  # fmt: skip
         self.children.append(child)
@@ -196,6 +202,7 @@ class SwitchyardTarget(Target):
             f"{tls_kind})",
             "policies": policies,
             "http": self.http or "default",
+            "stages": list(self.stages) or "all",
             "snapshot_prefix": f"{self._prefix}:snapshot",
             "workers": self.workers,
             "cpus": list(cpus),
