@@ -101,7 +101,7 @@ class IdempotencyStore:
         self._ns = namespace
         self.sealer = sealer
         self.poll_s = poll_s
-        self.claim_margin_s = claim_margin_s
+        self.claim_margin_ms = math.ceil(claim_margin_s * 1000) + 1  # + 1: the truncation below
         self._forget = client.register_script(_FORGET)
 
     async def forget(self, name: str, claim: bytes) -> None:
@@ -117,8 +117,8 @@ class IdempotencyStore:
         loop = asyncio.get_running_loop()
         claim = self.seal(_Record(digest=digest), tenant, name)
         while True:
-            # the claim lapses claim_margin_s after this request's deadline (see the module)
-            lapse_ms = math.ceil((max(0.0, deadline - loop.time()) + self.claim_margin_s) * 1000)
+            # the claim lapses claim_margin_ms after this request's deadline (see the module)
+            lapse_ms = max(0, int((deadline - loop.time()) * 1000)) + self.claim_margin_ms
             if await self.redis.set(name, claim, nx=True, px=lapse_ms):
                 return Hold(self, tenant, name, digest, claim)
             sealed = await self.redis.get(name)

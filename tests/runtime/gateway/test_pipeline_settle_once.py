@@ -288,7 +288,7 @@ async def test_a_retry_after_an_abandoned_claim_lapsed_runs_afresh_billed_once(
     killed); a retry waiting on the claim runs once the claim lapsed after the first's
     deadline, and is billed once."""
     idempotency = router.state.cache.idempotency
-    monkeypatch.setattr(idempotency, "claim_margin_s", 0.5)
+    monkeypatch.setattr(idempotency, "claim_margin_ms", 500)
     finish = Hold.finish
     abandoned: list[Hold] = []
 
