@@ -5,12 +5,9 @@ forgets only its own claim."""
 from __future__ import annotations
 
 import asyncio
-import os
 import uuid
-from collections.abc import AsyncIterator
 
 import pytest
-import pytest_asyncio
 import redis.asyncio as aioredis
 
 from runtime.cache.entry import CachedUsage, Entry
@@ -28,16 +25,6 @@ MARGIN_S = 0.3  # the tests' claim margin (the router's is a minute)
 def _entry() -> Entry:
     return Entry(kind="chat", id="chatcmpl-1", created=1, model="m", chunks=("hi",),
                  finish_reason="stop", usage=CachedUsage(3, 5, 8))  # fmt: skip
-
-
-@pytest_asyncio.fixture
-async def client() -> AsyncIterator[aioredis.Redis[bytes]]:
-    redis = aioredis.Redis.from_url(os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
-    yield redis
-    keys = [k async for k in redis.scan_iter(match=f"{NS}:*")]
-    if keys:
-        await redis.delete(*keys)
-    await redis.aclose()  # type: ignore[attr-defined]
 
 
 def _store(client: aioredis.Redis[bytes]) -> IdempotencyStore:
