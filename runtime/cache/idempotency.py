@@ -8,17 +8,17 @@ when it does not, and while the first is still running it waits for the answer, 
 deadline (409 ``idempotency_key_in_progress`` then). A first request that fails (or whose
 answer cannot be stored) forgets the key, so a retry runs afresh. Only the first is billed.
 
-A claim lapses by itself :data:`CLAIM_MARGIN_S` after its owner's deadline (its Redis TTL),
-so a claim nobody forgets (the owner's router was killed, or Redis failed the delete) holds
-retries up until then (at most the router's longest deadline and a minute), not a day, with
-no renewal and no other work per request: the
-request's deadline bounds the owner's work (the queue, every upstream attempt, the relay of
-its stream, a migration), the margin covers what follows it (the terminal chunk, settling,
-storing the answer: Redis calls under their socket timeouts). A waiter claims the key within a
-poll (``poll_s``) of its lapse. An owner forgets only its own claim (compared, then deleted, in one
-script), so an owner that outlived its claim cannot delete a retry's. Not covered: a client
-that keeps its connection open but reads the stream too slowly for the router to write the
-last bytes within the margin keeps that owner running past its claim.
+A claim lapses by itself :data:`CLAIM_MARGIN_S` after its owner's deadline (its Redis TTL), so
+a claim nobody forgets (the owner's router was killed, or Redis failed the delete) holds
+retries up until then (at most the router's longest deadline and a minute), not a day, with no
+renewal and no other work per request: the request's deadline bounds the owner's work (the
+queue, every upstream attempt, the relay of its stream, a migration), the margin covers what
+follows it (the terminal chunk, settling, storing the answer: Redis calls under their socket
+timeouts). A waiter claims the key within a poll (``poll_s``) of its lapse. An owner forgets
+only its own claim (compared, then deleted, in one script), so an owner that outlived its claim
+cannot delete a retry's. Not covered: a client that keeps its connection open but reads the
+stream too slowly for the router to write the last bytes within the margin keeps that owner
+running past its claim.
 
 Records are sealed with the tenant's key (:mod:`.sealing`), the Redis key as associated data;
 one that does not open (its key left the keyring) is forgotten and the key claimed afresh.
