@@ -1,11 +1,24 @@
-"""``Idempotency-Key`` with Stripe's semantics, scoped to the tenant and kept 24 hours.
+"""``Idempotency-Key`` with Stripe's semantics, scoped to the tenant; an answer is kept 24 hours.
 
 The first request with a key records the digest of its request (route + whole document) as
-*running*, runs, and records its answer (*done*). A later request with the same key gets:
+*running* (its *claim*), runs, and records its answer (*done*, kept :data:`TTL_S`). A later
+request with the same key gets:
 the stored answer when its digest matches (a stream replays), 400 ``idempotency_key_reused``
 when it does not, and while the first is still running it waits for the answer, up to its own
 deadline (409 ``idempotency_key_in_progress`` then). A first request that fails (or whose
 answer cannot be stored) forgets the key, so a retry runs afresh. Only the first is billed.
+
+A claim lapses by itself :data:`CLAIM_MARGIN_S` after its owner's deadline (its Redis TTL), so
+a claim nobody forgets (the owner's router was killed, or Redis failed the delete) holds
+retries up until then (at most the router's longest deadline and a minute), not a day, with no
+renewal and no other work per request: the request's deadline bounds the owner's work (the
+queue, every upstream attempt, the relay of its stream, a migration), the margin covers what
+follows it (the terminal chunk, settling, storing the answer: Redis calls under their socket
+timeouts). A waiter claims the key within a poll (``poll_s``) of its lapse. An owner forgets
+only its own claim (compared, then deleted, in one script), so an owner that outlived its claim
+cannot delete a retry's. Not covered: a client that keeps its connection open but reads the
+stream too slowly for the router to write the last bytes within the margin keeps that owner
+running past its claim.
 
 Records are sealed with the tenant's key (:mod:`.sealing`), the Redis key as associated data;
 one that does not open (its key left the keyring) is forgotten and the key claimed afresh.
@@ -17,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import math
 from dataclasses import dataclass
 
 import msgspec
@@ -27,8 +41,12 @@ from runtime.cache.sealing import Sealer
 from runtime.contract import idempotency_key
 from runtime.gateway.errors import ApiError
 
-TTL_S = 24 * 3600
+TTL_S = 24 * 3600  # a done record (the stored answer)
+CLAIM_MARGIN_S = 60.0  # a running claim lapses this long after its owner's deadline
 MAX_KEY_LENGTH = 255
+# Forget a claim only while it is still this owner's (the sealed claim is unique: its nonce).
+_FORGET = """if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end
+return 0"""
 
 
 class _Record(msgspec.Struct, kw_only=True):
@@ -64,10 +82,11 @@ class Hold:
     tenant: str
     name: str
     digest: str
+    claim: bytes  # the sealed running record, as written
 
     async def finish(self, entry: Entry | None) -> None:
         if entry is None:
-            await self.store.redis.delete(self.name)
+            await self.store.forget(self.name, self.claim)
             return
         record = _Record(digest=self.digest, done=True, entry=entry)
         await self.store.redis.set(self.name, self.store.seal(record, self.tenant, self.name),
@@ -77,12 +96,18 @@ class Hold:
 class IdempotencyStore:
     def __init__(
         self, client: aioredis.Redis[bytes], *, namespace: str, sealer: Sealer,
-        poll_s: float = 0.02,
+        poll_s: float = 0.02, claim_margin_s: float = CLAIM_MARGIN_S,
     ) -> None:  # fmt: skip
         self.redis = client
         self._ns = namespace
         self.sealer = sealer
         self.poll_s = poll_s
+        self.claim_margin_ms = math.ceil(claim_margin_s * 1000) + 1  # + 1: the truncation below
+        self._forget = client.register_script(_FORGET)
+
+    async def forget(self, name: str, claim: bytes) -> None:
+        """Delete the claim at ``name`` if it is still ``claim`` (not a later one's)."""
+        await self._forget(keys=[name], args=[claim])
 
     def seal(self, record: _Record, tenant: str, name: str) -> bytes:
         return self.sealer.seal(_ENC.encode(record), tenant, name)
@@ -93,8 +118,10 @@ class IdempotencyStore:
         loop = asyncio.get_running_loop()
         claim = self.seal(_Record(digest=digest), tenant, name)
         while True:
-            if await self.redis.set(name, claim, nx=True, ex=TTL_S):
-                return Hold(self, tenant, name, digest)
+            # the claim lapses claim_margin_ms after this request's deadline (see the module)
+            lapse_ms = max(0, int((deadline - loop.time()) * 1000)) + self.claim_margin_ms
+            if await self.redis.set(name, claim, nx=True, px=lapse_ms):
+                return Hold(self, tenant, name, digest, claim)
             sealed = await self.redis.get(name)
             if sealed is None:
                 continue  # the first failed and forgot it: claim it

@@ -8,11 +8,9 @@ import asyncio
 import os
 import stat
 import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-import pytest_asyncio
 import redis.asyncio as aioredis
 from prometheus_client import CollectorRegistry
 
@@ -41,16 +39,6 @@ def _entry(text: str = SECRET) -> Entry:
 
 
 NS = f"switchyard:test:seal:{uuid.uuid4().hex[:10]}"  # this module's keys, deleted after each test
-
-
-@pytest_asyncio.fixture
-async def client() -> AsyncIterator[aioredis.Redis[bytes]]:
-    redis = aioredis.Redis.from_url(os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
-    yield redis
-    keys = [k async for k in redis.scan_iter(match=f"{NS}:*")]
-    if keys:
-        await redis.delete(*keys)
-    await redis.aclose()  # type: ignore[attr-defined]
 
 
 def _store(client: aioredis.Redis[bytes], spec: str) -> tuple[ResultStore, CacheMetrics]:

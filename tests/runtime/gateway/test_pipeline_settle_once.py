@@ -7,7 +7,8 @@ consumer. Recording wrappers (they call through) count the limits' settle, each 
 release and the cache job's finish; for every exit path (an error before admission, a limit
 refusal, a queue refusal, an upstream error, a client gone mid-stream, a cache hit, an
 idempotent replay, the router's shutdown cut, a normal stream, a normal unary answer) each
-is called exactly as often as the path acquired it: once, or never.
+is called exactly as often as the path acquired it: once, or never. An ``Idempotency-Key``
+whose first request died holding its claim: the retry runs once the claim lapsed, billed once.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import pytest_asyncio
 from fixtures.wait import async_eventually
 from gateway_fleet import Process, Publisher, World, limits, start_simulator
 
+from runtime.cache.idempotency import Hold
 from runtime.gateway.config import RouterConfig
 from runtime.gateway.inference import ChatCompletionsConsumer, serve
 from runtime.gateway.pipeline.context import RequestContext
@@ -277,3 +279,38 @@ async def test_the_slot_is_settled_before_the_last_chunk(router: Router) -> None
         assert error is None
         assert record.outcome == "ok"
     assert settled_at_end == [1, 2]
+
+
+async def test_a_retry_after_an_abandoned_claim_lapsed_runs_afresh_billed_once(
+    router: Router, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first request with a key dies before it records or forgets its claim (its router
+    killed); a retry waiting on the claim runs once the claim lapsed after the first's
+    deadline, and is billed once."""
+    idempotency = router.state.cache.idempotency
+    monkeypatch.setattr(idempotency, "claim_margin_ms", 500)
+    finish = Hold.finish
+    abandoned: list[Hold] = []
+
+    async def dies_first(hold: Hold, entry: Any) -> None:
+        if not abandoned:
+            abandoned.append(hold)  # the first owner never gets to finish
+            return
+        await finish(hold, entry)
+
+    monkeypatch.setattr(Hold, "finish", dies_first)
+    key = {b"idempotency-key": uuid.uuid4().hex.encode()}
+    body = chat()
+    _, first, _ = await request(router, body, headers={**key, b"x-request-timeout": b"1"})
+    assert first.outcome == "ok"
+    assert 0 < await idempotency.redis.pttl(abandoned[0].name) <= 1500
+    billed = router.calls.totals()[0]
+    _, retry, error = await request(router, body, headers={**key, b"x-request-timeout": b"10"})
+    assert error is None
+    assert retry.outcome == "ok", retry.outcome  # not idempotency_key_in_progress
+    assert router.calls.totals()[0] == billed + 1
+    # the retry's answer, unbilled
+    client, replay, _ = await request(router, body, headers={**key, b"x-request-timeout": b"2"})
+    assert replay.outcome == "ok"
+    assert client.status == 200
+    assert router.calls.totals()[0] == billed + 1
