@@ -16,7 +16,6 @@ often, and any change is written at the interval it is measured in (issue #27).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 import uuid
@@ -28,7 +27,7 @@ import msgspec
 import redis.asyncio as aioredis
 
 from runtime.contract import scaling_signals_key
-from runtime.redis_conn import async_client
+from runtime.redis_conn import async_client, cancel_and_wait, raise_if_cancelling
 from runtime.scaling.engines import EngineScraper
 from runtime.scaling.signals import PoolSignals, decode, encode, p95
 from runtime.scheduling.interfaces import DropReason
@@ -249,6 +248,7 @@ class SignalsPublisher:
                 await self.publish_once()
             except Exception as exc:  # Redis down: routing goes on, the signal goes stale
                 logger.warning("scaling signals: publish failed: %s", exc)
+            raise_if_cancelling()  # a cancellation redis-py turned into an error ends the loop
             await asyncio.sleep(self.interval_s)
 
     def start(self) -> None:
@@ -258,9 +258,7 @@ class SignalsPublisher:
     async def stop(self) -> None:
         task, self._task = self._task, None
         if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await cancel_and_wait(task)  # redis-py can swallow a cancellation mid-read
         await self._meter.close()
         await self._redis.aclose()  # type: ignore[attr-defined]
 

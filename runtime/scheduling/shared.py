@@ -39,7 +39,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from runtime.contract import FAIRNESS_PREFIX, fairness_key
-from runtime.redis_conn import async_client
+from runtime.redis_conn import async_client, cancel_and_wait, raise_if_cancelling
 
 logger = logging.getLogger(__name__)
 
@@ -117,9 +117,7 @@ class SharedCounters:
     async def stop(self) -> None:
         task, self._task = self._task, None
         if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await cancel_and_wait(task)  # redis-py can swallow a cancellation mid-read
         await self.sync_once(force=True)
         client, self._client = self._client, None
         if client is not None:
@@ -159,6 +157,7 @@ class SharedCounters:
                 await self.sync_once()
             except Exception:
                 logger.exception("fairness sync failed unexpectedly")
+            raise_if_cancelling()  # a cancellation redis-py turned into an error ends the loop
 
     async def sync_once(self, *, force: bool = False) -> bool:
         """One round trip if anything is due; True when one was made and succeeded."""

@@ -36,7 +36,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from runtime.contract import live_backlog, live_channel
-from runtime.redis_conn import async_client
+from runtime.redis_conn import async_client, cancel_and_wait, raise_if_cancelling
 from runtime.telemetry.logging import RequestRecord
 
 logger = logging.getLogger(__name__)
@@ -233,9 +233,7 @@ class LiveAggregator:
     async def stop(self) -> None:
         task, self._task = self._task, None
         if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await cancel_and_wait(task)  # redis-py can swallow a cancellation mid-read
         client, self._client = self._client, None
         if client is not None:
             with contextlib.suppress(RedisError, OSError):
@@ -269,3 +267,4 @@ class LiveAggregator:
                 await self.publish_once()
             except Exception:  # a bad source must not end the publisher
                 logger.exception("live: building the document failed")
+            raise_if_cancelling()  # a cancellation redis-py turned into an error ends the loop

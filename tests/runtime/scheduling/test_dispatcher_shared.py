@@ -178,3 +178,53 @@ async def test_without_pools_the_sync_task_sleeps_the_slow_beat(prefix: str) -> 
         assert shared.syncs == 0
     finally:
         await shared.stop()
+
+
+class _SwallowingPipeline:
+    """A pipeline whose round trip never ends and, cancelled, raises a connection error: what
+    redis-py's asyncio client can do with a cancellation that lands mid-read."""
+
+    def __init__(self, entered: asyncio.Event) -> None:
+        self.entered = entered
+
+    def __getattr__(self, name: str) -> object:
+        return lambda *args, **kwargs: self  # hincrbyfloat, expire, hgetall: queued
+
+    async def execute(self) -> list[object]:
+        self.entered.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            raise redis.exceptions.ConnectionError("Connection closed by server.") from None
+        return []
+
+
+class _SwallowingClient:
+    def __init__(self) -> None:
+        self.entered = asyncio.Event()
+
+    def pipeline(self, transaction: bool = False) -> _SwallowingPipeline:
+        return _SwallowingPipeline(self.entered)
+
+    async def aclose(self) -> None:
+        return None
+
+
+async def test_stop_ends_the_sync_task_when_redis_swallows_its_cancellation(prefix: str) -> None:
+    """A stop that lands in a round trip redis-py turns into an error still ends the task
+    (it went back to dozing, and the router's shutdown waited on it for ever)."""
+    shared = SharedCounters(redis_url(), prefix=prefix, interval_s=0.01, idle_interval_s=0.05)
+    await shared.start()
+    real = shared._client
+    client = _SwallowingClient()
+    shared._client = client  # type: ignore[assignment]
+    try:
+        shared.record("p", 0, "a", 1.0)  # a charge: a round trip is due
+        async with asyncio.timeout(5):
+            await client.entered.wait()
+        async with asyncio.timeout(5):  # the old stop() waited here for ever
+            await shared.stop()
+        assert shared._task is None
+    finally:
+        if real is not None:
+            await real.aclose()  # type: ignore[attr-defined]
