@@ -334,7 +334,12 @@ def test_kill_9_under_traffic(up: PlatformUp, sentinel: SentinelRedis, victim: V
             revoker.revoke()
         bound = ENGINE_BOUND_S if victim.engine else OTHER_BOUND_S
         back = victim.back(up, killed, before, sentinel, watch)
-        back_s = up.wait_for(f"{victim.name} back", back, bound)
+        try:
+            back_s = up.wait_for(f"{victim.name} back", back, bound)
+        except pytest.fail.Exception as exc:
+            if not victim.outside:
+                raise
+            pytest.fail(f"{exc}\nthe Sentinel group:\n{sentinel.diagnosis()}")
         if revoker is not None:
             revoked_s = revocation_after(up, revoker, killed_at + back_s)
         serving_s = up.wait_for(
