@@ -114,6 +114,9 @@ MEANINGS: dict[str, str] = {
     "SWITCHYARD_BEAT_ONLY": "comma-separated beat entry names: beat sends only these (a test's "
     "private beat)",
     "SWITCHYARD_BODY_TIMEOUT_S": "the request head and body must arrive within this (else 408)",
+    "SWITCHYARD_CLIENT_WRITE_STALL_S": "a response chunk to a client that stopped reading (its "
+    "socket and the router's buffer full) waits at most this long; then the connection is "
+    "dropped and the request ends as a disconnect",
     "SWITCHYARD_COALESCE_WINDOW_MS": "unary requests to `torch` versions coalesce this long; 0 "
     "turns router-side coalescing off",
     "SWITCHYARD_CONNECT_TIMEOUT_S": "upstream connect cap per attempt",

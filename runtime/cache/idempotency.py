@@ -16,8 +16,9 @@ queue, every upstream attempt, the relay of its stream, a migration), the margin
 follows it (the terminal chunk, settling, storing the answer: Redis calls under their socket
 timeouts). A waiter claims the key within a poll (``poll_s``) of its lapse. An owner forgets
 only its own claim (compared, then deleted, in one script), so an owner that outlived its claim
-cannot delete a retry's. Not covered: a client that keeps its connection open but reads the
-stream too slowly for the router to write the last bytes within the margin keeps that owner
+cannot delete a retry's. A client that stops reading is dropped after the router's
+``client_write_stall_s`` (30 s, below the margin); not covered: one that keeps reading a
+trickle, too slowly for the router to write the last bytes within the margin, keeps that owner
 running past its claim.
 
 Records are sealed with the tenant's key (:mod:`.sealing`), the Redis key as associated data;

@@ -8,6 +8,7 @@
 | ``SWITCHYARD_KEY_USAGE_HASH`` | ``switchyard:apikey:last_used`` | API-key last-use hash |
 | ``SWITCHYARD_MAX_BODY_BYTES`` | ``1048576`` | request body cap (413 above) |
 | ``SWITCHYARD_BODY_TIMEOUT_S`` | ``30`` | the whole body must arrive within this (408) |
+| ``SWITCHYARD_CLIENT_WRITE_STALL_S`` | ``30`` | the longest wait for a client not reading |
 | ``SWITCHYARD_RETRY_ATTEMPTS`` | ``3`` | upstream attempts before the first byte |
 | ``SWITCHYARD_STREAM_MIGRATIONS`` | ``2`` | a broken stream resumes elsewhere this often; 0: off |
 | ``SWITCHYARD_CONNECT_TIMEOUT_S`` | ``2`` | connect cap per attempt |
@@ -86,6 +87,7 @@ class RouterConfig:
     key_usage_flush_s: float = 5.0
     max_body_bytes: int = 1 << 20
     body_timeout_s: float = 30.0
+    client_write_stall_s: float = 30.0  # consumers.py: a response the client stopped reading
     retry_attempts: int = 3
     retry_backoff_base_s: float = 0.025
     stream_migrations: int = 2  # runtime/gateway/migrate.py: resumes of one broken stream
@@ -145,7 +147,8 @@ class RouterConfig:
             raise ConfigError("max_body_bytes must be >= 1")
         if self.retry_attempts < 1:
             raise ConfigError("retry_attempts must be >= 1")
-        for name in ("connect_timeout_s", "ttft_timeout_s", "default_deadline_s", "body_timeout_s"):
+        for name in ("connect_timeout_s", "ttft_timeout_s", "default_deadline_s", "body_timeout_s",
+                     "client_write_stall_s"):  # fmt: skip
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name} must be > 0")
         if self.max_deadline_s < self.default_deadline_s:
@@ -192,6 +195,9 @@ class RouterConfig:
             key_usage_hash=env.get(contract.ENV_KEY_USAGE_HASH) or KEY_USAGE_HASH,
             max_body_bytes=int(_number(env, "SWITCHYARD_MAX_BODY_BYTES", 1 << 20, minimum=1)),
             body_timeout_s=_number(env, "SWITCHYARD_BODY_TIMEOUT_S", 30.0, minimum=0.001),
+            client_write_stall_s=_number(
+                env, "SWITCHYARD_CLIENT_WRITE_STALL_S", 30.0, minimum=0.001
+            ),
             retry_attempts=int(_number(env, "SWITCHYARD_RETRY_ATTEMPTS", 3, minimum=1)),
             stream_migrations=int(_number(env, "SWITCHYARD_STREAM_MIGRATIONS", 2, minimum=0)),
             connect_timeout_s=_number(env, "SWITCHYARD_CONNECT_TIMEOUT_S", 2.0, minimum=0.001),

@@ -13,7 +13,10 @@ already done). Either way the consumer then stops. When uvicorn cancels the requ
 (the router's SIGTERM grace period is over), the handler is cancelled with ``cut_reason``
 ``router_shutdown``: a stream ends with that terminal event and ``[DONE]``, a request not yet
 answered gets a 503 ``router_shutdown``. A body still incomplete after the
-router's ``body_timeout_s`` is answered 408 ``request_timeout`` and its connection closed.
+router's ``body_timeout_s`` is answered 408 ``request_timeout`` and its connection closed. A
+response chunk that waits longer than ``client_write_stall_s`` for a client that stopped
+reading drops the connection: the request ends as the client's disconnect (under uvicorn's
+httptools cycle; elsewhere the send is unbounded).
 
 Per request this consumer makes no channel-layer call and no database thread hop, in either
 flavour: it never builds a channel layer (whatever ``CHANNEL_LAYERS`` says) and it never
@@ -354,9 +357,39 @@ class GatewayConsumer(metaclass=abc.ABCMeta):
 
     def send_chunk(self, data: bytes, *, last: bool = False) -> Awaitable[None]:
         # A chunk that is not the last is the server's send itself: no coroutine of ours.
+        cycle = self._cycle
+        if cycle is not None and cycle.flow.write_paused:
+            return self._send_stalled(data, last)
         if last:
             return self._send_last(data)
         return self.base_send({"type": "http.response.body", "body": data, "more_body": True})
+
+    async def _send_stalled(self, data: bytes, last: bool) -> None:
+        """A chunk for a client that has stopped reading: uvicorn paused writing (the client's
+        socket and the transport's buffer are full) and its ``send`` waits for the client to
+        read. It waits at most ``client_write_stall_s``; then the connection is dropped, which
+        ends the request as the client's disconnect (the handler is cancelled; the slot, the
+        escrow and the record settle as for any disconnect), instead of holding the request,
+        its concurrency slot and its upstream stream until the deadline."""
+        timer = asyncio.get_running_loop().call_later(
+            self.state.config.client_write_stall_s, self._drop_stalled
+        )
+        try:
+            if last:
+                await self._send_last(data)
+            else:
+                await self.base_send({"type": "http.response.body", "body": data,
+                                      "more_body": True})  # fmt: skip
+        finally:
+            timer.cancel()
+
+    def _drop_stalled(self) -> None:
+        cycle = self._cycle
+        if cycle is None or cycle.disconnected:
+            return
+        logger.warning("request %s: the client read nothing for %gs; connection dropped",
+                       self.request_id, self.state.config.client_write_stall_s)  # fmt: skip
+        cycle.transport.abort()  # close() would wait to flush what the client never reads
 
     async def _send_last(self, data: bytes) -> None:
         await self.base_send({"type": "http.response.body", "body": data, "more_body": False})

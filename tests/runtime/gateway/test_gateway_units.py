@@ -60,6 +60,7 @@ def test_config_from_env() -> None:
         {"SWITCHYARD_RETRY_ATTEMPTS": "0"},
         {"SWITCHYARD_TTFT_TIMEOUT_S": "-1"},
         {"SWITCHYARD_MAX_DEADLINE_S": "10"},  # below the default deadline
+        {"SWITCHYARD_CLIENT_WRITE_STALL_S": "0"},
     ],
 )
 def test_bad_config_is_refused(env: dict[str, str]) -> None:
