@@ -357,14 +357,18 @@ class GatewayConsumer(metaclass=abc.ABCMeta):
 
     def send_chunk(self, data: bytes, *, last: bool = False) -> Awaitable[None]:
         # A chunk that is not the last is the server's send itself: no coroutine of ours.
+        sending: Awaitable[None]
+        if last:
+            sending = self._send_last(data)
+        else:
+            body = {"type": "http.response.body", "body": data, "more_body": True}
+            sending = self.base_send(body)
         cycle = self._cycle
         if cycle is not None and cycle.flow.write_paused:
-            return self._send_stalled(data, last)
-        if last:
-            return self._send_last(data)
-        return self.base_send({"type": "http.response.body", "body": data, "more_body": True})
+            return self._bounded(sending)
+        return sending
 
-    async def _send_stalled(self, data: bytes, last: bool) -> None:
+    async def _bounded(self, sending: Awaitable[None]) -> None:
         """A chunk for a client that has stopped reading: uvicorn paused writing (the client's
         socket and the transport's buffer are full) and its ``send`` waits for the client to
         read. It waits at most ``client_write_stall_s``; then the connection is dropped, which
@@ -375,11 +379,7 @@ class GatewayConsumer(metaclass=abc.ABCMeta):
             self.state.config.client_write_stall_s, self._drop_stalled
         )
         try:
-            if last:
-                await self._send_last(data)
-            else:
-                await self.base_send({"type": "http.response.body", "body": data,
-                                      "more_body": True})  # fmt: skip
+            await sending
         finally:
             timer.cancel()
 
@@ -387,7 +387,7 @@ class GatewayConsumer(metaclass=abc.ABCMeta):
         cycle = self._cycle
         if cycle is None or cycle.disconnected:
             return
-        logger.warning("request %s: the client read nothing for %gs; connection dropped",
+        logger.warning("request %s: a chunk waited %gs for the client to read; connection dropped",
                        self.request_id, self.state.config.client_write_stall_s)  # fmt: skip
         cycle.transport.abort()  # close() would wait to flush what the client never reads
 
